@@ -1,0 +1,1 @@
+"""Adapters from LangChain and LangGraph objects to the core."""

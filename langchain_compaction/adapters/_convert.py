@@ -1,0 +1,172 @@
+"""LangChain messages into the core's message form (inbound only).
+
+Nothing here builds a LangChain message except the summary itself: the kept
+messages are always the caller's own objects, sliced from the caller's list.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ChatMessage,
+    FunctionMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+
+from langchain_compaction.core.engine import format_summary
+from langchain_compaction.core.prompts import SUMMARY_HEADER
+from langchain_compaction.core.types import Message, Part, Role, ToolCall
+from langchain_compaction.errors import InvalidMessagesError
+
+SUMMARY_MARK = "langchain_compaction"
+"""Key in ``additional_kwargs`` that marks a summary message."""
+
+_IMAGE_BLOCKS = frozenset({"image", "image_url", "input_image", "file", "audio", "video", "document", "input_audio"})
+_REASONING_BLOCKS = frozenset({"thinking", "reasoning", "redacted_thinking"})
+_TOOL_USE_BLOCKS = frozenset({"tool_use", "tool_call", "server_tool_use", "function_call"})
+_CHAT_ROLES: dict[str, Role] = {
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "ai": "assistant",
+    "model": "assistant",
+    "system": "system",
+    "developer": "system",
+    "tool": "tool",
+    "function": "tool",
+}
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
+    if isinstance(block, str):
+        return Part("text", block)
+    if not isinstance(block, dict):
+        return Part("data", str(block))
+    kind = block.get("type")
+    if kind == "text" or (kind is None and isinstance(block.get("text"), str)):
+        return Part("text", str(block.get("text", "")))
+    if kind in _REASONING_BLOCKS:
+        text = block.get("thinking") or block.get("reasoning") or block.get("text") or ""
+        if not text and isinstance(block.get("summary"), list):
+            text = " ".join(str(s.get("text", "")) for s in block["summary"] if isinstance(s, dict))
+        return Part("reasoning", str(text)) if text else None
+    if kind in _IMAGE_BLOCKS:
+        media = block.get("mime_type") or block.get("media_type")
+        source = block.get("source")
+        if not media and isinstance(source, dict):
+            media = source.get("media_type")
+        return Part("image", f"{kind}{f' {media}' if media else ''}")
+    if kind in _TOOL_USE_BLOCKS and str(block.get("id")) in skip_ids:
+        return None  # the same call is in ``tool_calls``; count it once
+    if kind == "compaction":
+        return Part("compaction", str(block.get("content") or block.get("text") or ""))
+    return Part("data", _json(block))
+
+
+def _parts(content: Any, skip_ids: frozenset[str] = frozenset()) -> tuple[Part, ...]:
+    if isinstance(content, str):
+        return (Part("text", content),) if content else ()
+    if isinstance(content, list):
+        parts = (_block_part(block, skip_ids) for block in content)
+        return tuple(p for p in parts if p is not None)
+    if content is None:
+        return ()
+    return (Part("data", _json(content)),)
+
+
+def is_summary_message(message: BaseMessage) -> bool:
+    """Whether ``message`` is a summary written by this library."""
+    if not isinstance(message, SystemMessage):
+        return False
+    if message.additional_kwargs.get(SUMMARY_MARK):
+        return True
+    content = message.content
+    return isinstance(content, str) and content.startswith(SUMMARY_HEADER)
+
+
+def to_core(message: object, index: int = 0) -> Message:
+    """Convert one LangChain message into the core's form.
+
+    Args:
+        message: A ``BaseMessage``.
+        index: Its position, for the error message.
+
+    Returns:
+        The core message.
+
+    Raises:
+        InvalidMessagesError: ``message`` is not a ``BaseMessage``.
+    """
+    if not isinstance(message, BaseMessage):
+        msg = (
+            f"messages[{index}] is a {type(message).__name__}, not a LangChain message; "
+            "pass BaseMessage objects (langchain_core.messages.convert_to_messages converts "
+            "dicts, tuples and strings)"
+        )
+        raise InvalidMessagesError(msg, index=index)
+    if isinstance(message, SystemMessage):
+        return Message("system", _parts(message.content), is_summary=is_summary_message(message))
+    if isinstance(message, HumanMessage):
+        return Message("user", _parts(message.content), name=message.name)
+    if isinstance(message, AIMessage):
+        calls = tuple(
+            ToolCall(call.get("id"), str(call.get("name") or ""), _json(call.get("args", {})))
+            for call in message.tool_calls
+        ) + tuple(
+            ToolCall(call.get("id"), str(call.get("name") or ""), str(call.get("args") or ""))
+            for call in message.invalid_tool_calls
+        )
+        skip = frozenset(str(c.id) for c in calls if c.id)
+        return Message("assistant", _parts(message.content, skip), tool_calls=calls, name=message.name)
+    if isinstance(message, ToolMessage):
+        return Message(
+            "tool",
+            _parts(message.content),
+            tool_call_id=message.tool_call_id,
+            name=message.name,
+            is_error=message.status == "error",
+        )
+    if isinstance(message, FunctionMessage):
+        # A legacy function result: it must stay with the call before it.
+        return Message("tool", _parts(message.content), name=message.name)
+    if isinstance(message, ChatMessage):
+        role = _CHAT_ROLES.get(message.role.lower(), "other")
+        return Message(role, _parts(message.content), label=message.role)
+    return Message("other", _parts(message.content), label=message.type)
+
+
+def to_core_list(messages: Sequence[object]) -> list[Message]:
+    """Convert a whole list; see ``to_core``."""
+    return [to_core(m, i) for i, m in enumerate(messages)]
+
+
+def summary_message(summary: str, *, result_id: str | None = None) -> SystemMessage:
+    """The system message that carries a summary, marked for later updates.
+
+    Args:
+        summary: The summary text.
+        result_id: The id to give the message (a fresh one when ``None``).
+
+    Returns:
+        A ``SystemMessage`` headed like the reference's summary.
+    """
+    return SystemMessage(
+        content=format_summary(summary),
+        id=result_id or f"compaction-summary-{uuid.uuid4().hex}",
+        additional_kwargs={SUMMARY_MARK: {"kind": "summary", "version": 1}},
+    )

@@ -1,0 +1,302 @@
+"""Compaction of a LangChain message list: ``compact`` and ``acompact``.
+
+This is the base adapter the others build on. It converts the caller's
+messages, lets the core plan and summarize, and slices the caller's own list:
+the output is ``[leading system messages, summary, *recent]`` where every
+message but the summary is the caller's object.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
+from langchain_compaction.adapters._convert import summary_message, to_core, to_core_list
+from langchain_compaction.core.cut import find_cut, valid_boundaries
+from langchain_compaction.core.engine import (
+    DriverReport,
+    Outcome,
+    Plan,
+    Summarizer,
+    arun_flow,
+    compaction_flow,
+    leading_block,
+    plan_compaction,
+    run_flow,
+)
+from langchain_compaction.core.options import DEFAULT_KEEP_RECENT_TOKENS, CompactionOptions
+from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.core.tokens import estimate_message
+from langchain_compaction.core.types import Message, SummaryRequest
+from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
+from langchain_compaction.summarizers.chat_model import as_summarizer
+
+logger = logging.getLogger("langchain_compaction")
+
+_DEFAULT_OPTIONS = CompactionOptions()
+
+
+def _counts(messages: Sequence[BaseMessage], core: Sequence[Message], options: CompactionOptions) -> list[int]:
+    counter = options.token_counter
+    if counter is None:
+        return [estimate_message(m) for m in core]
+    counts = []
+    for index, message in enumerate(messages):
+        value = counter([message])
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            msg = (
+                f"token_counter returned {value!r} for messages[{index}]; it must return a "
+                "non-negative int (count_tokens_approximately is a ready one)"
+            )
+            raise InvalidMessagesError(msg, index=index)
+        counts.append(value)
+    return counts
+
+
+def estimate_message_tokens(messages: Sequence[BaseMessage]) -> int:
+    """Estimate the tokens of a message list with the built-in estimate.
+
+    Counts text, reasoning, tool-call names and arguments, tool results,
+    structured blocks, a fixed cost per image and a per-message overhead.
+
+    Args:
+        messages: LangChain messages.
+
+    Returns:
+        The estimated total.
+
+    Example:
+        >>> from langchain_core.messages import HumanMessage
+        >>> estimate_message_tokens([HumanMessage("a" * 400)])
+        104
+    """
+    return sum(estimate_message(to_core(m, i)) for i, m in enumerate(messages))
+
+
+def should_compact(messages: Sequence[BaseMessage], context_window: int, reserve_tokens: int) -> bool:
+    """Whether automatic compaction should fire (the reference's rule).
+
+    Args:
+        messages: The conversation.
+        context_window: The model's window; 0 or less means unknown.
+        reserve_tokens: Tokens to keep free for the reply; 0 or less turns
+            automatic compaction off.
+
+    Returns:
+        ``estimate_message_tokens(messages) > context_window - reserve_tokens``,
+        or false when either number is 0 or less.
+    """
+    if context_window <= 0 or reserve_tokens <= 0:
+        return False
+    return estimate_message_tokens(messages) > context_window - reserve_tokens
+
+
+def find_cut_point(messages: Sequence[BaseMessage], keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS) -> int:
+    """The index that separates summarized messages from kept ones.
+
+    Walks back from the end until ``keep_recent_tokens`` is filled, keeps the
+    last message even when it alone exceeds the budget, and never cuts on a
+    tool result or between a tool call and its results. Leading system
+    messages are never summarized.
+
+    Args:
+        messages: The conversation.
+        keep_recent_tokens: The keep budget; 0 means the default (20,000),
+            as in the reference.
+
+    Returns:
+        The cut index, or 0 when everything fits, when fewer than two messages
+        would be summarized, or when no valid cut exists.
+
+    Raises:
+        ConfigurationError: ``keep_recent_tokens`` is negative.
+    """
+    if keep_recent_tokens < 0:
+        raise ConfigurationError(
+            "keep_recent_tokens", keep_recent_tokens, "pass a positive budget, or 0 for the default 20000"
+        )
+    keep = keep_recent_tokens or DEFAULT_KEEP_RECENT_TOKENS
+    core = to_core_list(messages)
+    counts = [estimate_message(m) for m in core]
+    start = leading_block(core)
+    credit = sum(1 for m in core[:start] if m.is_summary)
+    return find_cut(core, counts, keep, start=start, credit=credit, valid=valid_boundaries(core))
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A compaction planned over a LangChain list, ready to be driven.
+
+    Attributes:
+        messages: The caller's list.
+        core: Its core form.
+        counts: Token count per message.
+        plan: The plan.
+        flow: The summary flow for the plan.
+    """
+
+    messages: Sequence[BaseMessage]
+    core: list[Message]
+    counts: list[int]
+    plan: Plan
+    flow: Generator[SummaryRequest, str, Outcome]
+
+
+def prepare(
+    messages: Sequence[BaseMessage],
+    options: CompactionOptions,
+    custom_instructions: str = "",
+    *,
+    force: bool = True,
+    counts: Sequence[int] | None = None,
+) -> Prepared | None:
+    """Plan a compaction of ``messages``; ``None`` if there is nothing to do.
+
+    Shared by every adapter: they differ only in where the result goes.
+
+    Args:
+        messages: The conversation.
+        options: The options in force.
+        custom_instructions: Appended to the summary prompt.
+        force: Whether to force a cut when everything fits the keep budget.
+        counts: Token counts per message, when the caller has them cached.
+
+    Returns:
+        The prepared compaction, or ``None``.
+    """
+    if not isinstance(custom_instructions, str):
+        raise ConfigurationError("custom_instructions", custom_instructions, "pass a string ('' for none)")
+    core = to_core_list(messages)
+    sizes = list(counts) if counts is not None else _counts(messages, core, options)
+    plan = plan_compaction(core, sizes, options.keep_recent_tokens, force=force)
+    if plan is None:
+        return None
+    flow = compaction_flow(core, plan, options, custom_instructions.strip())
+    return Prepared(messages, core, sizes, plan, flow)
+
+
+def finish(
+    prepared: Prepared, report: DriverReport, options: CompactionOptions
+) -> tuple[CompactionResult, list[BaseMessage]]:
+    """Build the compacted list and its result from a driven flow.
+
+    Args:
+        prepared: From ``prepare``.
+        report: From ``run_flow`` / ``arun_flow``.
+        options: The options in force.
+
+    Returns:
+        The result and ``[leading system messages, summary, *recent]``.
+    """
+    plan, outcome, original = prepared.plan, report.outcome, prepared.messages
+    summary = summary_message(outcome.summary)
+    kept = [original[i] for i in plan.keep_head]
+    recent = list(original[plan.cut :])
+    output: list[BaseMessage] = [*kept, summary, *recent]
+    summary_tokens = _counts([summary], [to_core(summary)], options)[0]
+    compacted = sum(prepared.counts[i] for i in plan.keep_head) + summary_tokens + sum(prepared.counts[plan.cut :])
+    threshold = options.context_window - options.reserve_tokens
+    result = CompactionResult(
+        summary=outcome.summary,
+        original_tokens=sum(prepared.counts),
+        compacted_tokens=compacted,
+        messages_removed=plan.removed,
+        cut_index=plan.cut,
+        messages_kept=len(kept) + len(recent),
+        summarizer_calls=outcome.calls,
+        chunks=outcome.chunks,
+        updated_previous_summary=outcome.updated_previous,
+        forced=plan.forced,
+        fallback_used=report.fallback_used,
+        summarizer=report.summarizer,
+        summarizer_input_tokens=outcome.input_tokens,
+        shortened_messages=outcome.shortened,
+        over_budget=options.context_window > 0 and compacted > threshold,
+    )
+    logger.info(
+        "compacted %d messages into a summary: %d -> %d tokens (cut at %d, %d summarizer call(s)%s)",
+        result.messages_removed,
+        result.original_tokens,
+        result.compacted_tokens,
+        result.cut_index,
+        result.summarizer_calls,
+        ", fallback used" if result.fallback_used else "",
+    )
+    return result, output
+
+
+def _as_list(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    return messages if isinstance(messages, list) else list(messages)
+
+
+def _resolve(model: object, fallback: object | None) -> tuple[Summarizer, Summarizer | None]:
+    return as_summarizer(model), None if fallback is None else as_summarizer(fallback, field="fallback")
+
+
+def compact(
+    model: Any,
+    messages: Sequence[BaseMessage],
+    options: CompactionOptions = _DEFAULT_OPTIONS,
+    custom_instructions: str = "",
+    *,
+    fallback: Any = None,
+) -> tuple[CompactionResult | None, list[BaseMessage]]:
+    """Summarize the older messages and keep the recent ones.
+
+    Like the reference's ``Compact``, this always compacts when called: when
+    nothing is over the keep budget it forces a cut that keeps only the last
+    message (use ``should_compact`` first for automatic compaction).
+
+    Args:
+        model: A chat model, Runnable, function from prompt to text, or
+            summarizer (``ExtractiveSummarizer()`` works offline).
+        messages: The conversation; it is never modified.
+        options: Budgets and prompts.
+        custom_instructions: Appended to the summary prompt as additional
+            instructions, e.g. ``"keep the API design decisions"``.
+        fallback: A summarizer used if ``model`` fails; the result then says
+            ``fallback_used=True``.
+
+    Returns:
+        ``(result, new_messages)``, or ``(None, messages)`` when there is
+        nothing to compact.
+
+    Raises:
+        SummarizationError: The summary failed (chained to the cause); the
+            caller's list is untouched.
+        InvalidMessagesError: ``messages`` holds something that is not a message.
+
+    Example:
+        >>> from langchain_core.messages import AIMessage, HumanMessage
+        >>> msgs = [HumanMessage("fix bug 1"), AIMessage("done"), HumanMessage("thanks")]
+        >>> result, out = compact(lambda prompt: "## Goal\\nFix bug 1", msgs)
+        >>> result.messages_removed, out[-1] is msgs[-1]
+        (2, True)
+    """
+    summarizer, backup = _resolve(model, fallback)
+    prepared = prepare(messages, options, custom_instructions)
+    if prepared is None:
+        return None, _as_list(messages)
+    report = run_flow(prepared.flow, summarizer, fallback=backup, timeout=options.timeout)
+    return finish(prepared, report, options)
+
+
+async def acompact(
+    model: Any,
+    messages: Sequence[BaseMessage],
+    options: CompactionOptions = _DEFAULT_OPTIONS,
+    custom_instructions: str = "",
+    *,
+    fallback: Any = None,
+) -> tuple[CompactionResult | None, list[BaseMessage]]:
+    """The async twin of ``compact``: the same flow, awaiting the model."""
+    summarizer, backup = _resolve(model, fallback)
+    prepared = prepare(messages, options, custom_instructions)
+    if prepared is None:
+        return None, _as_list(messages)
+    report = await arun_flow(prepared.flow, summarizer, fallback=backup, timeout=options.timeout)
+    return finish(prepared, report, options)

@@ -1,0 +1,1 @@
+"""The framework-neutral core: imports nothing from LangChain, LangGraph or Anthropic."""

@@ -1,0 +1,156 @@
+"""Where to cut a conversation: the token budget and the tool-pair rule.
+
+The cut is an index ``c``: messages before it are summarized, messages from it
+on are kept verbatim. The reference walks back from the end until the keep
+budget is filled and then moves forward past tool results. That alone can
+still split a tool call from its results (parallel calls, results that arrive
+late, repeated call ids), so here a boundary is valid only when it is not a
+tool result *and* no call/result pair spans it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from langchain_compaction.core.types import Message
+
+MIN_SUMMARIZED = 2
+"""Fewer messages than this before the cut make no meaningful summary."""
+
+
+def tool_pairs(messages: Sequence[Message]) -> list[tuple[int, int]]:
+    """Pair each tool result with the assistant message that called it.
+
+    A result answers the nearest earlier assistant message that made a call
+    with its id, so an id that repeats later in the conversation (real traffic
+    has them) pairs with its own turn. Results with no such call (orphans) and
+    calls never answered form no pair.
+
+    Args:
+        messages: The conversation.
+
+    Returns:
+        ``(call_index, result_index)`` pairs, in result order.
+    """
+    latest_call: dict[str, int] = {}
+    pairs: list[tuple[int, int]] = []
+    for index, message in enumerate(messages):
+        if message.role == "assistant":
+            for call in message.tool_calls:
+                if call.id:
+                    latest_call[call.id] = index
+        elif message.role == "tool" and message.tool_call_id:
+            caller = latest_call.get(message.tool_call_id)
+            if caller is not None:
+                pairs.append((caller, index))
+    return pairs
+
+
+def valid_boundaries(messages: Sequence[Message]) -> list[bool]:
+    """For each index ``c``, whether cutting before ``messages[c]`` is allowed.
+
+    A boundary is invalid on a tool result (it must stay with its call, as in
+    the reference) and wherever a call/result pair spans it.
+
+    Args:
+        messages: The conversation.
+
+    Returns:
+        A list of ``len(messages) + 1`` flags; the last (cut after everything)
+        is always true.
+    """
+    count = len(messages)
+    # Difference array over boundaries: a pair (i, j) blocks cuts i+1 .. j.
+    spans = [0] * (count + 2)
+    for call_index, result_index in tool_pairs(messages):
+        if result_index > call_index:
+            spans[call_index + 1] += 1
+            spans[result_index + 1] -= 1
+    valid: list[bool] = []
+    open_pairs = 0
+    for index in range(count):
+        open_pairs += spans[index]
+        valid.append(open_pairs == 0 and messages[index].role != "tool")
+    valid.append(True)
+    return valid
+
+
+def find_cut(
+    messages: Sequence[Message],
+    counts: Sequence[int],
+    keep_recent_tokens: int,
+    *,
+    start: int = 0,
+    credit: int = 0,
+    valid: Sequence[bool] | None = None,
+) -> int:
+    """Find the budget cut, as the reference does, with the tool-pair rule.
+
+    Walks back from the end adding up token counts until they exceed
+    ``keep_recent_tokens``; the message that crossed the budget is the first
+    one summarized. If the last message alone exceeds the budget it is kept
+    anyway. The cut then moves forward to the next valid boundary; if there is
+    none (the conversation ends inside a tool exchange, as an agent's does
+    mid-loop) it moves back to the nearest valid boundary before, keeping the
+    exchange whole, where the reference gave up.
+
+    Args:
+        messages: The conversation.
+        counts: The token count of each message.
+        keep_recent_tokens: The budget of recent tokens to keep.
+        start: The first index that may be summarized (after the leading
+            system messages).
+        credit: Messages already counted as summarized (an earlier summary
+            counts as one, as it did in the reference's list).
+        valid: Precomputed ``valid_boundaries(messages)``, if at hand.
+
+    Returns:
+        The cut index, or 0 when everything fits, when fewer than two
+        messages would be summarized, or when no valid cut exists.
+    """
+    total = len(messages)
+    if total - start + credit < MIN_SUMMARIZED:
+        return 0
+    flags = valid if valid is not None else valid_boundaries(messages)
+    accumulated = 0
+    for index in range(total - 1, start - 1, -1):
+        accumulated += counts[index]
+        if accumulated <= keep_recent_tokens:
+            continue
+        cut = min(index + 1, total - 1)
+        forward = next((c for c in range(cut, total) if flags[c]), None)
+        if forward is None:
+            forward = next((c for c in range(cut - 1, start, -1) if flags[c]), None)
+        if forward is None or forward - start + credit < MIN_SUMMARIZED:
+            return 0
+        return forward
+    return 0
+
+
+def forced_cut(
+    messages: Sequence[Message],
+    *,
+    start: int = 0,
+    credit: int = 0,
+    valid: Sequence[bool] | None = None,
+) -> int:
+    """The cut for a manual compaction: keep only the last valid message on.
+
+    Used when ``find_cut`` returns 0 but the caller asked to compact anyway.
+
+    Args:
+        messages: The conversation.
+        start: The first index that may be summarized.
+        credit: Messages already counted as summarized (see ``find_cut``).
+        valid: Precomputed ``valid_boundaries(messages)``, if at hand.
+
+    Returns:
+        The last valid boundary with at least two messages before it (counted
+        from ``start``), or 0 if there is none.
+    """
+    flags = valid if valid is not None else valid_boundaries(messages)
+    lowest = max(start + MIN_SUMMARIZED - credit, start + 1)
+    for cut in range(len(messages) - 1, lowest - 1, -1):
+        if flags[cut]:
+            return cut
+    return 0

@@ -1,0 +1,450 @@
+"""The compaction engine: a pure plan, a pure flow, thin sync and async drivers.
+
+``plan_compaction`` decides what to keep and what to summarize.
+``compaction_flow`` is a generator that yields one ``SummaryRequest`` per
+summarizer call and receives the summary text back; it never calls a model,
+so sync and async share every line of compaction logic and the drivers
+(``run_flow`` / ``arun_flow``) only make the calls.
+
+A region larger than the summarizer's input budget is summarized in chunks,
+each updating the running summary, so every compacted message is shown to the
+summarizer (LangChain's ``SummarizationMiddleware`` shows only the last 4,000
+tokens). A single oversize message is shortened in the transcript, head and
+tail kept, with a marker saying how much was cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from langchain_compaction.core import prompts
+from langchain_compaction.core.cut import find_cut, forced_cut, valid_boundaries
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.tokens import estimate_tokens
+from langchain_compaction.core.transcript import (
+    Block,
+    make_block,
+    make_fence,
+    render,
+    render_previous_summary,
+)
+from langchain_compaction.core.types import Message, SummaryRequest
+from langchain_compaction.errors import (
+    CompactionError,
+    EmptySummaryError,
+    SummarizationError,
+    SummaryTimeoutError,
+)
+
+# Room left in each request for the running summary as it grows.
+_SUMMARY_ALLOWANCE_TOKENS = 4000
+# No message is shortened below this, however small the budget.
+_MIN_MESSAGE_TOKENS = 256
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    """Anything that turns a ``SummaryRequest`` into summary text.
+
+    Chat models, the Anthropic SDK and the offline extractive summarizer all
+    sit behind this seam.
+    """
+
+    @property
+    def name(self) -> str:
+        """A short name for results and logs."""
+        ...
+
+    def summarize(self, request: SummaryRequest) -> str:
+        """Write the summary for ``request`` (blocking)."""
+        ...
+
+    async def asummarize(self, request: SummaryRequest) -> str:
+        """Write the summary for ``request`` (async)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one compaction keeps and summarizes.
+
+    Attributes:
+        keep_head: Indices of leading system messages kept verbatim.
+        start: First index of the region after the leading system block.
+        cut: First kept message after the summary.
+        previous_summaries: Indices of earlier summaries to update.
+        forced: Whether the cut was forced (nothing was over the keep budget).
+    """
+
+    keep_head: tuple[int, ...]
+    start: int
+    cut: int
+    previous_summaries: tuple[int, ...]
+    forced: bool
+
+    @property
+    def removed(self) -> int:
+        """Messages the summary replaces."""
+        return self.cut - self.start + sum(1 for i in self.previous_summaries if i < self.start)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the flow produced.
+
+    Attributes:
+        summary: The final summary text (no header).
+        calls: Summarizer calls made.
+        chunks: Chunks the region was split into.
+        input_tokens: Estimated tokens sent over all calls.
+        shortened: Messages shortened in the transcript.
+        updated_previous: Whether a previous summary was updated.
+    """
+
+    summary: str
+    calls: int
+    chunks: int
+    input_tokens: int
+    shortened: int
+    updated_previous: bool
+
+
+def leading_block(messages: Sequence[Message]) -> int:
+    """The length of the leading run of system messages (summaries included)."""
+    index = 0
+    while index < len(messages) and messages[index].role == "system":
+        index += 1
+    return index
+
+
+def plan_compaction(
+    messages: Sequence[Message],
+    counts: Sequence[int],
+    keep_recent_tokens: int,
+    *,
+    force: bool = True,
+) -> Plan | None:
+    """Decide the cut for one compaction.
+
+    Leading system messages (the application's prompt) are never summarized;
+    earlier summaries among them are updated, not kept. The cut follows
+    ``find_cut``; when nothing is over the keep budget and ``force`` is set (a
+    manual compaction, as the reference's ``Compact`` does), the cut keeps only
+    the last valid message.
+
+    Args:
+        messages: The conversation.
+        counts: Token count per message.
+        keep_recent_tokens: Recent tokens to keep.
+        force: Whether to force a cut when everything fits the keep budget.
+
+    Returns:
+        The plan, or ``None`` when there is nothing to compact.
+    """
+    start = leading_block(messages)
+    head = tuple(i for i in range(start) if not messages[i].is_summary)
+    earlier = [i for i in range(start) if messages[i].is_summary]
+    # An earlier summary counts as one summarized message, as in the reference
+    # where the summary was simply the first message of the list.
+    credit = len(earlier)
+    flags = valid_boundaries(messages)
+    cut = find_cut(messages, counts, keep_recent_tokens, start=start, credit=credit, valid=flags)
+    forced = False
+    if cut == 0 and force:
+        cut = forced_cut(messages, start=start, credit=credit, valid=flags)
+        forced = cut > 0
+    if cut <= start:
+        return None
+    inside = [i for i in range(start, cut) if messages[i].is_summary]
+    return Plan(
+        keep_head=head,
+        start=start,
+        cut=cut,
+        previous_summaries=(*earlier, *inside),
+        forced=forced,
+    )
+
+
+def strip_summary_header(text: str) -> str:
+    """The body of a summary message, without the header and notice lines."""
+    body = text.strip()
+    for line in (prompts.SUMMARY_HEADER, prompts.SUMMARY_NOTICE):
+        if body.startswith(line):
+            body = body[len(line) :].lstrip()
+    return body
+
+
+def format_summary(summary: str) -> str:
+    """The content of a summary message: header, notice, then the summary."""
+    return f"{prompts.SUMMARY_HEADER}\n{prompts.SUMMARY_NOTICE}\n\n{summary.strip()}"
+
+
+def _instructions_text(options: CompactionOptions, updating: bool) -> str:
+    if updating:
+        if options.update_prompt is not None:
+            return options.update_prompt
+        if options.summary_prompt is not None:
+            return prompts.UPDATE_PREFIX + "\n\n" + options.summary_prompt
+        return prompts.UPDATE_PROMPT
+    return options.summary_prompt or prompts.CHECKPOINT_PROMPT
+
+
+def _chunks(blocks: Sequence[Block], budget_for: Callable[[int], int]) -> list[list[Block]]:
+    """Split blocks greedily; ``budget_for(i)`` is the room in chunk ``i``."""
+    chunks: list[list[Block]] = []
+    current: list[Block] = []
+    used = 0
+    for block in blocks:
+        room = budget_for(len(chunks))
+        if current and used + block.tokens > room:
+            chunks.append(current)
+            current, used = [], 0
+        current.append(block)
+        used += block.tokens
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def compaction_flow(
+    messages: Sequence[Message],
+    plan: Plan,
+    options: CompactionOptions,
+    instructions: str = "",
+) -> Generator[SummaryRequest, str, Outcome]:
+    """Yield the summary requests for ``plan``; receive each summary text.
+
+    Args:
+        messages: The conversation.
+        plan: From ``plan_compaction``.
+        options: The options in force.
+        instructions: Custom instructions appended to every request.
+
+    Yields:
+        One ``SummaryRequest`` per summarizer call.
+
+    Returns:
+        The ``Outcome`` with the final summary.
+    """
+    system = options.system_prompt or prompts.SYSTEM_PROMPT
+    previous_parts = [strip_summary_header(messages[i].text) for i in plan.previous_summaries]
+    previous = "\n\n".join(p for p in previous_parts if p) or None
+    region = [i for i in range(plan.start, plan.cut) if not messages[i].is_summary]
+    extra = prompts.ADDITIONAL_INSTRUCTIONS + instructions if instructions else ""
+    budget = options.effective_summary_input_tokens
+    fixed = (
+        estimate_tokens(system)
+        + max(estimate_tokens(_instructions_text(options, True)), estimate_tokens(_instructions_text(options, False)))
+        + estimate_tokens(extra)
+        + 64
+    )
+    summary_room = max(estimate_tokens(previous or ""), _SUMMARY_ALLOWANCE_TOKENS)
+    per_message = max((budget - fixed - summary_room) // 2, _MIN_MESSAGE_TOKENS)
+    blocks = [make_block(messages[i], i, max_tokens=per_message) for i in region]
+
+    running = previous
+    calls = 0
+    sent = 0
+    # The first chunk shares its room with the previous summary, later ones
+    # with the running summary; both are bounded by ``summary_room``.
+    chunks = _chunks(blocks, lambda _i: max(budget - fixed - summary_room, per_message + 64))
+    if not chunks:
+        # Only earlier summaries are in the region: merge them in one call.
+        chunks = [[]]
+    for number, chunk in enumerate(chunks):
+        updating = running is not None
+        texts = [b.body for b in chunk] + [b.header for b in chunk] + [running or "", instructions]
+        fence = make_fence(texts)
+        pieces: list[str] = []
+        if running is not None:
+            pieces.append(render_previous_summary(running, fence))
+        if chunk:
+            pieces.append(render(chunk, fence))
+        prompt = "\n\n".join(pieces) + "\n\n" + _instructions_text(options, updating) + extra
+        request = SummaryRequest(
+            system=system,
+            prompt=prompt,
+            messages=tuple(messages[b.index] for b in chunk),
+            previous_summary=running,
+            instructions=instructions,
+            chunk_index=number,
+            chunk_count=len(chunks),
+        )
+        sent += estimate_tokens(system) + estimate_tokens(prompt)
+        calls += 1
+        text = yield request
+        running = text.strip()
+    assert running is not None  # at least one chunk ran
+    return Outcome(
+        summary=running,
+        calls=calls,
+        chunks=len(chunks),
+        input_tokens=sent,
+        shortened=sum(1 for b in blocks if b.shortened),
+        updated_previous=previous is not None,
+    )
+
+
+def _checked(text: object, request: SummaryRequest) -> str:
+    if not isinstance(text, str):
+        raise SummarizationError(
+            f"compaction summarisation failed: the summarizer returned {type(text).__name__}, "
+            "not text; return a string (or a message with text content)",
+            chunk_index=request.chunk_index,
+            chunk_count=request.chunk_count,
+        )
+    if not text.strip():
+        raise EmptySummaryError(
+            "compaction produced an empty summary; the messages were left unchanged. "
+            "Check the summarizer model, or pass fallback=ExtractiveSummarizer()",
+            chunk_index=request.chunk_index,
+            chunk_count=request.chunk_count,
+        )
+    return text
+
+
+def _wrap(exc: Exception, request: SummaryRequest) -> CompactionError:
+    if isinstance(exc, CompactionError):
+        return exc
+    error = SummarizationError(
+        f"compaction summarisation failed: {type(exc).__name__}: {exc}",
+        chunk_index=request.chunk_index,
+        chunk_count=request.chunk_count,
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _call_with_timeout(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> str:
+    if timeout is None:
+        return summarizer.summarize(request)
+    # A blocking call cannot be interrupted; run it in a daemon thread with the
+    # caller's context (callbacks, tracing) and stop waiting at the deadline.
+    box: dict[str, object] = {}
+    context = contextvars.copy_context()
+
+    def target() -> None:
+        try:
+            box["value"] = context.run(summarizer.summarize, request)
+        except BaseException as exc:  # handed to the waiting thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name="langchain-compaction-summary", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise SummaryTimeoutError(timeout, chunk_index=request.chunk_index, chunk_count=request.chunk_count)
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
+
+
+def _ask(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> str:
+    try:
+        text = _call_with_timeout(summarizer, request, timeout)
+    except Exception as exc:
+        raise _wrap(exc, request) from exc
+    return _checked(text, request)
+
+
+async def _aask(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> str:
+    try:
+        if timeout is None:
+            text = await summarizer.asummarize(request)
+        else:
+            try:
+                text = await asyncio.wait_for(summarizer.asummarize(request), timeout)
+            except TimeoutError as exc:
+                raise SummaryTimeoutError(
+                    timeout, chunk_index=request.chunk_index, chunk_count=request.chunk_count
+                ) from exc
+    except Exception as exc:
+        raise _wrap(exc, request) from exc
+    return _checked(text, request)
+
+
+@dataclass(frozen=True, slots=True)
+class DriverReport:
+    """What the driver adds to the flow's outcome.
+
+    Attributes:
+        outcome: The flow's outcome.
+        summarizer: The name of the summarizer that wrote the last summary.
+        fallback_used: Whether the fallback wrote any part of it.
+    """
+
+    outcome: Outcome
+    summarizer: str
+    fallback_used: bool
+
+
+def run_flow(
+    flow: Generator[SummaryRequest, str, Outcome],
+    summarizer: Summarizer,
+    *,
+    fallback: Summarizer | None = None,
+    timeout: float | None = None,
+) -> DriverReport:
+    """Drive ``flow`` with blocking summarizer calls.
+
+    Args:
+        flow: From ``compaction_flow``.
+        summarizer: Makes each summary.
+        fallback: Used for a request the summarizer failed (and for the rest
+            of this compaction), if given.
+        timeout: Seconds each call may take.
+
+    Returns:
+        The outcome and who wrote it.
+
+    Raises:
+        SummarizationError: The summarizer failed and there is no fallback (or
+            the fallback failed too).
+    """
+    active, used_fallback = summarizer, False
+    try:
+        request = next(flow)
+        while True:
+            try:
+                text = _ask(active, request, timeout)
+            except SummarizationError:
+                if fallback is None or used_fallback:
+                    raise
+                active, used_fallback = fallback, True
+                text = _ask(active, request, timeout)
+            request = flow.send(text)
+    except StopIteration as stop:
+        return DriverReport(stop.value, active.name, used_fallback)
+    finally:
+        flow.close()
+
+
+async def arun_flow(
+    flow: Generator[SummaryRequest, str, Outcome],
+    summarizer: Summarizer,
+    *,
+    fallback: Summarizer | None = None,
+    timeout: float | None = None,
+) -> DriverReport:
+    """Drive ``flow`` with async summarizer calls; see ``run_flow``."""
+    active, used_fallback = summarizer, False
+    try:
+        request = next(flow)
+        while True:
+            try:
+                text = await _aask(active, request, timeout)
+            except SummarizationError:
+                if fallback is None or used_fallback:
+                    raise
+                active, used_fallback = fallback, True
+                text = await _aask(active, request, timeout)
+            request = flow.send(text)
+    except StopIteration as stop:
+        return DriverReport(stop.value, active.name, used_fallback)
+    finally:
+        flow.close()

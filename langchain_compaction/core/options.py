@@ -1,0 +1,139 @@
+"""Compaction options: the reference's defaults, validated at construction."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_compaction.errors import ConfigurationError
+
+DEFAULT_RESERVE_TOKENS = 16384
+"""Tokens kept free for the model's reply (the reference's default)."""
+
+DEFAULT_KEEP_RECENT_TOKENS = 20000
+"""Tokens of recent messages kept verbatim (the reference's default)."""
+
+DEFAULT_SUMMARY_INPUT_TOKENS = 100_000
+"""Largest summarizer request when the context window is unknown."""
+
+TokenCounterFn = Callable[[Sequence[Any]], int]
+"""Counts the tokens of a list of messages, e.g. ``count_tokens_approximately``.
+
+The adapters call it with one-message lists, so it sees LangChain messages.
+"""
+
+
+def _check_int(name: str, value: object, *, minimum: int, advice: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(name, value, f"pass a whole number of tokens, {advice}")
+    if value < minimum:
+        raise ConfigurationError(name, value, advice)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionOptions:
+    """How much context to keep and how to summarize the rest.
+
+    Attributes:
+        context_window: The model's context window in tokens; 0 means unknown,
+            which turns automatic compaction off (``should_compact`` is false).
+        reserve_tokens: Tokens kept free for the reply: compaction fires when
+            the context exceeds ``context_window - reserve_tokens``.
+        keep_recent_tokens: Tokens of the most recent messages kept verbatim.
+        summary_prompt: Replaces the default checkpoint prompt.
+        update_prompt: Replaces the default prompt used to update a previous
+            summary; when only ``summary_prompt`` is given, updates use it too.
+        system_prompt: Replaces the summarizer's system prompt.
+        token_counter: Counts tokens instead of the built-in estimate; any
+            callable over a list of LangChain messages.
+        summary_input_tokens: The largest request sent to the summarizer; a
+            larger compacted region is summarized in chunks, each updating the
+            running summary. ``None`` derives it from the window (the window
+            less the reserve), or 100,000 when the window is unknown.
+        timeout: Seconds one summary call may take before it fails with
+            ``SummaryTimeoutError``; ``None`` for no limit.
+
+    Example:
+        >>> opts = CompactionOptions(context_window=200_000)
+        >>> opts.reserve_tokens, opts.keep_recent_tokens
+        (16384, 20000)
+    """
+
+    context_window: int = 0
+    reserve_tokens: int = DEFAULT_RESERVE_TOKENS
+    keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS
+    summary_prompt: str | None = None
+    update_prompt: str | None = None
+    system_prompt: str | None = None
+    token_counter: TokenCounterFn | None = None
+    summary_input_tokens: int | None = None
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_int(
+            "context_window",
+            self.context_window,
+            minimum=0,
+            advice="pass the model's window in tokens, or 0 if unknown",
+        )
+        _check_int(
+            "reserve_tokens",
+            self.reserve_tokens,
+            minimum=0,
+            advice=f"pass 0 or more (default {DEFAULT_RESERVE_TOKENS})",
+        )
+        _check_int(
+            "keep_recent_tokens",
+            self.keep_recent_tokens,
+            minimum=1,
+            advice=f"pass a positive budget (default {DEFAULT_KEEP_RECENT_TOKENS})",
+        )
+        window = self.context_window
+        if window:
+            if self.reserve_tokens >= window:
+                raise ConfigurationError(
+                    "reserve_tokens",
+                    self.reserve_tokens,
+                    f"it must be smaller than context_window={window}; "
+                    f"pass a reserve that leaves room for the conversation, e.g. reserve_tokens={window // 8}",
+                )
+            room = window - self.reserve_tokens
+            if self.keep_recent_tokens >= room:
+                raise ConfigurationError(
+                    "keep_recent_tokens",
+                    self.keep_recent_tokens,
+                    f"keeping that much leaves no room: compaction fires above "
+                    f"context_window - reserve_tokens = {room} tokens; "
+                    f"pass keep_recent_tokens below {room}, e.g. {room // 2}",
+                )
+        if self.summary_input_tokens is not None:
+            _check_int(
+                "summary_input_tokens",
+                self.summary_input_tokens,
+                minimum=1000,
+                advice="pass at least 1000 tokens, or None to derive it from the window",
+            )
+        for name in ("summary_prompt", "update_prompt", "system_prompt"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConfigurationError(name, value, "pass a non-empty string, or None for the default")
+        if self.token_counter is not None and not callable(self.token_counter):
+            raise ConfigurationError(
+                "token_counter",
+                self.token_counter,
+                "pass a callable over a list of messages, e.g. count_tokens_approximately",
+            )
+        if self.timeout is not None and (
+            isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or self.timeout <= 0
+        ):
+            raise ConfigurationError("timeout", self.timeout, "pass a positive number of seconds, or None")
+
+    @property
+    def effective_summary_input_tokens(self) -> int:
+        """The summarizer request budget in force (see ``summary_input_tokens``)."""
+        if self.summary_input_tokens is not None:
+            return self.summary_input_tokens
+        if self.context_window:
+            return max(self.context_window - self.reserve_tokens, 1000)
+        return DEFAULT_SUMMARY_INPUT_TOKENS

@@ -1,0 +1,76 @@
+"""What a compaction reports: a frozen value and its JSON form."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TypedDict
+
+
+class CompactionRecord(TypedDict):
+    """The JSON form of a ``CompactionResult`` (what goes into graph state)."""
+
+    summary: str
+    """The summary text (without the header)."""
+    original_tokens: int
+    """Tokens before compaction."""
+    compacted_tokens: int
+    """Tokens after compaction."""
+    messages_removed: int
+    """Messages replaced by the summary (previous summaries included)."""
+    cut_index: int
+    """Index, in the input list, of the first kept message."""
+    messages_kept: int
+    """Messages kept verbatim (leading system messages included)."""
+    summarizer_calls: int
+    """Summary calls made (one per chunk, plus retries)."""
+    chunks: int
+    """Chunks the compacted region was split into."""
+    updated_previous_summary: bool
+    """Whether a previous summary was updated rather than a new one made."""
+    forced: bool
+    """Whether the cut was forced (manual compaction, nothing over budget)."""
+    fallback_used: bool
+    """Whether the fallback summarizer wrote (part of) the summary."""
+    summarizer: str
+    """Which summarizer wrote the summary."""
+    summarizer_input_tokens: int
+    """Estimated tokens sent to the summarizer, over all calls."""
+    shortened_messages: int
+    """Oversize messages shortened (head and tail kept) in the transcript."""
+    over_budget: bool
+    """True if the compacted context is still above ``window - reserve``."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    """Statistics of one compaction.
+
+    Attributes mirror ``CompactionRecord``; ``to_dict()`` gives that form.
+
+    Example:
+        >>> r = CompactionResult(summary="s", original_tokens=10, compacted_tokens=4,
+        ...                      messages_removed=3, cut_index=3)
+        >>> r.to_dict()["messages_removed"]
+        3
+    """
+
+    summary: str
+    original_tokens: int
+    compacted_tokens: int
+    messages_removed: int
+    cut_index: int
+    messages_kept: int = 0
+    summarizer_calls: int = 1
+    chunks: int = 1
+    updated_previous_summary: bool = False
+    forced: bool = False
+    fallback_used: bool = False
+    summarizer: str = ""
+    summarizer_input_tokens: int = 0
+    shortened_messages: int = 0
+    over_budget: bool = False
+
+    def to_dict(self) -> CompactionRecord:
+        """The result as plain JSON-serializable data."""
+        record: CompactionRecord = asdict(self)  # type: ignore[assignment]
+        return record

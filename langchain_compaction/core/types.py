@@ -1,0 +1,118 @@
+"""The internal message form the core works on.
+
+Adapters convert framework messages (LangChain's ``BaseMessage``) into these
+values once, inbound only. The core never builds framework messages: it returns
+indices and text, and each adapter slices its own original list, so the
+messages a caller keeps are the caller's objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["system", "user", "assistant", "tool", "other"]
+"""Who wrote a message. ``other`` covers roles the core has no rule for."""
+
+PartKind = Literal["text", "reasoning", "image", "data", "compaction"]
+"""What a content part holds.
+
+``text`` is prose the model reads; ``reasoning`` is thinking text; ``image`` is
+an image or other binary attachment (counted at a fixed cost, never
+serialized); ``data`` is a structured block the core has no rule for (kept as
+its JSON text); ``compaction`` is a provider-side compaction block, which marks
+the start of the usable history.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One content part of a message.
+
+    Attributes:
+        kind: What the part holds.
+        text: Its text (for ``image`` parts, a short description such as the
+            media type; the bytes are never carried).
+    """
+
+    kind: PartKind
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call made by an assistant message.
+
+    Attributes:
+        id: The call id the tool result answers (may repeat in real traffic).
+        name: The tool's name.
+        arguments: The arguments as JSON text.
+    """
+
+    id: str | None
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A framework-neutral message.
+
+    Attributes:
+        role: Who wrote it.
+        parts: Its content, in order.
+        tool_calls: Tool calls an assistant message makes.
+        tool_call_id: For a tool result, the id of the call it answers.
+        name: The tool name of a tool result, or the author name, if known.
+        is_summary: True for a summary this library wrote earlier.
+        is_error: True for a tool result that reports a failure.
+        label: The original type name when ``role`` is ``other``.
+    """
+
+    role: Role
+    parts: tuple[Part, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    is_summary: bool = False
+    is_error: bool = False
+    label: str = ""
+
+    @property
+    def text(self) -> str:
+        """The message's readable text: text and reasoning parts joined."""
+        return "\n".join(p.text for p in self.parts if p.kind in ("text", "reasoning"))
+
+    @property
+    def has_compaction_block(self) -> bool:
+        """Whether the message carries a provider-side compaction block."""
+        return any(p.kind == "compaction" for p in self.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRequest:
+    """One call the engine asks its summarizer to make.
+
+    A model-backed summarizer sends ``system`` and ``prompt``; an extractive
+    one reads ``messages`` and ``previous_summary`` directly.
+
+    Attributes:
+        system: The system prompt for the summarizer.
+        prompt: The user prompt: the fenced transcript and the instructions.
+        messages: The messages this call covers, in order.
+        previous_summary: The running summary this call updates, if any.
+        instructions: The caller's custom instructions ("" for none).
+        chunk_index: Which chunk of the compacted region this is (0-based).
+        chunk_count: How many chunks the region was split into.
+        attempt: 0 for the first ask; 1 when the engine asks again after a
+            summary failed its check.
+    """
+
+    system: str
+    prompt: str
+    messages: tuple[Message, ...]
+    previous_summary: str | None = None
+    instructions: str = ""
+    chunk_index: int = 0
+    chunk_count: int = 1
+    attempt: int = 0

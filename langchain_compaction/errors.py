@@ -1,0 +1,105 @@
+"""Every error the library raises on purpose.
+
+```
+CompactionError                    base: catch this to catch them all
+├── ConfigurationError(ValueError)  bad options or arguments, raised at construction
+├── InvalidMessagesError(ValueError) a message list the library cannot read
+├── SummarizationError             the summary could not be made; nothing was changed
+│   ├── EmptySummaryError          the summarizer returned "" or whitespace
+│   └── SummaryTimeoutError        the summary call ran past ``timeout``
+└── StoreError                     a chat-history store failed during a rewrite
+```
+
+Each error carries the data that explains it as attributes, and its message
+says what to do instead. Errors raised while summarizing are chained (``from``)
+to the underlying exception.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CompactionError",
+    "ConfigurationError",
+    "EmptySummaryError",
+    "InvalidMessagesError",
+    "StoreError",
+    "SummarizationError",
+    "SummaryTimeoutError",
+]
+
+
+class CompactionError(Exception):
+    """Base of every error langchain-compaction raises on purpose."""
+
+
+class ConfigurationError(CompactionError, ValueError):
+    """An option or argument is invalid.
+
+    Attributes:
+        field: The name of the offending option.
+        value: The value that was passed.
+    """
+
+    def __init__(self, field: str, value: object, advice: str) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(f"{field}={value!r} is invalid: {advice}")
+
+
+class InvalidMessagesError(CompactionError, ValueError):
+    """The message list cannot be compacted as given.
+
+    Attributes:
+        index: The position of the offending message, when one is to blame.
+    """
+
+    def __init__(self, message: str, *, index: int | None = None) -> None:
+        self.index = index
+        super().__init__(message)
+
+
+class SummarizationError(CompactionError):
+    """The summarizer failed; the caller's messages were left unchanged.
+
+    Attributes:
+        chunk_index: The chunk of the compacted region being summarized.
+        chunk_count: How many chunks the region had.
+    """
+
+    def __init__(self, message: str, *, chunk_index: int = 0, chunk_count: int = 1) -> None:
+        self.chunk_index = chunk_index
+        self.chunk_count = chunk_count
+        super().__init__(message)
+
+
+class EmptySummaryError(SummarizationError):
+    """The summarizer returned an empty or whitespace-only summary."""
+
+
+class SummaryTimeoutError(SummarizationError):
+    """The summary call did not finish within the configured timeout.
+
+    Attributes:
+        timeout: The limit, in seconds.
+    """
+
+    def __init__(self, timeout: float, *, chunk_index: int = 0, chunk_count: int = 1) -> None:
+        self.timeout = timeout
+        super().__init__(
+            f"compaction summarisation failed: no summary within timeout={timeout}s; "
+            "raise CompactionOptions.timeout or use a faster summarizer",
+            chunk_index=chunk_index,
+            chunk_count=chunk_count,
+        )
+
+
+class StoreError(CompactionError):
+    """A chat-history store failed while the library rewrote it.
+
+    Attributes:
+        operation: What was being done (``"read"``, ``"clear"``, ``"write"``).
+    """
+
+    def __init__(self, message: str, *, operation: str) -> None:
+        self.operation = operation
+        super().__init__(message)

@@ -1,0 +1,1 @@
+"""Summarizers: chat models, plain callables, the offline extractive one."""

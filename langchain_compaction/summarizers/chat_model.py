@@ -1,0 +1,149 @@
+"""Summarizers over LangChain chat models, Runnables and plain callables."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import Runnable, RunnableConfig
+from langgraph.constants import TAG_NOSTREAM
+
+from langchain_compaction.core.engine import Summarizer
+from langchain_compaction.core.types import SummaryRequest
+from langchain_compaction.errors import ConfigurationError
+
+SUMMARY_TAG = "langchain_compaction:summary"
+"""Tag on every summary call, so traces can find them."""
+
+SUMMARY_RUN_NAME = "langchain_compaction_summary"
+"""Run name of every summary call."""
+
+
+def _text(output: object) -> object:
+    """Text of a model's output: a message's text blocks, or a string as is."""
+    if isinstance(output, BaseMessage):
+        # ``.text`` joins the text blocks and skips thinking and tool-use blocks.
+        return str(output.text)
+    return output
+
+
+def _config(request: SummaryRequest) -> RunnableConfig:
+    # TAG_NOSTREAM keeps the summary's tokens out of the user's stream in
+    # LangGraph's "messages" stream mode.
+    return RunnableConfig(
+        tags=[TAG_NOSTREAM, SUMMARY_TAG],
+        run_name=SUMMARY_RUN_NAME,
+        metadata={"compaction_chunk": request.chunk_index, "compaction_chunks": request.chunk_count},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ChatModelSummarizer:
+    """Summarizes with any LangChain chat model or Runnable over messages.
+
+    The model receives ``[SystemMessage(system prompt), HumanMessage(prompt)]``
+    and its reply's text is the summary.
+
+    Example:
+        >>> from langchain_core.language_models import FakeListChatModel
+        >>> s = ChatModelSummarizer(FakeListChatModel(responses=["## Goal ..."]))
+        >>> s.name
+        'FakeListChatModel'
+    """
+
+    model: Runnable[Any, Any]
+
+    @property
+    def name(self) -> str:
+        """The model's class name."""
+        return type(self.model).__name__
+
+    @staticmethod
+    def _input(request: SummaryRequest) -> list[BaseMessage]:
+        return [SystemMessage(content=request.system), HumanMessage(content=request.prompt)]
+
+    def summarize(self, request: SummaryRequest) -> str:
+        """Invoke the model; see ``Summarizer``."""
+        return _text(self.model.invoke(self._input(request), config=_config(request)))  # type: ignore[return-value]
+
+    async def asummarize(self, request: SummaryRequest) -> str:
+        """Await the model's ``ainvoke``; see ``Summarizer``."""
+        return _text(await self.model.ainvoke(self._input(request), config=_config(request)))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class CallableSummarizer:
+    """Summarizes with a plain function from prompt text to summary text.
+
+    The function receives one string, the system prompt and the prompt joined
+    by a blank line. An ``async def`` function (or one returning an awaitable)
+    is awaited on the async path.
+
+    Example:
+        >>> s = CallableSummarizer(lambda prompt: "## Goal\\n- test")
+        >>> s.name
+        '<lambda>'
+    """
+
+    function: Callable[[str], Any]
+
+    @property
+    def name(self) -> str:
+        """The function's name."""
+        return getattr(self.function, "__name__", type(self.function).__name__)
+
+    @staticmethod
+    def _input(request: SummaryRequest) -> str:
+        return f"{request.system}\n\n{request.prompt}"
+
+    def summarize(self, request: SummaryRequest) -> str:
+        """Call the function; see ``Summarizer``."""
+        result = self.function(self._input(request))
+        if inspect.isawaitable(result):
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()  # do not leave a never-awaited coroutine behind
+            msg = (
+                "an async summarizer function was used on the sync path; "
+                "call acompact / ainvoke instead, or pass a blocking function"
+            )
+            raise ConfigurationError("model", self.function, msg)
+        return _text(result)  # type: ignore[return-value]
+
+    async def asummarize(self, request: SummaryRequest) -> str:
+        """Call the function and await its result if it is awaitable."""
+        result = self.function(self._input(request))
+        if inspect.isawaitable(result):
+            result = await result
+        return _text(result)  # type: ignore[return-value]
+
+
+def as_summarizer(model: object, *, field: str = "model") -> Summarizer:
+    """Accept whatever a user passes as ``model`` and make it a ``Summarizer``.
+
+    Args:
+        model: A ``Summarizer`` (such as ``ExtractiveSummarizer``), a chat model
+            or other ``Runnable``, or a callable from prompt text to text.
+        field: The argument's name, for the error message.
+
+    Returns:
+        A summarizer.
+
+    Raises:
+        ConfigurationError: ``model`` is none of those.
+    """
+    if isinstance(model, Summarizer) and not isinstance(model, Runnable):
+        return model
+    if isinstance(model, Runnable):
+        return ChatModelSummarizer(model)
+    if callable(model):
+        return CallableSummarizer(model)
+    raise ConfigurationError(
+        field,
+        model,
+        "pass a LangChain chat model (e.g. ChatAnthropic(...)), a Runnable, a function "
+        "from prompt text to summary text, or ExtractiveSummarizer() to work offline",
+    )
