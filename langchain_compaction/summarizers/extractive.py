@@ -1,0 +1,394 @@
+"""An offline, deterministic summarizer that copies facts instead of writing prose.
+
+``ExtractiveSummarizer`` fills the same checkpoint sections as the LLM prompt
+from the messages themselves: the goal from the user's requests, constraints
+from what the user asked for or forbade, progress from the tool calls and their
+results (failures marked), decisions from what the assistant said it would do,
+next steps from the latest request, and critical context copied verbatim (file
+paths, identifiers, commands, error lines, URLs, numbers the user gave).
+
+It is bounded: the summary stays within ``max_tokens``. When it updates a
+previous summary it parses that summary's sections, adds the new items after
+the old ones and, when over budget, drops the oldest items of the largest
+section first, so the newest facts win.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from langchain_compaction.core.tokens import estimate_tokens
+from langchain_compaction.core.types import Message, SummaryRequest
+
+__all__ = ["ExtractiveSummarizer"]
+
+_SECTIONS = (
+    "Goal",
+    "Constraints & Preferences",
+    "Done",
+    "In Progress",
+    "Blocked",
+    "Key Decisions",
+    "Next Steps",
+    "Critical Context",
+)
+_HEADINGS = {
+    "goal": "Goal",
+    "constraints & preferences": "Constraints & Preferences",
+    "constraints": "Constraints & Preferences",
+    "done": "Done",
+    "in progress": "In Progress",
+    "blocked": "Blocked",
+    "key decisions": "Key Decisions",
+    "next steps": "Next Steps",
+    "critical context": "Critical Context",
+}
+_EMPTY = {"(none)", "none", "-", "n/a"}
+
+# A sentence ends at . ! ? followed by a space or the end, so "fields.py" stays whole.
+_SENTENCE = re.compile(r"(?:[^.!?\n]|[.!?](?=\S))+(?:[.!?]+(?=\s|$)|$)", re.MULTILINE)
+_CONSTRAINT = re.compile(
+    r"\b(must|mustn't|never|don't|do not|doesn't|always|should|shouldn't|avoid|prefer|only|"
+    r"without|make sure|ensure|keep|no longer|not allowed|required?|instead of|please)\b",
+    re.IGNORECASE,
+)
+_DECISION = re.compile(
+    r"\b(I'll|I will|I'm going to|let's|let me|we'll|we will|decided|decide|instead|switch(?:ed)? to|"
+    r"chose|choose|the fix is|the cause is|the issue is|root cause|plan is)\b",
+    re.IGNORECASE,
+)
+_ERROR_LINE = re.compile(
+    r"(Traceback|Exception|Error\b|error:|ERROR|FAILED|Failed|failed|fatal:|panic:|not found|No such file)"
+)
+# A tool result that opens like this reports a failure.
+_FAILURE = re.compile(
+    r"(?i)\b(error|errors|error\(s\)|exception|traceback|failed|failure|fatal|panic|not found|"
+    r"no such file|permission denied|invalid|cannot|can't|unable to)\b"
+)
+_EXTENSIONS = "|".join(
+    [
+        "py",
+        "js",
+        "ts",
+        "tsx",
+        "jsx",
+        "go",
+        "rs",
+        "c",
+        "h",
+        "cc",
+        "cpp",
+        "hpp",
+        "java",
+        "kt",
+        "rb",
+        "php",
+        "cs",
+        "swift",
+        "md",
+        "json",
+        "ya?ml",
+        "toml",
+        "ini",
+        "cfg",
+        "txt",
+        "sh",
+        "sql",
+        "html",
+        "css",
+        "vue",
+        "pony",
+        "lock",
+    ]
+)
+_PATH = re.compile(
+    r"(?:(?<=\s)|(?<=^)|(?<=[`'\"(\[]))(?:~|\.{1,2})?/?(?:[\w.@-]+/)+[\w.@-]+"
+    r"|\b[\w-]+\.(?:" + _EXTENSIONS + r")\b"
+)
+_URL = re.compile(r"https?://[^\s)>\]\"'`]+")
+_INLINE_CODE = re.compile(r"`([^`\n]{2,160})`")
+_IDENT = re.compile(
+    r"\b(?:[A-Za-z_][A-Za-z0-9]*_[A-Za-z0-9_]+"  # snake_case
+    r"|[a-z]+(?:[A-Z][a-z0-9]+){1,}"  # camelCase
+    r"|[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]+)+"  # PascalCase
+    r"|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){1,}\(?)\b"  # dotted.names
+)
+_NUMBER_PHRASE = re.compile(r"(?:\b[\w$€£#-]+\s)?\b\d[\d,._:/-]*\b(?:\s?[%\w]+)?")
+_WS = re.compile(r"\s+")
+
+_ITEM_CHARS = 240
+_CONTEXT_CHARS = 300
+
+
+def _clip(text: str, limit: int = _ITEM_CHARS) -> str:
+    text = _WS.sub(" ", text).strip()
+    if len(text) <= limit:
+        return text
+    return text[: limit - 1].rstrip() + "…"
+
+
+def _sentences(text: str) -> Iterable[str]:
+    for match in _SENTENCE.finditer(text):
+        sentence = match.group().strip()
+        if len(sentence) > 3:
+            yield sentence
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def _args_brief(arguments: str) -> str:
+    """A short, readable form of a tool call's JSON arguments."""
+    try:
+        value = json.loads(arguments)
+    except (ValueError, TypeError):
+        return _clip(arguments, 120)
+    if isinstance(value, dict):
+        if not value:
+            return ""
+        for key in ("command", "cmd", "path", "file_path", "query", "url", "pattern"):
+            if isinstance(value.get(key), str):
+                return _clip(f"{key}={value[key]}", 160)
+        return _clip(", ".join(f"{k}={v}" for k, v in value.items()), 160)
+    return _clip(str(value), 120)
+
+
+@dataclass(slots=True)
+class _Item:
+    text: str
+    order: int
+
+
+@dataclass(slots=True)
+class _Summary:
+    sections: dict[str, list[_Item]] = field(default_factory=lambda: {s: [] for s in _SECTIONS})
+    seen: set[tuple[str, str]] = field(default_factory=set)
+    order: int = 0
+
+    def add(self, section: str, text: str) -> None:
+        text = text.strip()
+        if not text or text.lower() in _EMPTY:
+            return
+        key = (section, _WS.sub(" ", text).lower())
+        if key in self.seen:
+            # A repeated fact is news again: move it to the newest position.
+            items = self.sections[section]
+            for item in items:
+                if _WS.sub(" ", item.text).lower() == key[1]:
+                    items.remove(item)
+                    break
+        self.seen.add(key)
+        self.order += 1
+        self.sections[section].append(_Item(text, self.order))
+
+    def render(self) -> str:
+        def items(section: str, prefix: str = "- ") -> str:
+            entries = self.sections[section]
+            if not entries:
+                return "- (none)"
+            return "\n".join(f"{prefix}{e.text}" for e in entries)
+
+        steps = self.sections["Next Steps"]
+        next_steps = "\n".join(f"{i}. {e.text}" for i, e in enumerate(steps, 1)) if steps else "1. (none)"
+        return (
+            f"## Goal\n{items('Goal')}\n\n"
+            f"## Constraints & Preferences\n{items('Constraints & Preferences')}\n\n"
+            f"## Progress\n### Done\n{items('Done', '- [x] ')}\n\n"
+            f"### In Progress\n{items('In Progress', '- [ ] ')}\n\n"
+            f"### Blocked\n{items('Blocked')}\n\n"
+            f"## Key Decisions\n{items('Key Decisions')}\n\n"
+            f"## Next Steps\n{next_steps}\n\n"
+            f"## Critical Context\n{items('Critical Context')}"
+        )
+
+    def trim(self, max_tokens: int) -> str:
+        text = self.render()
+        while estimate_tokens(text) > max_tokens:
+            # Drop the oldest item of the section that weighs most: sections
+            # stay balanced and, within each, the newest facts win.
+            heaviest = max(
+                (s for s in _SECTIONS if self.sections[s]),
+                key=lambda s: sum(len(i.text) for i in self.sections[s]),
+                default=None,
+            )
+            if heaviest is None:
+                return text[: max_tokens * 4]
+            items = self.sections[heaviest]
+            items.remove(min(items, key=lambda i: i.order))
+            text = self.render()
+        return text
+
+
+_ITEM_PREFIX = re.compile(r"^\s*(?:[-*•]\s*(?:\[[ xX]\]\s*)?|\d+[.)]\s*)")
+
+
+def _parse_previous(summary: str, into: _Summary) -> None:
+    """Read a previous checkpoint summary (ours or a model's) into sections."""
+    section = "Critical Context"
+    loose: list[str] = []
+    for raw in summary.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            name = line.lstrip("#").strip().lower()
+            section = _HEADINGS.get(name, section if name == "progress" else "Critical Context")
+            continue
+        if _ITEM_PREFIX.match(line):
+            into.add(section, _ITEM_PREFIX.sub("", line, count=1))
+        else:
+            loose.append(line)
+    for line in loose:
+        into.add("Critical Context", _clip(line, _CONTEXT_CHARS))
+
+
+def _context_facts(text: str, *, from_user: bool) -> list[str]:
+    facts: list[str] = []
+    urls = _URL.findall(text)
+    facts += urls
+    for url in urls:
+        text = text.replace(url, " ")
+    facts += [m.group() for m in _PATH.finditer(text) if "/" in m.group() or "." in m.group()]
+    facts += [c for c in _INLINE_CODE.findall(text)]
+    facts += [m.group().rstrip("(") for m in _IDENT.finditer(text)]
+    if from_user:
+        facts += [m.group().strip() for m in _NUMBER_PHRASE.finditer(text) if any(ch.isdigit() for ch in m.group())]
+    return facts
+
+
+def _error_lines(text: str, limit: int = 3) -> list[str]:
+    found = [line.strip() for line in text.splitlines() if _ERROR_LINE.search(line)]
+    return found[-limit:]
+
+
+@dataclass(frozen=True, slots=True)
+class ExtractiveSummarizer:
+    """Summarizes without a model: facts copied from the messages, bounded.
+
+    Usable wherever a model is accepted (``compact``, the graph node, the
+    history wrapper) and as ``fallback=`` when a model call fails.
+
+    Attributes:
+        max_tokens: The most tokens the summary may take (estimated).
+        max_context_items: The most critical-context facts taken from one
+            message, so one huge tool output cannot crowd out the rest.
+
+    Example:
+        >>> from langchain_core.messages import AIMessage, HumanMessage
+        >>> from langchain_compaction import compact
+        >>> msgs = [HumanMessage("Fix the crash in src/app.py; do not touch tests."),
+        ...         AIMessage("I'll patch src/app.py."), HumanMessage("go on")]
+        >>> result, out = compact(ExtractiveSummarizer(), msgs)
+        >>> "src/app.py" in result.summary
+        True
+    """
+
+    max_tokens: int = 3000
+    max_context_items: int = 12
+
+    @property
+    def name(self) -> str:
+        """Always ``"extractive"``."""
+        return "extractive"
+
+    def summarize(self, request: SummaryRequest) -> str:
+        """Build the checkpoint summary for ``request``."""
+        return self.summarize_messages(request.messages, request.previous_summary, request.instructions)
+
+    async def asummarize(self, request: SummaryRequest) -> str:
+        """Same as ``summarize``: the work is local and quick."""
+        return self.summarize(request)
+
+    def summarize_messages(
+        self, messages: Sequence[Message], previous_summary: str | None = None, instructions: str = ""
+    ) -> str:
+        """Summarize core messages directly, updating ``previous_summary``.
+
+        Args:
+            messages: The messages to summarize, in order.
+            previous_summary: A summary to update, if any.
+            instructions: Custom instructions; recorded as a constraint.
+
+        Returns:
+            The checkpoint summary, within ``max_tokens``.
+        """
+        summary = _Summary()
+        if previous_summary:
+            _parse_previous(previous_summary, summary)
+        if instructions:
+            summary.add("Constraints & Preferences", _clip(f"Compaction instructions: {instructions}"))
+        results: dict[str | None, Message] = {
+            m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id
+        }
+        last_user = ""
+        for message in messages:
+            text = message.text
+            if message.role == "user" and text.strip() and not text.lstrip().startswith("/compact"):
+                last_user = text
+                summary.add("Goal", _clip(text))
+                for sentence in _sentences(text):
+                    if _CONSTRAINT.search(sentence):
+                        summary.add("Constraints & Preferences", _clip(sentence))
+                self._add_context(summary, text, from_user=True)
+            elif message.role == "assistant":
+                for sentence in _sentences(text):
+                    if _DECISION.search(sentence):
+                        summary.add("Key Decisions", _clip(sentence))
+                for call in message.tool_calls:
+                    self._add_call(summary, call.name, call.arguments, results.get(call.id))
+                self._add_context(summary, text, from_user=False)
+            elif message.role == "tool":
+                for line in _error_lines(text) if message.is_error else []:
+                    summary.add("Critical Context", _clip(line, _CONTEXT_CHARS))
+                self._add_context(summary, text, from_user=False)
+            elif message.role == "system" and text.strip():
+                summary.add("Critical Context", _clip(f"System note: {_first_line(text)}", _CONTEXT_CHARS))
+        if last_user:
+            summary.add("Next Steps", _clip(f"Continue with the latest request: {last_user}"))
+        return summary.trim(self.max_tokens)
+
+    def _add_call(self, summary: _Summary, name: str, arguments: str, result: Message | None) -> None:
+        brief = _args_brief(arguments)
+        label = f"{name}({brief})" if brief else name
+        if result is None:
+            summary.add("In Progress", _clip(f"{label}: no result yet"))
+            return
+        opening = " ".join(result.text.strip().splitlines()[:2])
+        if result.is_error or _FAILURE.search(opening):
+            errors = _error_lines(result.text, limit=1)
+            problem = errors[0] if errors else _first_line(result.text)
+            summary.add("Blocked", _clip(f"✗ {label} failed: {problem}"))
+            summary.add("Critical Context", _clip(problem, _CONTEXT_CHARS))
+        else:
+            outcome = _first_line(result.text)
+            summary.add("Done", _clip(f"{label} → {outcome}" if outcome else label))
+        for key in ("command", "cmd"):
+            try:
+                value = json.loads(arguments).get(key)
+            except (ValueError, TypeError, AttributeError):
+                value = None
+            if isinstance(value, str) and value.strip():
+                summary.add("Critical Context", _clip(f"command: {value}", _CONTEXT_CHARS))
+
+    def _add_context(self, summary: _Summary, text: str, *, from_user: bool) -> None:
+        facts = _context_facts(text, from_user=from_user)
+        for line in _error_lines(text, limit=2):
+            facts.append(line)
+        taken = 0
+        seen: set[str] = set()
+        for raw in facts:
+            fact = raw.strip().strip(".,;:")
+            if len(fact) < 3 or fact in seen:
+                continue
+            seen.add(fact)
+            summary.add("Critical Context", _clip(fact, _CONTEXT_CHARS))
+            taken += 1
+            if taken >= self.max_context_items:
+                break
