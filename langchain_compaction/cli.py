@@ -1,0 +1,298 @@
+"""The ``langchain-compaction`` command line: demo, inspect, compact.
+
+``demo`` replays the six real agent transcripts bundled beside the project as
+one long session and compacts it offline whenever it outgrows the window.
+``inspect`` shows where a conversation's tokens go and where the cut falls.
+``compact`` writes the compacted conversation in the input's format.
+
+Exit status: 0 on success, 2 for a bad file or bad arguments (one line on
+stderr says what and where), 1 when the summarizer fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from langchain_core.messages import BaseMessage
+
+from langchain_compaction import __version__
+from langchain_compaction.adapters._convert import to_core_list
+from langchain_compaction.adapters.messages import compact, find_cut_point
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.core.tokens import estimate_message
+from langchain_compaction.core.transcript import message_body
+from langchain_compaction.core.types import SummaryRequest
+from langchain_compaction.errors import CompactionError, ConfigurationError
+from langchain_compaction.formats import ConversationFileError, dump_conversation, parse_conversation
+from langchain_compaction.summarizers.chat_model import as_summarizer
+from langchain_compaction.summarizers.extractive import ExtractiveSummarizer
+
+
+class _Style:
+    """ANSI colours when the stream is a terminal and NO_COLOR is unset."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.on = stream.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+
+    def __call__(self, text: str, code: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.on else text
+
+    def bold(self, text: str) -> str:
+        return self(text, "1")
+
+    def dim(self, text: str) -> str:
+        return self(text, "2")
+
+    def green(self, text: str) -> str:
+        return self(text, "32")
+
+    def yellow(self, text: str) -> str:
+        return self(text, "33")
+
+
+def _table(rows: Sequence[Sequence[str]], header: Sequence[str], style: _Style) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([style.bold(line(header)), rule, *(line(r) for r in rows)])
+
+
+@dataclass
+class _Progress:
+    """Wraps a summarizer to show progress on stderr while chunks run."""
+
+    inner: Any
+    stream: TextIO
+    quiet: bool
+
+    @property
+    def name(self) -> str:
+        return str(self.inner.name)
+
+    def _show(self, request: SummaryRequest) -> None:
+        if not self.quiet and request.chunk_count > 1:
+            end = "\n" if request.chunk_index + 1 == request.chunk_count else ""
+            print(f"\rsummarizing chunk {request.chunk_index + 1}/{request.chunk_count}", end=end, file=self.stream)
+            self.stream.flush()
+
+    def summarize(self, request: SummaryRequest) -> str:
+        self._show(request)
+        return str(self.inner.summarize(request))
+
+    async def asummarize(self, request: SummaryRequest) -> str:
+        self._show(request)
+        return str(await self.inner.asummarize(request))
+
+
+def _options(args: argparse.Namespace) -> CompactionOptions:
+    return CompactionOptions(
+        context_window=args.context_window,
+        reserve_tokens=args.reserve_tokens,
+        keep_recent_tokens=args.keep_recent_tokens,
+        summary_input_tokens=getattr(args, "summary_input_tokens", None),
+    )
+
+
+def _read(path: str) -> tuple[list[BaseMessage], Any]:
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as exc:
+        raise ConversationFileError(f"cannot read the file: {exc.strerror or exc}", where=path) from exc
+    conversation = parse_conversation(data, name=path)
+    return conversation.messages, conversation
+
+
+def _model(args: argparse.Namespace) -> Any:
+    if args.offline or not args.model:
+        return ExtractiveSummarizer()
+    try:
+        from langchain.chat_models import init_chat_model
+    except ImportError as exc:
+        msg = 'pip install "langchain-compaction[agents]" (and the provider package) to use --model'
+        raise ConfigurationError("--model", args.model, msg) from exc
+    try:
+        return init_chat_model(args.model)
+    except Exception as exc:
+        raise ConfigurationError("--model", args.model, f"{exc}; use provider:model, e.g. anthropic:...") from exc
+
+
+def _inspect(args: argparse.Namespace, out: TextIO) -> int:
+    messages, conversation = _read(args.file)
+    options = _options(args)
+    core = to_core_list(messages)
+    counts = [estimate_message(m) for m in core]
+    total = sum(counts)
+    by_role: Counter[str] = Counter()
+    by_type: Counter[str] = Counter()
+    number: Counter[str] = Counter()
+    for message, core_message, count in zip(messages, core, counts):
+        by_role[core_message.role] += count
+        by_type[message.type] += count
+        number[message.type] += 1
+    cut = find_cut_point(messages, options.keep_recent_tokens)
+    threshold = options.context_window - options.reserve_tokens
+    would = options.context_window > 0 and total > threshold
+    report = {
+        "file": args.file,
+        "format": conversation.format + ("+jsonl" if conversation.jsonl else ""),
+        "messages": len(messages),
+        "tokens": total,
+        "tokens_by_role": dict(by_role),
+        "tokens_by_type": dict(by_type),
+        "context_window": options.context_window,
+        "threshold": threshold if options.context_window else None,
+        "would_compact": would,
+        "cut_index": cut,
+        "summarized": {"messages": cut, "tokens": sum(counts[:cut])},
+        "kept": {"messages": len(messages) - cut, "tokens": sum(counts[cut:])},
+    }
+    if args.json:
+        print(json.dumps(report, indent=2), file=out)
+        return 0
+    style = _Style(out)
+    print(style.bold(f"{args.file}: {len(messages)} messages, ~{total:,} tokens ({report['format']})"), file=out)
+    rows = [[t, str(number[t]), f"{by_type[t]:,}", f"{by_type[t] / max(total, 1):.0%}"] for t in sorted(by_type)]
+    print(_table(rows, ["type", "messages", "tokens", "share"], style), file=out)
+    if options.context_window:
+        verdict = style.yellow("would compact") if would else style.green("fits")
+        print(
+            f"\nwindow {options.context_window:,} - reserve {options.reserve_tokens:,} = {threshold:,}: {verdict}",
+            file=out,
+        )
+    else:
+        print("\nno --context-window given: automatic compaction is off; the cut below is for a manual one", file=out)
+    if cut:
+        print(
+            f"cut at message {cut}: summarize {cut} (~{sum(counts[:cut]):,} tokens), "
+            f"keep {len(messages) - cut} (~{sum(counts[cut:]):,} tokens)",
+            file=out,
+        )
+        first = message_body(core[cut]).strip().splitlines()
+        print(style.dim(f"first kept: [{messages[cut].type}] {(first[0] if first else '')[:100]}"), file=out)
+    else:
+        print(f"no cut: everything fits the keep budget of {options.keep_recent_tokens:,} tokens", file=out)
+    return 0
+
+
+def _print_result(result: CompactionResult | None, out: TextIO, style: _Style) -> None:
+    if result is None:
+        print("nothing to compact", file=out)
+        return
+    rows = [
+        ["messages removed", str(result.messages_removed)],
+        ["messages kept", str(result.messages_kept)],
+        ["tokens before", f"{result.original_tokens:,}"],
+        ["tokens after", f"{result.compacted_tokens:,}"],
+        ["summarizer", result.summarizer + (" (fallback)" if result.fallback_used else "")],
+        ["summarizer calls", str(result.summarizer_calls)],
+        ["summarizer input tokens", f"{result.summarizer_input_tokens:,}"],
+    ]
+    print(_table(rows, ["compaction", "value"], style), file=out)
+
+
+def _compact(args: argparse.Namespace, out: TextIO) -> int:
+    messages, conversation = _read(args.file)
+    options = _options(args)
+    summarizer = _Progress(as_summarizer(_model(args)), sys.stderr, args.json)
+    result, compacted = compact(summarizer, messages, options, args.instructions or "")
+    text = dump_conversation(compacted, conversation.format, jsonl=conversation.jsonl)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    if args.json:
+        payload = {"result": result.to_dict() if result else None, "output": args.output}
+        if not args.output:
+            payload["messages"] = json.loads(dump_conversation(compacted, "langchain"))
+        print(json.dumps(payload, indent=2, ensure_ascii=False), file=out)
+        return 0
+    # With the conversation on stdout, the figures go to stderr so a pipe
+    # receives a clean file.
+    report = out if args.output else sys.stderr
+    _print_result(result, report, _Style(report))
+    if args.output:
+        print(f"wrote {len(compacted)} messages to {args.output}", file=out)
+    else:
+        out.write(text)
+    return 0
+
+
+def _demo(args: argparse.Namespace, out: TextIO) -> int:
+    from langchain_compaction.demo import run_demo
+
+    return run_demo(out, window=args.context_window, reserve=args.reserve_tokens, keep=args.keep_recent_tokens)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="langchain-compaction",
+        description="Compact long LangChain conversations into a summary plus recent messages.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def budgets(p: argparse.ArgumentParser, window: int, reserve: int, keep: int) -> None:
+        p.add_argument("--context-window", type=int, default=window, help="model window in tokens (0 = unknown)")
+        p.add_argument("--reserve-tokens", type=int, default=reserve, help="tokens kept free for the reply")
+        p.add_argument("--keep-recent-tokens", type=int, default=keep, help="recent tokens kept verbatim")
+
+    demo = sub.add_parser("demo", help="compact the bundled real transcripts offline, several times")
+    budgets(demo, 24_000, 4_000, 6_000)
+    demo.set_defaults(run=_demo)
+
+    inspect = sub.add_parser("inspect", help="show tokens by role and type, and where the cut falls")
+    inspect.add_argument(
+        "file", help="conversation file (LangChain, OpenAI, Anthropic JSON, or JSON Lines); - for stdin"
+    )
+    budgets(inspect, 0, 16384, 20000)
+    inspect.add_argument("--json", action="store_true", help="print JSON for machines")
+    inspect.set_defaults(run=_inspect)
+
+    comp = sub.add_parser("compact", help="write the compacted conversation in the input's format")
+    comp.add_argument("file", help="conversation file; - for stdin")
+    comp.add_argument("-o", "--output", help="where to write the compacted conversation (default: stdout)")
+    source = comp.add_mutually_exclusive_group()
+    source.add_argument("--model", help="summarize with provider:model (needs its package and API key)")
+    source.add_argument("--offline", action="store_true", help="use the offline extractive summarizer (default)")
+    comp.add_argument("--instructions", help="custom instructions for the summary")
+    comp.add_argument("--summary-input-tokens", type=int, default=None, help="largest summarizer request")
+    budgets(comp, 0, 16384, 20000)
+    comp.add_argument("--json", action="store_true", help="print JSON for machines")
+    comp.set_defaults(run=_compact)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: Arguments (``sys.argv[1:]`` when ``None``).
+        out: Where normal output goes (stdout when ``None``).
+
+    Returns:
+        The exit status.
+    """
+    stream = out or sys.stdout
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args, stream))
+    except (ConversationFileError, ConfigurationError) as exc:
+        print(f"langchain-compaction: error: {exc}", file=sys.stderr)
+        return 2
+    except CompactionError as exc:
+        print(f"langchain-compaction: compaction failed: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,303 @@
+"""Conversation files: read and write the formats the command line accepts.
+
+Four formats, detected from the content:
+
+- ``langchain``: LangChain's ``messages_to_dict`` JSON, a list of
+  ``{"type": ..., "data": {...}}`` (the shared transcripts' format).
+- ``openai``: a list of ``{"role": ..., "content": ...}`` with OpenAI-style
+  ``tool_calls`` and ``tool`` messages.
+- ``anthropic``: a list of ``{"role": "user"|"assistant", "content": [blocks]}``
+  with ``tool_use`` / ``tool_result`` blocks, or ``{"system": ..., "messages": [...]}``.
+- ``jsonl``: one message per line in any of the above shapes.
+
+Every problem is reported as one ``ConversationFileError`` that says what is
+wrong and where, never as a traceback from deep inside.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+    convert_to_openai_messages,
+    messages_from_dict,
+    messages_to_dict,
+)
+
+from langchain_compaction.errors import CompactionError
+
+Format = Literal["langchain", "openai", "anthropic"]
+"""The shape of each message in a file."""
+
+
+class ConversationFileError(CompactionError, ValueError):
+    """A conversation file that cannot be read.
+
+    Attributes:
+        where: Where the problem is (``"line 3"``, ``"message 5"``, ...).
+    """
+
+    def __init__(self, problem: str, *, where: str = "") -> None:
+        self.where = where
+        super().__init__(f"{where}: {problem}" if where else problem)
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A conversation read from a file.
+
+    Attributes:
+        messages: The messages.
+        format: The shape of each message.
+        jsonl: Whether the file had one message per line.
+    """
+
+    messages: list[BaseMessage]
+    format: Format
+    jsonl: bool = False
+
+
+def _shape(item: object, where: str) -> Format:
+    if not isinstance(item, dict):
+        msg = f"expected a message object, found {type(item).__name__}"
+        raise ConversationFileError(msg, where=where)
+    if "type" in item and isinstance(item.get("data"), dict):
+        return "langchain"
+    if "role" in item:
+        content = item.get("content")
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result") for b in content
+        ):
+            return "anthropic"
+        return "openai"
+    msg = 'a message needs "role" (OpenAI/Anthropic style) or "type" and "data" (LangChain style)'
+    raise ConversationFileError(msg, where=where)
+
+
+def _from_langchain(item: dict[str, Any], where: str) -> BaseMessage:
+    try:
+        return messages_from_dict([item])[0]
+    except Exception as exc:  # pydantic and KeyError messages are clear enough
+        msg = f"not a valid LangChain message: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        raise ConversationFileError(msg, where=where) from exc
+
+
+def _text_of(content: object, where: str) -> str | list[Any]:
+    if content is None:
+        return ""
+    if isinstance(content, (str, list)):
+        return content
+    msg = f'"content" must be a string or a list of blocks, found {type(content).__name__}'
+    raise ConversationFileError(msg, where=where)
+
+
+def _from_openai(item: dict[str, Any], where: str) -> BaseMessage:
+    role = item.get("role")
+    content = _text_of(item.get("content"), where)
+    if role in ("system", "developer"):
+        return SystemMessage(content=content)
+    if role == "user":
+        return HumanMessage(content=content)
+    if role == "assistant":
+        calls = []
+        for number, call in enumerate(item.get("tool_calls") or []):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                msg = f'tool_calls[{number}] needs "function": {{"name": ..., "arguments": ...}}'
+                raise ConversationFileError(msg, where=where)
+            raw = function.get("arguments") or "{}"
+            try:
+                args = json.loads(raw) if isinstance(raw, str) else raw
+            except json.JSONDecodeError:
+                args = {"__raw__": raw}
+            if not isinstance(args, dict):
+                args = {"value": args}
+            calls.append({"name": function["name"], "args": args, "id": call.get("id"), "type": "tool_call"})
+        return AIMessage(content=content, tool_calls=calls)
+    if role == "tool":
+        call_id = item.get("tool_call_id")
+        if not isinstance(call_id, str):
+            msg = 'a "tool" message needs a string "tool_call_id"'
+            raise ConversationFileError(msg, where=where)
+        return ToolMessage(content=content, tool_call_id=call_id, name=item.get("name"))
+    msg = f'unknown role {role!r}; use "system", "user", "assistant" or "tool"'
+    raise ConversationFileError(msg, where=where)
+
+
+def _from_anthropic(item: dict[str, Any], where: str) -> list[BaseMessage]:
+    role = item.get("role")
+    content = _text_of(item.get("content"), where)
+    if role == "system":
+        return [SystemMessage(content=content)]
+    if isinstance(content, str):
+        return [HumanMessage(content=content) if role == "user" else AIMessage(content=content)]
+    if role == "assistant":
+        calls = [
+            {"name": str(b.get("name")), "args": b.get("input") or {}, "id": b.get("id"), "type": "tool_call"}
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "tool_use"
+        ]
+        return [AIMessage(content=content, tool_calls=calls)]
+    if role != "user":
+        msg = f'unknown role {role!r}; Anthropic messages are "user" or "assistant"'
+        raise ConversationFileError(msg, where=where)
+    out: list[BaseMessage] = []
+    rest: list[Any] = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "tool_result":
+            out.append(
+                ToolMessage(
+                    content=block.get("content") or "",
+                    tool_call_id=str(block.get("tool_use_id")),
+                    status="error" if block.get("is_error") else "success",
+                )
+            )
+        else:
+            rest.append(block)
+    if rest:
+        out.append(HumanMessage(content=rest))
+    return out
+
+
+def _convert(item: dict[str, Any], actual: Format, where: str) -> list[BaseMessage]:
+    if actual == "langchain":
+        return [_from_langchain(item, where)]
+    if actual == "anthropic":
+        return _from_anthropic(item, where)
+    return [_from_openai(item, where)]
+
+
+def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversation:
+    """Read a conversation from the bytes of a file.
+
+    Args:
+        data: The file's content.
+        name: The file's name, for error messages.
+
+    Returns:
+        The conversation.
+
+    Raises:
+        ConversationFileError: The content is not a conversation in any of
+            the accepted formats; the message says what and where.
+    """
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        msg = f"not UTF-8 text (byte {exc.start}); save the file as UTF-8 JSON"
+        raise ConversationFileError(msg, where=name) from exc
+    stripped = text.strip()
+    if not stripped:
+        raise ConversationFileError("the file is empty; expected a JSON list of messages", where=name)
+    items: list[tuple[object, str]]
+    jsonl = False
+    system: object = None
+    try:
+        document = json.loads(stripped)
+    except json.JSONDecodeError as exc:
+        if "\n" not in stripped or exc.pos > len(stripped.splitlines()[0]):
+            msg = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+            raise ConversationFileError(msg, where=name) from exc
+        jsonl = True
+        items = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                items.append((json.loads(line), f"{name}: line {number}"))
+            except json.JSONDecodeError as line_exc:
+                msg = f"invalid JSON at column {line_exc.colno}: {line_exc.msg}"
+                raise ConversationFileError(msg, where=f"{name}: line {number}") from line_exc
+    else:
+        if isinstance(document, dict) and isinstance(document.get("messages"), list):
+            system = document.get("system")
+            document = document["messages"]
+        if not isinstance(document, list):
+            msg = f'expected a JSON list of messages (or {{"messages": [...]}}), found {type(document).__name__}'
+            raise ConversationFileError(msg, where=name)
+        items = [(item, f"{name}: message {number}") for number, item in enumerate(document, 1)]
+    if not items:
+        raise ConversationFileError("the file holds no messages", where=name)
+    shapes = [_shape(item, where) for item, where in items]
+    shape = shapes[0]
+    for actual, (_, where) in zip(shapes, items):
+        if (actual == "langchain") != (shape == "langchain"):
+            msg = f"this message is {actual}-style but the file started {shape}-style; use one style per file"
+            raise ConversationFileError(msg, where=where)
+    messages: list[BaseMessage] = []
+    if system is not None:
+        if not isinstance(system, (str, list)):
+            raise ConversationFileError('"system" must be a string or a list of blocks', where=name)
+        messages.append(SystemMessage(content=system))
+    if system is not None or "anthropic" in shapes:
+        shape = "anthropic"
+    for actual, (item, where) in zip(shapes, items):
+        assert isinstance(item, dict)  # _shape checked it
+        messages.extend(
+            _convert(item, "anthropic" if shape == "anthropic" and actual != "langchain" else actual, where)
+        )
+    return Conversation(messages, shape, jsonl)
+
+
+def _to_anthropic(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if isinstance(message, SystemMessage):
+            out.append({"role": "system", "content": message.content})
+        elif isinstance(message, ToolMessage):
+            block = {
+                "type": "tool_result",
+                "tool_use_id": message.tool_call_id,
+                "content": message.content,
+                "is_error": message.status == "error",
+            }
+            if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list):
+                out[-1]["content"].append(block)
+            else:
+                out.append({"role": "user", "content": [block]})
+        elif isinstance(message, AIMessage):
+            blocks: list[Any] = (
+                [{"type": "text", "text": message.content}]
+                if isinstance(message.content, str) and message.content
+                else [b for b in message.content if not (isinstance(b, dict) and b.get("type") == "tool_use")]
+                if isinstance(message.content, list)
+                else []
+            )
+            blocks += [
+                {"type": "tool_use", "id": c["id"], "name": c["name"], "input": c["args"]} for c in message.tool_calls
+            ]
+            out.append({"role": "assistant", "content": blocks})
+        else:
+            out.append({"role": "user", "content": message.content})
+    return out
+
+
+def dump_conversation(messages: Sequence[BaseMessage], shape: Format, *, jsonl: bool = False) -> str:
+    """Write messages in ``shape`` (the input's format, for round trips).
+
+    Args:
+        messages: The messages.
+        shape: The format to write.
+        jsonl: One message per line instead of one JSON list.
+
+    Returns:
+        The file's text.
+    """
+    items: list[Any]
+    if shape == "langchain":
+        items = messages_to_dict(list(messages))
+    elif shape == "openai":
+        items = convert_to_openai_messages(list(messages))
+    else:
+        items = _to_anthropic(messages)
+    if jsonl:
+        return "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items)
+    return json.dumps(items, ensure_ascii=False, indent=2) + "\n"
