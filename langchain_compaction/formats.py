@@ -175,6 +175,14 @@ def _convert(item: dict[str, Any], actual: Format, where: str) -> list[BaseMessa
     return [_from_openai(item, where)]
 
 
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversation:
     """Read a conversation from the bytes of a file.
 
@@ -203,7 +211,7 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
     try:
         document = json.loads(stripped)
     except json.JSONDecodeError as exc:
-        if "\n" not in stripped or exc.pos > len(stripped.splitlines()[0]):
+        if "\n" not in stripped or not _parses(stripped.splitlines()[0]):
             msg = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
             raise ConversationFileError(msg, where=name) from exc
         jsonl = True
@@ -247,11 +255,14 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
     return Conversation(messages, shape, jsonl)
 
 
-def _to_anthropic(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+def _to_anthropic(messages: Sequence[BaseMessage]) -> list[dict[str, Any]] | dict[str, Any]:
+    """Anthropic's shape: system messages go to a top-level ``system`` list."""
     out: list[dict[str, Any]] = []
+    system: list[Any] = []
     for message in messages:
         if isinstance(message, SystemMessage):
-            out.append({"role": "system", "content": message.content})
+            content = message.content
+            system += [{"type": "text", "text": content}] if isinstance(content, str) else content
         elif isinstance(message, ToolMessage):
             block = {
                 "type": "tool_result",
@@ -277,7 +288,7 @@ def _to_anthropic(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
             out.append({"role": "assistant", "content": blocks})
         else:
             out.append({"role": "user", "content": message.content})
-    return out
+    return {"system": system, "messages": out} if system else out
 
 
 def dump_conversation(messages: Sequence[BaseMessage], shape: Format, *, jsonl: bool = False) -> str:
@@ -291,7 +302,7 @@ def dump_conversation(messages: Sequence[BaseMessage], shape: Format, *, jsonl: 
     Returns:
         The file's text.
     """
-    items: list[Any]
+    items: Any
     if shape == "langchain":
         items = messages_to_dict(list(messages))
     elif shape == "openai":
@@ -299,5 +310,7 @@ def dump_conversation(messages: Sequence[BaseMessage], shape: Format, *, jsonl: 
     else:
         items = _to_anthropic(messages)
     if jsonl:
+        if isinstance(items, dict):  # JSON Lines has no place for a top-level system
+            items = [{"role": "system", "content": items["system"]}, *items["messages"]]
         return "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items)
     return json.dumps(items, ensure_ascii=False, indent=2) + "\n"

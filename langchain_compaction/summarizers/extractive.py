@@ -61,7 +61,8 @@ _DECISION = re.compile(
     re.IGNORECASE,
 )
 _ERROR_LINE = re.compile(
-    r"(Traceback|Exception|Error\b|error:|ERROR|FAILED|Failed|failed|fatal:|panic:|not found|No such file)"
+    r"(Traceback|\w*(?:Error|Exception)\w*:|Error\b|error:|ERROR|FAILED|Failed|failed|fatal:|panic:"
+    r"|not found|No such file)"
 )
 # A tool result that opens like this reports a failure.
 _FAILURE = re.compile(
@@ -164,6 +165,7 @@ def _args_brief(arguments: str) -> str:
 class _Item:
     text: str
     order: int
+    precious: bool = False
 
 
 @dataclass(slots=True)
@@ -172,7 +174,7 @@ class _Summary:
     seen: set[tuple[str, str]] = field(default_factory=set)
     order: int = 0
 
-    def add(self, section: str, text: str) -> None:
+    def add(self, section: str, text: str, *, precious: bool = False) -> None:
         text = text.strip()
         if not text or text.lower() in _EMPTY:
             return
@@ -186,7 +188,7 @@ class _Summary:
                     break
         self.seen.add(key)
         self.order += 1
-        self.sections[section].append(_Item(text, self.order))
+        self.sections[section].append(_Item(text, self.order, precious))
 
     def render(self) -> str:
         def items(section: str, prefix: str = "- ") -> str:
@@ -209,21 +211,44 @@ class _Summary:
         )
 
     def trim(self, max_tokens: int) -> str:
-        text = self.render()
-        while estimate_tokens(text) > max_tokens:
-            # Drop the oldest item of the section that weighs most: sections
-            # stay balanced and, within each, the newest facts win.
+        # Each item costs its text plus the bullet and line break; the fixed
+        # part is the headings and the "(none)" placeholders.
+        cost = {s: [estimate_tokens(i.text) + 2 for i in self.sections[s]] for s in _SECTIONS}
+        total = sum(sum(c) for c in cost.values()) + 60
+        while total > max_tokens:
+            # Drop the oldest item of the section that weighs most, weighted by
+            # how much its facts are worth keeping: sections stay balanced,
+            # constraints and errors outlive chatter, and within each section
+            # the newest facts win.
             heaviest = max(
                 (s for s in _SECTIONS if self.sections[s]),
-                key=lambda s: sum(len(i.text) for i in self.sections[s]),
+                key=lambda s: sum(cost[s]) * _SECTION_WEIGHT[s],
                 default=None,
             )
             if heaviest is None:
-                return text[: max_tokens * 4]
+                break
             items = self.sections[heaviest]
-            items.remove(min(items, key=lambda i: i.order))
-            text = self.render()
-        return text
+            # What the user said and error lines go last: the oldest of the
+            # other items goes first.
+            oldest = min(range(len(items)), key=lambda i: (items[i].precious, items[i].order))
+            del items[oldest]
+            total -= cost[heaviest].pop(oldest)
+        text = self.render()
+        return text if estimate_tokens(text) <= max_tokens else text[: max_tokens * 3]
+
+
+# How readily a section gives up items when the summary is over budget
+# (higher gives up sooner).
+_SECTION_WEIGHT = {
+    "Goal": 0.8,
+    "Constraints & Preferences": 0.4,
+    "Done": 1.2,
+    "In Progress": 1.0,
+    "Blocked": 0.6,
+    "Key Decisions": 1.4,
+    "Next Steps": 1.0,
+    "Critical Context": 0.8,
+}
 
 
 _ITEM_PREFIX = re.compile(r"^\s*(?:[-*•]\s*(?:\[[ xX]\]\s*)?|\d+[.)]\s*)")
@@ -249,7 +274,7 @@ def _parse_previous(summary: str, into: _Summary) -> None:
         into.add("Critical Context", _clip(line, _CONTEXT_CHARS))
 
 
-def _context_facts(text: str, *, from_user: bool) -> list[str]:
+def _context_facts(text: str, *, from_user: bool, identifiers: bool = True) -> list[str]:
     facts: list[str] = []
     urls = _URL.findall(text)
     facts += urls
@@ -257,7 +282,8 @@ def _context_facts(text: str, *, from_user: bool) -> list[str]:
         text = text.replace(url, " ")
     facts += [m.group() for m in _PATH.finditer(text) if "/" in m.group() or "." in m.group()]
     facts += [c for c in _INLINE_CODE.findall(text)]
-    facts += [m.group().rstrip("(") for m in _IDENT.finditer(text)]
+    if identifiers:
+        facts += [m.group().rstrip("(") for m in _IDENT.finditer(text)]
     if from_user:
         facts += [m.group().strip() for m in _NUMBER_PHRASE.finditer(text) if any(ch.isdigit() for ch in m.group())]
     return facts
@@ -323,7 +349,7 @@ class ExtractiveSummarizer:
         if previous_summary:
             _parse_previous(previous_summary, summary)
         if instructions:
-            summary.add("Constraints & Preferences", _clip(f"Compaction instructions: {instructions}"))
+            summary.add("Constraints & Preferences", _clip(f"Compaction instructions: {instructions}"), precious=True)
         results: dict[str | None, Message] = {
             m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id
         }
@@ -335,7 +361,7 @@ class ExtractiveSummarizer:
                 summary.add("Goal", _clip(text))
                 for sentence in _sentences(text):
                     if _CONSTRAINT.search(sentence):
-                        summary.add("Constraints & Preferences", _clip(sentence))
+                        summary.add("Constraints & Preferences", _clip(sentence), precious=True)
                 self._add_context(summary, text, from_user=True)
             elif message.role == "assistant":
                 for sentence in _sentences(text):
@@ -345,9 +371,9 @@ class ExtractiveSummarizer:
                     self._add_call(summary, call.name, call.arguments, results.get(call.id))
                 self._add_context(summary, text, from_user=False)
             elif message.role == "tool":
-                for line in _error_lines(text) if message.is_error else []:
-                    summary.add("Critical Context", _clip(line, _CONTEXT_CHARS))
-                self._add_context(summary, text, from_user=False)
+                # Tool output is long and noisy: take its paths, URLs and error
+                # lines, not every identifier in it.
+                self._add_context(summary, text, from_user=False, identifiers=False)
             elif message.role == "system" and text.strip():
                 summary.add("Critical Context", _clip(f"System note: {_first_line(text)}", _CONTEXT_CHARS))
         if last_user:
@@ -377,10 +403,11 @@ class ExtractiveSummarizer:
             if isinstance(value, str) and value.strip():
                 summary.add("Critical Context", _clip(f"command: {value}", _CONTEXT_CHARS))
 
-    def _add_context(self, summary: _Summary, text: str, *, from_user: bool) -> None:
-        facts = _context_facts(text, from_user=from_user)
-        for line in _error_lines(text, limit=2):
-            facts.append(line)
+    def _add_context(self, summary: _Summary, text: str, *, from_user: bool, identifiers: bool = True) -> None:
+        # Error lines first: with the per-message cap they must not be crowded
+        # out by paths.
+        errors = _error_lines(text, limit=2)
+        facts = errors + _context_facts(text, from_user=from_user, identifiers=identifiers)
         taken = 0
         seen: set[str] = set()
         for raw in facts:
@@ -388,7 +415,7 @@ class ExtractiveSummarizer:
             if len(fact) < 3 or fact in seen:
                 continue
             seen.add(fact)
-            summary.add("Critical Context", _clip(fact, _CONTEXT_CHARS))
+            summary.add("Critical Context", _clip(fact, _CONTEXT_CHARS), precious=from_user or raw in errors)
             taken += 1
             if taken >= self.max_context_items:
                 break

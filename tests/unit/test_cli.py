@@ -1,0 +1,119 @@
+"""The command line: demo, inspect, compact; readable output, --json, exit status 2 on bad files."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+from langchain_core.messages import messages_from_dict
+
+from langchain_compaction.cli import main
+from tests.conftest import TRANSCRIPTS_DIR
+
+PONYC = str(TRANSCRIPTS_DIR / "openhands-ponyc-4588.json")
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(list(argv), out=out)
+    return code, out.getvalue()
+
+
+def test_demo_compacts_several_times_and_prints_the_figures():
+    code, text = run("demo")
+    assert code == 0
+    assert "6 real agent transcripts" in text
+    rows = [line for line in text.splitlines() if line[:3].strip().isdigit()]
+    assert len(rows) >= 3, text
+    assert "compactions; final context:" in text
+    assert "## Goal" in text
+
+
+def test_inspect_reports_tokens_by_type_and_the_cut():
+    code, text = run(
+        "inspect", PONYC, "--context-window", "20000", "--reserve-tokens", "2000", "--keep-recent-tokens", "5000"
+    )
+    assert code == 0
+    assert "101 messages" in text
+    for kind in ("ai", "human", "system", "tool"):
+        assert kind in text
+    assert "would compact" in text
+    assert "cut at message" in text
+
+
+def test_inspect_json_is_machine_readable():
+    code, text = run("inspect", PONYC, "--json", "--keep-recent-tokens", "5000")
+    assert code == 0
+    report = json.loads(text)
+    assert report["messages"] == 101
+    assert report["would_compact"] is False  # no window given: automatic compaction is off
+    assert report["summarized"]["messages"] == report["cut_index"] > 0
+    assert report["summarized"]["tokens"] + report["kept"]["tokens"] == report["tokens"]
+    assert sum(report["tokens_by_type"].values()) == report["tokens"]
+
+
+def test_compact_writes_the_input_format(tmp_path):
+    out_file = tmp_path / "out.json"
+    code, text = run("compact", PONYC, "-o", str(out_file), "--keep-recent-tokens", "4000")
+    assert code == 0
+    assert "messages removed" in text
+    messages = messages_from_dict(json.loads(out_file.read_text()))
+    assert messages[0].type == "system"
+    assert str(messages[1].content).startswith("[Conversation summary")
+    assert len(messages) < 101
+
+
+def test_compact_json_with_instructions(tmp_path):
+    code, text = run(
+        "compact",
+        PONYC,
+        "--json",
+        "--offline",
+        "--instructions",
+        "keep the match.c details",
+        "--keep-recent-tokens",
+        "4000",
+    )
+    assert code == 0
+    payload = json.loads(text)
+    assert payload["result"]["summarizer"] == "extractive"
+    assert "keep the match.c details" in payload["result"]["summary"]
+    assert payload["messages"][1]["type"] == "system"
+
+
+def test_compact_shows_progress_when_chunked(capsys):
+    code, _ = run("compact", PONYC, "--keep-recent-tokens", "2000", "--summary-input-tokens", "3000", "-o", "/dev/null")
+    assert code == 0
+    assert "summarizing chunk" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [("{bad", "invalid JSON at line 1"), ('[{"role": "user"', "invalid JSON"), ("[3]", "message 1")],
+)
+def test_bad_file_gives_one_line_and_exit_2(tmp_path, capsys, content, needle):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    code, _ = run("inspect", str(path))
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(path) in err
+    assert needle in err
+
+
+def test_missing_file_and_bad_options_exit_2(capsys):
+    assert run("inspect", "/nonexistent/conv.json")[0] == 2
+    assert "cannot read the file" in capsys.readouterr().err
+    assert run("inspect", PONYC, "--keep-recent-tokens", "-5")[0] == 2
+    assert "keep_recent_tokens=-5" in capsys.readouterr().err
+
+
+def test_console_entry_points_run():
+    for cmd in ([sys.executable, "-m", "langchain_compaction", "--version"],):
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+        assert done.returncode == 0
+        assert "langchain-compaction" in done.stdout

@@ -1,0 +1,155 @@
+"""Conversation files: every accepted format reads, round-trips, and bad files fail cleanly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage, messages_to_dict
+
+from langchain_compaction.formats import ConversationFileError, dump_conversation, parse_conversation
+from tests.conftest import TRANSCRIPT_NAMES, TRANSCRIPTS_DIR
+
+OPENAI = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "list files"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"dir": "."}'}}],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "a.py\nb.py"},
+    {"role": "assistant", "content": "two files"},
+]
+
+ANTHROPIC = {
+    "system": "be brief",
+    "messages": [
+        {"role": "user", "content": "list files"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ls", "input": {"dir": "."}}]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a.py", "is_error": True}],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "one file"}]},
+    ],
+}
+
+
+@pytest.mark.parametrize("name", TRANSCRIPT_NAMES)
+def test_reads_the_shared_transcripts_as_langchain(name):
+    data = (TRANSCRIPTS_DIR / f"{name}.json").read_bytes()
+    conversation = parse_conversation(data)
+    assert conversation.format == "langchain"
+    assert len(conversation.messages) == len(json.loads(data))
+    again = parse_conversation(dump_conversation(conversation.messages, "langchain"))
+    assert messages_to_dict(again.messages) == messages_to_dict(conversation.messages)
+
+
+def test_reads_openai_style():
+    conversation = parse_conversation(json.dumps(OPENAI))
+    assert conversation.format == "openai"
+    types = [type(m) for m in conversation.messages]
+    assert types == [SystemMessage, HumanMessage, AIMessage, ToolMessage, AIMessage]
+    call = conversation.messages[2].tool_calls[0]
+    assert (call["name"], call["args"], call["id"]) == ("ls", {"dir": "."}, "c1")
+    back = json.loads(dump_conversation(conversation.messages, "openai"))
+    assert back[2]["tool_calls"][0]["function"]["name"] == "ls"
+    assert back[3] == {"role": "tool", "tool_call_id": "c1", "content": "a.py\nb.py"}
+
+
+def test_reads_anthropic_style_with_top_level_system():
+    conversation = parse_conversation(json.dumps(ANTHROPIC))
+    assert conversation.format == "anthropic"
+    system, user, call, result, answer = conversation.messages
+    assert isinstance(system, SystemMessage)
+    assert call.tool_calls[0]["id"] == "t1"
+    assert isinstance(result, ToolMessage)
+    assert result.status == "error"
+    back = json.loads(dump_conversation(conversation.messages, "anthropic"))
+    assert back["system"] == [{"type": "text", "text": "be brief"}]
+    assert back["messages"][2]["content"][0]["type"] == "tool_result"
+    assert back["messages"][1]["content"] == [{"type": "tool_use", "id": "t1", "name": "ls", "input": {"dir": "."}}]
+    again = parse_conversation(json.dumps(back))
+    assert [m.type for m in again.messages] == [m.type for m in conversation.messages]
+
+
+def test_reads_json_lines_and_writes_them_back():
+    text = "".join(json.dumps(item) + "\n" for item in OPENAI)
+    conversation = parse_conversation(text)
+    assert conversation.jsonl
+    assert len(conversation.messages) == 5
+    out = dump_conversation(conversation.messages, conversation.format, jsonl=True)
+    assert len(out.strip().splitlines()) == 5
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        (b"", "empty"),
+        (b"\xff\xfe\x00", "UTF-8"),
+        (b"{bad", "invalid JSON at line 1"),
+        (b'{"a": 1}', "expected a JSON list"),
+        (b"[]", "no messages"),
+        (b"[1, 2]", "message 1: expected a message object"),
+        (b'[{"content": "x"}]', 'needs "role"'),
+        (b'[{"role": "wizard", "content": "x"}]', "unknown role 'wizard'"),
+        (b'[{"role": "tool", "content": "x"}]', "tool_call_id"),
+        (b'[{"role": "user", "content": 5}]', '"content" must be'),
+        (b'{"role": "user", "content": "a"}\n{"role": "user", "content": ', "line 2"),
+        (b'[{"type": "human", "data": {"content": 3}}]', "not a valid LangChain message"),
+    ],
+)
+def test_bad_files_give_one_clear_error(data, needle):
+    with pytest.raises(ConversationFileError) as info:
+        parse_conversation(data, name="conv.json")
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value).strip()
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.binary(max_size=300))
+def test_any_bytes_give_a_clean_error_or_a_conversation(data):
+    try:
+        conversation = parse_conversation(data)
+    except ConversationFileError:
+        return
+    assert conversation.messages
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "role",
+                    "content",
+                    "type",
+                    "data",
+                    "tool_calls",
+                    "tool_call_id",
+                    "system",
+                    "messages",
+                    "function",
+                    "name",
+                ]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(json_values)
+def test_any_json_gives_a_clean_error_or_a_conversation(value):
+    try:
+        parse_conversation(json.dumps(value))
+    except ConversationFileError:
+        pass
