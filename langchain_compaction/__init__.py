@@ -5,6 +5,21 @@ The older part of a conversation is summarized into a structured checkpoint
 ever separating a tool call from its results.
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
+from langchain_compaction.adapters.graph import (
+    COMPACT_COMMAND,
+    COMPACTION_EVENT,
+    CompactionNode,
+    CompactionState,
+    acompact_thread,
+    compact_thread,
+    parse_compact_command,
+    route_after_compaction,
+)
+from langchain_compaction.adapters.history import CompactingChatMessageHistory
+from langchain_compaction.adapters.locks import CompactionLock, FileLock, InProcessLock, PostgresAdvisoryLock
 from langchain_compaction.adapters.messages import (
     acompact,
     compact,
@@ -27,19 +42,45 @@ from langchain_compaction.errors import (
     SummaryTimeoutError,
 )
 from langchain_compaction.summarizers.chat_model import CallableSummarizer, ChatModelSummarizer
+from langchain_compaction.summarizers.extractive import ExtractiveSummarizer
+
+if TYPE_CHECKING:
+    from langchain_compaction.adapters.middleware import CompactionMiddleware as CompactionMiddleware
+    from langchain_compaction.anthropic import AnthropicSummarizer as AnthropicSummarizer
+    from langchain_compaction.anthropic import AnthropicTokenCounter as AnthropicTokenCounter
+    from langchain_compaction.anthropic import CalibratedEstimate as CalibratedEstimate
+
+# Imported on first use: the middleware needs the optional ``langchain``
+# package (the ``agents`` extra), and the Anthropic SDK takes seconds to import.
+_LAZY = {
+    "CompactionMiddleware": "langchain_compaction.adapters.middleware",
+    "AnthropicSummarizer": "langchain_compaction.anthropic",
+    "AnthropicTokenCounter": "langchain_compaction.anthropic",
+    "CalibratedEstimate": "langchain_compaction.anthropic",
+}
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "COMPACTION_EVENT",
+    "COMPACT_COMMAND",
     "CallableSummarizer",
     "ChatModelSummarizer",
+    "CompactingChatMessageHistory",
     "CompactionError",
+    "CompactionLock",
+    "CompactionNode",
     "CompactionOptions",
     "CompactionRecord",
     "CompactionResult",
+    "CompactionState",
     "ConfigurationError",
     "EmptySummaryError",
+    "ExtractiveSummarizer",
+    "FileLock",
+    "InProcessLock",
     "InvalidMessagesError",
+    "PostgresAdvisoryLock",
     "StoreError",
     "SummarizationError",
     "Summarizer",
@@ -47,9 +88,22 @@ __all__ = [
     "SummaryTimeoutError",
     "__version__",
     "acompact",
+    "acompact_thread",
     "compact",
+    "compact_thread",
     "estimate_message_tokens",
     "estimate_tokens",
     "find_cut_point",
+    "parse_compact_command",
+    "route_after_compaction",
     "should_compact",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The lazy names stay out of ``__all__``, so ``import *`` needs neither.
+    module = _LAZY.get(name)
+    if module is None:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    return getattr(importlib.import_module(module), name)

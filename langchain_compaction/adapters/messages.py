@@ -170,6 +170,8 @@ def prepare(
     """
     if not isinstance(custom_instructions, str):
         raise ConfigurationError("custom_instructions", custom_instructions, "pass a string ('' for none)")
+    if not isinstance(options, CompactionOptions):
+        raise ConfigurationError("options", options, "pass CompactionOptions(...) (or leave it out for the defaults)")
     core = to_core_list(messages)
     sizes = list(counts) if counts is not None else _counts(messages, core, options)
     plan = plan_compaction(core, sizes, options.keep_recent_tokens, force=force)
@@ -240,7 +242,7 @@ def _resolve(model: object, fallback: object | None) -> tuple[Summarizer, Summar
 def compact(
     model: Any,
     messages: Sequence[BaseMessage],
-    options: CompactionOptions = _DEFAULT_OPTIONS,
+    options: CompactionOptions | None = None,
     custom_instructions: str = "",
     *,
     fallback: Any = None,
@@ -255,7 +257,7 @@ def compact(
         model: A chat model, Runnable, function from prompt to text, or
             summarizer (``ExtractiveSummarizer()`` works offline).
         messages: The conversation; it is never modified.
-        options: Budgets and prompts.
+        options: Budgets and prompts (``None`` for the defaults).
         custom_instructions: Appended to the summary prompt as additional
             instructions, e.g. ``"keep the API design decisions"``.
         fallback: A summarizer used if ``model`` fails; the result then says
@@ -277,6 +279,7 @@ def compact(
         >>> result.messages_removed, out[-1] is msgs[-1]
         (2, True)
     """
+    options = _DEFAULT_OPTIONS if options is None else options
     summarizer, backup = _resolve(model, fallback)
     prepared = prepare(messages, options, custom_instructions)
     if prepared is None:
@@ -288,12 +291,13 @@ def compact(
 async def acompact(
     model: Any,
     messages: Sequence[BaseMessage],
-    options: CompactionOptions = _DEFAULT_OPTIONS,
+    options: CompactionOptions | None = None,
     custom_instructions: str = "",
     *,
     fallback: Any = None,
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """The async twin of ``compact``: the same flow, awaiting the model."""
+    options = _DEFAULT_OPTIONS if options is None else options
     summarizer, backup = _resolve(model, fallback)
     prepared = prepare(messages, options, custom_instructions)
     if prepared is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -32,6 +32,7 @@ from langchain_compaction.core.transcript import (
     make_fence,
     render,
     render_previous_summary,
+    shorten,
 )
 from langchain_compaction.core.types import Message, SummaryRequest
 from langchain_compaction.errors import (
@@ -41,8 +42,6 @@ from langchain_compaction.errors import (
     SummaryTimeoutError,
 )
 
-# Room left in each request for the running summary as it grows.
-_SUMMARY_ALLOWANCE_TOKENS = 4000
 # No message is shortened below this, however small the budget.
 _MIN_MESSAGE_TOKENS = 256
 
@@ -194,13 +193,12 @@ def _instructions_text(options: CompactionOptions, updating: bool) -> str:
     return options.summary_prompt or prompts.CHECKPOINT_PROMPT
 
 
-def _chunks(blocks: Sequence[Block], budget_for: Callable[[int], int]) -> list[list[Block]]:
-    """Split blocks greedily; ``budget_for(i)`` is the room in chunk ``i``."""
+def _chunks(blocks: Sequence[Block], room: int) -> list[list[Block]]:
+    """Split blocks greedily into chunks of at most ``room`` tokens each."""
     chunks: list[list[Block]] = []
     current: list[Block] = []
     used = 0
     for block in blocks:
-        room = budget_for(len(chunks))
         if current and used + block.tokens > room:
             chunks.append(current)
             current, used = [], 0
@@ -243,26 +241,31 @@ def compaction_flow(
         + estimate_tokens(extra)
         + 64
     )
-    summary_room = max(estimate_tokens(previous or ""), _SUMMARY_ALLOWANCE_TOKENS)
-    per_message = max((budget - fixed - summary_room) // 2, _MIN_MESSAGE_TOKENS)
+    # The running summary may take up to half of what is left; a larger one
+    # (a huge previous summary, a long-winded reply) is shortened in the
+    # request, head and tail kept, so no request exceeds the budget.
+    summary_cap = max((budget - fixed) // 2, _MIN_MESSAGE_TOKENS)
+    per_message = max((budget - fixed - summary_cap) // 2, _MIN_MESSAGE_TOKENS)
     blocks = [make_block(messages[i], i, max_tokens=per_message) for i in region]
 
     running = previous
     calls = 0
     sent = 0
-    # The first chunk shares its room with the previous summary, later ones
-    # with the running summary; both are bounded by ``summary_room``.
-    chunks = _chunks(blocks, lambda _i: max(budget - fixed - summary_room, per_message + 64))
-    if not chunks:
-        # Only earlier summaries are in the region: merge them in one call.
-        chunks = [[]]
-    for number, chunk in enumerate(chunks):
-        updating = running is not None
-        texts = [b.body for b in chunk] + [b.header for b in chunk] + [running or "", instructions]
+    number = 0
+    remaining = blocks
+    while True:
+        shown = shorten(running, summary_cap) if running is not None else None
+        # Room for messages is what the running summary, as shown, leaves.
+        room = max(budget - fixed - estimate_tokens(shown or ""), per_message + 64)
+        planned = _chunks(remaining, room)
+        chunk = planned[0] if planned else []
+        remaining = remaining[len(chunk) :]
+        updating = shown is not None
+        texts = [b.body for b in chunk] + [b.header for b in chunk] + [shown or "", instructions]
         fence = make_fence(texts)
         pieces: list[str] = []
-        if running is not None:
-            pieces.append(render_previous_summary(running, fence))
+        if shown is not None:
+            pieces.append(render_previous_summary(shown, fence))
         if chunk:
             pieces.append(render(chunk, fence))
         prompt = "\n\n".join(pieces) + "\n\n" + _instructions_text(options, updating) + extra
@@ -270,20 +273,24 @@ def compaction_flow(
             system=system,
             prompt=prompt,
             messages=tuple(messages[b.index] for b in chunk),
-            previous_summary=running,
+            previous_summary=shown,
             instructions=instructions,
             chunk_index=number,
-            chunk_count=len(chunks),
+            chunk_count=number + max(len(planned), 1),
+            indices=tuple(b.index for b in chunk),
         )
         sent += estimate_tokens(system) + estimate_tokens(prompt)
         calls += 1
         text = yield request
         running = text.strip()
+        number += 1
+        if not remaining:
+            break
     assert running is not None  # at least one chunk ran
     return Outcome(
         summary=running,
         calls=calls,
-        chunks=len(chunks),
+        chunks=number,
         input_tokens=sent,
         shortened=sum(1 for b in blocks if b.shortened),
         updated_previous=previous is not None,

@@ -159,9 +159,14 @@ def make_block(message: Message, index: int, *, max_tokens: int) -> Block:
         index=index,
         header=header,
         body=short,
-        tokens=estimate_tokens(header) + estimate_tokens(short) + 12,
+        tokens=estimate_tokens(header) + estimate_tokens(short) + _FENCE_TOKENS,
         shortened=short is not body,
     )
+
+
+# What the fence lines and separators around one block cost (codes are
+# "msg-" and eight hex digits), plus a token of rounding per estimate.
+_FENCE_TOKENS = estimate_tokens("<<msg-0f1e2d3c >>\n\n<</msg-0f1e2d3c>>\n\n") + 3
 
 
 def render(blocks: Sequence[Block], fence: str) -> str:

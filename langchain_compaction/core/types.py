@@ -106,6 +106,9 @@ class SummaryRequest:
         chunk_count: How many chunks the region was split into.
         attempt: 0 for the first ask; 1 when the engine asks again after a
             summary failed its check.
+        indices: The positions of ``messages`` in the conversation, so a
+            summarizer that holds the original list (the cache-aligned mode)
+            can send the caller's own messages.
     """
 
     system: str
@@ -116,3 +119,4 @@ class SummaryRequest:
     chunk_index: int = 0
     chunk_count: int = 1
     attempt: int = 0
+    indices: tuple[int, ...] = ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,10 +115,19 @@ class CallableSummarizer:
         return _text(result)  # type: ignore[return-value]
 
     async def asummarize(self, request: SummaryRequest) -> str:
-        """Call the function and await its result if it is awaitable."""
-        result = self.function(self._input(request))
-        if inspect.isawaitable(result):
-            result = await result
+        """Await an async function; run a blocking one in a worker thread.
+
+        A blocking function called on the event loop would stall every other
+        task and could not be interrupted by ``timeout``.
+        """
+        if inspect.iscoroutinefunction(self.function) or inspect.iscoroutinefunction(
+            getattr(self.function, "__call__", None)  # noqa: B004 - async callable objects
+        ):
+            result = await self.function(self._input(request))
+        else:
+            result = await asyncio.to_thread(self.function, self._input(request))
+            if inspect.isawaitable(result):
+                result = await result
         return _text(result)  # type: ignore[return-value]
 
 

@@ -1,0 +1,448 @@
+"""``CompactionMiddleware``: compaction for LangChain v1 ``create_agent`` agents.
+
+Install with ``pip install "langchain-compaction[agents]"``; importing this
+module without ``langchain`` raises an ``ImportError`` that says so.
+
+Why two hooks. The trigger must count what the model is really sent: the
+state's messages *and* the request's system prompt and tool schemas (a large
+tool set easily costs thousands of tokens, and LangChain's own
+``SummarizationMiddleware`` leaves both out). ``before_model`` only sees the
+state; ``wrap_model_call`` sees the ``ModelRequest`` (system message, tools,
+messages) as it goes to the model. So:
+
+* ``wrap_model_call`` measures the request's system prompt and tool schemas and
+  records that overhead in the thread's state (a private key,
+  ``compaction_overhead_tokens``, written only when it changes). It then checks
+  the request as sent; if it is over budget (the first call of a thread, before
+  any overhead was recorded, or after the tools or prompt grew), it compacts
+  there, calls the model with ``request.override(messages=...)``, and persists
+  the shrink by returning an ``ExtendedModelResponse`` whose ``Command``
+  replaces the state's messages (``RemoveMessage(id=REMOVE_ALL_MESSAGES)``, the
+  compacted list, then the model's reply).
+* ``before_model`` is where compaction normally happens: it counts the state's
+  messages plus the recorded overhead and, when over budget, returns
+  ``{"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *compacted]}``, the
+  same update LangChain's middleware returns; nothing when under budget.
+* Overflow recovery lives in ``wrap_model_call`` too, because only it sees the
+  model call fail: on ``ContextOverflowError`` (ChatAnthropic maps "prompt is
+  too long" to it) it compacts with a forced cut, retries once and persists the
+  result as above. A second overflow propagates, and the state is unchanged.
+
+Compacting only in ``wrap_model_call`` would also count exactly, but every
+compaction would then be a side effect of the model node; recording the
+overhead keeps the ordinary case a plain state update made before the model
+node runs, visible as its own step, and the exact check in ``wrap_model_call``
+only has to act when the record is missing or stale.
+
+When ``wrap_model_call`` persists a compaction, the kept messages are written
+back as the *state's* objects (matched by id), so a transient edit another
+middleware made to the request (``ContextEditingMiddleware`` clearing tool
+outputs, say) is not written into the state.
+
+Cost per turn. Token counts are cached per message (``TokenCountCache``, the
+same cache the LangGraph node uses: keyed by message id, checked by a content
+hash), so a turn that adds k messages estimates k messages and only hashes the
+rest. Tool schemas are estimated once per tool, the system prompt once per
+``SystemMessage`` object.
+
+Every hook is a line over one pure flow per hook (a generator that yields what
+it needs: a summary, a model call, a result to report). ``_drive`` and
+``_adrive`` are the only places that differ between sync and async, and the
+flows reuse ``prepare`` / ``finish`` from ``adapters.messages``: there is no
+compaction logic here.
+
+Put ``CompactionMiddleware`` last in ``middleware=[...]``: it is then the
+innermost ``wrap_model_call``, so it sees the system prompt and tools that
+other middleware set, and it recovers from an overflow before a model-fallback
+middleware would switch models.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from typing import Annotated, Any, TypeAlias, TypeVar, cast
+
+from typing_extensions import NotRequired
+
+try:
+    from langchain.agents.middleware.types import (
+        AgentMiddleware,
+        AgentState,
+        ExtendedModelResponse,
+        ModelRequest,
+        ModelResponse,
+        OmitFromSchema,
+    )
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    msg = (
+        "CompactionMiddleware needs LangChain v1 agents (langchain>=1.0, for "
+        'create_agent middleware); install them with: pip install "langchain-compaction[agents]"'
+    )
+    raise ImportError(msg) from exc
+
+from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_event
+from langchain_core.exceptions import ContextOverflowError
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, RemoveMessage
+from langchain_core.runnables.config import ensure_config, get_callback_manager_for_config
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
+from langgraph.runtime import Runtime
+from langgraph.types import Command
+
+from langchain_compaction.adapters._cache import DEFAULT_CACHE_SIZE, TokenCountCache
+from langchain_compaction.adapters.messages import Prepared, finish, prepare
+from langchain_compaction.core.engine import DriverReport, Summarizer, arun_flow, run_flow
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.core.tokens import estimate_tokens
+from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.summarizers.chat_model import as_summarizer
+
+__all__ = ["COMPACTION_EVENT", "OVERHEAD_KEY", "CompactionAgentState", "CompactionMiddleware"]
+
+logger = logging.getLogger("langchain_compaction")
+
+OVERHEAD_KEY = "compaction_overhead_tokens"
+"""Private state key: tokens of the system prompt and tool schemas last sent."""
+
+COMPACTION_EVENT = "langchain_compaction"
+"""Name of the LangChain custom event dispatched with each ``CompactionRecord``."""
+
+TOOL_SCHEMA_OVERHEAD_TOKENS = 8
+"""Per-tool framing a provider adds around each schema."""
+
+_DEFAULT_OPTIONS = CompactionOptions()
+
+
+class CompactionAgentState(AgentState[Any]):
+    """The agent state ``CompactionMiddleware`` adds to ``create_agent``'s.
+
+    Only plain data goes in: an int, so it round-trips through any checkpointer.
+    """
+
+    compaction_overhead_tokens: NotRequired[Annotated[int, OmitFromSchema(input=True, output=True)]]
+    """Tokens of the system prompt and tool schemas of the last model request."""
+
+
+_Step: TypeAlias = "Prepared | CompactionResult | ModelRequest[Any]"
+"""What a flow asks its driver for: a summary, a report, or a model call."""
+
+_Reply: TypeAlias = "DriverReport | ModelResponse[Any] | None"
+"""What the driver sends back: the summary report, the model's response, or nothing."""
+
+_T = TypeVar("_T")
+_Flow: TypeAlias = Generator[_Step, _Reply, _T]
+
+_CallResult: TypeAlias = "ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]"
+
+
+def _json(value: object) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _has_parent_run() -> bool:
+    # dispatch_custom_event raises outside a run (a hook called directly, as in
+    # a unit test of the hook); there is then no one to tell.
+    return get_callback_manager_for_config(ensure_config()).parent_run_id is not None
+
+
+class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
+    """Keeps a ``create_agent`` conversation inside the model's context window.
+
+    Before each model call, when the conversation plus the request's system
+    prompt and tool schemas exceed ``context_window - reserve_tokens``, the
+    older messages are summarized into a structured checkpoint (a system
+    message) and the most recent ``keep_recent_tokens`` are kept verbatim,
+    never separating a tool call from its results. The state's messages are
+    replaced, so the checkpointed thread really shrinks. When the model still
+    rejects the request as too long (``ContextOverflowError``), the middleware
+    compacts with a forced cut and retries once.
+
+    With ``context_window=0`` (unknown) it never compacts ahead of time and only
+    recovers from overflows.
+
+    Args:
+        model: What writes the summaries: a chat model (e.g. a small, cheap
+            one), a Runnable, a function from prompt text to summary text, or
+            a summarizer such as ``ExtractiveSummarizer()`` (offline).
+        options: Budgets and prompts; ``context_window`` should be the agent
+            model's window.
+        fallback: A summarizer used when ``model`` fails; the result then says
+            ``fallback_used=True``. Without it a failed summary raises
+            ``SummarizationError`` and the state is left unchanged.
+        custom_instructions: Appended to every summary prompt, e.g.
+            ``"keep the API design decisions"``.
+        on_compaction: Called with each ``CompactionResult``. Every compaction
+            is also dispatched as the custom event ``COMPACTION_EVENT`` (its
+            ``CompactionRecord``) and logged at INFO.
+        cache_size: How many per-message token counts to keep.
+
+    Raises:
+        ConfigurationError: An argument is invalid.
+
+    Example:
+        >>> from langchain.agents import create_agent
+        >>> from langchain_core.language_models import FakeListChatModel
+        >>> from langchain_compaction import CompactionOptions
+        >>> middleware = CompactionMiddleware(
+        ...     lambda prompt: "## Goal\\n- answer the user",
+        ...     CompactionOptions(context_window=200_000),
+        ... )
+        >>> agent = create_agent(FakeListChatModel(responses=["hi"]), middleware=[middleware])
+        >>> agent.invoke({"messages": [("user", "hello")]})["messages"][-1].content
+        'hi'
+    """
+
+    state_schema = CompactionAgentState
+
+    def __init__(
+        self,
+        model: Any,
+        options: CompactionOptions = _DEFAULT_OPTIONS,
+        *,
+        fallback: Any = None,
+        custom_instructions: str = "",
+        on_compaction: Callable[[CompactionResult], object] | None = None,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> None:
+        super().__init__()
+        if not isinstance(options, CompactionOptions):
+            raise ConfigurationError("options", options, "pass CompactionOptions(context_window=..., ...)")
+        if not isinstance(custom_instructions, str):
+            raise ConfigurationError("custom_instructions", custom_instructions, "pass a string ('' for none)")
+        if on_compaction is not None and not callable(on_compaction):
+            raise ConfigurationError("on_compaction", on_compaction, "pass a function of one CompactionResult, or None")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+            raise ConfigurationError(
+                "cache_size", cache_size, f"pass a positive number of entries (default {DEFAULT_CACHE_SIZE})"
+            )
+        self._summarizer: Summarizer = as_summarizer(model)
+        self._fallback: Summarizer | None = None if fallback is None else as_summarizer(fallback, field="fallback")
+        self._options = options
+        self._instructions = custom_instructions
+        self._on_compaction = on_compaction
+        self._cache = TokenCountCache(options, max_entries=cache_size)
+        self._tool_tokens: dict[tuple[str, str], int] = {}
+        self._system_tokens: tuple[BaseMessage, int] | None = None
+
+    @property
+    def options(self) -> CompactionOptions:
+        """The options in force."""
+        return self._options
+
+    # -- hooks: one line each over the shared flows ---------------------------
+
+    def before_model(self, state: CompactionAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """Compact the state's messages when they and the recorded overhead are over budget."""
+        return self._drive(self._state_flow(state))
+
+    async def abefore_model(self, state: CompactionAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """The async twin of ``before_model``."""
+        return await self._adrive(self._state_flow(state))
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> _CallResult:
+        """Check the request as sent, record its overhead, recover from an overflow once."""
+        return self._drive(self._call_flow(request), handler)
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> _CallResult:
+        """The async twin of ``wrap_model_call``."""
+        return await self._adrive(self._call_flow(request), handler)
+
+    # -- pure flows -------------------------------------------------------------
+
+    def _over(self, tokens: int) -> bool:
+        # The reference's rule (``should_compact``): a window or reserve of 0
+        # or less turns automatic compaction off.
+        window, reserve = self._options.context_window, self._options.reserve_tokens
+        return window > 0 and reserve > 0 and tokens > window - reserve
+
+    def _compact(self, messages: Sequence[BaseMessage], *, force: bool) -> _Flow[list[BaseMessage] | None]:
+        prepared = prepare(
+            messages, self._options, self._instructions, force=force, counts=self._cache.counts(messages)
+        )
+        if prepared is None:
+            return None
+        report = yield prepared
+        result, compacted = finish(prepared, cast("DriverReport", report), self._options)
+        yield result
+        return compacted
+
+    def _state_flow(self, state: Mapping[str, Any]) -> _Flow[dict[str, Any] | None]:
+        messages: list[BaseMessage] = state.get("messages") or []
+        overhead = state.get(OVERHEAD_KEY) or 0
+        if not self._over(sum(self._cache.counts(messages)) + overhead):
+            return None
+        compacted = yield from self._compact(messages, force=False)
+        if compacted is None:
+            return None
+        return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *compacted]}
+
+    def _call_flow(self, request: ModelRequest[Any]) -> _Flow[ModelResponse[Any] | ExtendedModelResponse[Any]]:
+        overhead = self._overhead(request)
+        messages: list[BaseMessage] = list(request.messages)
+        compacted: list[BaseMessage] | None = None
+        if self._over(sum(self._cache.counts(messages)) + overhead):
+            compacted = yield from self._compact(messages, force=False)
+        try:
+            reply = yield request if compacted is None else self._with_messages(request, compacted)
+        except ContextOverflowError as error:
+            logger.warning("the model rejected the context as too long (%s); compacting and retrying once", error)
+            compacted = yield from self._compact(compacted or messages, force=True)
+            if compacted is None:
+                raise  # nothing left to summarize: the overflow stands
+            # A second overflow is thrown in here and propagates.
+            reply = yield self._with_messages(request, compacted)
+        return self._response(request, cast("ModelResponse[Any]", reply), compacted, overhead)
+
+    @staticmethod
+    def _with_messages(request: ModelRequest[Any], messages: list[BaseMessage]) -> ModelRequest[Any]:
+        # Inner middleware see the compacted conversation in both places.
+        sent = cast("list[AnyMessage]", messages)
+        return request.override(messages=sent, state=cast("Any", {**request.state, "messages": sent}))
+
+    def _response(
+        self,
+        request: ModelRequest[Any],
+        response: ModelResponse[Any],
+        compacted: list[BaseMessage] | None,
+        overhead: int,
+    ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
+        update: dict[str, Any] = {}
+        if compacted is not None:
+            # Write back the state's own objects: a transient edit that an
+            # outer middleware made to the request stays out of the state.
+            by_id = {m.id: m for m in request.state.get("messages") or [] if m.id}
+            kept = [by_id.get(m.id, m) if m.id else m for m in compacted]
+            # The model node first adds the reply; this update then replaces
+            # the whole list, so the reply goes last again.
+            update["messages"] = [RemoveMessage(id=REMOVE_ALL_MESSAGES), *kept, *response.result]
+        if request.state.get(OVERHEAD_KEY) != overhead:
+            update[OVERHEAD_KEY] = overhead
+            self._check_overhead(overhead)
+        if not update:
+            return response
+        return ExtendedModelResponse(model_response=response, command=Command(update=update))
+
+    def _check_overhead(self, overhead: int) -> None:
+        options = self._options
+        room = options.context_window - options.reserve_tokens
+        if options.context_window > 0 and overhead + options.keep_recent_tokens >= room:
+            logger.warning(
+                "the system prompt and tool schemas take %d tokens; with keep_recent_tokens=%d that is over "
+                "context_window - reserve_tokens = %d, so nearly every turn will compact; lower keep_recent_tokens",
+                overhead,
+                options.keep_recent_tokens,
+                room,
+            )
+
+    def _overhead(self, request: ModelRequest[Any]) -> int:
+        """Tokens of the request's system prompt and tool schemas."""
+        system = request.system_message
+        total = 0
+        if system is not None:
+            # It has no id, so the id-keyed cache would count it on every call
+            # (a custom token_counter may be slow); create_agent passes the same
+            # object each time, and a dynamic prompt is a new object.
+            last = self._system_tokens
+            if last is not None and last[0] is system:
+                total = last[1]
+            else:
+                total = self._cache.counts([system])[0]
+                self._system_tokens = (system, total)
+        for tool in request.tools:
+            if isinstance(tool, BaseTool):
+                key, schema = (tool.name, tool.description), None
+            else:
+                schema = _json(tool)
+                key = ("dict", schema)
+            tokens = self._tool_tokens.get(key)
+            if tokens is None:
+                # The schema as a provider receives it (name, description,
+                # JSON-schema parameters), estimated as JSON text.
+                text = schema if schema is not None else _json(convert_to_openai_tool(tool))
+                tokens = TOOL_SCHEMA_OVERHEAD_TOKENS + estimate_tokens(text)
+                self._tool_tokens[key] = tokens
+            total += tokens
+        return total
+
+    # -- drivers: the only sync/async difference --------------------------------
+
+    def _emit(self, result: CompactionResult) -> None:
+        if self._on_compaction is not None:
+            self._on_compaction(result)
+        if _has_parent_run():
+            dispatch_custom_event(COMPACTION_EVENT, result.to_dict())
+
+    async def _aemit(self, result: CompactionResult) -> None:
+        if self._on_compaction is not None:
+            self._on_compaction(result)
+        if _has_parent_run():
+            await adispatch_custom_event(COMPACTION_EVENT, result.to_dict())
+
+    def _drive(self, flow: _Flow[_T], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]] | None = None) -> _T:
+        try:
+            step = next(flow)
+            while True:
+                if isinstance(step, Prepared):
+                    report = run_flow(
+                        step.flow, self._summarizer, fallback=self._fallback, timeout=self._options.timeout
+                    )
+                    step = flow.send(report)
+                elif isinstance(step, CompactionResult):
+                    self._emit(step)
+                    step = flow.send(None)
+                else:
+                    assert handler is not None  # only the call flow asks for a model call
+                    try:
+                        response = handler(step)
+                    except ContextOverflowError as error:
+                        step = flow.throw(error)
+                    else:
+                        step = flow.send(response)
+        except StopIteration as stop:
+            return cast("_T", stop.value)
+        finally:
+            flow.close()
+
+    async def _adrive(
+        self,
+        flow: _Flow[_T],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]] | None = None,
+    ) -> _T:
+        try:
+            step = next(flow)
+            while True:
+                if isinstance(step, Prepared):
+                    report = await arun_flow(
+                        step.flow, self._summarizer, fallback=self._fallback, timeout=self._options.timeout
+                    )
+                    step = flow.send(report)
+                elif isinstance(step, CompactionResult):
+                    await self._aemit(step)
+                    step = flow.send(None)
+                else:
+                    assert handler is not None  # only the call flow asks for a model call
+                    try:
+                        response = await handler(step)
+                    except ContextOverflowError as error:
+                        step = flow.throw(error)
+                    else:
+                        step = flow.send(response)
+        except StopIteration as stop:
+            return cast("_T", stop.value)
+        finally:
+            flow.close()

@@ -1,0 +1,119 @@
+"""CompactionNode with PostgresSaver against a private PostgreSQL server the tests start."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langgraph.graph import END, START, StateGraph
+from postgres_server import PostgresServer, postgres_server
+
+from langchain_compaction import CompactionOptions
+from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction.adapters.graph import CompactionNode, CompactionState, acompact_thread, compact_thread
+from langchain_compaction.core.types import SummaryRequest
+
+pytest.importorskip("langgraph.checkpoint.postgres", reason="pip install langgraph-checkpoint-postgres")
+pytest.importorskip("psycopg", reason='pip install "psycopg[binary]"')
+
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+pytestmark = [pytest.mark.postgres, pytest.mark.integration]
+__all__ = ["postgres_server"]  # the fixture, imported for this module
+
+OPTIONS = CompactionOptions(
+    context_window=2_000, reserve_tokens=400, keep_recent_tokens=500, summary_input_tokens=50_000
+)
+
+
+class Numbered:
+    """A summarizer that numbers its summaries and keeps what it was asked."""
+
+    def __init__(self) -> None:
+        self.requests: list[SummaryRequest] = []
+
+    @property
+    def name(self) -> str:
+        return "numbered"
+
+    def summarize(self, request: SummaryRequest) -> str:
+        self.requests.append(request)
+        return f"## Goal\n- summary number {len(self.requests)}"
+
+    async def asummarize(self, request: SummaryRequest) -> str:
+        return self.summarize(request)
+
+
+def build(node: CompactionNode, saver: Any) -> Any:
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", END)
+    return builder.compile(checkpointer=saver)
+
+
+def turn(number: int) -> dict[str, list[BaseMessage]]:
+    return {"messages": [HumanMessage(f"q{number} " + "x" * 300), AIMessage(f"a{number} " + "y" * 300)]}
+
+
+def summaries(messages: list[BaseMessage]) -> list[BaseMessage]:
+    return [m for m in messages if is_summary_message(m)]
+
+
+def test_compaction_persists_and_survives_reconnect(postgres_server: PostgresServer) -> None:
+    config = {"configurable": {"thread_id": "pg-sync"}}
+    first = Numbered()
+    with PostgresSaver.from_conn_string(postgres_server.url) as saver:
+        saver.setup()
+        graph = build(CompactionNode(first, OPTIONS, result_key="compaction"), saver)
+        graph.invoke({"messages": [SystemMessage("You are terse.", id="sys")]}, config)
+        for number in range(12):
+            graph.invoke(turn(number), config)
+        stored = graph.get_state(config).values
+    assert first.requests, "nothing was compacted"
+    assert len(stored["messages"]) < 25
+    assert stored["compaction"]["messages_removed"] > 0
+
+    # A new connection (a restarted process) sees the compacted thread.
+    second = Numbered()
+    with PostgresSaver.from_conn_string(postgres_server.url) as saver:
+        graph = build(CompactionNode(second, OPTIONS, result_key="compaction"), saver)
+        reopened = graph.get_state(config).values
+        assert [m.id for m in reopened["messages"]] == [m.id for m in stored["messages"]]
+        assert reopened["compaction"] == stored["compaction"]
+        for number in range(12, 24):
+            graph.invoke(turn(number), config)
+        after = graph.get_state(config).values
+        # A manual compaction goes through update_state into the same tables.
+        manual = compact_thread(graph, config, instructions="keep the numbers")
+        final = graph.get_state(config).values
+    assert second.requests
+    assert second.requests[0].previous_summary == f"## Goal\n- summary number {len(first.requests)}"
+    assert after["messages"][0].id == "sys"
+    assert len(summaries(after["messages"])) == 1
+    assert "summary number" in str(summaries(after["messages"])[0].content)
+    assert after["compaction"]["updated_previous_summary"] is True
+    assert manual is not None
+    assert "keep the numbers" in second.requests[-1].prompt
+    assert len(summaries(final["messages"])) == 1
+    assert final["compaction"] == manual.to_dict()
+
+
+async def test_async_postgres_saver(postgres_server: PostgresServer) -> None:
+    config = {"configurable": {"thread_id": "pg-async"}}
+    summarizer = Numbered()
+    async with AsyncPostgresSaver.from_conn_string(postgres_server.url) as saver:
+        await saver.setup()
+        graph = build(CompactionNode(summarizer, OPTIONS, result_key="compaction"), saver)
+        for number in range(24):
+            await graph.ainvoke(turn(number), config)
+        result = await acompact_thread(graph, config)
+    assert result is not None
+    async with AsyncPostgresSaver.from_conn_string(postgres_server.url) as saver:
+        graph = build(CompactionNode(Numbered(), OPTIONS, result_key="compaction"), saver)
+        values = (await graph.aget_state(config)).values
+    assert len(summaries(values["messages"])) == 1
+    assert values["compaction"] == result.to_dict()
+    assert len(summarizer.requests) >= 3

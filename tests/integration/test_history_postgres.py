@@ -1,0 +1,249 @@
+"""CompactingChatMessageHistory on PostgresChatMessageHistory, against a private PostgreSQL server.
+
+The server is started by ``tests/postgres_server.py`` (initdb in a temp dir,
+a free 127.0.0.1 port) and stopped when the module's tests finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_postgres import PostgresChatMessageHistory
+from postgres_server import PostgresServer, postgres_server
+
+from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction.adapters.history import CompactingChatMessageHistory
+from langchain_compaction.adapters.locks import PostgresAdvisoryLock
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.errors import StoreError, SummarizationError
+
+__all__ = ["postgres_server"]  # the fixture, imported for pytest
+
+pytestmark = pytest.mark.postgres
+
+OPTIONS = CompactionOptions(context_window=3000, reserve_tokens=1000, keep_recent_tokens=600)
+PAD = " lorem ipsum dolor" * 6
+TABLE = "chat_history"
+
+
+def contents(messages: list[BaseMessage]) -> list[str]:
+    return [str(m.content) for m in messages if not is_summary_message(m)]
+
+
+def assert_nothing_lost(expected: list[str], store: list[BaseMessage], archive: list[BaseMessage]) -> None:
+    seen = Counter(contents(store) + contents(archive))
+    assert [c for c in expected if seen[c] == 0] == []
+    assert {c: n for c, n in seen.items() if n > 1} == {}
+    assert set(seen) == set(expected)
+
+
+def summarize(prompt: str) -> str:
+    return "## Goal\n- postgres summary"
+
+
+@pytest.fixture(scope="module")
+def url(postgres_server: PostgresServer) -> str:
+    with psycopg.connect(postgres_server.url) as conn:
+        PostgresChatMessageHistory.create_tables(conn, TABLE)
+    return postgres_server.url
+
+
+@pytest.fixture
+def conn(url: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(url) as connection:
+        yield connection
+
+
+def history(conn: psycopg.Connection[Any], session: str) -> PostgresChatMessageHistory:
+    return PostgresChatMessageHistory(TABLE, session, sync_connection=conn)
+
+
+def test_uses_a_transactional_rewrite(conn: psycopg.Connection[Any]) -> None:
+    wrapper = CompactingChatMessageHistory(history(conn, str(uuid.uuid4())), summarize, OPTIONS)
+    assert "rewrite='postgres'" in repr(wrapper)
+
+
+def test_compacts_in_order_with_ids_and_archive(conn: psycopg.Connection[Any]) -> None:
+    session = str(uuid.uuid4())
+    store, archive = history(conn, session), history(conn, str(uuid.uuid4()))
+    wrapper = CompactingChatMessageHistory(store, summarize, OPTIONS, archive=archive)
+    wrapper.add_messages([SystemMessage("Be brief.", id="sys")])
+    written = ["Be brief."]
+    for i in range(60):
+        wrapper.add_messages([HumanMessage(f"q{i}{PAD}", id=f"h{i}"), AIMessage(f"a{i}{PAD}", id=f"a{i}")])
+        written += [f"q{i}{PAD}", f"a{i}{PAD}"]
+    # Read back through a fresh connection: the rewrite was committed.
+    stored = history(conn, session).messages
+    assert stored[0].id == "sys"
+    assert is_summary_message(stored[1])
+    assert [is_summary_message(m) for m in stored].count(True) == 1
+    assert stored[-1].id == "a59"
+    assert contents(stored)[1:] == written[-(len(stored) - 2) :]
+    assert_nothing_lost(written, stored, archive.messages)
+    assert wrapper.compact() is not None
+    assert len(history(conn, session).messages) < len(stored)
+
+
+def test_concurrent_threads_lose_nothing(conn: psycopg.Connection[Any]) -> None:
+    # Eight threads sharing one connection, as an app with one history object would.
+    store, archive = history(conn, str(uuid.uuid4())), history(conn, str(uuid.uuid4()))
+    calls = 0
+
+    def counted(prompt: str) -> str:
+        nonlocal calls
+        calls += 1
+        return f"## Goal\n- summary {calls}"
+
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        try:
+            wrapper = CompactingChatMessageHistory(store, counted, OPTIONS, archive=archive)
+            for i in range(200):
+                wrapper.add_messages([HumanMessage(f"w{w}-m{i}{PAD}")])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert calls >= 10
+    assert_nothing_lost([f"w{w}-m{i}{PAD}" for w in range(8) for i in range(200)], store.messages, archive.messages)
+
+
+async def test_concurrent_async_tasks_lose_nothing(url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url) as aconn:
+        session, archive_session = str(uuid.uuid4()), str(uuid.uuid4())
+        store = PostgresChatMessageHistory(TABLE, session, async_connection=aconn)
+        archive = PostgresChatMessageHistory(TABLE, archive_session, async_connection=aconn)
+        calls = 0
+
+        async def asummarize(prompt: str) -> str:
+            nonlocal calls
+            calls += 1
+            await asyncio.sleep(0.005)
+            return f"## Goal\n- summary {calls}"
+
+        async def writer(w: int) -> None:
+            wrapper = CompactingChatMessageHistory(store, asummarize, OPTIONS, archive=archive)
+            for i in range(200):
+                await wrapper.aadd_messages([HumanMessage(f"w{w}-m{i}{PAD}")])
+
+        await asyncio.gather(*(writer(w) for w in range(8)))
+        assert calls >= 10
+        stored, archived = await store.aget_messages(), await archive.aget_messages()
+        assert is_summary_message(stored[0])
+        assert_nothing_lost([f"w{w}-m{i}{PAD}" for w in range(8) for i in range(200)], stored, archived)
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    import psycopg
+    from langchain_core.messages import HumanMessage
+    from langchain_postgres import PostgresChatMessageHistory
+    from langchain_compaction.adapters.history import CompactingChatMessageHistory
+    from langchain_compaction.adapters.locks import PostgresAdvisoryLock
+    from langchain_compaction.core.options import CompactionOptions
+
+    url, session, archive_session, name = sys.argv[1:5]
+    pad = " lorem ipsum dolor" * 6
+    with psycopg.connect(url) as conn:
+        history = CompactingChatMessageHistory(
+            PostgresChatMessageHistory("chat_history", session, sync_connection=conn),
+            lambda prompt: "## Goal\\n- from " + name,
+            CompactionOptions(context_window=3000, reserve_tokens=1000, keep_recent_tokens=600),
+            archive=PostgresChatMessageHistory("chat_history", archive_session, sync_connection=conn),
+            lock=PostgresAdvisoryLock(url, session),
+        )
+        for i in range(100):
+            history.add_messages([HumanMessage(f"{name}-m{i}{pad}")])
+    """
+)
+
+
+def test_processes_share_a_session_with_an_advisory_lock(url: str, conn: psycopg.Connection[Any]) -> None:
+    session, archive_session = str(uuid.uuid4()), str(uuid.uuid4())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, url, session, archive_session, f"p{n}"], stderr=subprocess.PIPE, text=True
+        )
+        for n in range(4)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    stored, archived = history(conn, session).messages, history(conn, archive_session).messages
+    assert is_summary_message(stored[0])
+    assert_nothing_lost([f"p{n}-m{i}{PAD}" for n in range(4) for i in range(100)], stored, archived)
+
+
+def test_advisory_lock_excludes_other_connections(url: str) -> None:
+    lock = PostgresAdvisoryLock(url, "exclusive")
+    order: list[str] = []
+    with lock.hold():
+
+        def other() -> None:
+            with lock.hold():
+                order.append("other")
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(0.3)
+        assert thread.is_alive()  # blocked on the server
+        order.append("first")
+    thread.join(5)
+    assert order == ["first", "other"]
+
+
+def test_model_failure_and_store_failure_leave_rows(conn: psycopg.Connection[Any]) -> None:
+    session = str(uuid.uuid4())
+    store = history(conn, session)
+
+    def failing(prompt: str) -> str:
+        raise RuntimeError("no model today")
+
+    wrapper = CompactingChatMessageHistory(store, failing, OPTIONS)
+    written: list[BaseMessage] = []
+
+    def fill() -> None:
+        for i in range(60):
+            written.extend([HumanMessage(f"q{i}{PAD}"), AIMessage(f"a{i}{PAD}")])
+            wrapper.add_messages(written[-2:])
+
+    with pytest.raises(SummarizationError):
+        fill()
+    assert contents(store.messages) == [str(m.content) for m in written]
+
+    # A CHECK constraint rejects the summary row: the rewrite fails after its
+    # DELETE, among its INSERTs, and the transaction rolls back.
+    before = store.messages
+    conn.execute(f"ALTER TABLE {TABLE} ADD CONSTRAINT no_poison CHECK (message::text NOT LIKE '%%poison%%')")
+    conn.commit()
+    try:
+        poisoned = CompactingChatMessageHistory(store, lambda p: "## Goal\n- poison", OPTIONS)
+        with pytest.raises(StoreError) as info:
+            poisoned.compact()
+        assert info.value.operation == "rewrite"
+        assert store.messages == before
+    finally:
+        conn.rollback()
+        conn.execute(f"ALTER TABLE {TABLE} DROP CONSTRAINT no_poison")
+        conn.commit()
+    healthy = CompactingChatMessageHistory(store, summarize, OPTIONS)
+    assert healthy.compact() is not None
+    assert is_summary_message(store.messages[0])

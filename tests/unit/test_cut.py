@@ -1,0 +1,360 @@
+"""The budget cut and its tool-pair rule (``find_cut_point`` and the core's cut)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    FunctionMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+
+from langchain_compaction import ConfigurationError, estimate_message_tokens, find_cut_point
+from langchain_compaction.adapters._convert import summary_message, to_core_list
+from langchain_compaction.core.cut import find_cut, forced_cut, tool_pairs, valid_boundaries
+from langchain_compaction.core.types import Message, ToolCall
+
+
+def _tokens(message: BaseMessage) -> int:
+    return estimate_message_tokens([message])
+
+
+def _calls(*ids: str, name: str = "run") -> AIMessage:
+    return AIMessage("", tool_calls=[{"name": name, "args": {"i": i}, "id": i} for i in ids])
+
+
+def _result(call_id: str, text: str = "ok") -> ToolMessage:
+    return ToolMessage(text, tool_call_id=call_id)
+
+
+def _pairs(messages: Sequence[BaseMessage]) -> list[tuple[int, int]]:
+    """Pair each result with the nearest earlier AIMessage that made its call.
+
+    Written independently of the library, so the tests check the library's
+    cut against this reading of the conversation.
+    """
+    pairs = []
+    for j, message in enumerate(messages):
+        if isinstance(message, ToolMessage):
+            for i in range(j - 1, -1, -1):
+                candidate = messages[i]
+                if isinstance(candidate, AIMessage) and any(
+                    c["id"] == message.tool_call_id for c in candidate.tool_calls
+                ):
+                    pairs.append((i, j))
+                    break
+    return pairs
+
+
+def _assert_cut_is_safe(messages: Sequence[BaseMessage], cut: int) -> None:
+    if cut == 0:
+        return
+    assert not isinstance(messages[cut], ToolMessage), f"cut {cut} lands on a tool result"
+    for call, result in _pairs(messages):
+        assert not (call < cut <= result), f"cut {cut} splits call {call} from result {result}"
+
+
+def _budgets(messages: Sequence[BaseMessage]) -> list[int]:
+    """Every budget that changes the walk: each suffix sum, and one either side."""
+    sums, total = [], 0
+    for message in reversed(messages):
+        total += _tokens(message)
+        sums += [total - 1, total, total + 1]
+    return sorted({max(s, 1) for s in sums})
+
+
+# --- the budget walk ---------------------------------------------------------
+
+
+def test_walks_back_until_the_keep_budget_is_exceeded() -> None:
+    messages = [HumanMessage("a" * 400) if i % 2 == 0 else AIMessage("b" * 400) for i in range(10)]
+    each = _tokens(messages[0])  # 104 with the overhead
+    # Three messages fit in 3 * each; the fourth from the end crosses the budget
+    # and is the last one summarized.
+    assert find_cut_point(messages, 3 * each) == 7
+    assert find_cut_point(messages, 3 * each + 1) == 7
+    assert find_cut_point(messages, 3 * each - 1) == 8
+
+
+def test_everything_fits_returns_zero() -> None:
+    messages = [HumanMessage("hello"), AIMessage("hi"), HumanMessage("bye")]
+    assert find_cut_point(messages, 10_000) == 0
+
+
+def test_default_budget_is_twenty_thousand() -> None:
+    messages = [HumanMessage("a" * 4000) if i % 2 == 0 else AIMessage("b" * 4000) for i in range(40)]
+    each = _tokens(messages[0])
+    kept = 20_000 // each
+    assert find_cut_point(messages) == 40 - kept
+    # 0 means the default, as in the reference.
+    assert find_cut_point(messages, 0) == find_cut_point(messages)
+
+
+def test_negative_budget_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        find_cut_point([HumanMessage("x")] * 3, -5)
+    assert "keep_recent_tokens=-5" in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_last_message_alone_over_budget_is_kept() -> None:
+    messages = [HumanMessage("q1"), AIMessage("a1"), HumanMessage("q2"), AIMessage("a2"), HumanMessage("x" * 40_000)]
+    assert find_cut_point(messages, 100) == 4
+
+
+def test_fewer_than_two_to_summarize_returns_zero() -> None:
+    messages = [HumanMessage("q1"), AIMessage("x" * 40_000)]
+    assert find_cut_point(messages, 100) == 0
+    three = [HumanMessage("q1"), AIMessage("x" * 40_000), HumanMessage("q2")]
+    # Cut would be 1 (keep the big answer and the question): one message to summarize.
+    assert find_cut_point(three, 11_000) == 0
+
+
+@pytest.mark.parametrize("count", [0, 1])
+def test_tiny_lists_return_zero(count: int) -> None:
+    assert find_cut_point([HumanMessage("x" * 4000)] * count, 1) == 0
+
+
+def test_no_valid_cut_returns_zero() -> None:
+    # Nothing but tool results and legacy function results: no boundary is allowed.
+    messages: list[BaseMessage] = [
+        _result("a"),
+        _result("b"),
+        FunctionMessage(name="f", content="x" * 4000),
+        _result("c", "y" * 4000),
+    ]
+    assert find_cut_point(messages, 10) == 0
+
+
+# --- the tool-pair rule ----------------------------------------------------
+
+
+def test_never_lands_on_a_tool_result() -> None:
+    messages = [
+        HumanMessage("q1"),
+        AIMessage("a1"),
+        HumanMessage("q2"),
+        _calls("c1"),
+        _result("c1", "r" * 4000),
+        AIMessage("done " * 100),
+        HumanMessage("next"),
+    ]
+    for budget in _budgets(messages):
+        cut = find_cut_point(messages, budget)
+        _assert_cut_is_safe(messages, cut)
+
+
+def test_moves_forward_past_tool_results() -> None:
+    messages = [
+        HumanMessage("q1 " * 50),
+        AIMessage("a1 " * 50),
+        _calls("c1"),
+        _result("c1", "r" * 4000),
+        HumanMessage("short"),
+    ]
+    # The budget is crossed on the tool result: the reference moves forward to
+    # the next non-tool message rather than cutting the result from its call.
+    budget = _tokens(messages[4]) + 1
+    assert find_cut_point(messages, budget) == 4
+
+
+def test_parallel_tool_calls_are_never_split() -> None:
+    messages = [
+        SystemMessage("sys"),
+        HumanMessage("q1 " * 200),
+        AIMessage("a1 " * 200),
+        HumanMessage("check three things " * 20),
+        _calls("p1", "p2", "p3"),
+        _result("p1", "one " * 300),
+        _result("p2", "two " * 300),
+        _result("p3", "three " * 300),
+        AIMessage("all three done " * 30),
+        HumanMessage("thanks " * 30),
+    ]
+    cuts = set()
+    for budget in _budgets(messages):
+        cut = find_cut_point(messages, budget)
+        _assert_cut_is_safe(messages, cut)
+        cuts.add(cut)
+    assert not cuts & {5, 6, 7}
+    assert {4, 8} <= cuts  # the cut does happen on both sides of the exchange
+
+
+def test_out_of_order_results_are_never_split() -> None:
+    messages = [
+        HumanMessage("q1 " * 200),
+        AIMessage("a1 " * 200),
+        _calls("c1", "c2", "c3"),
+        _result("c3", "three " * 300),
+        _result("c1", "one " * 300),
+        HumanMessage("interjection " * 50),  # a user turn arriving before the last result
+        _result("c2", "two " * 300),
+        AIMessage("done " * 100),
+        HumanMessage("thanks"),
+    ]
+    for budget in _budgets(messages):
+        cut = find_cut_point(messages, budget)
+        _assert_cut_is_safe(messages, cut)
+        # The user turn sits inside the exchange: cutting before it would
+        # separate c2's result from its call.
+        assert cut != 5
+
+
+def test_repeated_tool_call_ids_pair_with_their_own_turn() -> None:
+    messages = [
+        HumanMessage("q1 " * 100),
+        _calls("call_1"),
+        _result("call_1", "first " * 200),
+        HumanMessage("q2 " * 100),
+        _calls("call_1"),  # the same id again, as SWE-agent's call_<step> ids do across runs
+        _result("call_1", "second " * 200),
+        AIMessage("done " * 100),
+        HumanMessage("thanks"),
+    ]
+    cuts = set()
+    for budget in _budgets(messages):
+        cut = find_cut_point(messages, budget)
+        _assert_cut_is_safe(messages, cut)
+        cuts.add(cut)
+    # Pairing by first occurrence would block every cut from 2 to 5; pairing
+    # with the nearest earlier call allows the boundary between the two turns.
+    assert 3 in cuts
+
+
+def test_unanswered_call_followed_by_reused_id_does_not_block_cuts() -> None:
+    messages = [
+        HumanMessage("q1 " * 100),
+        _calls("x"),  # never answered
+        HumanMessage("q2 " * 100),
+        _calls("x"),
+        _result("x", "r " * 200),
+        HumanMessage("q3 " * 100),
+    ]
+    assert tool_pairs(to_core_list(messages)) == [(3, 4)]
+    budget = _tokens(messages[5]) + _tokens(messages[4]) + _tokens(messages[3])
+    assert find_cut_point(messages, budget) == 3
+
+
+def test_orphan_results_and_unanswered_calls_do_not_crash() -> None:
+    messages = [
+        HumanMessage("q1 " * 100),
+        _result("nobody-called-me", "orphan " * 100),
+        _calls("never-answered"),
+        HumanMessage("q2 " * 100),
+        AIMessage("a2 " * 100),
+        HumanMessage("q3 " * 100),
+    ]
+    for budget in _budgets(messages):
+        cut = find_cut_point(messages, budget)
+        _assert_cut_is_safe(messages, cut)
+        assert 0 <= cut < len(messages)
+
+
+def test_tail_inside_a_tool_exchange_moves_the_cut_back() -> None:
+    # Documented deviation from the reference: an agent compacting mid-loop
+    # ends with tool results. The reference scans forward, runs off the end and
+    # gives up (returns 0); here the cut moves back to keep the exchange whole.
+    messages = [
+        HumanMessage("q1 " * 200),
+        AIMessage("a1 " * 200),
+        HumanMessage("q2 " * 200),
+        _calls("c1", "c2"),
+        _result("c1", "one " * 300),
+        _result("c2", "two " * 300),
+    ]
+    budget = _tokens(messages[5]) - 1  # crossed on the very last message
+    assert find_cut_point(messages, budget) == 3
+    budget = _tokens(messages[5]) + _tokens(messages[4]) - 1
+    assert find_cut_point(messages, budget) == 3
+
+
+def test_tail_inside_exchange_still_needs_two_summarized_messages() -> None:
+    messages = [HumanMessage("q1 " * 200), _calls("c1"), _result("c1", "one " * 300)]
+    assert find_cut_point(messages, 10) == 0
+
+
+# --- leading system messages -------------------------------------------------
+
+
+def test_leading_system_messages_are_never_summarized() -> None:
+    messages = [
+        SystemMessage("You are an agent. " * 400),
+        SystemMessage("Tools: ls, cat. " * 400),
+        HumanMessage("q1 " * 100),
+        AIMessage("a1 " * 100),
+        HumanMessage("q2 " * 100),
+        AIMessage("a2 " * 100),
+    ]
+    for budget in _budgets(messages):
+        cut = find_cut_point(messages, budget)
+        assert cut == 0 or cut >= 4  # two system messages, then at least two summarized
+
+
+def test_leading_system_messages_do_not_count_towards_the_two() -> None:
+    messages = [SystemMessage("sys"), HumanMessage("q1 " * 100), AIMessage("a1 " * 100)]
+    # Cutting at 2 would summarize only the human message.
+    assert find_cut_point(messages, 10) == 0
+
+
+def test_previous_summary_counts_as_one_summarized_message() -> None:
+    summary = summary_message("## Goal\n- earlier work")
+    messages = [summary, HumanMessage("q1 " * 100), AIMessage("a1 " * 300)]
+    # The reference's list started with the summary, so the summary plus the
+    # question are the two summarized messages.
+    assert find_cut_point(messages, 10) == 2
+
+
+# --- the core functions ----------------------------------------------------
+
+
+def _core(*messages: BaseMessage) -> list[Message]:
+    return to_core_list(list(messages))
+
+
+def test_tool_pairs_in_result_order() -> None:
+    core = _core(HumanMessage("q"), _calls("a", "b"), _result("b"), _result("a"), _result("zzz"))
+    assert tool_pairs(core) == [(1, 2), (1, 3)]
+
+
+def test_valid_boundaries_mark_tool_results_and_spans() -> None:
+    core = _core(HumanMessage("q"), _calls("a", "b"), _result("a"), HumanMessage("mid"), _result("b"), AIMessage("x"))
+    assert valid_boundaries(core) == [True, True, False, False, False, True, True]
+
+
+def test_find_cut_accepts_precomputed_counts() -> None:
+    core = [Message("user"), Message("assistant"), Message("user"), Message("assistant")]
+    assert find_cut(core, [10, 10, 10, 10], 15) == 3
+    assert find_cut(core, [10, 10, 10, 10], 25) == 2
+    assert find_cut(core, [10, 10, 10, 10], 40) == 0
+
+
+def test_find_cut_with_start_skips_the_head() -> None:
+    core = [Message("system"), Message("user"), Message("assistant"), Message("user")]
+    assert find_cut(core, [1000, 10, 10, 10], 15, start=1) == 3
+    assert find_cut(core, [1000, 10, 10, 10], 25, start=1) == 0  # only one would be summarized
+
+
+def test_forced_cut_keeps_only_the_last_valid_message() -> None:
+    core = [
+        Message("user"),
+        Message("assistant"),
+        Message("user"),
+        Message("assistant", tool_calls=(ToolCall("c", "t", "{}"),)),
+        Message("tool", tool_call_id="c"),
+    ]
+    assert forced_cut(core) == 3
+    assert forced_cut(core[:3]) == 2
+    assert forced_cut(core[:2]) == 0
+    assert forced_cut([Message("tool"), Message("tool"), Message("tool")]) == 0
+
+
+def test_forced_cut_respects_start_and_credit() -> None:
+    core = [Message("system"), Message("user"), Message("assistant"), Message("user")]
+    assert forced_cut(core, start=1) == 3
+    assert forced_cut(core[:3], start=1) == 0
+    assert forced_cut(core[:3], start=1, credit=1) == 2

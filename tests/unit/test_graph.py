@@ -1,0 +1,717 @@
+"""CompactionNode in real StateGraphs: checkpointers, sync/async, restarts, commands, events."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_anthropic import ChatAnthropic
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.messages.utils import count_tokens_approximately
+from langchain_core.outputs import ChatResult
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode, tools_condition
+from pydantic import Field
+
+from langchain_compaction import CompactionError, CompactionOptions, ConfigurationError, SummarizationError
+from langchain_compaction.adapters._cache import TokenCountCache
+from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction.adapters.graph import (
+    COMPACTION_EVENT,
+    CompactionNode,
+    CompactionState,
+    acompact_thread,
+    compact_thread,
+    parse_compact_command,
+    route_after_compaction,
+)
+from langchain_compaction.adapters.messages import estimate_message_tokens
+from langchain_compaction.core.types import SummaryRequest
+
+# A large summarizer budget keeps each compaction to one summary call.
+SMALL = CompactionOptions(context_window=2_000, reserve_tokens=400, keep_recent_tokens=500, summary_input_tokens=50_000)
+ANTHROPIC = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")  # type: ignore[call-arg]
+
+
+# -- fakes implementing the real interfaces ------------------------------------------
+
+
+class PathSummarizer:
+    """A ``Summarizer`` that records which path (sync/async) wrote each summary."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[str] = []
+        self.requests: list[SummaryRequest] = []
+        self.fail = fail
+
+    @property
+    def name(self) -> str:
+        return "path"
+
+    def _reply(self, request: SummaryRequest, path: str) -> str:
+        self.calls.append(path)
+        self.requests.append(request)
+        if self.fail:
+            msg = "model overloaded"
+            raise RuntimeError(msg)
+        return f"## Goal\n- summary {len(self.calls)}\n\n## Critical Context\n- (none)"
+
+    def summarize(self, request: SummaryRequest) -> str:
+        return self._reply(request, "sync")
+
+    async def asummarize(self, request: SummaryRequest) -> str:
+        return self._reply(request, "async")
+
+
+class ToolCallingFakeModel(GenericFakeChatModel):
+    """GenericFakeChatModel with bind_tools, the inputs it saw, and reported usage.
+
+    Usage is what a provider would bill: the estimate of the input plus a fixed
+    cost for the system prompt and tool schemas that the state does not hold.
+    """
+
+    seen: list[list[BaseMessage]] = Field(default_factory=list)
+    overhead_tokens: int = 300
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ToolCallingFakeModel:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any):  # type: ignore[override]
+        self.seen.append(list(messages))
+        result = super()._generate(messages, stop, run_manager, **kwargs)
+        reply = result.generations[0].message
+        assert isinstance(reply, AIMessage)
+        usage_in = estimate_message_tokens(messages) + self.overhead_tokens
+        usage_out = estimate_message_tokens([reply])
+        reply.usage_metadata = {
+            "input_tokens": usage_in,
+            "output_tokens": usage_out,
+            "total_tokens": usage_in + usage_out,
+        }
+        return ChatResult(generations=result.generations)
+
+
+def agent_script(turns: int) -> Iterator[AIMessage]:
+    """Per turn: a tool call, then an answer."""
+    for turn in range(turns):
+        yield AIMessage(
+            content="",
+            tool_calls=[
+                {"name": "lookup", "args": {"query": f"topic {turn}"}, "id": f"call_{turn}", "type": "tool_call"}
+            ],
+        )
+        yield AIMessage(content=f"Answer {turn}: " + "the lookup says the design holds; " * 6)
+
+
+@tool
+def lookup(query: str) -> str:
+    """Look something up."""
+    return f"result for {query}: " + "a fact about the system under study. " * 8
+
+
+class Handler(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        self.events.append((name, data))
+
+
+def build_agent(
+    node: CompactionNode,
+    model: ToolCallingFakeModel,
+    checkpointer: Any,
+    state: type[Any] = MessagesState,
+    key: str = "messages",
+) -> Any:
+    bound = model.bind_tools([lookup])
+
+    def call_model(s: dict[str, Any]) -> dict[str, Any]:
+        return {key: [bound.invoke(s[key])]}
+
+    async def acall_model(s: dict[str, Any]) -> dict[str, Any]:
+        return {key: [await bound.ainvoke(s[key])]}
+
+    from langchain_core.runnables import RunnableLambda
+
+    builder = StateGraph(state)
+    builder.add_node("compact", node)
+    builder.add_node("model", RunnableLambda(call_model, afunc=acall_model))
+    builder.add_node("tools", ToolNode([lookup], messages_key=key))
+    builder.add_edge(START, "compact")
+    builder.add_conditional_edges("compact", lambda s: route_after_compaction(s, messages_key=key), ["model", END])
+    builder.add_conditional_edges("model", lambda s: tools_condition(s, messages_key=key), ["tools", END])
+    builder.add_edge("tools", "compact")
+    return builder.compile(checkpointer=checkpointer)
+
+
+def build_plain(node: Any, checkpointer: Any, state: type[Any] = MessagesState) -> Any:
+    """START -> compact -> END: the node on its own, as a graph step."""
+    builder = StateGraph(state)
+    builder.add_node("compact", node)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def history(turns: int, size: int = 400) -> list[BaseMessage]:
+    out: list[BaseMessage] = [SystemMessage("You are a careful assistant.", id="sys")]
+    for turn in range(turns):
+        out.append(HumanMessage(f"question {turn} " + "x" * size, id=f"h{turn}"))
+        out.append(AIMessage(f"answer {turn} " + "y" * size, id=f"a{turn}"))
+    return out
+
+
+def assert_valid_anthropic_request(messages: Sequence[BaseMessage]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        payload = ANTHROPIC._get_request_payload(list(messages))
+    turns = payload["messages"]
+    assert turns, "the request holds no conversation turns"
+    for index, turn in enumerate(turns):
+        blocks = turn["content"] if isinstance(turn["content"], list) else []
+        uses = {b["id"] for b in blocks if b.get("type") == "tool_use"}
+        results = {b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"}
+        if results:
+            previous = turns[index - 1] if index else {"content": []}
+            prev_blocks = previous["content"] if isinstance(previous["content"], list) else []
+            called = {b["id"] for b in prev_blocks if b.get("type") == "tool_use"}
+            assert results <= called, f"tool_result without its tool_use at turn {index}"
+        if uses:
+            assert index + 1 < len(turns) or turn is turns[-1]
+            if index + 1 < len(turns):
+                following = turns[index + 1]["content"]
+                answered = {
+                    b["tool_use_id"] for b in following if isinstance(b, dict) and b.get("type") == "tool_result"
+                }
+                assert uses <= answered, f"tool_use without its tool_result at turn {index}"
+
+
+def summaries(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    return [m for m in messages if is_summary_message(m)]
+
+
+def thread(name: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": name}}
+
+
+# -- the node on a state ------------------------------------------------------------
+
+
+def test_no_write_when_under_budget_or_when_off() -> None:
+    node = CompactionNode(PathSummarizer(), SMALL)
+    assert node({"messages": history(1)}) == {}
+    off = CompactionNode(PathSummarizer(), CompactionOptions(context_window=0))
+    big = history(60)
+    assert estimate_message_tokens(big) > 10_000
+    assert off({"messages": big}) == {}
+    assert off.context_tokens(big) == estimate_message_tokens(big)
+
+
+def test_update_removes_all_and_keeps_recent_ids() -> None:
+    summarizer = PathSummarizer()
+    node = CompactionNode(summarizer, SMALL)
+    msgs = history(10)
+    update = node({"messages": msgs})
+    new = update["messages"]
+    assert new[0].type == "remove"
+    assert new[0].id == "__remove_all__"
+    assert new[1] is msgs[0]  # the system prompt, the caller's object
+    assert is_summary_message(new[2])
+    tail = new[3:]
+    assert [m.id for m in tail] == [m.id for m in msgs[-len(tail) :]]
+    assert estimate_message_tokens(new[1:]) <= SMALL.context_window - SMALL.reserve_tokens
+    assert summarizer.calls == ["sync"]
+
+
+def test_node_name_and_configuration_errors() -> None:
+    builder = StateGraph(MessagesState)
+    builder.add_node(CompactionNode(PathSummarizer()))
+    assert "compact" in builder.nodes
+    with pytest.raises(ConfigurationError, match="result_key"):
+        CompactionNode(PathSummarizer(), result_key="messages")
+    with pytest.raises(ConfigurationError, match="messages_key"):
+        CompactionNode(PathSummarizer(), messages_key="")
+    with pytest.raises(ConfigurationError, match="options"):
+        CompactionNode(PathSummarizer(), options={"context_window": 1})  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="model"):
+        CompactionNode(42)
+
+
+# -- real graphs, sync and async ----------------------------------------------------
+
+
+def test_graph_invoke_runs_sync_path_and_shrinks_checkpoint() -> None:
+    summarizer = PathSummarizer()
+    graph = build_plain(CompactionNode(summarizer, SMALL), InMemorySaver())
+    before = history(10)
+    out = graph.invoke({"messages": before}, thread("s"))
+    stored = graph.get_state(thread("s")).values["messages"]
+    assert stored == out["messages"]
+    assert len(stored) < len(before)
+    assert [m.id for m in stored[2:]] == [m.id for m in before[-(len(stored) - 2) :]]
+    assert summarizer.calls == ["sync"]
+
+
+async def test_graph_ainvoke_runs_async_path() -> None:
+    summarizer = PathSummarizer()
+    graph = build_plain(CompactionNode(summarizer, SMALL), InMemorySaver())
+    await graph.ainvoke({"messages": history(10)}, thread("a"))
+    stored = (await graph.aget_state(thread("a"))).values["messages"]
+    assert len(summaries(stored)) == 1
+    assert summarizer.calls == ["async"]
+
+
+class CustomState(TypedDict, total=False):
+    history: Annotated[list[AnyMessage], add_messages]
+    compaction: dict[str, Any]
+    user: str
+
+
+def test_custom_state_with_result_key() -> None:
+    node = CompactionNode(PathSummarizer(), SMALL, messages_key="history", result_key="compaction")
+    graph = build_plain(node, InMemorySaver(), CustomState)
+    graph.invoke({"history": history(10), "user": "ana"}, thread("c"))
+    values = graph.get_state(thread("c")).values
+    record = values["compaction"]
+    assert values["user"] == "ana"
+    assert json.loads(json.dumps(record)) == record  # plain data
+    assert record["messages_removed"] > 0
+    assert record["compacted_tokens"] < record["original_tokens"]
+    assert len(summaries(values["history"])) == 1
+
+
+def test_result_key_missing_from_schema_is_dropped() -> None:
+    graph = build_plain(CompactionNode(PathSummarizer(), SMALL, result_key="compaction"), InMemorySaver())
+    graph.invoke({"messages": history(10)}, thread("d"))
+    values = graph.get_state(thread("d")).values
+    assert "compaction" not in values
+    assert len(summaries(values["messages"])) == 1
+
+
+def test_compaction_state_holds_the_record() -> None:
+    graph = build_plain(
+        CompactionNode(PathSummarizer(), SMALL, result_key="compaction"), InMemorySaver(), CompactionState
+    )
+    graph.invoke({"messages": history(10)}, thread("e"))
+    assert graph.get_state(thread("e")).values["compaction"]["summarizer"] == "path"
+
+
+# -- restarts: SQLite on a file --------------------------------------------------------
+
+
+def _turns(graph: Any, config: dict[str, Any], start: int, stop: int) -> None:
+    for turn in range(start, stop):
+        graph.invoke({"messages": [HumanMessage(f"q{turn} " + "x" * 300), AIMessage(f"a{turn} " + "y" * 300)]}, config)
+
+
+def test_sqlite_restart_shows_compacted_state_and_updates_summary(tmp_path: Any) -> None:
+    path = tmp_path / "checkpoints.sqlite"
+    config = thread("restart")
+    first = PathSummarizer()
+    conn = sqlite3.connect(path, check_same_thread=False)
+    graph = build_plain(CompactionNode(first, SMALL, result_key="compaction"), SqliteSaver(conn), CompactionState)
+    graph.invoke({"messages": [SystemMessage("You are terse.", id="sys")]}, config)
+    _turns(graph, config, 0, 12)
+    assert first.calls, "the first process never compacted"
+    before = graph.get_state(config).values["messages"]
+    conn.close()
+
+    # A new process: new connection, new graph, new node (empty cache).
+    second = PathSummarizer()
+    conn = sqlite3.connect(path, check_same_thread=False)
+    graph = build_plain(CompactionNode(second, SMALL, result_key="compaction"), SqliteSaver(conn), CompactionState)
+    reopened = graph.get_state(config).values["messages"]
+    assert [m.id for m in reopened] == [m.id for m in before]
+    assert len(summaries(reopened)) == 1
+    old_summary = summaries(reopened)[0].content
+    _turns(graph, config, 12, 24)
+    assert second.calls
+    after = graph.get_state(config).values
+    assert after["messages"][0].id == "sys"
+    stored = summaries(after["messages"])
+    assert len(stored) == 1, "the summary was nested instead of updated"
+    assert stored[0].content != old_summary
+    assert str(stored[0].content).count("[Conversation summary") == 1
+    assert after["compaction"]["updated_previous_summary"] is True
+    # The summarizer was shown the stored summary to update.
+    assert second.requests[0].previous_summary is not None
+    assert "summary" in second.requests[0].previous_summary
+    conn.close()
+
+
+async def test_async_sqlite_restart(tmp_path: Any) -> None:
+    path = str(tmp_path / "async.sqlite")
+    config = thread("arestart")
+    first = PathSummarizer()
+    async with AsyncSqliteSaver.from_conn_string(path) as saver:
+        graph = build_plain(CompactionNode(first, SMALL), saver)
+        for turn in range(12):
+            await graph.ainvoke({"messages": [HumanMessage(f"q{turn} " + "x" * 300), AIMessage("y" * 300)]}, config)
+        before = (await graph.aget_state(config)).values["messages"]
+    assert first.calls
+    assert set(first.calls) == {"async"}
+    second = PathSummarizer()
+    async with AsyncSqliteSaver.from_conn_string(path) as saver:
+        graph = build_plain(CompactionNode(second, SMALL), saver)
+        assert [m.id for m in (await graph.aget_state(config)).values["messages"]] == [m.id for m in before]
+        for turn in range(12, 24):
+            await graph.ainvoke({"messages": [HumanMessage(f"q{turn} " + "x" * 300), AIMessage("y" * 300)]}, config)
+        after = (await graph.aget_state(config)).values["messages"]
+    assert second.calls
+    assert len(summaries(after)) == 1
+    assert second.requests[0].previous_summary is not None
+
+
+# -- per-turn cost: O(k) counts ----------------------------------------------------
+
+
+class CountingCounter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, messages: Sequence[BaseMessage]) -> int:
+        self.calls += 1
+        return count_tokens_approximately(messages)
+
+
+def test_turn_adding_k_messages_costs_k_counts() -> None:
+    counter = CountingCounter()
+    options = CompactionOptions(context_window=10_000_000, reserve_tokens=1_000, token_counter=counter)
+    graph = build_plain(CompactionNode(PathSummarizer(), options), InMemorySaver())
+    config = thread("cost")
+    graph.invoke({"messages": history(100)}, config)  # 201 messages, counted once
+    assert counter.calls == 201
+    per_turn = []
+    for turn in range(30):
+        counter.calls = 0
+        new = [HumanMessage(f"more {turn}"), AIMessage(f"reply {turn}"), HumanMessage(f"again {turn}")]
+        graph.invoke({"messages": new}, config)
+        per_turn.append(counter.calls)
+    assert per_turn == [3] * 30  # k = 3 per turn, whatever the history length (201 .. 291)
+    assert len(graph.get_state(config).values["messages"]) == 291
+
+    # An edit in place under the same id is recounted (and only it).
+    stored = graph.get_state(config).values["messages"]
+    edited = stored[5].model_copy(update={"content": "rewritten"})
+    graph.update_state(config, {"messages": [edited]}, as_node="compact")
+    counter.calls = 0
+    graph.invoke({"messages": [HumanMessage("last")]}, config)
+    assert counter.calls == 2
+
+
+def test_cache_catches_in_place_edit_of_the_same_object() -> None:
+    counter = CountingCounter()
+    cache = TokenCountCache(CompactionOptions(token_counter=counter))
+    msg = AIMessage("short", id="m", tool_calls=[{"name": "t", "args": {"q": "a"}, "id": "c"}])
+    first = cache.counts([msg])
+    assert cache.counts([msg]) == first
+    assert counter.calls == 1
+    msg.content = "much longer content " * 50
+    assert cache.counts([msg])[0] > first[0]
+    # A nested in-place edit of an object already seen is not looked for (that
+    # would cost a fingerprint of every message every turn); it is caught as
+    # soon as the message arrives as a new object, as LangGraph delivers it
+    # after add_messages or a checkpoint load.
+    msg.tool_calls[0]["args"]["q"] = "b" * 400
+    cache.counts([msg.model_copy()])
+    assert counter.calls == 3
+    cache.counts([HumanMessage("no id")] * 2)
+    assert counter.calls == 5  # messages without ids are never cached
+
+
+def test_cache_stays_bounded() -> None:
+    cache = TokenCountCache(CompactionOptions(), max_entries=100)
+    cache.counts([HumanMessage(str(i), id=str(i)) for i in range(250)])
+    assert len(cache) <= 100
+
+
+# -- usage anchoring ----------------------------------------------------------------
+
+
+def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+
+
+def test_usage_anchor_is_reported_tokens_plus_estimate_after() -> None:
+    options = CompactionOptions(context_window=10_000, reserve_tokens=1_000, keep_recent_tokens=200)
+    node = CompactionNode(PathSummarizer(), options)
+    msgs = history(6, size=100)
+    msgs[-1] = AIMessage("answer", id="a-last", usage_metadata=_usage(9_100, 50))  # type: ignore[arg-type]
+    after = [ToolMessage("r" * 80, tool_call_id="x", id="t1"), HumanMessage("next", id="h-next")]
+    full = [*msgs, *after]
+    assert node.context_tokens(full) == 9_150 + estimate_message_tokens(after)
+    assert estimate_message_tokens(full) < 9_000  # the estimate alone would not fire
+    update = node({"messages": full})
+    assert update, "the reported usage should have triggered a compaction"
+
+    # Reported usage below the threshold wins over a larger estimate.
+    heavy = history(60, size=400)
+    assert estimate_message_tokens(heavy) > 9_000
+    heavy[-1] = AIMessage("ok", id="a-ok", usage_metadata=_usage(3_000, 20))  # type: ignore[arg-type]
+    assert node({"messages": heavy}) == {}
+
+
+def test_stale_usage_on_a_kept_message_is_ignored_after_compaction() -> None:
+    options = CompactionOptions(context_window=10_000, reserve_tokens=1_000, keep_recent_tokens=300)
+    summarizer = PathSummarizer()
+    node = CompactionNode(summarizer, options)
+    graph = build_plain(node, InMemorySaver())
+    config = thread("stale")
+    msgs = history(6, size=100)
+    msgs[-1] = AIMessage("answer", id="a-last", usage_metadata=_usage(9_500, 50))  # type: ignore[arg-type]
+    graph.invoke({"messages": msgs}, config)
+    stored = graph.get_state(config).values["messages"]
+    assert stored[-1].id == "a-last"  # kept, still carrying the old usage
+    assert summarizer.calls == ["sync"]
+    # Next turn: the old 9,550 no longer describes the context; no second compaction.
+    graph.invoke({"messages": [HumanMessage("and now?")]}, config)
+    assert summarizer.calls == ["sync"]
+    now = graph.get_state(config).values["messages"]
+    assert node.context_tokens(now) == estimate_message_tokens(now)
+    # A fresh reply reports the compacted context again.
+    graph.invoke({"messages": [AIMessage("fresh", usage_metadata=_usage(700, 10))]}, config)  # type: ignore[arg-type]
+    assert node.context_tokens(graph.get_state(config).values["messages"]) == 710
+
+
+# -- manual compaction and the /compact command --------------------------------------
+
+
+def _idle_agent(enable: bool = True) -> tuple[Any, PathSummarizer, ToolCallingFakeModel]:
+    summarizer = PathSummarizer()
+    model = ToolCallingFakeModel(messages=agent_script(50))
+    node = CompactionNode(summarizer, CompactionOptions(), result_key="compaction", enable_compact_command=enable)
+    graph = build_agent(node, model, InMemorySaver(), CompactionState)
+    return graph, summarizer, model
+
+
+def test_compact_thread_forces_a_compaction_with_instructions() -> None:
+    graph, summarizer, model = _idle_agent()
+    config = thread("manual")
+    graph.invoke({"messages": [SystemMessage("Be brief.", id="sys"), HumanMessage("look up x")]}, config)
+    graph.invoke({"messages": [HumanMessage("and y")]}, config)
+    assert not summarizer.calls  # context_window=0: automatic compaction is off
+    before = graph.get_state(config).values["messages"]
+    handler = Handler()
+    result = compact_thread(graph, {**config, "callbacks": [handler]}, instructions="keep the API design")
+    assert result is not None
+    assert result.forced
+    assert "keep the API design" in summarizer.requests[-1].prompt
+    state = graph.get_state(config)
+    messages = state.values["messages"]
+    assert messages[0].id == "sys"
+    assert len(summaries(messages)) == 1
+    assert messages[-1].id == before[-1].id
+    assert state.values["compaction"] == result.to_dict()
+    assert state.next == ()  # an idle thread stays idle
+    assert handler.events == [(COMPACTION_EVENT, result.to_dict())]
+    # The thread carries on normally from the compacted state.
+    calls = len(model.seen)
+    graph.invoke({"messages": [HumanMessage("and z")]}, config)
+    assert len(model.seen) == calls + 2
+    assert is_summary_message(model.seen[-1][1])
+
+
+def test_compact_thread_with_nothing_to_compact_writes_nothing() -> None:
+    graph, _summarizer, _ = _idle_agent()
+    config = thread("tiny")
+    graph.update_state(config, {"messages": [HumanMessage("hi")]}, as_node="model")
+    checkpoints = len(list(graph.get_state_history(config)))
+    assert compact_thread(graph, config) is None
+    assert len(list(graph.get_state_history(config))) == checkpoints
+
+
+async def test_acompact_thread_and_model_override() -> None:
+    graph, summarizer, _ = _idle_agent()
+    config = thread("amanual")
+    await graph.ainvoke({"messages": [HumanMessage("look up x")]}, config)
+    other = PathSummarizer()
+    result = await acompact_thread(graph, config, instructions="focus on x", model=other)
+    assert result is not None
+    assert other.calls == ["async"]
+    assert not summarizer.calls
+    assert "focus on x" in other.requests[0].prompt
+    assert len(summaries((await graph.aget_state(config)).values["messages"])) == 1
+
+
+def test_compact_thread_needs_a_node_or_a_model() -> None:
+    builder = StateGraph(MessagesState)
+    builder.add_node("echo", lambda s: {})
+    builder.add_edge(START, "echo")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = thread("plain")
+    graph.invoke({"messages": [HumanMessage("a"), AIMessage("b"), HumanMessage("c")]}, config)
+    with pytest.raises(ConfigurationError, match="no CompactionNode"):
+        compact_thread(graph, config)
+    result = compact_thread(graph, config, model=lambda prompt: "## Goal\n- c")
+    assert result is not None
+    assert result.messages_removed == 2
+    assert len(graph.get_state(config).values["messages"]) == 2
+
+
+def test_compact_command_compacts_and_never_reaches_the_model() -> None:
+    graph, summarizer, model = _idle_agent()
+    config = thread("cmd")
+    graph.invoke({"messages": [SystemMessage("Be brief.", id="sys"), HumanMessage("look up x")]}, config)
+    graph.invoke({"messages": [HumanMessage("look up y")]}, config)
+    calls = len(model.seen)
+    graph.invoke({"messages": [HumanMessage("/compact keep the tool results")]}, config)
+    assert len(model.seen) == calls, "the command reached the model"
+    messages = graph.get_state(config).values["messages"]
+    assert not any(parse_compact_command(m) is not None for m in messages)
+    assert len(summaries(messages)) == 1
+    assert summarizer.requests[-1].instructions == "keep the tool results"
+    assert graph.get_state(config).values["compaction"]["forced"] is True
+
+
+def test_compact_command_with_nothing_to_compact_only_removes_itself() -> None:
+    graph, summarizer, model = _idle_agent()
+    config = thread("cmd-empty")
+    graph.invoke({"messages": [HumanMessage("/compact")]}, config)
+    assert graph.get_state(config).values["messages"] == []
+    assert not summarizer.calls
+    assert not model.seen
+
+
+def test_compact_command_is_plain_text_when_disabled() -> None:
+    graph, summarizer, model = _idle_agent(enable=False)
+    graph.invoke({"messages": [HumanMessage("/compact please")]}, thread("off"))
+    assert not summarizer.calls
+    assert model.seen[0][-1].content == "/compact please"
+
+
+def test_parse_compact_command() -> None:
+    assert parse_compact_command(HumanMessage("/compact")) == ""
+    assert parse_compact_command(HumanMessage("  /compact\nkeep a\nand b ")) == "keep a\nand b"
+    assert parse_compact_command(HumanMessage([{"type": "text", "text": "/compact x"}])) == "x"
+    assert parse_compact_command(HumanMessage("/compacting")) is None
+    assert parse_compact_command(AIMessage("/compact")) is None
+    assert parse_compact_command(HumanMessage("please /compact")) is None
+
+
+# -- observability and errors --------------------------------------------------------
+
+
+async def test_custom_event_in_astream_events() -> None:
+    graph = build_plain(
+        CompactionNode(PathSummarizer(), SMALL, result_key="compaction"), InMemorySaver(), CompactionState
+    )
+    events = [
+        e
+        async for e in graph.astream_events({"messages": history(10)}, thread("ev"), version="v2")
+        if e["event"] == "on_custom_event"
+    ]
+    assert [e["name"] for e in events] == [COMPACTION_EVENT]
+    assert events[0]["data"] == (await graph.aget_state(thread("ev"))).values["compaction"]
+
+
+def test_custom_event_callback_and_one_info_log(caplog: pytest.LogCaptureFixture) -> None:
+    handler = Handler()
+    graph = build_plain(CompactionNode(PathSummarizer(), SMALL), InMemorySaver())
+    with caplog.at_level(logging.INFO, logger="langchain_compaction"):
+        graph.invoke({"messages": history(10)}, {**thread("cb"), "callbacks": [handler]})
+    assert [name for name, _ in handler.events] == [COMPACTION_EVENT]
+    data = handler.events[0][1]
+    records = [r for r in caplog.records if r.name == "langchain_compaction" and r.levelno == logging.INFO]
+    assert len(records) == 1
+    assert f"{data['original_tokens']} -> {data['compacted_tokens']} tokens" in records[0].getMessage()
+
+
+def test_direct_call_dispatches_event_too() -> None:
+    handler = Handler()
+    CompactionNode(PathSummarizer(), SMALL).invoke({"messages": history(10)}, {"callbacks": [handler]})
+    assert len(handler.events) == 1
+
+
+def test_summary_failure_raises_and_leaves_the_checkpoint_whole() -> None:
+    graph = build_plain(CompactionNode(PathSummarizer(fail=True), SMALL), InMemorySaver())
+    config = thread("fail")
+    sent = history(10)
+    with pytest.raises(SummarizationError, match="model overloaded") as info:
+        graph.invoke({"messages": sent}, config)
+    assert isinstance(info.value, CompactionError)
+    stored = graph.get_state(config).values["messages"]
+    assert [m.id for m in stored] == [m.id for m in sent]
+    assert not summaries(stored)
+
+
+async def test_summary_failure_async_and_fallback() -> None:
+    failing = PathSummarizer(fail=True)
+    graph = build_plain(CompactionNode(failing, SMALL), InMemorySaver())
+    with pytest.raises(SummarizationError):
+        await graph.ainvoke({"messages": history(10)}, thread("afail"))
+    backup = PathSummarizer()
+    graph = build_plain(
+        CompactionNode(failing, SMALL, fallback=backup, result_key="compaction"), InMemorySaver(), CompactionState
+    )
+    await graph.ainvoke({"messages": history(10)}, thread("fb"))
+    values = (await graph.aget_state(thread("fb"))).values
+    assert values["compaction"]["fallback_used"] is True
+    assert backup.calls == ["async"]
+    assert len(summaries(values["messages"])) == 1
+
+
+# -- the long session ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("turns", [300])
+def test_300_turn_agent_session_stays_valid_and_bounded(turns: int) -> None:
+    options = CompactionOptions(context_window=6_000, reserve_tokens=1_500, keep_recent_tokens=1_500)
+    summarizer = PathSummarizer()
+    node = CompactionNode(summarizer, options, result_key="compaction")
+    model = ToolCallingFakeModel(messages=agent_script(turns))
+    graph = build_agent(node, model, InMemorySaver(), CompactionState)
+    config = thread("long")
+    handler = Handler()
+    prompt = SystemMessage("You are a research agent. Use lookup before answering.", id="system-prompt")
+    states = 0
+    records: list[dict[str, Any]] = []
+    for turn in range(turns):
+        first: list[BaseMessage] = [prompt] if turn == 0 else []
+        inputs = {"messages": [*first, HumanMessage(f"Turn {turn}: what about topic {turn}?")]}
+        for values in graph.stream(inputs, {**config, "callbacks": [handler]}, stream_mode="values"):
+            assert_valid_anthropic_request(values["messages"])
+            states += 1
+    for request in model.seen:
+        assert_valid_anthropic_request(request)
+    records = [data for name, data in handler.events if name == COMPACTION_EVENT]
+    final = graph.get_state(config).values["messages"]
+    assert final[0].id == "system-prompt"
+    assert is_summary_message(final[1])
+    assert len(summaries(final)) == 1
+    assert not any(is_summary_message(m) for m in final[2:])
+    recent = final[2:]
+    assert estimate_message_tokens(recent) <= options.context_window - options.reserve_tokens
+    assert len(final) < 120  # out of 1,201 messages sent
+    seen_turns = {int(m.content.split(":")[0].split()[1]) for m in recent if isinstance(m, HumanMessage)}
+    assert seen_turns
+    assert min(seen_turns) >= turns - 30  # only recent turns remain verbatim
+    assert len(model.seen) == 2 * turns
+    assert len(records) >= 10
+    # Usage anchoring did not loop: a compaction at most every few turns.
+    assert len(records) <= turns // 3
+    assert all(r["messages_removed"] >= 4 for r in records)
+    assert all(r["updated_previous_summary"] for r in records[1:])
+    assert states > 4 * turns
+    # Every model call fit the window, counting what the provider bills on top.
+    billed = [estimate_message_tokens(request) + model.overhead_tokens for request in model.seen]
+    assert max(billed) <= options.context_window

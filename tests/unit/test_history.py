@@ -1,0 +1,968 @@
+"""CompactingChatMessageHistory against real stores: in memory, file, SQLite (sync and async).
+
+What is checked throughout: after every operation, each message ever written
+is either in the store or in the archive, exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
+from langchain_core.language_models.fake_chat_models import FakeListChatModel, GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+from langchain_core.runnables import RunnableLambda
+from langchain_core.runnables.history import RunnableWithMessageHistory
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from typing_extensions import TypedDict
+
+from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction.adapters.history import CompactingChatMessageHistory
+from langchain_compaction.adapters.locks import FileLock, InProcessLock
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.errors import (
+    ConfigurationError,
+    EmptySummaryError,
+    StoreError,
+    SummarizationError,
+    SummaryTimeoutError,
+)
+
+with warnings.catch_warnings():
+    # langchain-community warns on import that it is being sunset.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from langchain_community.chat_message_histories import FileChatMessageHistory, SQLChatMessageHistory
+    from langchain_community.chat_message_histories.sql import DefaultMessageConverter
+
+# InMemoryChatMessageHistory itself warns when instantiated (deprecated in
+# langchain-core 1.6.4); its subclasses and our wrapper do not.
+pytestmark = pytest.mark.filterwarnings("ignore:The class `InMemoryChatMessageHistory`:DeprecationWarning")
+
+# A small window so that compaction fires every few dozen messages.
+OPTIONS = CompactionOptions(context_window=3000, reserve_tokens=1000, keep_recent_tokens=600)
+PAD = " lorem ipsum dolor" * 6  # ~30 tokens a message
+
+
+def memory() -> InMemoryChatMessageHistory:
+    return InMemoryChatMessageHistory()
+
+
+class Summaries:
+    """A summarizer function that numbers its summaries and keeps the prompts."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+        self._guard = threading.Lock()
+
+    def __call__(self, prompt: str) -> str:
+        with self._guard:
+            self.prompts.append(prompt)
+            return f"## Goal\n- summary number {len(self.prompts)}"
+
+
+def contents(messages: list[BaseMessage]) -> list[str]:
+    return [str(m.content) for m in messages if not is_summary_message(m)]
+
+
+def assert_nothing_lost(expected: list[str], store: list[BaseMessage], archive: list[BaseMessage]) -> None:
+    seen = Counter(contents(store) + contents(archive))
+    missing = [c for c in expected if seen[c] == 0]
+    twice = {c: n for c, n in seen.items() if n > 1}
+    assert not missing, f"{len(missing)} messages lost, e.g. {missing[:3]}"
+    assert not twice, f"messages stored twice: {list(twice.items())[:3]}"
+    assert set(seen) == set(expected)
+
+
+def summaries_in(messages: list[BaseMessage]) -> list[BaseMessage]:
+    return [m for m in messages if is_summary_message(m)]
+
+
+def turn(i: int) -> list[BaseMessage]:
+    return [HumanMessage(f"q{i}{PAD}", id=f"h{i}"), AIMessage(f"a{i}{PAD}", id=f"a{i}")]
+
+
+# ---------------------------------------------------------------------------
+# Stores
+# ---------------------------------------------------------------------------
+
+
+def sqlite_url(tmp_path: Path, name: str = "chat.db") -> str:
+    return f"sqlite:///{tmp_path / name}"
+
+
+SYNC_STORES: dict[str, Callable[[Path, str], BaseChatMessageHistory]] = {
+    "memory": lambda tmp, name: memory(),
+    "file": lambda tmp, name: FileChatMessageHistory(str(tmp / f"{name}.json")),
+    "sql": lambda tmp, name: SQLChatMessageHistory(session_id=name, connection=sqlite_url(tmp)),
+}
+
+
+@pytest.fixture(params=sorted(SYNC_STORES))
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], BaseChatMessageHistory]:
+    factory = SYNC_STORES[request.param]
+    return lambda name: factory(tmp_path, name)
+
+
+@pytest.fixture
+def async_sql(tmp_path: Path) -> Iterator[Callable[[str], SQLChatMessageHistory]]:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'async.db'}")
+    yield lambda name: SQLChatMessageHistory(session_id=name, connection=engine)
+    asyncio.run(engine.dispose())
+
+
+# ---------------------------------------------------------------------------
+# Construction
+# ---------------------------------------------------------------------------
+
+
+def test_rewrite_strategy_per_store(tmp_path: Path) -> None:
+    class Subclass(InMemoryChatMessageHistory):
+        def add_message(self, message: BaseMessage) -> None:
+            super().add_message(message)
+
+    picked = {
+        name: repr(CompactingChatMessageHistory(factory(tmp_path, name), Summaries(), OPTIONS))
+        for name, factory in SYNC_STORES.items()
+    }
+    assert "rewrite='memory'" in picked["memory"]
+    assert "rewrite='file'" in picked["file"]
+    assert "rewrite='sql'" in picked["sql"]
+    # A subclass that overrides a write method gets the journaled path that calls it.
+    assert "rewrite='journal'" in repr(CompactingChatMessageHistory(Subclass(), Summaries(), OPTIONS))
+
+
+def test_no_deprecation_warning_of_its_own(tmp_path: Path) -> None:
+    store = FileChatMessageHistory(str(tmp_path / "w.json"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = CompactingChatMessageHistory(store, Summaries(), OPTIONS)
+        for i in range(40):
+            history.add_messages(turn(i))
+        history.compact()
+    assert summaries_in(history.messages)
+    assert [str(w.message) for w in caught] == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"on_error": "ignore"}, "on_error"),
+        ({"archive": "not a history"}, "archive"),
+        ({"lock": object()}, "lock"),
+        ({"options": {"context_window": 10}}, "options"),
+    ],
+)
+def test_configuration_errors_name_the_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        CompactingChatMessageHistory(memory(), Summaries(), **kwargs)
+    assert info.value.field == field
+    assert field in str(info.value)
+
+
+def test_archive_cannot_be_the_store_itself() -> None:
+    store = memory()
+    with pytest.raises(ConfigurationError, match="archive"):
+        CompactingChatMessageHistory(store, Summaries(), OPTIONS, archive=store)
+
+
+# ---------------------------------------------------------------------------
+# Behaviour on each sync store
+# ---------------------------------------------------------------------------
+
+
+def test_auto_compaction_layout_and_ids(make_store: Callable[[str], BaseChatMessageHistory]) -> None:
+    store = make_store("layout")
+    history = CompactingChatMessageHistory(store, Summaries(), OPTIONS, archive=make_store("layout-archive"))
+    history.add_messages([SystemMessage("You are terse.", id="sys")])
+    written = ["You are terse."]
+    for i in range(60):
+        history.add_messages(turn(i))
+        written += [f"q{i}{PAD}", f"a{i}{PAD}"]
+    stored = store.messages
+    assert stored[0].content == "You are terse."
+    assert stored[0].id == "sys"
+    assert is_summary_message(stored[1])
+    assert stored[1].id
+    assert len(summaries_in(stored)) == 1  # updated, never nested
+    assert not any(is_summary_message(m) for m in stored[2:])
+    # The recent messages are the last ones written, in order, ids intact.
+    recent = stored[2:]
+    assert [m.content for m in recent] == written[-len(recent) :]
+    assert recent[-1].id == "a59"
+    assert history.messages == stored
+    assert_nothing_lost(written, stored, history.archive.messages)  # type: ignore[union-attr]
+
+
+def test_iterative_summary_updates_the_previous_one(make_store: Callable[[str], BaseChatMessageHistory]) -> None:
+    summaries = Summaries()
+    history = CompactingChatMessageHistory(make_store("iter"), summaries, OPTIONS)
+    for i in range(12):
+        history.add_messages(turn(i))
+    first = history.compact()
+    assert first is not None
+    assert not first.updated_previous_summary
+    for i in range(12, 24):
+        history.add_messages(turn(i))
+    (previous,) = summaries_in(history.messages)
+    previous_text = str(previous.content).splitlines()[-1]
+    calls_before = len(summaries.prompts)
+    second = history.compact(custom_instructions="keep the question numbers")
+    assert second is not None
+    assert second.updated_previous_summary
+    # The first request (of one per chunk) was shown the summary in the store, to update it.
+    requests = summaries.prompts[calls_before:]
+    assert len(requests) == second.summarizer_calls
+    assert previous_text in requests[0]
+    assert all("keep the question numbers" in r for r in requests)
+    (latest,) = summaries_in(history.messages)  # one summary: updated, not nested
+    assert str(latest.content).endswith(f"summary number {len(summaries.prompts)}")
+    assert latest.id != previous.id
+
+
+def test_manual_compact_forces_and_returns_result(make_store: Callable[[str], BaseChatMessageHistory]) -> None:
+    history = CompactingChatMessageHistory(
+        make_store("manual"), Summaries(), CompactionOptions(keep_recent_tokens=5000)
+    )
+    assert history.compact() is None  # empty: nothing to compact
+    for i in range(3):
+        history.add_messages(turn(i))
+    result = history.compact()
+    assert result is not None
+    assert result.forced
+    assert result.messages_removed == 5
+    stored = history.messages
+    assert [is_summary_message(m) for m in stored] == [True, False]
+    assert stored[-1].id == "a2"
+
+
+def test_no_window_means_no_automatic_compaction(make_store: Callable[[str], BaseChatMessageHistory]) -> None:
+    summaries = Summaries()
+    history = CompactingChatMessageHistory(make_store("nowin"), summaries, CompactionOptions())
+    for i in range(80):
+        history.add_messages(turn(i))
+    assert len(history.messages) == 160
+    assert summaries.prompts == []
+
+
+def test_archive_receives_each_original_exactly_once(make_store: Callable[[str], BaseChatMessageHistory]) -> None:
+    archive = make_store("once-archive")
+    history = CompactingChatMessageHistory(make_store("once"), Summaries(), OPTIONS, archive=archive)
+    written = []
+    for i in range(120):
+        history.add_messages(turn(i))
+        written += [f"q{i}{PAD}", f"a{i}{PAD}"]
+    history.compact()
+    archived = archive.messages
+    assert not summaries_in(archived)  # only originals, never summaries
+    assert contents(archived) == written[: len(archived)]  # in order, each once
+    assert_nothing_lost(written, history.messages, archived)
+    # The summary records how long the archive was after its compaction.
+    summary = summaries_in(history.messages)[0]
+    assert summary.additional_kwargs["langchain_compaction"]["archived"] == len(archived)
+
+
+def test_clear_passes_through_and_keeps_archive(make_store: Callable[[str], BaseChatMessageHistory]) -> None:
+    archive = make_store("clear-archive")
+    history = CompactingChatMessageHistory(make_store("clear"), Summaries(), OPTIONS, archive=archive)
+    for i in range(40):
+        history.add_messages(turn(i))
+    archived = len(archive.messages)
+    assert archived > 0
+    history.clear()
+    assert history.messages == []
+    assert len(archive.messages) == archived
+    # A new conversation after the clear is archived in full too.
+    for i in range(100, 140):
+        history.add_messages(turn(i))
+    fresh = [c for c in contents(archive.messages) if c.startswith(("q1", "a1")) and c[1:4].isdigit()]
+    assert fresh
+    assert len(contents(archive.messages)) == len(set(contents(archive.messages)))
+
+
+# ---------------------------------------------------------------------------
+# Chat memory: RunnableWithMessageHistory and a LangGraph node
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:RunnableWithMessageHistory is deprecated:DeprecationWarning")
+def test_runnable_with_message_history(tmp_path: Path) -> None:
+    seen: list[list[BaseMessage]] = []
+
+    def record(value: Any) -> Any:
+        seen.append(value.to_messages())
+        return value
+
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "You are helpful."), MessagesPlaceholder("history"), ("human", "{input}")]
+    )
+    chat = FakeListChatModel(responses=[f"reply{PAD}"])
+    summarizer = FakeListChatModel(responses=["## Goal\n- answer the user's numbered questions"])
+
+    def history_for(session_id: str) -> CompactingChatMessageHistory:
+        store = SQLChatMessageHistory(session_id=session_id, connection=sqlite_url(tmp_path))
+        return CompactingChatMessageHistory(store, summarizer, OPTIONS)
+
+    chain = RunnableWithMessageHistory(
+        prompt | RunnableLambda(record) | chat,
+        history_for,
+        input_messages_key="input",
+        history_messages_key="history",
+    )
+    config = {"configurable": {"session_id": "user-1"}}
+    for i in range(40):
+        reply = chain.invoke({"input": f"question {i}{PAD}"}, config=config)
+        assert reply.content.startswith("reply")
+    stored = history_for("user-1").messages
+    assert is_summary_message(stored[0])
+    assert stored[-2].content == f"question 39{PAD}"
+    assert stored[-1].content == f"reply{PAD}"
+    # The chat model saw the summary as memory on later turns.
+    assert any(is_summary_message(m) for m in seen[-1])
+    # Another session is untouched.
+    assert history_for("user-2").messages == []
+
+
+@pytest.mark.filterwarnings("ignore:RunnableWithMessageHistory is deprecated:DeprecationWarning")
+async def test_runnable_with_message_history_async(async_sql: Callable[[str], SQLChatMessageHistory]) -> None:
+    prompt = ChatPromptTemplate.from_messages([MessagesPlaceholder("history"), ("human", "{input}")])
+    chat = FakeListChatModel(responses=[f"reply{PAD}"])
+
+    async def summarize(text: str) -> str:
+        await asyncio.sleep(0)
+        return "## Goal\n- async summary"
+
+    def history_for(session_id: str) -> CompactingChatMessageHistory:
+        return CompactingChatMessageHistory(async_sql(session_id), summarize, OPTIONS)
+
+    chain = RunnableWithMessageHistory(
+        prompt | chat, history_for, input_messages_key="input", history_messages_key="history"
+    )
+    for i in range(40):
+        await chain.ainvoke({"input": f"question {i}{PAD}"}, config={"configurable": {"session_id": "s"}})
+    stored = await history_for("s").aget_messages()
+    assert is_summary_message(stored[0])
+    assert "async summary" in str(stored[0].content)
+    assert stored[-1].content == f"reply{PAD}"
+
+
+class TurnState(TypedDict):
+    question: str
+    answer: str
+
+
+def build_graph(history_for: Callable[[str], CompactingChatMessageHistory], chat: Any) -> Any:
+    def respond(state: TurnState, config: Any) -> dict[str, str]:
+        history = history_for(config["configurable"]["thread_id"])
+        question = HumanMessage(state["question"])
+        reply = chat.invoke([*history.messages, question])
+        history.add_messages([question, reply])
+        return {"answer": str(reply.content)}
+
+    async def arespond(state: TurnState, config: Any) -> dict[str, str]:
+        history = history_for(config["configurable"]["thread_id"])
+        question = HumanMessage(state["question"])
+        reply = await chat.ainvoke([*(await history.aget_messages()), question])
+        await history.aadd_messages([question, reply])
+        return {"answer": str(reply.content)}
+
+    graph = StateGraph(TurnState)
+    graph.add_node("respond", RunnableLambda(respond, arespond))
+    graph.add_edge(START, "respond")
+    graph.add_edge("respond", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def test_langgraph_node_uses_history_as_memory(tmp_path: Path) -> None:
+    replies = iter([AIMessage(f"answer {i}{PAD}") for i in range(40)])
+    chat = GenericFakeChatModel(messages=replies)
+
+    def history_for(thread: str) -> CompactingChatMessageHistory:
+        store = FileChatMessageHistory(str(tmp_path / f"{thread}.json"))
+        return CompactingChatMessageHistory(store, Summaries(), OPTIONS)
+
+    app = build_graph(history_for, chat)
+    config = {"configurable": {"thread_id": "t1"}}
+    for i in range(40):
+        out = app.invoke({"question": f"q{i}{PAD}", "answer": ""}, config)
+        assert out["answer"] == f"answer {i}{PAD}"
+    stored = history_for("t1").messages
+    assert is_summary_message(stored[0])
+    assert [m.content for m in stored[-2:]] == [f"q39{PAD}", f"answer 39{PAD}"]
+    assert app.get_state(config).values["answer"] == f"answer 39{PAD}"
+
+
+async def test_langgraph_node_async(async_sql: Callable[[str], SQLChatMessageHistory]) -> None:
+    chat = GenericFakeChatModel(messages=iter([AIMessage(f"answer {i}{PAD}") for i in range(40)]))
+    app = build_graph(lambda thread: CompactingChatMessageHistory(async_sql(thread), Summaries(), OPTIONS), chat)
+    for i in range(40):
+        await app.ainvoke({"question": f"q{i}{PAD}", "answer": ""}, {"configurable": {"thread_id": "t"}})
+    stored = await async_sql("t").aget_messages()
+    assert is_summary_message(stored[0])
+    assert stored[-1].content == f"answer 39{PAD}"
+
+
+# ---------------------------------------------------------------------------
+# Async SQLite: real async all the way
+# ---------------------------------------------------------------------------
+
+
+async def test_async_sql_store_compacts_with_async_model(async_sql: Callable[[str], SQLChatMessageHistory]) -> None:
+    calls: list[str] = []
+
+    async def summarize(prompt: str) -> str:
+        calls.append(prompt)
+        await asyncio.sleep(0)
+        return "## Goal\n- async"
+
+    store = async_sql("a")
+    archive = async_sql("a-archive")
+    history = CompactingChatMessageHistory(store, summarize, OPTIONS, archive=archive)
+    written = []
+    for i in range(60):
+        await history.aadd_messages(turn(i))
+        written += [f"q{i}{PAD}", f"a{i}{PAD}"]
+    before = await store.aget_messages()
+    result = await history.acompact()
+    assert result is not None
+    assert calls
+    stored = await store.aget_messages()
+    assert is_summary_message(stored[0])
+    assert result.messages_removed > 0
+    assert stored[-1].id == "a59"
+    assert len(stored) == len(before) - result.messages_removed + 1
+    assert_nothing_lost(written, stored, await archive.aget_messages())
+    # The sync API of an async-engine store fails: wrapped, with the operation named.
+    with pytest.raises(StoreError) as info:
+        _ = history.messages
+    assert info.value.operation == "read"
+    await history.aclear()
+    assert await history.aget_messages() == []
+
+
+# ---------------------------------------------------------------------------
+# Concurrency: 8 writers x 200 messages with compaction firing
+# ---------------------------------------------------------------------------
+
+
+def run_threads(count: int, target: Callable[[int], None]) -> None:
+    errors: list[BaseException] = []
+
+    def wrapped(n: int) -> None:
+        try:
+            target(n)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrapped, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
+def test_concurrent_writers_lose_nothing(make_store: Callable[[str], BaseChatMessageHistory], tmp_path: Path) -> None:
+    summaries = Summaries()
+    store = make_store("conc")
+    archive = make_store("conc-archive")
+    if isinstance(archive, FileChatMessageHistory):
+        # FileChatMessageHistory rewrites the whole file for every message it
+        # appends: a 1,600-message archive in a file is quadratic. Keep the
+        # store a file and the archive in SQLite.
+        archive = SQLChatMessageHistory(session_id="conc-archive", connection=sqlite_url(tmp_path, "archive.db"))
+    written = [f"w{w}-m{i}{PAD}" for w in range(8) for i in range(200)]
+
+    def writer(w: int) -> None:
+        # A wrapper per writer, as a per-request factory makes them: they share
+        # the session's in-process lock.
+        history = CompactingChatMessageHistory(store, summaries, OPTIONS, archive=archive)
+        for i in range(200):
+            history.add_messages([HumanMessage(f"w{w}-m{i}{PAD}")])
+
+    run_threads(8, writer)
+    stored = store.messages
+    assert len(summaries.prompts) >= 10  # compaction fired many times meanwhile
+    assert len(summaries_in(stored)) == 1
+    assert_nothing_lost(written, stored, archive.messages)
+    # Each writer's messages stay in the order it wrote them.
+    order = contents(archive.messages) + contents(stored)
+    for w in range(8):
+        mine = [c for c in order if c.startswith(f"w{w}-")]
+        assert mine == [f"w{w}-m{i}{PAD}" for i in range(200)]
+
+
+async def test_concurrent_async_writers_lose_nothing(async_sql: Callable[[str], SQLChatMessageHistory]) -> None:
+    calls = 0
+
+    async def summarize(prompt: str) -> str:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.01)  # writers append while the summary is made
+        return f"## Goal\n- summary {calls}"
+
+    store, archive = async_sql("conc"), async_sql("conc-archive")
+    written = [f"w{w}-m{i}{PAD}" for w in range(8) for i in range(200)]
+
+    async def writer(w: int) -> None:
+        history = CompactingChatMessageHistory(store, summarize, OPTIONS, archive=archive)
+        for i in range(200):
+            await history.aadd_messages([HumanMessage(f"w{w}-m{i}{PAD}")])
+
+    await asyncio.gather(*(writer(w) for w in range(8)))
+    stored = await store.aget_messages()
+    assert calls >= 10
+    assert_nothing_lost(written, stored, await archive.aget_messages())
+
+
+async def test_concurrent_async_writers_in_memory() -> None:
+    async def summarize(prompt: str) -> str:
+        await asyncio.sleep(0.005)
+        return "## Goal\n- s"
+
+    store, archive = memory(), memory()
+    history = CompactingChatMessageHistory(store, summarize, OPTIONS, archive=archive)
+    written = [f"w{w}-m{i}{PAD}" for w in range(8) for i in range(200)]
+
+    async def writer(w: int) -> None:
+        for i in range(200):
+            await history.aadd_messages([HumanMessage(f"w{w}-m{i}{PAD}")])
+
+    await asyncio.gather(*(writer(w) for w in range(8)))
+    assert_nothing_lost(written, store.messages, archive.messages)
+
+
+def test_in_process_lock_excludes_threads_and_tasks() -> None:
+    lock = InProcessLock()
+    inside = 0
+    peak = 0
+
+    async def task() -> None:
+        nonlocal inside, peak
+        async with lock.ahold():
+            inside += 1
+            peak = max(peak, inside)
+            await asyncio.sleep(0.002)
+            inside -= 1
+
+    def thread() -> None:
+        nonlocal inside, peak
+        for _ in range(20):
+            with lock.hold():
+                inside += 1
+                peak = max(peak, inside)
+                time.sleep(0.001)
+                inside -= 1
+
+    worker = threading.Thread(target=thread)
+    worker.start()
+
+    async def main() -> None:
+        await asyncio.gather(*(task() for _ in range(20)))
+
+    asyncio.run(main())
+    worker.join()
+    assert peak == 1
+
+
+WRITER_SCRIPT = textwrap.dedent(
+    """
+    import sys, warnings
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from langchain_community.chat_message_histories import SQLChatMessageHistory
+    from langchain_core.messages import HumanMessage
+    from langchain_compaction.adapters.history import CompactingChatMessageHistory
+    from langchain_compaction.adapters.locks import FileLock
+    from langchain_compaction.core.options import CompactionOptions
+
+    url, lock_path, name, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    options = CompactionOptions(context_window=3000, reserve_tokens=1000, keep_recent_tokens=600)
+    history = CompactingChatMessageHistory(
+        SQLChatMessageHistory(session_id="shared", connection=url),
+        lambda prompt: "## Goal\\n- from " + name,
+        options,
+        archive=SQLChatMessageHistory(session_id="shared-archive", connection=url),
+        lock=FileLock(lock_path),
+    )
+    pad = " lorem ipsum dolor" * 6
+    for i in range(count):
+        history.add_messages([HumanMessage(f"{name}-m{i}{pad}")])
+    """
+)
+
+
+def test_processes_sharing_sqlite_with_file_lock(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path, "shared.db")
+    SQLChatMessageHistory(session_id="shared", connection=url)  # create the table once
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER_SCRIPT, url, str(tmp_path / "chat.lock"), f"p{n}", "100"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(4)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    store = SQLChatMessageHistory(session_id="shared", connection=url).messages
+    archive = SQLChatMessageHistory(session_id="shared-archive", connection=url).messages
+    assert summaries_in(store)
+    assert_nothing_lost([f"p{n}-m{i}{PAD}" for n in range(4) for i in range(100)], store, archive)
+
+
+async def test_file_lock_async_and_sync_exclude_each_other(tmp_path: Path) -> None:
+    lock = FileLock(tmp_path / "l.lock")
+    order: list[str] = []
+    with lock.hold():
+
+        async def waiter() -> None:
+            async with lock.ahold():
+                order.append("async")
+
+        task = asyncio.ensure_future(waiter())
+        await asyncio.sleep(0.05)
+        order.append("sync-release")
+    await task
+    assert order == ["sync-release", "async"]
+
+
+# ---------------------------------------------------------------------------
+# Faults: the model
+# ---------------------------------------------------------------------------
+
+
+class Switch:
+    """A summarizer that misbehaves until it is fixed."""
+
+    def __init__(self, fault: Callable[[], str]) -> None:
+        self.fault: Callable[[], str] | None = fault
+
+    def __call__(self, prompt: str) -> str:
+        if self.fault is not None:
+            return self.fault()
+        return "## Goal\n- recovered"
+
+
+def boom() -> str:
+    raise RuntimeError("model exploded")
+
+
+def slow() -> str:
+    time.sleep(1.0)
+    return "## Goal\n- too late"
+
+
+def fill(history: CompactingChatMessageHistory, written: list[BaseMessage]) -> None:
+    """Add 60 turns, recording each before it is added (the last may raise)."""
+    for i in range(60):
+        written += turn(i)
+        history.add_messages(turn(i))
+
+
+async def afill(history: CompactingChatMessageHistory, written: list[BaseMessage]) -> None:
+    for i in range(60):
+        written += turn(i)
+        await history.aadd_messages(turn(i))
+
+
+FAULTS: dict[str, tuple[Callable[[], str], type[Exception]]] = {
+    "raises": (boom, SummarizationError),
+    "hangs": (slow, SummaryTimeoutError),
+    "empty": (lambda: "   ", EmptySummaryError),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_model_fault_leaves_store_exactly_as_before(
+    make_store: Callable[[str], BaseChatMessageHistory], fault: str
+) -> None:
+    behaviour, error = FAULTS[fault]
+    model = Switch(behaviour)
+    options = CompactionOptions(context_window=3000, reserve_tokens=1000, keep_recent_tokens=600, timeout=0.2)
+    store = make_store(f"fault-{fault}")
+    history = CompactingChatMessageHistory(store, model, options)
+    written: list[BaseMessage] = []
+    with pytest.raises(error):
+        fill(history, written)
+    # The add that triggered the failure was stored; nothing else changed.
+    assert store.messages == written
+    model.fault = None
+    history.add_messages(turn(99))
+    stored = store.messages
+    assert is_summary_message(stored[0])
+    assert "recovered" in str(stored[0].content)
+
+
+def test_on_error_warn_keeps_growing_and_retries(
+    make_store: Callable[[str], BaseChatMessageHistory], caplog: pytest.LogCaptureFixture
+) -> None:
+    model = Switch(boom)
+    store = make_store("warn")
+    history = CompactingChatMessageHistory(store, model, OPTIONS, on_error="warn")
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for i in range(60):
+            history.add_messages(turn(i))
+    assert len(store.messages) == 120  # uncompacted, nothing lost
+    assert "automatic compaction failed" in caplog.text
+    assert "model exploded" in caplog.text
+    model.fault = None
+    history.add_messages(turn(60))
+    assert is_summary_message(store.messages[0])
+    # A manual compaction raises whatever on_error says.
+    model.fault = boom
+    with pytest.raises(SummarizationError):
+        history.compact()
+
+
+async def test_async_model_hang_times_out_and_leaves_store(
+    async_sql: Callable[[str], SQLChatMessageHistory],
+) -> None:
+    async def hang(prompt: str) -> str:
+        await asyncio.sleep(30)
+        return "never"
+
+    options = CompactionOptions(context_window=3000, reserve_tokens=1000, keep_recent_tokens=600, timeout=0.2)
+    store = async_sql("hang")
+    history = CompactingChatMessageHistory(store, hang, options)
+    written: list[BaseMessage] = []
+    start = time.monotonic()
+    with pytest.raises(SummaryTimeoutError):
+        await afill(history, written)
+    assert time.monotonic() - start < 10
+    assert await store.aget_messages() == written
+
+
+def test_fallback_summarizer_is_used_and_reported() -> None:
+    store = memory()
+    history = CompactingChatMessageHistory(store, Switch(boom), OPTIONS, fallback=lambda p: "## Goal\n- fallback")
+    for i in range(10):
+        history.add_messages(turn(i))
+    result = history.compact()
+    assert result is not None
+    assert result.fallback_used
+    assert "fallback" in str(store.messages[0].content)
+
+
+# ---------------------------------------------------------------------------
+# Faults: the store
+# ---------------------------------------------------------------------------
+
+
+class FlakyMemory(InMemoryChatMessageHistory):
+    """A real in-memory store whose Nth write (after arming) fails."""
+
+    fail_at: int = -1
+    fail_clear: bool = False
+    writes: int = 0
+
+    def add_message(self, message: BaseMessage) -> None:
+        self.writes += 1
+        if self.writes == self.fail_at:
+            msg = "disk full"
+            raise OSError(msg)
+        super().add_message(message)
+
+    def clear(self) -> None:
+        if self.fail_clear:
+            msg = "connection reset"
+            raise ConnectionError(msg)
+        super().clear()
+
+
+def test_store_write_failing_halfway_is_repaired_on_next_call() -> None:
+    store, archive = FlakyMemory(), memory()
+    history = CompactingChatMessageHistory(store, Summaries(), OPTIONS, archive=archive)
+    written = []
+    for i in range(12):
+        history.add_messages(turn(i))
+        written += [f"q{i}{PAD}", f"a{i}{PAD}"]
+    before = list(store.messages)
+    assert not summaries_in(before)
+    store.fail_at = store.writes + 3  # the rewrite's third write fails
+    with pytest.raises(StoreError) as info:
+        history.compact()
+    assert info.value.operation == "add_messages"
+    assert "disk full" in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)
+    half = list(store.messages)
+    assert len(half) == 2  # the store is half rewritten...
+    # ...and the next call, from any wrapper of the session, finishes it.
+    other = CompactingChatMessageHistory(store, Summaries(), OPTIONS, archive=archive)
+    repaired = other.messages
+    assert is_summary_message(repaired[0])
+    assert store.messages == repaired
+    assert_nothing_lost(written, repaired, archive.messages)
+    assert other.repair() is False  # nothing pending any more
+
+
+def test_store_failure_persisting_shows_full_history_then_repairs() -> None:
+    store, archive = FlakyMemory(), memory()
+    history = CompactingChatMessageHistory(store, Summaries(), OPTIONS, archive=archive)
+    written = []
+    for i in range(12):
+        history.add_messages(turn(i))
+        written += [f"q{i}{PAD}", f"a{i}{PAD}"]
+    store.fail_at = store.writes + 1
+    with pytest.raises(StoreError):
+        history.compact()
+    assert store.messages == []  # cleared, the first add failed
+    # A writer appends while the rewrite is pending: it is kept after the target.
+    store.fail_at = -1
+    store.fail_clear = True  # and the repair's clear fails for now
+    view = history.messages
+    assert is_summary_message(view[0])
+    assert_nothing_lost(written, view, archive.messages)
+    history.add_messages([HumanMessage("while pending")])
+    store.fail_clear = False
+    assert history.repair() is True
+    final = store.messages
+    assert final[-1].content == "while pending"
+    assert_nothing_lost([*written, "while pending"], final, archive.messages)
+
+
+def test_store_clear_failing_leaves_store_and_retries() -> None:
+    store, archive = FlakyMemory(), memory()
+    history = CompactingChatMessageHistory(store, Summaries(), OPTIONS, archive=archive)
+    for i in range(12):
+        history.add_messages(turn(i))
+    before = list(store.messages)
+    store.fail_clear = True
+    with pytest.raises(StoreError) as info:
+        history.compact()
+    assert info.value.operation == "clear"
+    assert store.messages == before
+    store.fail_clear = False
+    assert history.repair() is True
+    assert is_summary_message(store.messages[0])
+    # The originals went to the archive once, though the rewrite ran twice.
+    assert len(contents(archive.messages)) == len(set(contents(archive.messages)))
+
+
+class FailingConverter(DefaultMessageConverter):
+    """A real SQL converter that fails on its Nth row once armed."""
+
+    def __init__(self, table_name: str) -> None:
+        super().__init__(table_name)
+        self.fail_at = -1
+        self.rows = 0
+
+    def to_sql_model(self, message: BaseMessage, session_id: str) -> Any:
+        self.rows += 1
+        if self.rows == self.fail_at:
+            msg = "constraint violated"
+            raise RuntimeError(msg)
+        return super().to_sql_model(message, session_id)
+
+
+def test_sql_rewrite_failing_halfway_rolls_back(tmp_path: Path) -> None:
+    converter = FailingConverter("message_store")
+    store = SQLChatMessageHistory(session_id="tx", connection=sqlite_url(tmp_path), custom_message_converter=converter)
+    archive = SQLChatMessageHistory(session_id="tx-archive", connection=sqlite_url(tmp_path))
+    history = CompactingChatMessageHistory(store, Summaries(), OPTIONS, archive=archive)
+    written = []
+
+    def add(i: int) -> None:
+        history.add_messages(turn(i))
+        written.extend([f"q{i}{PAD}", f"a{i}{PAD}"])
+
+    for i in range(12):
+        add(i)
+    for attempt in range(2):  # the first compaction, then an update of its summary
+        before = store.messages
+        converter.fail_at = converter.rows + 3
+        with pytest.raises(StoreError) as info:
+            history.compact()
+        assert info.value.operation == "rewrite"
+        assert store.messages == before  # the transaction rolled back
+        converter.fail_at = -1
+        assert history.compact() is not None
+        assert_nothing_lost(written, store.messages, archive.messages)
+        for i in range(12 * (attempt + 1), 12 * (attempt + 2)):
+            add(i)
+    assert_nothing_lost(written, store.messages, archive.messages)
+
+
+def test_user_append_failure_is_a_store_error() -> None:
+    store = FlakyMemory()
+    history = CompactingChatMessageHistory(store, Summaries(), OPTIONS)
+    store.fail_at = 1
+    with pytest.raises(StoreError) as info:
+        history.add_messages([HumanMessage("lost?")])
+    assert info.value.operation == "add_messages"
+    assert "FlakyMemory" in str(info.value)
+
+
+# ---------------------------------------------------------------------------
+# A real crash in the middle of a journaled rewrite
+# ---------------------------------------------------------------------------
+
+CRASH_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, warnings
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from langchain_community.chat_message_histories import FileChatMessageHistory
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_compaction.adapters.history import CompactingChatMessageHistory
+    from langchain_compaction.core.options import CompactionOptions
+
+    class CrashingFile(FileChatMessageHistory):
+        armed = False
+        def add_message(self, message):
+            if self.armed and message.type == "human":
+                os._exit(17)  # the process dies mid-rewrite: no cleanup runs
+            super().add_message(message)
+
+    folder = sys.argv[1]
+    pad = " lorem ipsum dolor" * 6
+    store = CrashingFile(os.path.join(folder, "chat.json"))
+    history = CompactingChatMessageHistory(
+        store,
+        lambda prompt: "## Goal\\n- before the crash",
+        CompactionOptions(keep_recent_tokens=600),
+        archive=FileChatMessageHistory(os.path.join(folder, "archive.json")),
+        journal=FileChatMessageHistory(os.path.join(folder, "journal.json")),
+    )
+    for i in range(12):
+        history.add_messages([HumanMessage(f"q{i}{pad}"), AIMessage(f"a{i}{pad}")])
+    store.armed = True
+    history.compact()
+    """
+)
+
+
+def test_crash_mid_rewrite_is_repaired_from_the_journal(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH_SCRIPT, str(tmp_path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 17, done.stderr
+    store = FileChatMessageHistory(str(tmp_path / "chat.json"))
+    half = store.messages
+    assert is_summary_message(half[0])  # cleared, then died a few writes in
+    assert len(half) < 5
+    journal = FileChatMessageHistory(str(tmp_path / "journal.json"))
+    archive = FileChatMessageHistory(str(tmp_path / "archive.json"))
+    # A fresh process (this one) opens the session and finishes the rewrite.
+    history = CompactingChatMessageHistory(store, Summaries(), OPTIONS, archive=archive, journal=journal)
+    repaired = history.messages
+    assert is_summary_message(repaired[0])
+    assert "before the crash" in str(repaired[0].content)
+    assert store.messages == repaired
+    assert journal.messages == []
+    written = [f"{k}{i}{PAD}" for i in range(12) for k in "qa"]
+    assert_nothing_lost(written, repaired, archive.messages)

@@ -1,0 +1,614 @@
+"""CompactionMiddleware inside real ``create_agent`` graphs with real tools and checkpointers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
+
+import pytest
+from langchain.agents import create_agent
+from langchain.agents.middleware.types import ModelRequest
+from langchain_anthropic import ChatAnthropic
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.exceptions import ContextOverflowError
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+)
+from langchain_core.messages.utils import count_tokens_approximately
+from langchain_core.outputs import ChatResult
+from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
+from pydantic import Field
+
+from langchain_compaction import (
+    CompactionError,
+    CompactionOptions,
+    CompactionResult,
+    ConfigurationError,
+    SummarizationError,
+    estimate_message_tokens,
+    should_compact,
+)
+from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction.adapters.middleware import (
+    COMPACTION_EVENT,
+    OVERHEAD_KEY,
+    CompactionMiddleware,
+)
+from langchain_compaction.core.tokens import estimate_tokens
+
+SUMMARY = "## Goal\n- answer the user's questions\n\n## Critical Context\n- (none)"
+ANTHROPIC = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")  # type: ignore[call-arg,arg-type]
+
+
+# -- real tools -------------------------------------------------------------------
+
+
+@tool
+def lookup(query: str) -> str:
+    """Look a query up in the project notes and return what was found."""
+    return f"notes for {query}: " + "the build uses hatchling and the tests run with pytest. " * 8
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+# -- a fake tool-calling model ------------------------------------------------------
+
+
+class ToolCallingFakeModel(GenericFakeChatModel):
+    """LangChain's GenericFakeChatModel with ``bind_tools``, a request log and overflows.
+
+    ``overflow_above``: raise ``ContextOverflowError`` (as ChatAnthropic does for
+    "prompt is too long") when the request's estimate is above it, before
+    consuming a scripted reply, so a retried call gets the same reply.
+    """
+
+    requests: list[list[BaseMessage]] = Field(default_factory=list)
+    overflow_above: int | None = None
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ToolCallingFakeModel:
+        return self
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
+        self.requests.append(list(messages))
+        if self.overflow_above is not None and estimate_message_tokens(messages) > self.overflow_above:
+            msg = f"prompt is too long: {estimate_message_tokens(messages)} tokens > {self.overflow_above} maximum"
+            raise ContextOverflowError(msg)
+        return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+def tool_script(turns: int, *, start: int = 0) -> Iterator[AIMessage]:
+    """Two model calls per user turn: a tool call (every 5th turn two parallel calls), then an answer."""
+    for turn in range(start, start + turns):
+        calls = [{"name": "lookup", "args": {"query": f"topic {turn}"}, "id": f"call_{turn}_a", "type": "tool_call"}]
+        if turn % 5 == 0:
+            calls.append({"name": "add", "args": {"a": turn, "b": 1}, "id": f"call_{turn}_b", "type": "tool_call"})
+        yield AIMessage(content="", tool_calls=calls)
+        yield AIMessage(content=f"Answer {turn}: the notes say the build uses hatchling and pytest.")
+
+
+def text_script(turns: int) -> Iterator[AIMessage]:
+    for turn in range(turns):
+        yield AIMessage(content=f"reply {turn}")
+
+
+def history(pairs: int, words: int = 40) -> list[BaseMessage]:
+    """A plain conversation of ``pairs`` human/AI exchanges, each message about ``words`` words."""
+    out: list[BaseMessage] = []
+    for i in range(pairs):
+        out.append(HumanMessage(f"question {i}: " + "please explain the design " * (words // 4)))
+        out.append(AIMessage(f"answer {i}: " + "the design keeps things simple " * (words // 5)))
+    return out
+
+
+def config(thread: str = "t") -> Any:
+    return {"configurable": {"thread_id": thread}}
+
+
+async def run(agent: Any, payload: dict[str, Any], cfg: Any, mode: str) -> dict[str, Any]:
+    if mode == "sync":
+        return agent.invoke(payload, cfg)  # type: ignore[no-any-return]
+    return await agent.ainvoke(payload, cfg)  # type: ignore[no-any-return]
+
+
+class Failing:
+    """A summarizer function that always fails, counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, prompt: str) -> str:
+        self.calls += 1
+        msg = "summary model is down"
+        raise RuntimeError(msg)
+
+
+# -- request checks ------------------------------------------------------------------
+
+
+def assert_valid_anthropic_request(messages: list[BaseMessage], system_prompt: str | None) -> None:
+    """ChatAnthropic builds the payload without a warning, and tool uses and results pair up."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        payload = ANTHROPIC._get_request_payload(messages)
+    if system_prompt is not None:
+        assert isinstance(messages[0], SystemMessage)
+        assert messages[0].content == system_prompt
+        system = payload["system"]
+        text = system if isinstance(system, str) else "".join(b["text"] for b in system)
+        assert text.startswith(system_prompt)
+    assert sum(1 for m in messages if is_summary_message(m)) <= 1
+    turns = payload["messages"]
+    assert turns, "no conversation turns"
+    assert turns[-1]["role"] == "user", "the request must end on the user's side (no prefill)"
+    for index, turn in enumerate(turns):
+        blocks = turn["content"] if isinstance(turn["content"], list) else []
+        results = [b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"]
+        uses = [b["id"] for b in blocks if b.get("type") == "tool_use"]
+        if results:
+            previous = turns[index - 1] if index else {"role": "", "content": []}
+            previous_uses = {
+                b["id"] for b in previous["content"] if isinstance(b, dict) and b.get("type") == "tool_use"
+            }
+            assert previous["role"] == "assistant"
+            assert set(results) <= previous_uses, f"tool result without its call in turn {index}"
+        if uses:
+            following = turns[index + 1]["content"]
+            answered = {b["tool_use_id"] for b in following if isinstance(b, dict) and b.get("type") == "tool_result"}
+            assert set(uses) <= answered, f"tool call without its result in turn {index}"
+
+
+# -- the long scripted session ------------------------------------------------------------------
+
+SYSTEM_PROMPT = "You are a careful research assistant. Use the tools to look things up before answering."
+SESSION_OPTIONS = CompactionOptions(context_window=5000, reserve_tokens=1000, keep_recent_tokens=1200)
+
+
+def _session_agent(turns: int, results: list[CompactionResult]) -> tuple[Any, ToolCallingFakeModel]:
+    model = ToolCallingFakeModel(messages=tool_script(turns))
+    middleware = CompactionMiddleware(lambda prompt: SUMMARY, SESSION_OPTIONS, on_compaction=results.append)
+    agent = create_agent(
+        model,
+        tools=[lookup, add],
+        system_prompt=SYSTEM_PROMPT,
+        middleware=[middleware],
+        checkpointer=InMemorySaver(),
+    )
+    return agent, model
+
+
+def _check_session(agent: Any, model: ToolCallingFakeModel, results: list[CompactionResult], turns: int) -> None:
+    # Two model calls per user turn, no retries.
+    assert len(model.requests) == 2 * turns
+    for request in model.requests:
+        assert_valid_anthropic_request(request, SYSTEM_PROMPT)
+    # The requests stay within the window: compaction fired ahead of time.
+    threshold = SESSION_OPTIONS.context_window - SESSION_OPTIONS.reserve_tokens
+    assert max(estimate_message_tokens(r) for r in model.requests) <= threshold + 400
+    assert len(results) >= 5
+    assert all(not r.forced and not r.fallback_used for r in results)
+    assert all(r.updated_previous_summary for r in results[1:])
+
+    state = agent.get_state(config()).values
+    messages = state["messages"]
+    summaries = [m for m in messages if is_summary_message(m)]
+    assert len(summaries) == 1
+    assert messages[0] is summaries[0]
+    recent = messages[1:]
+    assert recent[-1].content.startswith(f"Answer {turns - 1}:")
+    # Only recent messages: within the keep budget plus the turn added since the last compaction.
+    assert estimate_message_tokens(recent) <= threshold
+    assert not any(isinstance(m, HumanMessage) and m.content == "question 0" for m in recent)
+    assert state[OVERHEAD_KEY] > estimate_tokens(SYSTEM_PROMPT)
+
+
+def test_long_session_sync_keeps_one_summary_and_valid_requests() -> None:
+    turns = 200
+    results: list[CompactionResult] = []
+    agent, model = _session_agent(turns, results)
+    for turn in range(turns):
+        agent.invoke({"messages": [HumanMessage(f"question {turn}")]}, config())
+    _check_session(agent, model, results, turns)
+
+
+async def test_long_session_async_keeps_one_summary_and_valid_requests() -> None:
+    turns = 120
+    results: list[CompactionResult] = []
+    agent, model = _session_agent(turns, results)
+    for turn in range(turns):
+        await agent.ainvoke({"messages": [HumanMessage(f"question {turn}")]}, config())
+    _check_session(agent, model, results, turns)
+
+
+def test_kept_messages_keep_their_ids_and_the_update_replaces_the_list() -> None:
+    middleware = CompactionMiddleware(
+        lambda prompt: SUMMARY, CompactionOptions(context_window=2000, reserve_tokens=500, keep_recent_tokens=300)
+    )
+    messages = history(12)
+    for i, m in enumerate(messages):
+        m.id = f"m{i}"
+    update = middleware.before_model(cast("Any", {"messages": messages}), cast("Any", None))
+    assert update is not None
+    new = update["messages"]
+    assert isinstance(new[0], RemoveMessage)
+    assert new[0].id == REMOVE_ALL_MESSAGES
+    assert is_summary_message(new[1])
+    kept = new[2:]
+    assert kept == messages[len(messages) - len(kept) :]
+    assert all(a is b for a, b in zip(kept, messages[len(messages) - len(kept) :], strict=True))
+    # Under budget: no update at all.
+    assert middleware.before_model(cast("Any", {"messages": messages[-2:]}), cast("Any", None)) is None
+
+
+# -- the trigger counts the system prompt and the tool schemas ------------------------------------
+
+
+def _long_tool(number: int) -> Any:
+    def search(query: str, limit: int = 10) -> str:
+        return f"results for {query}"
+
+    search.__name__ = f"search_{number}"
+    search.__doc__ = (
+        f"Search index {number} of the knowledge base. " + "It covers design notes and meeting minutes. " * 12
+    )
+    return tool(search)
+
+
+TRIGGER_OPTIONS = CompactionOptions(context_window=2600, reserve_tokens=400, keep_recent_tokens=500)
+BIG_PROMPT = "You are a meticulous assistant for a software team. " * 70
+
+
+@pytest.mark.parametrize("extra", ["system prompt", "tool schemas"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_trigger_counts_system_prompt_and_tools(extra: str, mode: str) -> None:
+    tools = [_long_tool(i) for i in range(4)] if extra == "tool schemas" else []
+    prompt = BIG_PROMPT if extra == "system prompt" else None
+    start = [*history(12), HumanMessage("question 12")]
+    window, reserve = TRIGGER_OPTIONS.context_window, TRIGGER_OPTIONS.reserve_tokens
+    # The messages alone are under the threshold ...
+    assert not should_compact(start, window, reserve)
+    # ... but what the model is sent is over it.
+    overhead = estimate_tokens(prompt or "") + sum(
+        estimate_tokens(json.dumps(convert_to_openai_tool(t))) for t in tools
+    )
+    assert estimate_message_tokens(start) + overhead > window - reserve
+
+    def make(with_extra: bool) -> tuple[Any, ToolCallingFakeModel, list[CompactionResult]]:
+        results: list[CompactionResult] = []
+        model = ToolCallingFakeModel(messages=text_script(10))
+        agent = create_agent(
+            model,
+            tools=tools if with_extra else [],
+            system_prompt=prompt if with_extra else None,
+            middleware=[CompactionMiddleware(lambda p: SUMMARY, TRIGGER_OPTIONS, on_compaction=results.append)],
+            checkpointer=InMemorySaver(),
+        )
+        return agent, model, results
+
+    # Without the prompt or tools, nothing compacts.
+    agent, model, results = make(with_extra=False)
+    await run(agent, {"messages": start}, config(), mode)
+    assert results == []
+    assert not any(is_summary_message(m) for m in model.requests[0])
+
+    # With them, the first call (no overhead recorded yet) compacts in wrap_model_call,
+    # and the shrink is persisted to the checkpointed state.
+    agent, model, results = make(with_extra=True)
+    await run(agent, {"messages": start}, config(), mode)
+    assert len(results) == 1
+    assert any(is_summary_message(m) for m in model.requests[0])
+    state = agent.get_state(config()).values
+    assert is_summary_message(state["messages"][0])
+    assert len(state["messages"]) < len(start)
+    assert state["messages"][-1].content == "reply 0"
+    assert state[OVERHEAD_KEY] >= overhead
+
+    # Later turns compact in before_model, using the recorded overhead: the
+    # messages alone are again under the threshold when it fires.
+    more = [*history(8)[1:], HumanMessage("question 13")]
+    assert not should_compact([*state["messages"], *more], window, reserve)
+    if mode == "sync":
+        updates = list(agent.stream({"messages": more}, config(), stream_mode="updates"))
+    else:
+        updates = [u async for u in agent.astream({"messages": more}, config(), stream_mode="updates")]
+    before = [u for u in updates if "CompactionMiddleware.before_model" in u]
+    assert before
+    assert before[0]["CompactionMiddleware.before_model"] is not None
+    written = before[0]["CompactionMiddleware.before_model"]["messages"]
+    assert isinstance(written[0], RemoveMessage)
+    assert len(results) == 2
+    assert sum(1 for m in model.requests[-1] if is_summary_message(m)) == 1
+
+
+# -- overflow recovery -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_overflow_compacts_and_retries_once(mode: str) -> None:
+    results: list[CompactionResult] = []
+    # context_window=0: no compaction ahead of time, only overflow recovery.
+    model = ToolCallingFakeModel(messages=text_script(5), overflow_above=800)
+    middleware = CompactionMiddleware(lambda p: SUMMARY, CompactionOptions(), on_compaction=results.append)
+    agent = create_agent(
+        model, tools=[lookup], system_prompt=SYSTEM_PROMPT, middleware=[middleware], checkpointer=InMemorySaver()
+    )
+    start = [*history(10), HumanMessage("what next?")]
+    assert estimate_message_tokens(start) > 800
+
+    out = await run(agent, {"messages": start}, config(), mode)
+
+    assert len(model.requests) == 2
+    first, retry = model.requests
+    assert len(first) == len(start) + 1  # system prompt + the whole history
+    assert estimate_message_tokens(retry) <= 800
+    assert is_summary_message(retry[1])
+    assert_valid_anthropic_request(retry, SYSTEM_PROMPT)
+    assert len(results) == 1
+    assert results[0].forced
+    assert out["messages"][-1].content == "reply 0"
+    # Persisted: the checkpointed thread holds the summary, the kept message and the reply.
+    state = agent.get_state(config()).values["messages"]
+    assert [type(m) for m in state] == [SystemMessage, HumanMessage, AIMessage]
+    assert is_summary_message(state[0])
+    assert state[1].id == first[-1].id  # the kept message is the caller's, id and all
+    assert state[1].content == "what next?"
+
+    # The next turn goes through normally on the compacted state.
+    await run(agent, {"messages": [HumanMessage("and then?")]}, config(), mode)
+    assert len(model.requests) == 3
+    assert is_summary_message(model.requests[2][1])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_second_overflow_propagates_after_exactly_one_retry(mode: str) -> None:
+    model = ToolCallingFakeModel(messages=text_script(5), overflow_above=0)
+    middleware = CompactionMiddleware(lambda p: SUMMARY, CompactionOptions())
+    agent = create_agent(model, tools=[lookup], middleware=[middleware], checkpointer=InMemorySaver())
+    start = [*history(10), HumanMessage("what next?")]
+
+    with pytest.raises(ContextOverflowError, match="prompt is too long"):
+        await run(agent, {"messages": start}, config(), mode)
+
+    assert len(model.requests) == 2
+    assert is_summary_message(model.requests[1][0])
+    # Nothing was persisted: the state is the input, uncompacted.
+    state = agent.get_state(config()).values["messages"]
+    assert [m.content for m in state] == [m.content for m in start]
+    assert not any(is_summary_message(m) for m in state)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_overflow_with_nothing_to_compact_propagates_without_retry(mode: str) -> None:
+    model = ToolCallingFakeModel(messages=text_script(5), overflow_above=0)
+    agent = create_agent(model, middleware=[CompactionMiddleware(lambda p: SUMMARY)], checkpointer=InMemorySaver())
+    with pytest.raises(ContextOverflowError):
+        await run(agent, {"messages": [HumanMessage("one huge message " * 100)]}, config(), mode)
+    assert len(model.requests) == 1
+
+
+# -- summarizer failure -----------------------------------------------------------------------
+
+FAIL_OPTIONS = CompactionOptions(context_window=2000, reserve_tokens=500, keep_recent_tokens=400)
+
+
+@pytest.mark.parametrize("where", ["before_model", "wrap_model_call"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_summarizer_failure_leaves_state_unchanged(where: str, mode: str) -> None:
+    failing = Failing()
+    model = ToolCallingFakeModel(messages=text_script(5))
+    # Over budget on the messages alone (before_model fires), or only with the
+    # big system prompt (wrap_model_call fires on the first call).
+    start = [*history(12 if where == "before_model" else 7), HumanMessage("go on")]
+    prompt = BIG_PROMPT if where == "wrap_model_call" else None
+    assert should_compact(start, 2000, 500) == (where == "before_model")
+    agent = create_agent(
+        model,
+        system_prompt=prompt,
+        middleware=[CompactionMiddleware(failing, FAIL_OPTIONS)],
+        checkpointer=InMemorySaver(),
+    )
+
+    with pytest.raises(SummarizationError, match="summary model is down") as caught:
+        await run(agent, {"messages": start}, config(), mode)
+
+    assert isinstance(caught.value, CompactionError)
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert failing.calls == 1
+    assert model.requests == []
+    state = agent.get_state(config()).values["messages"]
+    assert [m.content for m in state] == [m.content for m in start]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_summarizer_failure_uses_the_fallback(mode: str) -> None:
+    results: list[CompactionResult] = []
+    model = ToolCallingFakeModel(messages=text_script(5))
+    middleware = CompactionMiddleware(
+        Failing(), FAIL_OPTIONS, fallback=lambda p: "## Goal\n- fallback summary", on_compaction=results.append
+    )
+    agent = create_agent(model, middleware=[middleware], checkpointer=InMemorySaver())
+    await run(agent, {"messages": [*history(12), HumanMessage("go on")]}, config(), mode)
+    assert len(results) == 1
+    assert results[0].fallback_used
+    state = agent.get_state(config()).values["messages"]
+    assert is_summary_message(state[0])
+    assert "fallback summary" in state[0].content
+
+
+# -- cost per turn, events, transient edits, construction ---------------------------------------------
+
+
+def test_token_counts_are_cached_per_message() -> None:
+    counted: list[int] = []
+
+    def counter(messages: Sequence[BaseMessage]) -> int:
+        counted.append(len(messages))
+        return count_tokens_approximately(messages)
+
+    results: list[CompactionResult] = []
+    turns = 60
+    options = CompactionOptions(
+        context_window=5000, reserve_tokens=1000, keep_recent_tokens=1200, token_counter=counter
+    )
+    model = ToolCallingFakeModel(messages=tool_script(turns))
+    agent = create_agent(
+        model,
+        tools=[lookup, add],
+        system_prompt=SYSTEM_PROMPT,
+        middleware=[CompactionMiddleware(lambda p: SUMMARY, options, on_compaction=results.append)],
+        checkpointer=InMemorySaver(),
+    )
+    for turn in range(turns):
+        agent.invoke({"messages": [HumanMessage(f"question {turn}")]}, config())
+    assert len(results) >= 2
+    # Every message ever created: per turn a question, a tool call, its results and an answer.
+    created = sum(4 + (turn % 5 == 0) for turn in range(turns)) + len(results)
+    # Each message is counted once (the system prompt once, each summary once
+    # more when finish() reports its size), not once per turn it stays in view.
+    assert len(counted) <= created + len(results) + 1
+    seen = sum(len(r) for r in model.requests)
+    assert seen > 5 * len(counted)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_compaction_is_dispatched_as_a_custom_event(mode: str) -> None:
+    class Events(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.events: list[tuple[str, Any]] = []
+
+        def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+            self.events.append((name, data))
+
+    handler = Events()
+    model = ToolCallingFakeModel(messages=text_script(5))
+    agent = create_agent(model, middleware=[CompactionMiddleware(lambda p: SUMMARY, FAIL_OPTIONS)])
+    await run(agent, {"messages": [*history(12), HumanMessage("go on")]}, {"callbacks": [handler]}, mode)
+    assert [name for name, _ in handler.events] == [COMPACTION_EVENT]
+    record = handler.events[0][1]
+    json.dumps(record)  # plain data
+    assert record["messages_removed"] > 0
+    assert record["summary"].startswith("## Goal")
+
+
+@pytest.mark.parametrize("where", ["before_model", "wrap_model_call"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_summary_calls_do_not_stream_to_the_user(where: str, mode: str) -> None:
+    # One reply per summary call (a region may be summarized in chunks).
+    summary_model = GenericFakeChatModel(messages=iter([AIMessage("## Goal\n- SECRET-SUMMARY-TEXT")] * 10))
+    model = ToolCallingFakeModel(messages=text_script(5))
+    agent = create_agent(
+        model,
+        system_prompt=BIG_PROMPT if where == "wrap_model_call" else None,
+        middleware=[CompactionMiddleware(summary_model, FAIL_OPTIONS)],
+    )
+    start = [*history(12 if where == "before_model" else 7), HumanMessage("go on")]
+    payload: Any = {"messages": start}
+    chunks: list[BaseMessage]
+    if mode == "sync":
+        chunks = [cast("BaseMessage", chunk) for chunk, _ in agent.stream(payload, stream_mode="messages")]
+    else:
+        chunks = [cast("BaseMessage", chunk) async for chunk, _ in agent.astream(payload, stream_mode="messages")]
+    # The summary was made (the model saw it) ...
+    assert any("SECRET-SUMMARY-TEXT" in str(m.content) for m in model.requests[0])
+    # ... and none of the summary call's tokens reached the stream, while the
+    # agent's own reply streamed word by word.
+    tokens = [c for c in chunks if isinstance(c, AIMessageChunk)]
+    assert "reply 0" in "".join(str(c.content) for c in tokens)
+    assert not any("SECRET" in str(c.content) for c in tokens)
+    # What the stream does show is the state write, once and whole, as for any
+    # message a node writes: the summary message (and the RemoveMessage).
+    written = [c for c in chunks if "SECRET" in str(c.content)]
+    assert len(written) == 1
+    assert is_summary_message(written[0])
+
+
+def test_wrap_persists_the_states_messages_not_an_outer_middlewares_transient_edit() -> None:
+    from langchain.agents.middleware import AgentMiddleware
+
+    class Redact(AgentMiddleware[Any, Any, Any]):
+        """An outer middleware that edits the request only (as ContextEditingMiddleware does)."""
+
+        def wrap_model_call(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> Any:
+            *head, last = request.messages
+            return handler(request.override(messages=[*head, last.model_copy(update={"content": "[redacted]"})]))
+
+    model = ToolCallingFakeModel(messages=text_script(5))
+    agent = create_agent(
+        model,
+        system_prompt=BIG_PROMPT,
+        middleware=[Redact(), CompactionMiddleware(lambda p: SUMMARY, FAIL_OPTIONS)],
+        checkpointer=InMemorySaver(),
+    )
+    start = [*history(7), HumanMessage("go on")]
+    agent.invoke({"messages": start}, config())
+    sent = model.requests[0]
+    assert is_summary_message(sent[1])
+    assert sent[-1].content == "[redacted]"
+    state = agent.get_state(config()).values["messages"]
+    assert is_summary_message(state[0])
+    assert state[-2].content == "go on"  # the state's own message, not the redacted copy
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"options": {"context_window": 1000}}, "options"),
+        ({"custom_instructions": 3}, "custom_instructions"),
+        ({"on_compaction": "print"}, "on_compaction"),
+        ({"cache_size": 0}, "cache_size"),
+        ({"fallback": 42}, "fallback"),
+    ],
+)
+def test_bad_arguments_name_the_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigurationError, match=field) as caught:
+        CompactionMiddleware(lambda p: SUMMARY, **kwargs)
+    assert caught.value.field == field
+    assert isinstance(caught.value, ValueError)
+
+
+def test_import_without_langchain_names_the_extra() -> None:
+    # A fresh interpreter in which ``langchain`` cannot be imported (a None entry
+    # in sys.modules makes every ``import langchain...`` fail), as when the
+    # extra is not installed.
+    code = (
+        "import sys\n"
+        "sys.modules['langchain'] = None\n"
+        "try:\n"
+        "    import langchain.agents\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise SystemExit('langchain was not blocked')\n"
+        "import langchain_compaction\n"  # the package itself does not need langchain
+        "import langchain_compaction.adapters.middleware\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+    assert "ImportError" in done.stderr
+    assert 'pip install "langchain-compaction[agents]"' in done.stderr
+    assert "not blocked" not in done.stderr
+
+
+def test_event_name_matches_the_langgraph_node() -> None:
+    # One event name for every adapter, so a listener catches all compactions.
+    from langchain_compaction.adapters import graph
+
+    assert graph.COMPACTION_EVENT == COMPACTION_EVENT

@@ -1,0 +1,257 @@
+"""Property-based tests: generated conversations with parallel tool calls, many budgets.
+
+The number of examples scales with ``HYPOTHESIS_EXAMPLES`` (default 300), e.g.
+``HYPOTHESIS_EXAMPLES=3000 python -m pytest tests/unit/test_properties.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from langchain_anthropic import ChatAnthropic
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+
+from langchain_compaction import (
+    CompactionOptions,
+    CompactionResult,
+    acompact,
+    compact,
+    estimate_message_tokens,
+    find_cut_point,
+)
+from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction.core import prompts
+
+EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "300"))
+
+settings.register_profile(
+    "langchain_compaction",
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+PROFILE = settings.get_profile("langchain_compaction")
+
+# One instance for every example: building ChatAnthropic is the slow part.
+ANTHROPIC = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")  # type: ignore[call-arg]
+
+WORDS = ("alpha", "beta", "gamma", "delta", "parse()", "src/app.py", "{'k': 1}", "42", "naïve", "数据")
+
+
+def _text(draw: st.DrawFn, label: str) -> str:
+    size = draw(st.sampled_from([0, 1, 5, 20, 80, 300, 1200]))
+    seed = draw(st.integers(0, len(WORDS) - 1))
+    body = " ".join(WORDS[(seed + k) % len(WORDS)] for k in range(size))
+    return f"{label} {body}".strip()
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> list[BaseMessage]:
+    """A conversation with the shapes real agents produce.
+
+    Optional leading system messages, user/assistant turns, assistant turns
+    with one to three parallel tool calls whose results arrive in random order
+    (sometimes with a user message in between), tool-call ids that repeat,
+    orphan results and calls never answered.
+    """
+    messages: list[BaseMessage] = []
+    for k in range(draw(st.sampled_from([0, 0, 1, 2]))):
+        messages.append(SystemMessage(_text(draw, f"SYS{k}"), id=f"sys{k}"))
+    turns = draw(st.integers(1, 10))
+    serial = 0
+    for turn in range(turns):
+        messages.append(HumanMessage(_text(draw, f"U{turn}"), id=f"u{turn}"))
+        for step in range(draw(st.integers(0, 3))):
+            kind = draw(st.sampled_from(["text", "tools", "tools", "orphan"]))
+            if kind == "text":
+                messages.append(AIMessage(_text(draw, f"A{turn}.{step}"), id=f"a{turn}.{step}"))
+                continue
+            if kind == "orphan":
+                messages.append(ToolMessage(_text(draw, "ORPHAN"), tool_call_id=f"ghost{serial}", id=f"o{serial}"))
+                serial += 1
+                continue
+            ids: list[str] = []
+            for _ in range(draw(st.integers(1, 3))):
+                # Repeated ids come from a small shared pool, as SWE-agent's call_<step> do.
+                if draw(st.integers(0, 3)) == 0:
+                    candidate = f"dup{draw(st.integers(0, 2))}"
+                else:
+                    candidate = f"c{serial}"
+                    serial += 1
+                if candidate not in ids:
+                    ids.append(candidate)
+            messages.append(
+                AIMessage(
+                    _text(draw, f"CALL{turn}.{step}") if draw(st.booleans()) else "",
+                    tool_calls=[{"name": f"tool_{i}", "args": {"q": _text(draw, "ARG")}, "id": i} for i in ids],
+                    id=f"a{turn}.{step}",
+                )
+            )
+            answered = [i for i in draw(st.permutations(ids)) if draw(st.integers(0, 9)) > 0]
+            interject_at = draw(st.integers(-1, len(answered)))
+            for position, call_id in enumerate(answered):
+                if position == interject_at:
+                    messages.append(HumanMessage(_text(draw, "INTERJECT"), id=f"i{turn}.{step}"))
+                messages.append(ToolMessage(_text(draw, f"R{call_id}"), tool_call_id=call_id, id=f"r{serial}"))
+                serial += 1
+        if draw(st.booleans()):
+            messages.append(AIMessage(_text(draw, f"FINAL{turn}"), id=f"f{turn}"))
+    return messages
+
+
+budgets = st.one_of(st.integers(1, 60), st.integers(60, 3000), st.integers(3000, 30_000))
+input_budgets = st.one_of(st.none(), st.integers(1000, 3000), st.integers(3000, 40_000))
+
+
+def _pairs(messages: Sequence[BaseMessage]) -> list[tuple[int, int]]:
+    """Each result with the nearest earlier AIMessage that made its call (our own reading)."""
+    pairs = []
+    for j, message in enumerate(messages):
+        if isinstance(message, ToolMessage):
+            for i in range(j - 1, -1, -1):
+                candidate = messages[i]
+                if isinstance(candidate, AIMessage) and any(
+                    c["id"] == message.tool_call_id for c in candidate.tool_calls
+                ):
+                    pairs.append((i, j))
+                    break
+    return pairs
+
+
+def _leading_systems(messages: Sequence[BaseMessage]) -> int:
+    count = 0
+    while count < len(messages) and isinstance(messages[count], SystemMessage):
+        count += 1
+    return count
+
+
+def _summarizer(tag: str, log: list[str]) -> Any:
+    def summarize(prompt: str) -> str:
+        log.append(prompt)
+        return f"## Goal\n- {tag} {len(log)}"
+
+    return summarize
+
+
+def _check(messages: list[BaseMessage], result: CompactionResult | None, out: list[BaseMessage]) -> None:
+    """The invariants of one compaction of a list with no earlier summary."""
+    if result is None:
+        assert out == messages
+        assert all(a is b for a, b in zip(out, messages))
+        return
+    lead = _leading_systems(messages)
+    cut = result.cut_index
+    # Leading system messages: unchanged, first, the summary right after them.
+    assert all(out[k] is messages[k] for k in range(lead))
+    assert is_summary_message(out[lead])
+    assert sum(1 for m in out if is_summary_message(m)) == 1
+    # The rest is the caller's objects, in order.
+    assert lead < cut < len(messages) + 1
+    assert len(out) == lead + 1 + len(messages) - cut
+    assert all(out[lead + 1 + k] is messages[cut + k] for k in range(len(messages) - cut))
+    assert cut - lead >= 2
+    assert result.messages_removed == cut - lead
+    # Never lands on a tool result, never splits a pair.
+    assert cut == len(messages) or not isinstance(messages[cut], ToolMessage)
+    for call, answer in _pairs(messages):
+        assert not (call < cut <= answer), f"pair ({call}, {answer}) split by cut {cut}"
+    assert result.compacted_tokens == estimate_message_tokens(out)
+    assert result.original_tokens == estimate_message_tokens(messages)
+
+
+def _anthropic_valid(out: list[BaseMessage]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ANTHROPIC._get_request_payload(out)
+
+
+@PROFILE
+@given(conversations(), budgets, input_budgets)
+def test_compaction_invariants(messages: list[BaseMessage], keep: int, summary_input: int | None) -> None:
+    before = [m.model_copy(deep=True) for m in messages]
+    options = CompactionOptions(keep_recent_tokens=keep, summary_input_tokens=summary_input)
+    log: list[str] = []
+    result, out = compact(_summarizer("first", log), messages, options)
+    assert messages == before  # the caller's list is never changed
+    _check(messages, result, out)
+    event("compacted" if result is not None else "nothing to compact")
+    if result is None:
+        return
+    event("chunked" if result.chunks > 1 else "one chunk")
+    event("forced" if result.forced else "budget cut")
+    event("shortened a message" if result.shortened_messages else "nothing shortened")
+    assert result.summarizer_calls == len(log) == result.chunks
+    _anthropic_valid(out)
+
+    # Compacting the output again keeps exactly one summary and updates it.
+    second_log: list[str] = []
+    follow_up = [*out, HumanMessage("one more thing", id="more")]
+    again, twice = compact(_summarizer("second", second_log), follow_up, options)
+    assert sum(1 for m in twice if is_summary_message(m)) == 1
+    event("second compaction ran" if again is not None else "second compaction had nothing to do")
+    if again is None:
+        assert twice == follow_up
+        return
+    assert again.updated_previous_summary is True
+    assert f"previous-summary>>\n## Goal\n- first {len(log)}\n" in second_log[0]
+    assert all(prompts.SUMMARY_HEADER not in prompt for prompt in second_log)
+    (summary,) = [m for m in twice if is_summary_message(m)]
+    assert str(summary.content).count(prompts.SUMMARY_HEADER) == 1
+    assert f"second {len(second_log)}" in str(summary.content)
+    lead = _leading_systems(messages)
+    assert all(twice[k] is messages[k] for k in range(lead))
+    assert twice[lead] is summary
+    _anthropic_valid(twice)
+
+
+@PROFILE
+@given(conversations(), budgets)
+def test_find_cut_point_invariants(messages: list[BaseMessage], keep: int) -> None:
+    cut = find_cut_point(messages, keep)
+    if cut == 0:
+        return
+    lead = _leading_systems(messages)
+    assert lead + 2 <= cut < len(messages)
+    assert not isinstance(messages[cut], ToolMessage)
+    for call, answer in _pairs(messages):
+        assert not (call < cut <= answer)
+    # The kept tail is over the budget only when the walk had to keep the last
+    # message or a whole tool exchange at the end: no later boundary was valid.
+    if estimate_message_tokens(messages[cut:]) > keep:
+        pairs = _pairs(messages)
+        for boundary in range(cut + 1, len(messages)):
+            on_result = isinstance(messages[boundary], ToolMessage)
+            assert on_result or any(call < boundary <= answer for call, answer in pairs), boundary
+
+
+@PROFILE
+@given(conversations(), budgets)
+def test_a_fitting_conversation_is_never_cut(messages: list[BaseMessage], keep: int) -> None:
+    lead = _leading_systems(messages)
+    if estimate_message_tokens(messages[lead:]) <= keep:
+        assert find_cut_point(messages, keep) == 0
+
+
+@settings(PROFILE, max_examples=max(EXAMPLES // 3, 10))
+@given(conversations(), budgets, input_budgets)
+def test_async_matches_sync(messages: list[BaseMessage], keep: int, summary_input: int | None) -> None:
+    options = CompactionOptions(keep_recent_tokens=keep, summary_input_tokens=summary_input)
+    sync_log: list[str] = []
+    async_log: list[str] = []
+    sync_result, sync_out = compact(_summarizer("s", sync_log), messages, options)
+    async_result, async_out = asyncio.run(acompact(_summarizer("s", async_log), messages, options))
+    assert [id(m) for m in sync_out if not is_summary_message(m)] == [
+        id(m) for m in async_out if not is_summary_message(m)
+    ]
+    assert sync_log == async_log  # the same prompts: one code path
+    if sync_result is None:
+        assert async_result is None
+        return
+    assert async_result is not None
+    assert sync_result.to_dict() == async_result.to_dict()

@@ -1,0 +1,317 @@
+"""The token estimate, the per-message count, custom counters and the trigger."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages.utils import count_tokens_approximately
+
+from langchain_compaction import (
+    CompactionOptions,
+    ConfigurationError,
+    InvalidMessagesError,
+    acompact,
+    compact,
+    estimate_message_tokens,
+    estimate_tokens,
+    should_compact,
+)
+from langchain_compaction.core.tokens import (
+    IMAGE_TOKENS,
+    MESSAGE_OVERHEAD_TOKENS,
+    TOOL_CALL_OVERHEAD_TOKENS,
+    estimate_message,
+)
+from langchain_compaction.core.types import Message, Part, ToolCall
+
+PROSE = (
+    "The quick brown fox jumps over the lazy dog while the farmer watches from the porch. "
+    "Later that evening the family sat down to dinner and talked about the harvest. "
+) * 12
+
+CODE = (
+    "def add(a: int, b: int) -> int:\n"
+    '    """Add two numbers."""\n'
+    "    return a + b\n\n"
+    "for i in range(10):\n"
+    "    print(add(i, i * 2))\n"
+) * 10
+
+JSON_TEXT = json.dumps([{"id": i, "name": f"item{i}", "price": i * 1.5, "tags": ["a", "b"]} for i in range(40)])
+
+CJK = "这是一个用于测试的中文句子，包含一些常见的汉字。" * 20
+
+# Seeded so the test is deterministic; random bytes are what base64 usually carries.
+BASE64 = base64.b64encode(random.Random(7).randbytes(3000)).decode()
+
+
+def _reference_estimate(text: str) -> int:
+    """The Go reference's estimate, ``len(text) / 4``."""
+    return len(text) // 4
+
+
+# --- estimate_tokens ---------------------------------------------------------
+
+
+def test_four_hundred_letters_are_one_hundred_tokens() -> None:
+    assert estimate_tokens("a" * 400) == 100
+
+
+def test_empty_text_is_zero_tokens() -> None:
+    assert estimate_tokens("") == 0
+
+
+def test_plain_prose_is_about_four_chars_per_token() -> None:
+    tokens = estimate_tokens(PROSE)
+    chars_per_token = len(PROSE) / tokens
+    assert 3.7 <= chars_per_token <= 4.3, chars_per_token
+
+
+def test_plain_prose_stays_within_ten_percent_of_the_reference() -> None:
+    assert abs(estimate_tokens(PROSE) - _reference_estimate(PROSE)) <= 0.1 * _reference_estimate(PROSE)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "factor"),
+    [
+        ("code", CODE, 1.15),
+        ("json", JSON_TEXT, 1.25),
+        ("cjk", CJK, 2.5),
+        ("base64", BASE64, 2.0),
+    ],
+)
+def test_dense_content_is_charged_more_than_four_chars_per_token(name: str, text: str, factor: float) -> None:
+    # The reference's len/4 undercounts these classes; the estimate must charge
+    # clearly more than len/4 for each of them.
+    assert estimate_tokens(text) >= factor * _reference_estimate(text), name
+
+
+def test_cjk_costs_about_a_token_per_character() -> None:
+    assert estimate_tokens(CJK) >= len(CJK) * 0.9
+
+
+def test_long_identifiers_are_not_priced_as_base64() -> None:
+    identifier = "very_long_snake_case_identifier_name_that_keeps_going_on_and_on_forever"
+    # Underscores are punctuation; the point is only that the dense-run rule
+    # (0.75 tokens a character) did not fire on a word-like run.
+    assert estimate_tokens(identifier) < 0.5 * len(identifier)
+
+
+def test_estimate_grows_with_text() -> None:
+    assert estimate_tokens("word " * 10) < estimate_tokens("word " * 100) < estimate_tokens("word " * 1000)
+
+
+# --- estimate_message / estimate_message_tokens -------------------------------
+
+
+def test_every_message_pays_the_overhead() -> None:
+    assert estimate_message_tokens([HumanMessage("")]) == MESSAGE_OVERHEAD_TOKENS
+    assert estimate_message_tokens([HumanMessage("")] * 5) == 5 * MESSAGE_OVERHEAD_TOKENS
+
+
+def test_text_message_is_text_plus_overhead() -> None:
+    assert estimate_message_tokens([HumanMessage("a" * 400)]) == 100 + MESSAGE_OVERHEAD_TOKENS
+
+
+def test_empty_list_is_zero_tokens() -> None:
+    assert estimate_message_tokens([]) == 0
+
+
+def test_tool_call_names_and_arguments_are_counted() -> None:
+    args = {"path": "/src/app/main.py", "content": "x = 1\n" * 200}
+    bare = AIMessage("")
+    with_call = AIMessage("", tool_calls=[{"name": "write_file", "args": args, "id": "c1"}])
+    extra = estimate_message_tokens([with_call]) - estimate_message_tokens([bare])
+    # The reference counted text parts only: this call would have cost nothing.
+    assert extra >= TOOL_CALL_OVERHEAD_TOKENS + estimate_tokens("write_file") + estimate_tokens(json.dumps(args)) // 2
+    assert extra >= 300
+
+
+def test_each_parallel_tool_call_is_counted() -> None:
+    def calls(n: int) -> AIMessage:
+        return AIMessage(
+            "", tool_calls=[{"name": "search", "args": {"query": f"q{i} " * 20}, "id": f"c{i}"} for i in range(n)]
+        )
+
+    one, three = estimate_message_tokens([calls(1)]), estimate_message_tokens([calls(3)])
+    assert three - MESSAGE_OVERHEAD_TOKENS >= 2.5 * (one - MESSAGE_OVERHEAD_TOKENS)
+
+
+def test_tool_use_block_duplicating_a_tool_call_is_counted_once() -> None:
+    call = {"name": "search", "args": {"query": "lorem ipsum " * 100}, "id": "toolu_1"}
+    plain = AIMessage("", tool_calls=[call])
+    # Anthropic replies carry the call twice: as a content block and in tool_calls.
+    doubled = AIMessage(
+        [{"type": "tool_use", "id": "toolu_1", "name": "search", "input": call["args"]}],
+        tool_calls=[call],
+    )
+    assert estimate_message_tokens([doubled]) == estimate_message_tokens([plain])
+
+
+def test_tool_results_are_counted() -> None:
+    result = ToolMessage("line of output from the tool\n" * 100, tool_call_id="c1")
+    assert estimate_message_tokens([result]) >= estimate_tokens(str(result.content))
+    assert estimate_message_tokens([result]) > estimate_message_tokens([ToolMessage("", tool_call_id="c1")]) + 500
+
+
+def test_reasoning_blocks_are_counted() -> None:
+    thinking = "Let me think about the failing test step by step. " * 80
+    with_reasoning = AIMessage(
+        [{"type": "thinking", "thinking": thinking, "signature": "sig"}, {"type": "text", "text": "Done."}]
+    )
+    without = AIMessage([{"type": "text", "text": "Done."}])
+    assert estimate_message_tokens([with_reasoning]) - estimate_message_tokens([without]) >= estimate_tokens(thinking)
+
+
+def test_images_cost_a_fixed_amount_not_their_bytes() -> None:
+    small = HumanMessage([{"type": "image", "base64": "iVBORw0KGgo=", "mime_type": "image/png"}])
+    huge = HumanMessage([{"type": "image", "base64": "A" * 400_000, "mime_type": "image/png"}])
+    assert estimate_message_tokens([small]) == estimate_message_tokens([huge])
+    assert estimate_message_tokens([small]) == IMAGE_TOKENS + MESSAGE_OVERHEAD_TOKENS
+
+
+def test_image_url_blocks_cost_the_image_price() -> None:
+    message = HumanMessage(
+        [{"type": "text", "text": "what is in this picture?"}, {"type": "image_url", "image_url": {"url": "https://x"}}]
+    )
+    assert estimate_message_tokens([message]) >= IMAGE_TOKENS
+
+
+def test_unknown_blocks_are_counted_as_their_json() -> None:
+    block = {"type": "citation_list", "items": [f"source {i}" for i in range(100)]}
+    message = AIMessage([block])
+    assert estimate_message_tokens([message]) >= estimate_tokens(json.dumps(block)) * 0.9
+
+
+def test_core_estimate_message_counts_every_field() -> None:
+    message = Message(
+        "assistant",
+        parts=(Part("text", "a" * 40), Part("reasoning", "b" * 40), Part("image", "image/png")),
+        tool_calls=(ToolCall("call_1", "run", '{"cmd": "ls"}'),),
+    )
+    expected = (
+        MESSAGE_OVERHEAD_TOKENS
+        + 10
+        + 10
+        + IMAGE_TOKENS
+        + TOOL_CALL_OVERHEAD_TOKENS
+        + estimate_tokens("run")
+        + estimate_tokens('{"cmd": "ls"}')
+    )
+    assert estimate_message(message) == expected
+
+
+# --- custom token_counter ---------------------------------------------------
+
+
+def _conversation() -> list[BaseMessage]:
+    return [
+        SystemMessage("You are a helpful agent."),
+        HumanMessage("please list the files " * 30),
+        AIMessage("", tool_calls=[{"name": "ls", "args": {"path": "."}, "id": "c1"}]),
+        ToolMessage("a.py\nb.py\n" * 50, tool_call_id="c1"),
+        AIMessage("There are two files. " * 20),
+        HumanMessage("thanks, now open a.py"),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_custom_token_counter_is_used_by_compact(mode: str) -> None:
+    calls: list[int] = []
+
+    def counter(messages: list[BaseMessage]) -> int:
+        calls.append(len(messages))
+        return count_tokens_approximately(messages)
+
+    messages = _conversation()
+    options = CompactionOptions(keep_recent_tokens=50, token_counter=counter)
+
+    def model(_prompt: str) -> str:
+        return "## Goal\n- list files"
+
+    if mode == "sync":
+        result, _ = compact(model, messages, options)
+    else:
+        result, _ = await acompact(model, messages, options)
+    assert result is not None
+    assert calls, "the custom counter was never called"
+    assert result.original_tokens == sum(count_tokens_approximately([m]) for m in messages)
+    assert result.original_tokens != estimate_message_tokens(messages)
+
+
+def test_custom_token_counter_drives_the_cut() -> None:
+    # Every message costs 1000 by this counter: with a 2500 budget the walk
+    # back keeps two messages and the third one crosses the budget.
+    messages = [HumanMessage(f"turn {i}") if i % 2 == 0 else AIMessage(f"reply {i}") for i in range(10)]
+
+    def model(_prompt: str) -> str:
+        return "## Goal\n- chat"
+
+    options = CompactionOptions(keep_recent_tokens=2500, token_counter=lambda ms: 1000 * len(ms))
+    result, out = compact(model, messages, options)
+    assert result is not None
+    assert result.cut_index == 8
+    assert out[1:] == messages[8:]
+    # The built-in estimate counts these tiny messages as a few tokens each:
+    # everything fits the same budget and only a forced cut would happen.
+    assert compact(model, messages, CompactionOptions(keep_recent_tokens=2500))[0].forced  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "12", None, True])
+def test_token_counter_returning_a_bad_value_is_an_invalid_messages_error(bad: object) -> None:
+    messages = _conversation()
+    options = CompactionOptions(token_counter=lambda _ms: bad)
+    with pytest.raises(InvalidMessagesError) as info:
+        compact(lambda _p: "summary", messages, options)
+    assert "token_counter" in str(info.value)
+    assert repr(bad) in str(info.value)
+    assert info.value.index == 0
+
+
+def test_token_counter_must_be_callable() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        CompactionOptions(token_counter=42)  # type: ignore[arg-type]
+    assert "token_counter=42" in str(info.value)
+
+
+# --- should_compact ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("window", "reserve"), [(0, 100), (-5, 100), (1000, 0), (1000, -1), (0, 0)])
+def test_should_compact_is_false_without_a_window_or_a_reserve(window: int, reserve: int) -> None:
+    huge = [HumanMessage("a" * 400_000)]
+    assert should_compact(huge, window, reserve) is False
+
+
+def test_should_compact_is_false_at_the_threshold() -> None:
+    messages = _conversation()
+    tokens = estimate_message_tokens(messages)
+    reserve = 100
+    # tokens == window - reserve: not over, so no compaction.
+    assert should_compact(messages, tokens + reserve, reserve) is False
+
+
+def test_should_compact_is_true_one_token_over_the_threshold() -> None:
+    messages = _conversation()
+    tokens = estimate_message_tokens(messages)
+    reserve = 100
+    assert should_compact(messages, tokens + reserve - 1, reserve) is True
+
+
+def test_should_compact_is_false_well_under_the_threshold() -> None:
+    assert should_compact(_conversation(), 200_000, 16_384) is False
+
+
+def test_should_compact_counts_tool_calls_the_reference_missed() -> None:
+    # Only tool traffic, no text: the reference's estimate is 0 and it never fires.
+    args = {"content": "x = 1\n" * 2000}
+    messages: list[BaseMessage] = [
+        HumanMessage("go"),
+        AIMessage("", tool_calls=[{"name": "write", "args": args, "id": "c1"}]),
+        ToolMessage("ok", tool_call_id="c1"),
+    ]
+    assert should_compact(messages, 4000, 1000) is True
