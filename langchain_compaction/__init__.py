@@ -29,6 +29,7 @@ from langchain_compaction.adapters.messages import (
 )
 from langchain_compaction.core.engine import Summarizer
 from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.redact import redact_secrets
 from langchain_compaction.core.result import CompactionRecord, CompactionResult
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import SummaryRequest
@@ -37,6 +38,7 @@ from langchain_compaction.errors import (
     ConfigurationError,
     EmptySummaryError,
     InvalidMessagesError,
+    InvalidSummaryError,
     StoreError,
     SummarizationError,
     SummaryTimeoutError,
@@ -80,6 +82,7 @@ __all__ = [
     "FileLock",
     "InProcessLock",
     "InvalidMessagesError",
+    "InvalidSummaryError",
     "PostgresAdvisoryLock",
     "StoreError",
     "SummarizationError",
@@ -95,6 +98,7 @@ __all__ = [
     "estimate_tokens",
     "find_cut_point",
     "parse_compact_command",
+    "redact_secrets",
     "route_after_compaction",
     "should_compact",
 ]

@@ -6,6 +6,7 @@ CompactionError                    base: catch this to catch them all
 ├── InvalidMessagesError(ValueError) a message list the library cannot read
 ├── SummarizationError             the summary could not be made; nothing was changed
 │   ├── EmptySummaryError          the summarizer returned "" or whitespace
+│   ├── InvalidSummaryError        the summary failed its check twice (too long, sections missing)
 │   └── SummaryTimeoutError        the summary call ran past ``timeout``
 └── StoreError                     a chat-history store failed during a rewrite
 ```
@@ -22,6 +23,7 @@ __all__ = [
     "ConfigurationError",
     "EmptySummaryError",
     "InvalidMessagesError",
+    "InvalidSummaryError",
     "StoreError",
     "SummarizationError",
     "SummaryTimeoutError",
@@ -74,6 +76,10 @@ class SummarizationError(CompactionError):
 
 class EmptySummaryError(SummarizationError):
     """The summarizer returned an empty or whitespace-only summary."""
+
+
+class InvalidSummaryError(SummarizationError):
+    """The summary was rejected twice by its check (over budget, sections missing)."""
 
 
 class SummaryTimeoutError(SummarizationError):

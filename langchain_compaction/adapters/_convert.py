@@ -99,6 +99,23 @@ def is_summary_message(message: BaseMessage) -> bool:
     return isinstance(content, str) and content.startswith(SUMMARY_HEADER)
 
 
+BRIDGE_TEXT = "(The conversation continues here; the summary above covers what came before.)"
+"""Content of the user turn put after the summary when the kept part starts otherwise."""
+
+
+def is_bridge_message(message: BaseMessage) -> bool:
+    """Whether ``message`` is the user turn this library put after a summary."""
+    if not isinstance(message, HumanMessage):
+        return False
+    mark = message.additional_kwargs.get(SUMMARY_MARK)
+    return isinstance(mark, dict) and mark.get("kind") == "bridge"
+
+
+def is_compaction_message(message: BaseMessage) -> bool:
+    """Whether ``message`` was written by this library (a summary or its bridge)."""
+    return is_summary_message(message) or is_bridge_message(message)
+
+
 def to_core(message: object, index: int = 0) -> Message:
     """Convert one LangChain message into the core's form.
 
@@ -122,6 +139,9 @@ def to_core(message: object, index: int = 0) -> Message:
     if isinstance(message, SystemMessage):
         return Message("system", _parts(message.content), is_summary=is_summary_message(message))
     if isinstance(message, HumanMessage):
+        if is_bridge_message(message):
+            # Part of the previous compaction's output: replaced, never summarized.
+            return Message("user", (), is_summary=True, label="bridge")
         return Message("user", _parts(message.content), name=message.name)
     if isinstance(message, AIMessage):
         calls = tuple(
@@ -153,6 +173,20 @@ def to_core(message: object, index: int = 0) -> Message:
 def to_core_list(messages: Sequence[object]) -> list[Message]:
     """Convert a whole list; see ``to_core``."""
     return [to_core(m, i) for i, m in enumerate(messages)]
+
+
+def bridge_message() -> HumanMessage:
+    """The user turn that follows a summary when the kept part starts otherwise.
+
+    Anthropic's Messages API rejects a conversation whose first turn is not
+    the user's (the summary itself goes into the system prompt), and an agent
+    compacted mid-loop keeps an assistant tool call first.
+    """
+    return HumanMessage(
+        content=BRIDGE_TEXT,
+        id=f"compaction-bridge-{uuid.uuid4().hex}",
+        additional_kwargs={SUMMARY_MARK: {"kind": "bridge", "version": 1}},
+    )
 
 
 def summary_message(summary: str, *, result_id: str | None = None) -> SystemMessage:

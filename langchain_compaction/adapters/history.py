@@ -82,7 +82,7 @@ from typing import Any, Literal, TypeVar
 from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
 from langchain_core.messages import BaseMessage, SystemMessage, message_to_dict, messages_to_dict
 
-from langchain_compaction.adapters._convert import SUMMARY_MARK, is_summary_message
+from langchain_compaction.adapters._convert import SUMMARY_MARK, is_compaction_message
 from langchain_compaction.adapters.locks import CompactionLock, InProcessLock
 from langchain_compaction.adapters.messages import Prepared, finish, prepare, should_compact
 from langchain_compaction.core.engine import arun_flow, run_flow
@@ -233,7 +233,7 @@ def _build_commit(
     if not _starts_with(current, snapshot):
         return None
     plan = prepared.plan
-    originals = [snapshot[i] for i in range(plan.start, plan.cut) if not is_summary_message(snapshot[i])]
+    originals = [snapshot[i] for i in range(plan.start, plan.cut) if not is_compaction_message(snapshot[i])]
     counters = [_archive_counter(snapshot[i]) for i in plan.previous_summaries]
     known = [c for c in counters if c is not None]
     return _Commit(

@@ -13,9 +13,9 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage
 
-from langchain_compaction.adapters._convert import summary_message, to_core, to_core_list
+from langchain_compaction.adapters._convert import bridge_message, summary_message, to_core, to_core_list
 from langchain_compaction.core.cut import find_cut, valid_boundaries
 from langchain_compaction.core.engine import (
     DriverReport,
@@ -198,8 +198,11 @@ def finish(
     summary = summary_message(outcome.summary)
     kept = [original[i] for i in plan.keep_head]
     recent = list(original[plan.cut :])
-    output: list[BaseMessage] = [*kept, summary, *recent]
-    summary_tokens = _counts([summary], [to_core(summary)], options)[0]
+    written: list[BaseMessage] = [summary]
+    if options.ensure_user_turn and recent and not _is_user_turn(recent[0]):
+        written.append(bridge_message())
+    output: list[BaseMessage] = [*kept, *written, *recent]
+    summary_tokens = sum(_counts(written, [to_core(m) for m in written], options))
     compacted = sum(prepared.counts[i] for i in plan.keep_head) + summary_tokens + sum(prepared.counts[plan.cut :])
     threshold = options.context_window - options.reserve_tokens
     result = CompactionResult(
@@ -218,7 +221,19 @@ def finish(
         summarizer_input_tokens=outcome.input_tokens,
         shortened_messages=outcome.shortened,
         over_budget=options.context_window > 0 and compacted > threshold,
+        summarizer_billed_input_tokens=report.usage.input_tokens,
+        summarizer_output_tokens=report.usage.output_tokens,
+        summarizer_cache_read_tokens=report.usage.cache_read_input_tokens,
+        summarizer_cache_write_tokens=report.usage.cache_creation_input_tokens,
     )
+    if result.over_budget:
+        # The kept part alone is over the threshold (one huge recent message):
+        # nothing more can be summarized without touching what must be kept.
+        logger.warning(
+            "the compacted context is still over budget: %d tokens > %d (the kept messages alone are too large)",
+            compacted,
+            threshold,
+        )
     logger.info(
         "compacted %d messages into a summary: %d -> %d tokens (cut at %d, %d summarizer call(s)%s)",
         result.messages_removed,
@@ -229,6 +244,10 @@ def finish(
         ", fallback used" if result.fallback_used else "",
     )
     return result, output
+
+
+def _is_user_turn(message: BaseMessage) -> bool:
+    return isinstance(message, HumanMessage) or (isinstance(message, ChatMessage) and message.role in ("user", "human"))
 
 
 def _as_list(messages: Sequence[BaseMessage]) -> list[BaseMessage]:

@@ -19,12 +19,13 @@ import asyncio
 import contextvars
 import threading
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from langchain_compaction.core import prompts
 from langchain_compaction.core.cut import find_cut, forced_cut, valid_boundaries
 from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.redact import redact_message
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.transcript import (
     Block,
@@ -34,10 +35,11 @@ from langchain_compaction.core.transcript import (
     render_previous_summary,
     shorten,
 )
-from langchain_compaction.core.types import Message, SummaryRequest
+from langchain_compaction.core.types import FALLBACK_ATTEMPT, Message, SummaryRequest, Usage, usage_of
 from langchain_compaction.errors import (
     CompactionError,
     EmptySummaryError,
+    InvalidSummaryError,
     SummarizationError,
     SummaryTimeoutError,
 )
@@ -148,9 +150,14 @@ def plan_compaction(
     start = leading_block(messages)
     head = tuple(i for i in range(start) if not messages[i].is_summary)
     earlier = [i for i in range(start) if messages[i].is_summary]
+    # The user turn an earlier compaction put after its summary belongs to
+    # that output: it is replaced with it and counts as no message.
+    while start < len(messages) and messages[start].is_summary and messages[start].role != "system":
+        earlier.append(start)
+        start += 1
     # An earlier summary counts as one summarized message, as in the reference
     # where the summary was simply the first message of the list.
-    credit = len(earlier)
+    credit = sum(1 for i in earlier if messages[i].role == "system")
     flags = valid_boundaries(messages)
     cut = find_cut(messages, counts, keep_recent_tokens, start=start, credit=credit, valid=flags)
     forced = False
@@ -209,6 +216,30 @@ def _chunks(blocks: Sequence[Block], room: int) -> list[list[Block]]:
     return chunks
 
 
+def review_summary(text: str, options: CompactionOptions) -> str:
+    """Why ``text`` cannot be used as the summary ("" when it can).
+
+    Args:
+        text: A summarizer's answer.
+        options: The options in force (budget, required sections).
+
+    Returns:
+        The problem, phrased for the summarizer, or ``""``.
+    """
+    budget = options.effective_summary_max_tokens
+    size = estimate_tokens(text)
+    if size > budget:
+        return f"it has about {size} tokens, more than the summary budget of {budget}; write it shorter"
+    if options.require_sections:
+        lines = {
+            line.strip().lstrip("#").strip().lower() for line in text.splitlines() if line.lstrip().startswith("#")
+        }
+        missing = [h for h in prompts.CHECKPOINT_SECTIONS if h.lstrip("#").strip().lower() not in lines]
+        if missing:
+            return "it lacks these headings: " + ", ".join(missing)
+    return ""
+
+
 def compaction_flow(
     messages: Sequence[Message],
     plan: Plan,
@@ -233,6 +264,14 @@ def compaction_flow(
     previous_parts = [strip_summary_header(messages[i].text) for i in plan.previous_summaries]
     previous = "\n\n".join(p for p in previous_parts if p) or None
     region = [i for i in range(plan.start, plan.cut) if not messages[i].is_summary]
+    redactor = options.redact
+    if redactor is not None:
+        # Everything the summarizer sees goes through the redactor; the
+        # caller's messages are not touched.
+        shown_messages = {i: redact_message(messages[i], redactor) for i in region}
+        previous = redactor(previous) if previous is not None else None
+    else:
+        shown_messages = {i: messages[i] for i in region}
     extra = prompts.ADDITIONAL_INSTRUCTIONS + instructions if instructions else ""
     budget = options.effective_summary_input_tokens
     fixed = (
@@ -246,7 +285,7 @@ def compaction_flow(
     # request, head and tail kept, so no request exceeds the budget.
     summary_cap = max((budget - fixed) // 2, _MIN_MESSAGE_TOKENS)
     per_message = max((budget - fixed - summary_cap) // 2, _MIN_MESSAGE_TOKENS)
-    blocks = [make_block(messages[i], i, max_tokens=per_message) for i in region]
+    blocks = [make_block(shown_messages[i], i, max_tokens=per_message) for i in region]
 
     running = previous
     calls = 0
@@ -272,7 +311,7 @@ def compaction_flow(
         request = SummaryRequest(
             system=system,
             prompt=prompt,
-            messages=tuple(messages[b.index] for b in chunk),
+            messages=tuple(shown_messages[b.index] for b in chunk),
             previous_summary=shown,
             instructions=instructions,
             chunk_index=number,
@@ -282,6 +321,18 @@ def compaction_flow(
         sent += estimate_tokens(system) + estimate_tokens(prompt)
         calls += 1
         text = yield request
+        problem = review_summary(text, options)
+        if problem:
+            # Checked summaries: ask once more with the problem stated, then
+            # hand the request to the driver's fallback (or let it raise).
+            retry = replace(request, prompt=prompt + prompts.RETRY_NOTE.format(problem=problem), attempt=1)
+            sent += estimate_tokens(system) + estimate_tokens(retry.prompt)
+            calls += 1
+            text = yield retry
+            problem = review_summary(text, options)
+            if problem:
+                calls += 1
+                text = yield replace(request, attempt=FALLBACK_ATTEMPT, problem=problem)
         running = text.strip()
         number += 1
         if not remaining:
@@ -383,11 +434,56 @@ class DriverReport:
         outcome: The flow's outcome.
         summarizer: The name of the summarizer that wrote the last summary.
         fallback_used: Whether the fallback wrote any part of it.
+        usage: Tokens the summarizer calls were billed, where reported.
     """
 
     outcome: Outcome
     summarizer: str
     fallback_used: bool
+    usage: Usage = field(default_factory=Usage)
+
+
+class _Driver:
+    """The state both drivers share: who answers, and what it cost.
+
+    Only the call itself differs between sync and async; every decision
+    (which summarizer answers a request, when the fallback takes over, when
+    to give up) is made here.
+    """
+
+    def __init__(self, summarizer: Summarizer, fallback: Summarizer | None) -> None:
+        self.active = summarizer
+        self.fallback = fallback
+        self.used_fallback = False
+        self.usage = Usage()
+
+    def choose(self, request: SummaryRequest) -> Summarizer:
+        """The summarizer for ``request``; raises when the fallback is wanted but absent."""
+        if request.wants_fallback:
+            if self.fallback is None or self.used_fallback:
+                raise InvalidSummaryError(
+                    f"compaction summarisation failed: the summary was rejected twice ({request.problem}); "
+                    "the messages were left unchanged. Pass fallback=ExtractiveSummarizer(), or relax "
+                    "summary_max_tokens / require_sections",
+                    chunk_index=request.chunk_index,
+                    chunk_count=request.chunk_count,
+                )
+            self.active, self.used_fallback = self.fallback, True
+        return self.active
+
+    def switch(self, error: SummarizationError) -> Summarizer:
+        """After ``active`` failed: the fallback to try, or re-raise ``error``."""
+        if self.fallback is None or self.used_fallback:
+            raise error
+        self.active, self.used_fallback = self.fallback, True
+        return self.active
+
+    def record(self, text: str) -> str:
+        self.usage = self.usage + usage_of(text)
+        return text
+
+    def report(self, outcome: Outcome) -> DriverReport:
+        return DriverReport(outcome, self.active.name, self.used_fallback, self.usage)
 
 
 def run_flow(
@@ -402,31 +498,29 @@ def run_flow(
     Args:
         flow: From ``compaction_flow``.
         summarizer: Makes each summary.
-        fallback: Used for a request the summarizer failed (and for the rest
-            of this compaction), if given.
+        fallback: Used for a request the summarizer failed, or whose answer
+            was rejected twice (and for the rest of this compaction), if given.
         timeout: Seconds each call may take.
 
     Returns:
-        The outcome and who wrote it.
+        The outcome, who wrote it and what it cost.
 
     Raises:
         SummarizationError: The summarizer failed and there is no fallback (or
             the fallback failed too).
     """
-    active, used_fallback = summarizer, False
+    driver = _Driver(summarizer, fallback)
     try:
         request = next(flow)
         while True:
+            active = driver.choose(request)
             try:
                 text = _ask(active, request, timeout)
-            except SummarizationError:
-                if fallback is None or used_fallback:
-                    raise
-                active, used_fallback = fallback, True
-                text = _ask(active, request, timeout)
-            request = flow.send(text)
+            except SummarizationError as error:
+                text = _ask(driver.switch(error), request, timeout)
+            request = flow.send(driver.record(text))
     except StopIteration as stop:
-        return DriverReport(stop.value, active.name, used_fallback)
+        return driver.report(stop.value)
     finally:
         flow.close()
 
@@ -439,19 +533,17 @@ async def arun_flow(
     timeout: float | None = None,
 ) -> DriverReport:
     """Drive ``flow`` with async summarizer calls; see ``run_flow``."""
-    active, used_fallback = summarizer, False
+    driver = _Driver(summarizer, fallback)
     try:
         request = next(flow)
         while True:
+            active = driver.choose(request)
             try:
                 text = await _aask(active, request, timeout)
-            except SummarizationError:
-                if fallback is None or used_fallback:
-                    raise
-                active, used_fallback = fallback, True
-                text = await _aask(active, request, timeout)
-            request = flow.send(text)
+            except SummarizationError as error:
+                text = await _aask(driver.switch(error), request, timeout)
+            request = flow.send(driver.record(text))
     except StopIteration as stop:
-        return DriverReport(stop.value, active.name, used_fallback)
+        return driver.report(stop.value)
     finally:
         flow.close()

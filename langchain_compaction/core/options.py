@@ -53,6 +53,24 @@ class CompactionOptions:
             less the reserve), or 100,000 when the window is unknown.
         timeout: Seconds one summary call may take before it fails with
             ``SummaryTimeoutError``; ``None`` for no limit.
+        redact: A function from text to text applied to everything the
+            summarizer is shown (messages, tool calls and results, the
+            previous summary) and so to what the extractive summarizer copies;
+            ``redact_secrets`` is a ready one. Off by default.
+        summary_max_tokens: The most tokens a summary may take; a longer one
+            is asked for once more, shorter, then left to ``fallback=`` (or
+            raises). ``None`` derives it: half of what the window leaves after
+            the reserve and the kept messages, between 1,024 and 8,192 (8,192
+            when the window is unknown).
+        require_sections: Also reject a summary that lacks any checkpoint
+            heading (Goal, Constraints & Preferences, Progress, Done, In
+            Progress, Blocked, Key Decisions, Next Steps, Critical Context).
+            Off by default: a custom ``summary_prompt`` or a plain function
+            may rightly write another format.
+        ensure_user_turn: When the kept messages do not start with a user
+            turn (an agent compacted mid-loop keeps an assistant tool call
+            first), put a one-line user message after the summary: Anthropic's
+            API rejects a conversation whose first turn is not the user's.
 
     Example:
         >>> opts = CompactionOptions(context_window=200_000)
@@ -69,6 +87,10 @@ class CompactionOptions:
     token_counter: TokenCounterFn | None = None
     summary_input_tokens: int | None = None
     timeout: float | None = None
+    redact: Callable[[str], str] | None = None
+    summary_max_tokens: int | None = None
+    require_sections: bool = False
+    ensure_user_turn: bool = True
 
     def __post_init__(self) -> None:
         _check_int(
@@ -124,10 +146,29 @@ class CompactionOptions:
                 self.token_counter,
                 "pass a callable over a list of messages, e.g. count_tokens_approximately",
             )
+        if self.summary_max_tokens is not None:
+            _check_int(
+                "summary_max_tokens",
+                self.summary_max_tokens,
+                minimum=64,
+                advice="pass at least 64 tokens, or None to derive it from the window",
+            )
+        if self.redact is not None and not callable(self.redact):
+            raise ConfigurationError("redact", self.redact, "pass a function from text to text, e.g. redact_secrets")
         if self.timeout is not None and (
             isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or self.timeout <= 0
         ):
             raise ConfigurationError("timeout", self.timeout, "pass a positive number of seconds, or None")
+
+    @property
+    def effective_summary_max_tokens(self) -> int:
+        """The summary budget in force (see ``summary_max_tokens``)."""
+        if self.summary_max_tokens is not None:
+            return self.summary_max_tokens
+        if self.context_window:
+            room = self.context_window - self.reserve_tokens - self.keep_recent_tokens
+            return min(max(room // 2, 1024), 8192)
+        return 8192
 
     @property
     def effective_summary_input_tokens(self) -> int:

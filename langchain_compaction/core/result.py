@@ -39,6 +39,14 @@ class CompactionRecord(TypedDict):
     """Oversize messages shortened (head and tail kept) in the transcript."""
     over_budget: bool
     """True if the compacted context is still above ``window - reserve``."""
+    summarizer_billed_input_tokens: int
+    """Uncached input tokens the summarizer calls were billed (0 if not reported)."""
+    summarizer_output_tokens: int
+    """Output tokens the summarizer calls were billed (0 if not reported)."""
+    summarizer_cache_read_tokens: int
+    """Input tokens served from the provider's prompt cache (0 if not reported)."""
+    summarizer_cache_write_tokens: int
+    """Input tokens written to the provider's prompt cache (0 if not reported)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,10 @@ class CompactionResult:
     summarizer_input_tokens: int = 0
     shortened_messages: int = 0
     over_budget: bool = False
+    summarizer_billed_input_tokens: int = 0
+    summarizer_output_tokens: int = 0
+    summarizer_cache_read_tokens: int = 0
+    summarizer_cache_write_tokens: int = 0
 
     def to_dict(self) -> CompactionRecord:
         """The result as plain JSON-serializable data."""

@@ -109,6 +109,8 @@ class SummaryRequest:
         indices: The positions of ``messages`` in the conversation, so a
             summarizer that holds the original list (the cache-aligned mode)
             can send the caller's own messages.
+        problem: Why the previous answer to this request could not be used
+            (set on a retry, and on a request for the fallback).
     """
 
     system: str
@@ -120,3 +122,64 @@ class SummaryRequest:
     chunk_count: int = 1
     attempt: int = 0
     indices: tuple[int, ...] = ()
+    problem: str = ""
+
+    @property
+    def wants_fallback(self) -> bool:
+        """True when two answers failed their check: use the fallback, or raise."""
+        return self.attempt >= FALLBACK_ATTEMPT
+
+
+FALLBACK_ATTEMPT = 2
+"""``SummaryRequest.attempt`` of a request that asks for the fallback."""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens a summarizer call was billed, as its provider reported them.
+
+    Attributes:
+        input_tokens: Uncached input tokens.
+        output_tokens: Output tokens.
+        cache_read_input_tokens: Input tokens served from the prompt cache.
+        cache_creation_input_tokens: Input tokens written to the prompt cache.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_input_tokens + other.cache_read_input_tokens,
+            self.cache_creation_input_tokens + other.cache_creation_input_tokens,
+        )
+
+
+def usage_of(text: object) -> Usage:
+    """The usage a summarizer attached to its text (``text.usage``), if any.
+
+    Any object with the four ``Usage`` attribute names works, so provider
+    adapters need not import this class.
+    """
+    usage = getattr(text, "usage", None)
+    if usage is None:
+        return Usage()
+    fields = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    values = [getattr(usage, name, 0) for name in fields]
+    return Usage(*(v if isinstance(v, int) and not isinstance(v, bool) else 0 for v in values))
+
+
+class SummaryText(str):
+    """Summary text that carries the ``Usage`` of the call that wrote it."""
+
+    usage: Usage | None
+
+    def __new__(cls, text: str, usage: Usage | None = None) -> SummaryText:
+        """The text ``text`` with ``usage`` attached."""
+        value = super().__new__(cls, text)
+        value.usage = usage
+        return value

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.constants import TAG_NOSTREAM
 
 from langchain_compaction.core.engine import Summarizer
-from langchain_compaction.core.types import SummaryRequest
+from langchain_compaction.core.types import SummaryRequest, SummaryText, Usage
 from langchain_compaction.errors import ConfigurationError
 
 SUMMARY_TAG = "langchain_compaction:summary"
@@ -24,9 +24,27 @@ SUMMARY_RUN_NAME = "langchain_compaction_summary"
 
 
 def _text(output: object) -> object:
-    """Text of a model's output: a message's text blocks, or a string as is."""
-    if isinstance(output, BaseMessage):
+    """Text of a model's output: a message's text blocks, or a string as is.
+
+    A reply with ``usage_metadata`` becomes a ``SummaryText`` carrying it, so
+    the result can report billed and cached tokens.
+    """
+    if isinstance(output, AIMessage):
         # ``.text`` joins the text blocks and skips thinking and tool-use blocks.
+        meta = output.usage_metadata
+        if not meta:
+            return str(output.text)
+        details = meta.get("input_token_details") or {}
+        cached = int(details.get("cache_read") or 0)
+        written = int(details.get("cache_creation") or 0)
+        usage = Usage(
+            input_tokens=max(int(meta.get("input_tokens") or 0) - cached - written, 0),
+            output_tokens=int(meta.get("output_tokens") or 0),
+            cache_read_input_tokens=cached,
+            cache_creation_input_tokens=written,
+        )
+        return SummaryText(str(output.text), usage)
+    if isinstance(output, BaseMessage):
         return str(output.text)
     return output
 

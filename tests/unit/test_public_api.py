@@ -27,6 +27,7 @@ EXPECTED_ALL = [
     "FileLock",
     "InProcessLock",
     "InvalidMessagesError",
+    "InvalidSummaryError",
     "PostgresAdvisoryLock",
     "StoreError",
     "SummarizationError",
@@ -42,6 +43,7 @@ EXPECTED_ALL = [
     "estimate_tokens",
     "find_cut_point",
     "parse_compact_command",
+    "redact_secrets",
     "route_after_compaction",
     "should_compact",
 ]

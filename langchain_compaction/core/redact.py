@@ -1,0 +1,87 @@
+"""Redaction: keep secrets out of everything sent to the summarizer.
+
+``CompactionOptions(redact=...)`` takes any function from text to text; it is
+applied to every message the summarizer is shown (text, reasoning, tool-call
+arguments, tool results), to the previous summary, and to what the extractive
+summarizer copies. ``redact_secrets`` is a ready one for common secret shapes.
+Redaction is off by default: it changes what the summary can quote, and only
+the application knows what counts as secret.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+
+from langchain_compaction.core.types import Message, Part, ToolCall
+
+Redactor = Callable[[str], str]
+"""A function from text to the same text with secrets replaced."""
+
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # PEM private keys, whole blocks.
+    (
+        re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S),
+        "[REDACTED PRIVATE KEY]",
+    ),
+    # Provider keys with a recognizable prefix.
+    (re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{16,}"), "[REDACTED API KEY]"),
+    (re.compile(r"\b(?:sk|pk|rk)-(?:proj-|live-|test-)?[A-Za-z0-9_\-]{20,}"), "[REDACTED API KEY]"),
+    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "[REDACTED AWS KEY]"),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b"), "[REDACTED GITHUB TOKEN]"),
+    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{30,}\b"), "[REDACTED GITHUB TOKEN]"),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b"), "[REDACTED SLACK TOKEN]"),
+    (re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b"), "[REDACTED GOOGLE KEY]"),
+    (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"), "[REDACTED JWT]"),
+    # Authorization headers and bearer tokens.
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{12,}"), r"\1 [REDACTED TOKEN]"),
+    # Passwords in URLs: scheme://user:password@host.
+    (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]+:)[^\s@/]+@"), r"\1[REDACTED]@"),
+    # key=value and "key": "value" for names that say secret.
+    (
+        re.compile(
+            r"(?i)(\b(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret)"
+            r"\b[\"']?\s*[:=]\s*[\"']?)([^\s\"',;]{4,})"
+        ),
+        r"\1[REDACTED]",
+    ),
+)
+
+
+def redact_secrets(text: str) -> str:
+    """Replace common secret shapes in ``text`` with ``[REDACTED ...]`` markers.
+
+    Covers PEM private keys, Anthropic/OpenAI-style ``sk-`` keys, AWS access
+    key ids, GitHub and Slack tokens, Google API keys, JWTs, bearer and basic
+    authorization values, passwords in URLs, and ``password=`` / ``api_key:``
+    style assignments.
+
+    Args:
+        text: Any text.
+
+    Returns:
+        The text with each secret replaced.
+
+    Example:
+        >>> redact_secrets("curl -H 'Authorization: Bearer abcdef1234567890XYZ' https://bob:hunter22@db.local")
+        "curl -H 'Authorization: Bearer [REDACTED TOKEN]' https://bob:[REDACTED]@db.local"
+    """
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def redact_message(message: Message, redactor: Redactor) -> Message:
+    """A copy of ``message`` with ``redactor`` applied to all of its text.
+
+    Args:
+        message: The message.
+        redactor: The redaction function.
+
+    Returns:
+        The redacted copy (the original is not changed).
+    """
+    parts = tuple(p if p.kind == "image" else Part(p.kind, redactor(p.text)) for p in message.parts)
+    calls = tuple(ToolCall(c.id, c.name, redactor(c.arguments)) for c in message.tool_calls)
+    return replace(message, parts=parts, tool_calls=calls)

@@ -1,0 +1,117 @@
+"""Checked summaries (budget, sections, one retry, then fallback) and reported usage."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, HumanMessage
+
+from langchain_compaction import (
+    CompactionOptions,
+    ExtractiveSummarizer,
+    InvalidSummaryError,
+    SummarizationError,
+    acompact,
+    compact,
+)
+from langchain_compaction.core.prompts import CHECKPOINT_FORMAT
+
+MESSAGES = [HumanMessage("fix src/a.py " * 40, id="h1"), AIMessage("done " * 80, id="a1"), HumanMessage("next", id="h2")]
+GOOD = "## Goal\n- fix src/a.py"
+FULL = CHECKPOINT_FORMAT.split("Keep each section")[0]
+
+
+class Script:
+    """A plain-callable summarizer answering from a script, recording prompts."""
+
+    def __init__(self, *answers: str) -> None:
+        self.answers = list(answers)
+        self.prompts: list[str] = []
+
+    def __call__(self, prompt: str) -> str:
+        self.prompts.append(prompt)
+        return self.answers[min(len(self.prompts), len(self.answers)) - 1]
+
+
+async def run(mode, model, options, **kw):
+    if mode == "sync":
+        return compact(model, MESSAGES, options, **kw)
+    return await acompact(model, MESSAGES, options, **kw)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_oversized_summary_is_asked_again_with_the_problem_stated(mode):
+    script = Script("word " * 3000, GOOD)
+    result, out = await run(mode, script, CompactionOptions(summary_max_tokens=500))
+    assert result is not None
+    assert result.summary == GOOD
+    assert result.summarizer_calls == 2
+    assert len(script.prompts) == 2
+    assert "could not be used" in script.prompts[1]
+    assert "more than the summary budget of 500" in script.prompts[1]
+    assert script.prompts[1].startswith(script.prompts[0])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_rejected_twice_falls_back(mode):
+    script = Script("word " * 3000)
+    result, out = await run(mode, script, CompactionOptions(summary_max_tokens=500), fallback=ExtractiveSummarizer())
+    assert result is not None
+    assert result.fallback_used
+    assert result.summarizer == "extractive"
+    assert len(script.prompts) == 2
+    assert "src/a.py" in result.summary
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_rejected_twice_without_fallback_raises_and_changes_nothing(mode):
+    before = [(m.id, m.content) for m in MESSAGES]
+    with pytest.raises(InvalidSummaryError, match="rejected twice") as info:
+        await run(mode, Script("word " * 3000), CompactionOptions(summary_max_tokens=500))
+    assert isinstance(info.value, SummarizationError)
+    assert [(m.id, m.content) for m in MESSAGES] == before
+
+
+def test_sections_are_checked_only_when_asked():
+    result, _ = compact(Script(GOOD), MESSAGES, CompactionOptions())
+    assert result is not None
+    assert result.summarizer_calls == 1
+    script = Script(GOOD, FULL)
+    result, _ = compact(script, MESSAGES, CompactionOptions(require_sections=True))
+    assert result is not None
+    assert result.summarizer_calls == 2
+    assert "lacks these headings: ## Constraints & Preferences" in script.prompts[1]
+    assert "## Goal" not in script.prompts[1].split("lacks these headings:")[1].split(".")[0]
+
+
+def test_default_budget_follows_the_window():
+    assert CompactionOptions().effective_summary_max_tokens == 8192
+    assert CompactionOptions(context_window=24_000, reserve_tokens=4_000, keep_recent_tokens=6_000).effective_summary_max_tokens == 7000
+    assert CompactionOptions(context_window=8_000, reserve_tokens=2_000, keep_recent_tokens=5_000).effective_summary_max_tokens == 1024
+    assert CompactionOptions(summary_max_tokens=300).effective_summary_max_tokens == 300
+
+
+def test_provider_usage_is_reported():
+    reply = AIMessage(
+        GOOD,
+        usage_metadata={
+            "input_tokens": 1200,
+            "output_tokens": 80,
+            "total_tokens": 1280,
+            "input_token_details": {"cache_read": 900, "cache_creation": 100},
+        },
+    )
+    model = GenericFakeChatModel(messages=iter([reply]))
+    result, _ = compact(model, MESSAGES)
+    assert result is not None
+    record = result.to_dict()
+    assert record["summarizer_billed_input_tokens"] == 200
+    assert record["summarizer_cache_read_tokens"] == 900
+    assert record["summarizer_cache_write_tokens"] == 100
+    assert record["summarizer_output_tokens"] == 80
+
+
+def test_no_usage_reported_is_zero_not_a_guess():
+    result, _ = compact(Script(GOOD), MESSAGES)
+    assert result is not None
+    assert result.summarizer_billed_input_tokens == result.summarizer_cache_read_tokens == 0
