@@ -3,8 +3,8 @@
 Run: python bench/run.py [--quick]   (install the bench extra first: pip install -e ".[bench]")
 
 Systems, each on the same input in the same run:
-  ours       CompactionNode (the LangGraph node), called as a graph would call it
-  langchain  SummarizationMiddleware.before_model (langchain 1.x)
+  ours       CompactionNode (the LangGraph node), through its public invoke()
+  langchain  SummarizationMiddleware.before_model (langchain 1.x), called directly
   langmem    summarize_messages with a RunningSummary
   trim       trim_messages(strategy="last") (drops, never summarizes)
 

@@ -6,9 +6,11 @@ message id (``add_messages`` gives every message one) and checked by a content
 fingerprint. The fingerprint hashes the content, tool calls and the fields the
 estimate reads; hashing is far cheaper than estimating, and it catches a
 message replaced under the same id. Within one run the node sees the very same
-objects again, so a prefix of the previous call's objects (and their content
-objects) is reused without even a fingerprint: only nested in-place edits of an
-object already seen go unnoticed, until it arrives as a new object.
+objects again, so a prefix of the previous call's objects is reused without
+even a fingerprint. The cost: an in-place edit of a message object already seen
+(``message.content = ...``, which LangGraph never does: ``add_messages``
+replaces a message with a new object) goes unnoticed until the message
+arrives as a new object, for example after a checkpoint load.
 """
 
 from __future__ import annotations
@@ -23,9 +25,8 @@ from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, ToolMes
 from langchain_compaction.adapters._convert import to_core
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.tokens import estimate_message
+from langchain_compaction.core.types import Message
 from langchain_compaction.errors import InvalidMessagesError
-
-_CONTENT = operator.attrgetter("content")
 
 DEFAULT_CACHE_SIZE = 200_000
 """Messages remembered per cache before the oldest quarter is dropped."""
@@ -57,13 +58,14 @@ def fingerprint(message: BaseMessage) -> int:
     return hash((type(message), message.name, body, extra))
 
 
-def count_message(message: BaseMessage, index: int, options: CompactionOptions) -> int:
+def count_message(message: BaseMessage, index: int, options: CompactionOptions, core: Message | None = None) -> int:
     """Count one message with the counter ``options`` names (or the estimate).
 
     Args:
         message: The message.
         index: Its position, for the error message.
         options: The options in force.
+        core: Its core form, if already converted.
 
     Returns:
         The token count.
@@ -74,7 +76,7 @@ def count_message(message: BaseMessage, index: int, options: CompactionOptions) 
     """
     counter = options.token_counter
     if counter is None:
-        return estimate_message(to_core(message, index))
+        return estimate_message(core if core is not None else to_core(message, index))
     value = counter([message])
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         msg = (
@@ -106,15 +108,14 @@ class TokenCountCache:
     def __init__(self, options: CompactionOptions, *, max_entries: int = DEFAULT_CACHE_SIZE) -> None:
         self._options = options
         self._max_entries = max(int(max_entries), 1)
-        self._entries: dict[str, tuple[int, int]] = {}
+        self._entries: dict[str, tuple[int, int, Message]] = {}
         self._lock = threading.Lock()
-        # The previous call's messages, their content objects and counts:
-        # within one graph run (and in an agent loop) the node sees the same
-        # message objects again plus a few new ones, so an identity check of
-        # the prefix, done in C, skips even the fingerprints. Checking the
-        # content object too catches ``message.content = ...`` edits. One
-        # tuple, so threads swap it atomically.
-        self._last: tuple[list[BaseMessage], list[Any], list[int]] = ([], [], [])
+        # The previous call's messages, counts and core forms: within one
+        # graph run (and in an agent loop) the node sees the same message
+        # objects again plus a few new ones, so an identity check of the
+        # prefix, done in C, skips even the fingerprints. One tuple, so
+        # threads swap it atomically.
+        self._last: tuple[list[BaseMessage], list[int], list[Message]] = ([], [], [])
         self.misses = 0
         """Messages counted (cache misses) since the cache was made."""
 
@@ -130,34 +131,54 @@ class TokenCountCache:
         Returns:
             One count per message, in order.
         """
-        last, last_contents, last_counts = self._last
-        try:
-            contents = list(map(_CONTENT, messages))
-        except AttributeError:  # not a message: the slow path names the index
-            contents, last, last_counts = [None] * len(messages), [], []
-        same = list(map(operator.and_, map(operator.is_, messages, last), map(operator.is_, contents, last_contents)))
-        reused = same.index(False) if False in same else len(same)
+        return self.counts_and_core(messages)[0]
+
+    def counts_and_core(self, messages: Sequence[BaseMessage]) -> tuple[list[int], list[Message]]:
+        """Token counts and core forms of ``messages``, cached together.
+
+        The core forms are what ``prepare(core=...)`` takes, so a compaction
+        does not convert the whole history again.
+
+        Args:
+            messages: The conversation.
+
+        Returns:
+            One count and one core message per message, in order.
+        """
+        last, last_counts, last_core = self._last
+        known = len(last)
+        if len(messages) >= known and all(map(operator.is_, messages[:known], last)):
+            reused = known  # the common case: the same history plus new messages
+        else:
+            same = list(map(operator.is_, messages, last))
+            reused = same.index(False) if False in same else len(same)
         out = last_counts[:reused]
+        core = last_core[:reused]
         entries = self._entries
-        fresh: list[tuple[str, tuple[int, int]]] = []
+        fresh: list[tuple[str, tuple[int, int, Message]]] = []
         for index in range(reused, len(messages)):
             message = messages[index]
             if not isinstance(message, BaseMessage):
                 to_core(message, index)  # raises InvalidMessagesError naming the index
             key = message.id
             if key is None:
+                converted = to_core(message, index)
                 self.misses += 1
-                out.append(count_message(message, index, self._options))
+                out.append(count_message(message, index, self._options, converted))
+                core.append(converted)
                 continue
             mark = fingerprint(message)
             hit = entries.get(key)
             if hit is not None and hit[0] == mark:
                 out.append(hit[1])
+                core.append(hit[2])
                 continue
             self.misses += 1
-            value = count_message(message, index, self._options)
-            fresh.append((key, (mark, value)))
+            converted = to_core(message, index)
+            value = count_message(message, index, self._options, converted)
+            fresh.append((key, (mark, value, converted)))
             out.append(value)
+            core.append(converted)
         if fresh:
             with self._lock:
                 entries.update(fresh)
@@ -165,5 +186,5 @@ class TokenCountCache:
                     # dicts keep insertion order: the first keys are the oldest.
                     for stale in list(entries)[: max(len(entries) // 4, len(entries) - self._max_entries)]:
                         del entries[stale]
-        self._last = (list(messages), contents, out)
-        return list(out)
+        self._last = (list(messages), out, core)
+        return list(out), list(core)

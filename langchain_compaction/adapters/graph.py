@@ -321,10 +321,10 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
                 instructions, force = parsed, True
         if not force and not self._auto:
             return {}  # automatic compaction is off: do not even count
-        counts = self._cache.counts(messages)
+        counts, core = self._cache.counts_and_core(messages)
         if not force and not self._over_budget(messages, counts):
             return {}
-        prepared = prepare(messages, self.options, instructions, force=force, counts=counts)
+        prepared = prepare(messages, self.options, instructions, force=force, counts=counts, core=core)
         if prepared is None:
             # Nothing to summarize; a command message is still consumed.
             if command is not None and command.id is not None:
@@ -356,8 +356,9 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         *,
         manual: str | None = None,
         summarizer: Summarizer | None = None,
+        pending: _Pending | None = None,
     ) -> tuple[CompactionResult | None, dict[str, Any]]:
-        step = self._begin(state, manual=manual)
+        step = pending or self._begin(state, manual=manual)
         if isinstance(step, dict):
             return None, step
         report = run_flow(
@@ -375,8 +376,9 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         *,
         manual: str | None = None,
         summarizer: Summarizer | None = None,
+        pending: _Pending | None = None,
     ) -> tuple[CompactionResult | None, dict[str, Any]]:
-        step = self._begin(state, manual=manual)
+        step = pending or self._begin(state, manual=manual)
         if isinstance(step, dict):
             return None, step
         report = await arun_flow(
@@ -385,14 +387,6 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         result, update = self._complete(step, report)
         await adispatch_custom_event(COMPACTION_EVENT, result.to_dict(), config=config)
         return result, update
-
-    def _node(self, state: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig) -> dict[str, Any]:
-        return self._run(state, run_manager, config)[1]
-
-    async def _anode(
-        self, state: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
-    ) -> dict[str, Any]:
-        return (await self._arun(state, run_manager, config))[1]
 
     # -- the Runnable surface ---------------------------------------------------------
 
@@ -412,11 +406,29 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
             SummarizationError: The summary failed and there is no fallback.
             InvalidMessagesError: The state's message list cannot be read.
         """
-        return self._call_with_config(self._node, input, config)
+        # Decide first: the common turn, nothing to do, returns at once
+        # without opening a run of its own (no trace span, no callbacks).
+        step = self._begin(input, manual=None)
+        if isinstance(step, dict):
+            return step
+
+        def node(state: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig) -> dict[str, Any]:
+            return self._run(state, run_manager, config, pending=step)[1]
+
+        return self._call_with_config(node, input, config)
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> dict[str, Any]:
         """The async twin of ``invoke`` (what ``graph.ainvoke`` calls)."""
-        return await self._acall_with_config(self._anode, input, config)
+        step = self._begin(input, manual=None)
+        if isinstance(step, dict):
+            return step
+
+        async def node(
+            state: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
+        ) -> dict[str, Any]:
+            return (await self._arun(state, run_manager, config, pending=step))[1]
+
+        return await self._acall_with_config(node, input, config)
 
     def __call__(self, state: Any, config: RunnableConfig | None = None) -> dict[str, Any]:
         """Run the node on a state dict; see ``invoke``."""

@@ -153,6 +153,7 @@ def prepare(
     *,
     force: bool = True,
     counts: Sequence[int] | None = None,
+    core: Sequence[Message] | None = None,
 ) -> Prepared | None:
     """Plan a compaction of ``messages``; ``None`` if there is nothing to do.
 
@@ -164,6 +165,7 @@ def prepare(
         custom_instructions: Appended to the summary prompt.
         force: Whether to force a cut when everything fits the keep budget.
         counts: Token counts per message, when the caller has them cached.
+        core: The core form of each message, when the caller has it cached.
 
     Returns:
         The prepared compaction, or ``None``.
@@ -172,13 +174,13 @@ def prepare(
         raise ConfigurationError("custom_instructions", custom_instructions, "pass a string ('' for none)")
     if not isinstance(options, CompactionOptions):
         raise ConfigurationError("options", options, "pass CompactionOptions(...) (or leave it out for the defaults)")
-    core = to_core_list(messages)
-    sizes = list(counts) if counts is not None else _counts(messages, core, options)
-    plan = plan_compaction(core, sizes, options.keep_recent_tokens, force=force)
+    converted = list(core) if core is not None and len(core) == len(messages) else to_core_list(messages)
+    sizes = list(counts) if counts is not None else _counts(messages, converted, options)
+    plan = plan_compaction(converted, sizes, options.keep_recent_tokens, force=force)
     if plan is None:
         return None
-    flow = compaction_flow(core, plan, options, custom_instructions.strip())
-    return Prepared(messages, core, sizes, plan, flow)
+    flow = compaction_flow(converted, plan, options, custom_instructions.strip())
+    return Prepared(messages, converted, sizes, plan, flow)
 
 
 def finish(

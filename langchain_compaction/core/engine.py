@@ -280,6 +280,8 @@ def compaction_flow(
         + estimate_tokens(extra)
         + 64
     )
+    system_tokens = estimate_tokens(system)
+    fixed_prompt = fixed - system_tokens
     # The running summary may take up to half of what is left; a larger one
     # (a huge previous summary, a long-winded reply) is shortened in the
     # request, head and tail kept, so no request exceeds the budget.
@@ -318,7 +320,10 @@ def compaction_flow(
             chunk_count=number + max(len(planned), 1),
             indices=tuple(b.index for b in chunk),
         )
-        sent += estimate_tokens(system) + estimate_tokens(prompt)
+        # What this request costs, from the pieces already estimated (the
+        # prompt is never estimated again as a whole).
+        cost = system_tokens + fixed_prompt + sum(b.tokens for b in chunk) + estimate_tokens(shown or "")
+        sent += cost
         calls += 1
         text = yield request
         problem = review_summary(text, options)
@@ -326,7 +331,7 @@ def compaction_flow(
             # Checked summaries: ask once more with the problem stated, then
             # hand the request to the driver's fallback (or let it raise).
             retry = replace(request, prompt=prompt + prompts.RETRY_NOTE.format(problem=problem), attempt=1)
-            sent += estimate_tokens(system) + estimate_tokens(retry.prompt)
+            sent += cost + estimate_tokens(prompts.RETRY_NOTE) + estimate_tokens(problem)
             calls += 1
             text = yield retry
             problem = review_summary(text, options)

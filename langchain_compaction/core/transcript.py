@@ -110,16 +110,25 @@ def shorten(text: str, max_tokens: int) -> str:
     Returns:
         ``text`` itself if it fits, else head + marker + tail.
     """
+    return _shorten(text, max_tokens)[0]
+
+
+def _shorten(text: str, max_tokens: int) -> tuple[str, int]:
+    """``shorten``, also returning the estimate of the result.
+
+    When the text fits (the common case) that is one estimate in all.
+    """
     tokens = estimate_tokens(text)
     if tokens <= max_tokens:
-        return text
+        return text, tokens
     keep_chars = max(int(len(text) * max_tokens / tokens) - 80, 200)
     head = keep_chars * 3 // 5
     tail = keep_chars - head
     cut = len(text) - head - tail
     if cut <= 0:
-        return text
-    return f"{text[:head]}\n{CUT_MARKER.format(count=cut)}\n{text[len(text) - tail :]}"
+        return text, tokens
+    short = f"{text[:head]}\n{CUT_MARKER.format(count=cut)}\n{text[len(text) - tail :]}"
+    return short, estimate_tokens(short)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,13 +162,15 @@ def make_block(message: Message, index: int, *, max_tokens: int) -> Block:
         The block.
     """
     body = message_body(message)
-    short = shorten(body, max_tokens)
+    short, tokens = _shorten(body, max_tokens)
     header = _header(message, index + 1)
     return Block(
         index=index,
         header=header,
         body=short,
-        tokens=estimate_tokens(header) + estimate_tokens(short) + _FENCE_TOKENS,
+        # Headers are short ASCII labels with digits and punctuation: about
+        # one token per two characters, not worth a full estimate each.
+        tokens=len(header) // 2 + 1 + tokens + _FENCE_TOKENS,
         shortened=short is not body,
     )
 

@@ -426,12 +426,14 @@ def test_cache_catches_in_place_edit_of_the_same_object() -> None:
     first = cache.counts([msg])
     assert cache.counts([msg]) == first
     assert counter.calls == 1
+    # The cache trusts an object it has just seen (that is what makes a turn
+    # O(new messages)); an edit is caught as soon as the message arrives as a
+    # new object, as LangGraph delivers it after add_messages or a checkpoint
+    # load, even under the same id.
     msg.content = "much longer content " * 50
-    assert cache.counts([msg])[0] > first[0]
-    # A nested in-place edit of an object already seen is not looked for (that
-    # would cost a fingerprint of every message every turn); it is caught as
-    # soon as the message arrives as a new object, as LangGraph delivers it
-    # after add_messages or a checkpoint load.
+    assert cache.counts([msg]) == first
+    assert cache.counts([msg.model_copy()])[0] > first[0]
+    assert counter.calls == 2
     msg.tool_calls[0]["args"]["q"] = "b" * 400
     cache.counts([msg.model_copy()])
     assert counter.calls == 3
