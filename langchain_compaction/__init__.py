@@ -21,7 +21,9 @@ from langchain_compaction.adapters.graph import (
 from langchain_compaction.adapters.history import CompactingChatMessageHistory
 from langchain_compaction.adapters.locks import CompactionLock, FileLock, InProcessLock, PostgresAdvisoryLock
 from langchain_compaction.adapters.messages import (
+    aauto_compact,
     acompact,
+    auto_compact,
     compact,
     estimate_message_tokens,
     find_cut_point,
@@ -90,8 +92,10 @@ __all__ = [
     "SummaryRequest",
     "SummaryTimeoutError",
     "__version__",
+    "aauto_compact",
     "acompact",
     "acompact_thread",
+    "auto_compact",
     "compact",
     "compact_thread",
     "estimate_message_tokens",

@@ -1044,6 +1044,7 @@ class AnthropicSummarizer:
         max_retries: int | None = None,
         temperature: float | None = None,
         extra_headers: Mapping[str, str] | None = None,
+        tools: Sequence[Any] | None = None,
     ) -> None:
         if not isinstance(model, str) or not model.strip():
             raise ConfigurationError("model", model, 'pass a Claude model name, e.g. "claude-haiku-4-5"')
@@ -1080,6 +1081,9 @@ class AnthropicSummarizer:
         self.max_retries = max_retries
         self.temperature = temperature
         self.extra_headers = dict(extra_headers) if extra_headers else None
+        # The conversation's own tools, sent with a cache-aligned request so
+        # its prefix matches the agent's requests byte for byte.
+        self.tools = _convert_tools(tools)
         self._client = client
         self._async_client = async_client
         self._configured: anthropic.Anthropic | None = None
@@ -1142,13 +1146,39 @@ class AnthropicSummarizer:
                 self._configured_async = self._async_client.with_options(**options) if options else self._async_client
             return self._configured_async
 
+    def _prefix_params(self, request: SummaryRequest) -> dict[str, Any] | None:
+        """A cache-aligned request: the conversation's own prefix, then the instruction."""
+        prefix = request.prefix
+        if not prefix or request.attempt or not all(isinstance(m, BaseMessage) for m in prefix):
+            return None
+        system: list[dict[str, Any]] = []
+        api: list[ApiMessage] = []
+        for message in prefix:
+            assert isinstance(message, BaseMessage)
+            if isinstance(message, SystemMessage):
+                content = message.content
+                blocks = [content] if isinstance(content, str) else content
+                system += [{"type": "text", "text": b} if isinstance(b, str) else dict(b) for b in blocks]
+            else:
+                api += _to_api(message, self.model, True)
+        api = _merged([*api, {"role": "user", "content": [{"type": "text", "text": request.prefix_prompt}]}])
+        params: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": api}
+        if len(system) == 1 and set(system[0]) == {"type", "text"}:
+            params["system"] = system[0]["text"]  # as ChatAnthropic sends one plain system prompt
+        elif system:
+            params["system"] = system
+        if self.tools:
+            params["tools"] = self.tools
+        return params
+
     def _params(self, request: SummaryRequest) -> dict[str, Any]:
-        params: dict[str, Any] = {
+        aligned = self._prefix_params(request)
+        params = aligned or {
             "model": self.model,
             "max_tokens": self.max_tokens,
             "messages": [{"role": "user", "content": request.prompt}],
         }
-        if request.system:
+        if request.system and aligned is None:
             params["system"] = request.system
         if self.temperature is not None:
             # anthropic>=1 dropped ``temperature`` from ``create``'s arguments

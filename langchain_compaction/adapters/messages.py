@@ -15,7 +15,14 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage
 
-from langchain_compaction.adapters._convert import bridge_message, summary_message, to_core, to_core_list
+from langchain_compaction.adapters._convert import (
+    SUMMARY_MARK,
+    bridge_message,
+    summary_message,
+    to_core,
+    to_core_list,
+)
+from langchain_compaction.core.clearing import ClearingPlan, plan_clearing
 from langchain_compaction.core.cut import find_cut, valid_boundaries
 from langchain_compaction.core.engine import (
     DriverReport,
@@ -135,8 +142,10 @@ class Prepared:
         messages: The caller's list.
         core: Its core form.
         counts: Token count per message.
-        plan: The plan.
+        plan: The plan (nothing summarized when ``cleared`` is set).
         flow: The summary flow for the plan.
+        cleared: When clearing old tool outputs is enough: which, and their
+            placeholders; the flow then makes no summarizer call.
     """
 
     messages: Sequence[BaseMessage]
@@ -144,6 +153,31 @@ class Prepared:
     counts: list[int]
     plan: Plan
     flow: Generator[SummaryRequest, str, Outcome]
+    cleared: ClearingPlan | None = None
+
+
+def _no_summary() -> Generator[SummaryRequest, str, Outcome]:
+    """A flow that asks for nothing (clearing tool outputs was enough)."""
+    return Outcome(summary="", calls=0, chunks=0, input_tokens=0, shortened=0, updated_previous=False)
+    yield  # makes this a generator  # pragma: no cover
+
+
+def _clearing(core: Sequence[Message], counts: Sequence[int], options: CompactionOptions) -> ClearingPlan | None:
+    if not options.clear_tool_outputs or not options.context_window:
+        return None
+    threshold = options.context_window - options.reserve_tokens
+    # Aim halfway between the keep budget and the threshold, so the next
+    # turns do not clear (and rewrite the history) again at once.
+    target = options.keep_recent_tokens + (threshold - options.keep_recent_tokens) // 2
+    return plan_clearing(
+        core,
+        counts,
+        keep_recent_tokens=options.keep_recent_tokens,
+        target_tokens=target,
+        keep_tool_uses=options.keep_tool_uses,
+        exclude_tools=options.clear_exclude_tools,
+        min_tokens=options.clear_min_tokens,
+    )
 
 
 def prepare(
@@ -176,10 +210,15 @@ def prepare(
         raise ConfigurationError("options", options, "pass CompactionOptions(...) (or leave it out for the defaults)")
     converted = list(core) if core is not None and len(core) == len(messages) else to_core_list(messages)
     sizes = list(counts) if counts is not None else _counts(messages, converted, options)
+    if not force and (clearing := _clearing(converted, sizes, options)) is not None:
+        nothing = Plan(keep_head=(), start=0, cut=0, previous_summaries=(), forced=False)
+        return Prepared(messages, converted, sizes, nothing, _no_summary(), clearing)
     plan = plan_compaction(converted, sizes, options.keep_recent_tokens, force=force)
     if plan is None:
         return None
-    flow = compaction_flow(converted, plan, options, custom_instructions.strip())
+    flow = compaction_flow(
+        converted, plan, options, custom_instructions.strip(), originals=tuple(messages), counts=sizes
+    )
     return Prepared(messages, converted, sizes, plan, flow)
 
 
@@ -196,6 +235,8 @@ def finish(
     Returns:
         The result and ``[leading system messages, summary, *recent]``.
     """
+    if prepared.cleared is not None:
+        return _finish_clearing(prepared, prepared.cleared, options)
     plan, outcome, original = prepared.plan, report.outcome, prepared.messages
     summary = summary_message(outcome.summary)
     kept = [original[i] for i in plan.keep_head]
@@ -254,6 +295,41 @@ def _is_user_turn(message: BaseMessage) -> bool:
 
 def _as_list(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
     return messages if isinstance(messages, list) else list(messages)
+
+
+def _finish_clearing(
+    prepared: Prepared, clearing: ClearingPlan, options: CompactionOptions
+) -> tuple[CompactionResult, list[BaseMessage]]:
+    output = list(prepared.messages)
+    for index, text in zip(clearing.indices, clearing.contents):
+        message = output[index]
+        mark = {"kind": "cleared", "tokens": prepared.counts[index]}
+        output[index] = message.model_copy(
+            update={"content": text, "additional_kwargs": {**message.additional_kwargs, SUMMARY_MARK: mark}}
+        )
+    replaced = [output[i] for i in clearing.indices]
+    before = sum(prepared.counts)
+    after = before - sum(prepared.counts[i] for i in clearing.indices)
+    after += sum(_counts(replaced, [to_core(m) for m in replaced], options))
+    result = CompactionResult(
+        summary="",
+        original_tokens=before,
+        compacted_tokens=after,
+        messages_removed=0,
+        cut_index=0,
+        messages_kept=len(output),
+        summarizer_calls=0,
+        chunks=0,
+        summarizer="none",
+        tool_outputs_cleared=len(clearing.indices),
+    )
+    logger.info(
+        "cleared %d old tool outputs instead of summarizing: %d -> %d tokens",
+        len(clearing.indices),
+        before,
+        after,
+    )
+    return result, output
 
 
 def _resolve(model: object, fallback: object | None) -> tuple[Summarizer, Summarizer | None]:
@@ -321,6 +397,68 @@ async def acompact(
     options = _DEFAULT_OPTIONS if options is None else options
     summarizer, backup = _resolve(model, fallback)
     prepared = prepare(messages, options, custom_instructions)
+    if prepared is None:
+        return None, _as_list(messages)
+    report = await arun_flow(prepared.flow, summarizer, fallback=backup, timeout=options.timeout)
+    return finish(prepared, report, options)
+
+
+def _over_threshold(messages: Sequence[BaseMessage], options: CompactionOptions) -> bool:
+    if options.context_window <= 0 or options.reserve_tokens <= 0:
+        return False
+    core = to_core_list(messages)
+    return sum(_counts(messages, core, options)) > options.context_window - options.reserve_tokens
+
+
+def auto_compact(
+    model: Any,
+    messages: Sequence[BaseMessage],
+    options: CompactionOptions,
+    *,
+    fallback: Any = None,
+) -> tuple[CompactionResult | None, list[BaseMessage]]:
+    """Compact only when the conversation is over the threshold.
+
+    The automatic step the adapters take before each model call: nothing
+    when ``window - reserve`` is not exceeded (counted with the options'
+    ``token_counter``); else, with ``clear_tool_outputs``, clearing old tool
+    outputs when that is enough; else a summary, with the budget cut.
+
+    Args:
+        model: Writes the summary (see ``compact``).
+        messages: The conversation; it is never modified.
+        options: Budgets; ``context_window`` must be set for anything to happen.
+        fallback: A summarizer used if ``model`` fails.
+
+    Returns:
+        ``(result, new_messages)``, or ``(None, messages)`` when nothing was needed.
+    """
+    if not isinstance(options, CompactionOptions):
+        raise ConfigurationError("options", options, "pass CompactionOptions(context_window=...)")
+    summarizer, backup = _resolve(model, fallback)
+    if not _over_threshold(messages, options):
+        return None, _as_list(messages)
+    prepared = prepare(messages, options, force=False)
+    if prepared is None:
+        return None, _as_list(messages)
+    report = run_flow(prepared.flow, summarizer, fallback=backup, timeout=options.timeout)
+    return finish(prepared, report, options)
+
+
+async def aauto_compact(
+    model: Any,
+    messages: Sequence[BaseMessage],
+    options: CompactionOptions,
+    *,
+    fallback: Any = None,
+) -> tuple[CompactionResult | None, list[BaseMessage]]:
+    """The async twin of ``auto_compact``."""
+    if not isinstance(options, CompactionOptions):
+        raise ConfigurationError("options", options, "pass CompactionOptions(context_window=...)")
+    summarizer, backup = _resolve(model, fallback)
+    if not _over_threshold(messages, options):
+        return None, _as_list(messages)
+    prepared = prepare(messages, options, force=False)
     if prepared is None:
         return None, _as_list(messages)
     report = await arun_flow(prepared.flow, summarizer, fallback=backup, timeout=options.timeout)

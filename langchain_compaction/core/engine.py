@@ -216,6 +216,15 @@ def _chunks(blocks: Sequence[Block], room: int) -> list[list[Block]]:
     return chunks
 
 
+def _cache_aligned(
+    options: CompactionOptions, originals: Sequence[object], counts: Sequence[int], plan: Plan, budget: int
+) -> bool:
+    if options.summary_mode != "cache_aligned" or len(originals) < plan.cut or options.redact is not None:
+        # Redaction cannot apply to messages sent unchanged: use the transcript.
+        return False
+    return sum(counts[: plan.cut]) <= budget
+
+
 def review_summary(text: str, options: CompactionOptions) -> str:
     """Why ``text`` cannot be used as the summary ("" when it can).
 
@@ -245,6 +254,9 @@ def compaction_flow(
     plan: Plan,
     options: CompactionOptions,
     instructions: str = "",
+    *,
+    originals: Sequence[object] = (),
+    counts: Sequence[int] = (),
 ) -> Generator[SummaryRequest, str, Outcome]:
     """Yield the summary requests for ``plan``; receive each summary text.
 
@@ -253,6 +265,9 @@ def compaction_flow(
         plan: From ``plan_compaction``.
         options: The options in force.
         instructions: Custom instructions appended to every request.
+        originals: The caller's own messages (opaque), for the cache-aligned
+            mode.
+        counts: Token count per message, for the cache-aligned mode's budget.
 
     Yields:
         One ``SummaryRequest`` per summarizer call.
@@ -320,6 +335,15 @@ def compaction_flow(
             chunk_count=number + max(len(planned), 1),
             indices=tuple(b.index for b in chunk),
         )
+        if number == 0 and len(planned) == 1 and _cache_aligned(options, originals, counts, plan, budget):
+            # One request covers the region: offer the caller's own prefix too.
+            # A summarizer that can send it gets the cache; one that cannot
+            # (a plain function, the extractive one) uses the transcript.
+            request = replace(
+                request,
+                prefix=tuple(originals[: plan.cut]),
+                prefix_prompt=prompts.CACHE_ALIGNED_PROMPT + extra,
+            )
         # What this request costs, from the pieces already estimated (the
         # prompt is never estimated again as a whole).
         cost = system_tokens + fixed_prompt + sum(b.tokens for b in chunk) + estimate_tokens(shown or "")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from langchain_compaction.errors import ConfigurationError
 
@@ -67,6 +67,23 @@ class CompactionOptions:
             Progress, Blocked, Key Decisions, Next Steps, Critical Context).
             Off by default: a custom ``summary_prompt`` or a plain function
             may rightly write another format.
+        clear_tool_outputs: Before summarizing, try the cheapest step:
+            replace the content of old tool results (outside the keep budget
+            and older than the last ``keep_tool_uses``) with a placeholder;
+            when that alone brings the context to halfway between the keep
+            budget and the threshold, no summary is made. Off by default: a
+            cleared output is lost to the summary that comes later.
+        keep_tool_uses: The most recent tool results never cleared.
+        clear_exclude_tools: Names of tools whose output is never cleared.
+        clear_min_tokens: Tool results smaller than this are not cleared.
+        summary_mode: ``"transcript"`` (the default) sends the summarizer a
+            fenced transcript of the compacted messages. ``"cache_aligned"``
+            sends the conversation's own messages before the cut, unchanged,
+            then the summary instruction as a final user message, so a
+            provider prompt cache (Anthropic's reads cost a tenth of fresh
+            input) serves the prefix; used when the region fits one request
+            and the summarizer supports it (chat models, ``AnthropicSummarizer``),
+            else the transcript is sent.
         ensure_user_turn: When the kept messages do not start with a user
             turn (an agent compacted mid-loop keeps an assistant tool call
             first), put a one-line user message after the summary: Anthropic's
@@ -90,6 +107,11 @@ class CompactionOptions:
     redact: Callable[[str], str] | None = None
     summary_max_tokens: int | None = None
     require_sections: bool = False
+    clear_tool_outputs: bool = False
+    keep_tool_uses: int = 3
+    clear_exclude_tools: tuple[str, ...] = ()
+    clear_min_tokens: int = 100
+    summary_mode: Literal["transcript", "cache_aligned"] = "transcript"
     ensure_user_turn: bool = True
 
     def __post_init__(self) -> None:
@@ -153,6 +175,14 @@ class CompactionOptions:
                 minimum=64,
                 advice="pass at least 64 tokens, or None to derive it from the window",
             )
+        _check_int("keep_tool_uses", self.keep_tool_uses, minimum=0, advice="pass 0 or more (default 3)")
+        _check_int("clear_min_tokens", self.clear_min_tokens, minimum=0, advice="pass 0 or more (default 100)")
+        if isinstance(self.clear_exclude_tools, str) or not all(isinstance(t, str) for t in self.clear_exclude_tools):
+            raise ConfigurationError(
+                "clear_exclude_tools", self.clear_exclude_tools, "pass a tuple of tool names, e.g. ('read_plan',)"
+            )
+        if self.summary_mode not in ("transcript", "cache_aligned"):
+            raise ConfigurationError("summary_mode", self.summary_mode, "pass 'transcript' or 'cache_aligned'")
         if self.redact is not None and not callable(self.redact):
             raise ConfigurationError("redact", self.redact, "pass a function from text to text, e.g. redact_secrets")
         if self.timeout is not None and (

@@ -47,6 +47,8 @@ class CompactionRecord(TypedDict):
     """Input tokens served from the provider's prompt cache (0 if not reported)."""
     summarizer_cache_write_tokens: int
     """Input tokens written to the provider's prompt cache (0 if not reported)."""
+    tool_outputs_cleared: int
+    """Old tool results whose content was cleared instead of summarizing (0 when summarized)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,7 @@ class CompactionResult:
     summarizer_output_tokens: int = 0
     summarizer_cache_read_tokens: int = 0
     summarizer_cache_write_tokens: int = 0
+    tool_outputs_cleared: int = 0
 
     def to_dict(self) -> CompactionRecord:
         """The result as plain JSON-serializable data."""

@@ -111,6 +111,11 @@ class SummaryRequest:
             can send the caller's own messages.
         problem: Why the previous answer to this request could not be used
             (set on a retry, and on a request for the fallback).
+        prefix: In the cache-aligned mode, the caller's own messages before
+            the cut, unchanged (opaque to the core); a summarizer that can
+            sends them followed by ``prefix_prompt`` instead of the
+            transcript, so the provider's prompt cache serves the prefix.
+        prefix_prompt: The final user message for a ``prefix`` request.
     """
 
     system: str
@@ -123,6 +128,8 @@ class SummaryRequest:
     attempt: int = 0
     indices: tuple[int, ...] = ()
     problem: str = ""
+    prefix: tuple[object, ...] = ()
+    prefix_prompt: str = ""
 
     @property
     def wants_fallback(self) -> bool:

@@ -64,7 +64,11 @@ class ChatModelSummarizer:
     """Summarizes with any LangChain chat model or Runnable over messages.
 
     The model receives ``[SystemMessage(system prompt), HumanMessage(prompt)]``
-    and its reply's text is the summary.
+    and its reply's text is the summary. In the cache-aligned mode
+    (``CompactionOptions(summary_mode="cache_aligned")``) it receives the
+    conversation's own messages before the cut instead, then the instruction,
+    so pass the same model (with the same tools bound) that runs the
+    conversation to hit its prompt cache.
 
     Example:
         >>> from langchain_core.language_models import FakeListChatModel
@@ -82,6 +86,11 @@ class ChatModelSummarizer:
 
     @staticmethod
     def _input(request: SummaryRequest) -> list[BaseMessage]:
+        if request.prefix and all(isinstance(m, BaseMessage) for m in request.prefix) and request.attempt == 0:
+            # Cache-aligned: the conversation's own messages, unchanged, then
+            # the instruction; the provider's prompt cache serves the prefix.
+            prefix = [m for m in request.prefix if isinstance(m, BaseMessage)]
+            return [*prefix, HumanMessage(content=request.prefix_prompt)]
         return [SystemMessage(content=request.system), HumanMessage(content=request.prompt)]
 
     def summarize(self, request: SummaryRequest) -> str:

@@ -16,7 +16,11 @@ from langchain_compaction import (
 )
 from langchain_compaction.core.prompts import CHECKPOINT_FORMAT
 
-MESSAGES = [HumanMessage("fix src/a.py " * 40, id="h1"), AIMessage("done " * 80, id="a1"), HumanMessage("next", id="h2")]
+MESSAGES = [
+    HumanMessage("fix src/a.py " * 40, id="h1"),
+    AIMessage("done " * 80, id="a1"),
+    HumanMessage("next", id="h2"),
+]
 GOOD = "## Goal\n- fix src/a.py"
 FULL = CHECKPOINT_FORMAT.split("Keep each section")[0]
 
@@ -86,8 +90,18 @@ def test_sections_are_checked_only_when_asked():
 
 def test_default_budget_follows_the_window():
     assert CompactionOptions().effective_summary_max_tokens == 8192
-    assert CompactionOptions(context_window=24_000, reserve_tokens=4_000, keep_recent_tokens=6_000).effective_summary_max_tokens == 7000
-    assert CompactionOptions(context_window=8_000, reserve_tokens=2_000, keep_recent_tokens=5_000).effective_summary_max_tokens == 1024
+    assert (
+        CompactionOptions(
+            context_window=24_000, reserve_tokens=4_000, keep_recent_tokens=6_000
+        ).effective_summary_max_tokens
+        == 7000
+    )
+    assert (
+        CompactionOptions(
+            context_window=8_000, reserve_tokens=2_000, keep_recent_tokens=5_000
+        ).effective_summary_max_tokens
+        == 1024
+    )
     assert CompactionOptions(summary_max_tokens=300).effective_summary_max_tokens == 300
 
 

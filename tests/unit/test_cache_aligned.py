@@ -1,0 +1,146 @@
+"""The cache-aligned mode: the summarizer is sent the conversation's own prefix, unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx2
+import pytest
+from langchain_anthropic import ChatAnthropic
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+
+from langchain_compaction import CompactionOptions, ExtractiveSummarizer, acompact, compact
+from langchain_compaction.anthropic import AnthropicSummarizer
+from langchain_compaction.core.prompts import CACHE_ALIGNED_PROMPT
+
+REPLY = "## Goal\n- finish the migration"
+
+
+class Recording(GenericFakeChatModel):
+    """A fake chat model that keeps every input list it was given."""
+
+    inputs: list = []
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+        self.inputs.append(list(messages))
+        return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+def conversation() -> list[BaseMessage]:
+    messages: list[BaseMessage] = [SystemMessage("You are a migration agent.", id="sys")]
+    for turn in range(12):
+        messages.append(HumanMessage(f"Migrate table t{turn} " + "with care " * 60, id=f"h{turn}"))
+        call = {"name": "sql", "args": {"query": f"ALTER TABLE t{turn} ..."}, "id": f"c{turn}"}
+        messages.append(AIMessage("Running the migration.", tool_calls=[call], id=f"a{turn}"))
+        messages.append(ToolMessage("ok " * 80, tool_call_id=f"c{turn}", name="sql", id=f"t{turn}"))
+        messages.append(AIMessage(f"Table t{turn} migrated.", id=f"f{turn}"))
+    return messages
+
+
+OPTIONS = CompactionOptions(keep_recent_tokens=600, summary_mode="cache_aligned")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_chat_model_receives_the_callers_prefix_then_the_instruction(mode):
+    messages = conversation()
+    model = Recording(messages=iter([AIMessage(REPLY)]), inputs=[])
+    result, out = compact(model, messages, OPTIONS) if mode == "sync" else await acompact(model, messages, OPTIONS)
+    assert result is not None
+    sent = model.inputs[0]
+    cut = result.cut_index
+    assert len(sent) == cut + 1
+    assert all(sent[i] is messages[i] for i in range(cut))  # the caller's own objects, unchanged
+    assert isinstance(sent[-1], HumanMessage)
+    assert sent[-1].content == CACHE_ALIGNED_PROMPT
+    assert result.summary == REPLY
+
+
+def test_the_prefix_is_byte_identical_to_the_agents_previous_request():
+    messages = conversation()
+    model = Recording(messages=iter([AIMessage(REPLY)]), inputs=[])
+    result, _ = compact(model, messages, OPTIONS)
+    assert result is not None
+    chat = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")
+    agent = chat._get_request_payload(messages)
+    summary_request = chat._get_request_payload(model.inputs[0])
+    assert summary_request["system"] == agent["system"]
+    shared = summary_request["messages"][:-1]
+    assert json.dumps(shared) == json.dumps(agent["messages"][: len(shared)])
+
+
+def test_custom_instructions_ride_on_the_instruction():
+    model = Recording(messages=iter([AIMessage(REPLY)]), inputs=[])
+    compact(model, conversation(), OPTIONS, "keep the table names")
+    assert model.inputs[0][-1].content.endswith("Additional instructions: keep the table names")
+
+
+def test_summarizers_without_prefix_support_get_the_transcript():
+    prompts: list[str] = []
+    result, _ = compact(lambda p: prompts.append(p) or REPLY, conversation(), OPTIONS)
+    assert result is not None
+    assert "[User]" in prompts[0]  # the fenced transcript, as in the default mode
+    result, _ = compact(ExtractiveSummarizer(), conversation(), OPTIONS)
+    assert result is not None
+    assert "t0" in result.summary
+
+
+def test_transcript_is_used_when_the_region_needs_chunks_or_redaction():
+    model = Recording(messages=iter([AIMessage(REPLY)] * 10), inputs=[])
+    compact(
+        model,
+        conversation(),
+        CompactionOptions(keep_recent_tokens=600, summary_mode="cache_aligned", summary_input_tokens=1500),
+    )
+    assert all(isinstance(batch[0], SystemMessage) and len(batch) == 2 for batch in model.inputs)
+    model = Recording(messages=iter([AIMessage(REPLY)]), inputs=[])
+    compact(
+        model, conversation(), CompactionOptions(keep_recent_tokens=600, summary_mode="cache_aligned", redact=str.upper)
+    )
+    assert len(model.inputs[0]) == 2
+
+
+def test_default_mode_is_the_transcript():
+    model = Recording(messages=iter([AIMessage(REPLY)]), inputs=[])
+    compact(model, conversation(), CompactionOptions(keep_recent_tokens=600))
+    assert len(model.inputs[0]) == 2
+    with pytest.raises(ValueError, match="summary_mode='cached'"):
+        CompactionOptions(summary_mode="cached")  # type: ignore[arg-type]
+
+
+def test_anthropic_summarizer_sends_the_prefix_and_reports_cache_reads():
+    bodies: list[dict] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        bodies.append(json.loads(request.content))
+        return httpx2.Response(
+            200,
+            json={
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-haiku-4-5",
+                "content": [{"type": "text", "text": REPLY}],
+                "stop_reason": "end_turn",
+                "usage": {
+                    "input_tokens": 40,
+                    "output_tokens": 30,
+                    "cache_read_input_tokens": 5000,
+                    "cache_creation_input_tokens": 0,
+                },
+            },
+        )
+
+    client = anthropic.Anthropic(api_key="test", http_client=httpx2.Client(transport=httpx2.MockTransport(handler)))
+    messages = conversation()
+    result, _ = compact(AnthropicSummarizer("claude-haiku-4-5", client=client), messages, OPTIONS)
+    assert result is not None
+    body = bodies[0]
+    agent = ChatAnthropic(model="claude-haiku-4-5", api_key="x")._get_request_payload(messages)
+    assert body["system"] == agent["system"]
+    shared = body["messages"][:-1]
+    assert json.dumps(shared) == json.dumps(agent["messages"][: len(shared)])
+    assert body["messages"][-1]["content"][-1]["text"] == CACHE_ALIGNED_PROMPT
+    assert result.summarizer_cache_read_tokens == 5000
+    assert result.summarizer_billed_input_tokens == 40

@@ -1,0 +1,132 @@
+"""Cheapest step first: clearing stale tool outputs before any summary, and auto_compact."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_anthropic import ChatAnthropic
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+from langchain_compaction import CompactionOptions, aauto_compact, auto_compact, estimate_message_tokens
+from langchain_compaction.core.clearing import CLEARED_PREFIX
+
+
+def agent_session(turns: int, output_chars: int = 4000) -> list:
+    messages: list = [SystemMessage("You are an agent.", id="sys"), HumanMessage("Audit the repository.", id="h0")]
+    for turn in range(turns):
+        tool = "read_plan" if turn == 0 else ("grep" if turn % 2 else "cat")
+        call = {"name": tool, "args": {"path": f"src/file_{turn}.py"}, "id": f"c{turn}"}
+        messages.append(AIMessage(f"Looking at file {turn}.", tool_calls=[call], id=f"a{turn}"))
+        messages.append(
+            ToolMessage(
+                f"line of file {turn}\n" * (output_chars // 16), tool_call_id=f"c{turn}", name=tool, id=f"t{turn}"
+            )
+        )
+    messages.append(AIMessage("Next I'll write the report.", id="final"))
+    return messages
+
+
+def never_called(prompt: str) -> str:
+    raise AssertionError("clearing was enough: no summary call may be made")
+
+
+def options(**kw) -> CompactionOptions:
+    base = {"context_window": 20_000, "reserve_tokens": 2_000, "keep_recent_tokens": 4_000, "clear_tool_outputs": True}
+    return CompactionOptions(**(base | kw))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_clearing_alone_avoids_the_summary_call(mode):
+    messages = agent_session(20)
+    assert estimate_message_tokens(messages) > 18_000
+    run = auto_compact if mode == "sync" else aauto_compact
+    result = run(never_called, messages, options())
+    result, out = (await result) if mode == "async" else result
+    assert result is not None
+    assert result.summarizer_calls == 0
+    assert result.summary == ""
+    assert result.tool_outputs_cleared > 0
+    assert result.compacted_tokens < 18_000
+    assert estimate_message_tokens(out) == result.compacted_tokens
+    assert len(out) == len(messages)
+    cleared = [m for m in out if isinstance(m, ToolMessage) and str(m.content).startswith(CLEARED_PREFIX)]
+    assert len(cleared) == result.tool_outputs_cleared
+    for before, after in zip(messages, out):
+        if after in cleared:
+            # Same id, same call id, the tool named; the pairing is intact.
+            assert (after.id, after.tool_call_id, after.name) == (before.id, before.tool_call_id, before.name)
+            assert before.name in str(after.content)
+            assert after.additional_kwargs["langchain_compaction"]["kind"] == "cleared"
+        else:
+            assert after is before
+    ChatAnthropic(model="claude-sonnet-4-5", api_key="x")._get_request_payload(out)
+
+
+def test_oldest_first_recent_and_protected_kept():
+    messages = agent_session(20)
+    result, out = auto_compact(never_called, messages, options(clear_exclude_tools=("read_plan",), keep_tool_uses=3))
+    assert result is not None
+    tools = [(i, m) for i, m in enumerate(out) if isinstance(m, ToolMessage)]
+    flags = [str(m.content).startswith(CLEARED_PREFIX) for _, m in tools]
+    # read_plan (turn 0) is excluded; then the oldest are cleared first.
+    assert not flags[0]
+    first_kept = flags.index(False, 1)
+    assert all(flags[1:first_kept]) and not any(flags[first_kept:])
+    assert not any(flags[-3:])  # the last three tool uses stay
+
+
+def test_cleared_outputs_are_not_cleared_again_and_the_summary_follows():
+    messages = agent_session(20)
+    _, once = auto_compact(never_called, messages, options())
+    grown = once + agent_session(20)[2:-1]
+    prompts: list[str] = []
+
+    def summarize(prompt: str) -> str:
+        prompts.append(prompt)
+        return "## Goal\n- audit"
+
+    result, out = auto_compact(summarize, grown, options(keep_recent_tokens=3_000))
+    assert result is not None
+    # Either more clearing sufficed or a summary was made; never a second placeholder on a placeholder.
+    for message in out:
+        if isinstance(message, ToolMessage):
+            assert str(message.content).count(CLEARED_PREFIX) <= 1
+
+
+def test_when_clearing_is_not_enough_the_summary_sees_the_outputs():
+    messages = agent_session(20)
+    prompts: list[str] = []
+
+    def summarize(prompt: str) -> str:
+        prompts.append(prompt)
+        return "## Goal\n- audit"
+
+    # Only read_plan is big enough to clear: clearing cannot reach the target.
+    result, out = auto_compact(summarize, messages, options(clear_min_tokens=10**6))
+    assert result is not None
+    assert result.tool_outputs_cleared == 0
+    assert result.summarizer_calls >= 1
+    assert "line of file 1" in "".join(prompts)
+    assert CLEARED_PREFIX not in "".join(prompts)
+
+
+def test_off_by_default_and_nothing_under_the_threshold():
+    messages = agent_session(20)
+    prompts: list[str] = []
+    result, _ = auto_compact(
+        lambda p: prompts.append(p) or "## Goal\n- x",
+        messages,
+        CompactionOptions(context_window=20_000, reserve_tokens=2_000, keep_recent_tokens=4_000),
+    )
+    assert result is not None
+    assert result.tool_outputs_cleared == 0 and prompts
+    small = agent_session(2)
+    result, out = auto_compact(never_called, small, options())
+    assert result is None
+    assert out is small
+
+
+def test_clearing_options_are_validated():
+    with pytest.raises(ValueError, match="keep_tool_uses=-1"):
+        CompactionOptions(keep_tool_uses=-1)
+    with pytest.raises(ValueError, match="clear_exclude_tools='grep'"):
+        CompactionOptions(clear_exclude_tools="grep")  # type: ignore[arg-type]
