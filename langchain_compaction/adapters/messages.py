@@ -240,13 +240,19 @@ def finish(
     plan, outcome, original = prepared.plan, report.outcome, prepared.messages
     summary = summary_message(outcome.summary)
     kept = [original[i] for i in plan.keep_head]
-    recent = list(original[plan.cut :])
+    # Pinned messages (up to a provider-side compaction block) come first
+    # after the summary, then the recent ones, all the caller's objects.
+    recent = [*(original[i] for i in plan.pinned), *original[plan.cut :]]
     written: list[BaseMessage] = [summary]
     if options.ensure_user_turn and recent and not _is_user_turn(recent[0]):
         written.append(bridge_message())
     output: list[BaseMessage] = [*kept, *written, *recent]
     summary_tokens = sum(_counts(written, [to_core(m) for m in written], options))
-    compacted = sum(prepared.counts[i] for i in plan.keep_head) + summary_tokens + sum(prepared.counts[plan.cut :])
+    compacted = (
+        sum(prepared.counts[i] for i in (*plan.keep_head, *plan.pinned))
+        + summary_tokens
+        + sum(prepared.counts[plan.cut :])
+    )
     threshold = options.context_window - options.reserve_tokens
     result = CompactionResult(
         summary=outcome.summary,

@@ -80,6 +80,9 @@ class Plan:
         cut: First kept message after the summary.
         previous_summaries: Indices of earlier summaries to update.
         forced: Whether the cut was forced (nothing was over the keep budget).
+        pinned: Messages kept verbatim between the summary and the recent
+            ones: everything up to the last provider-side compaction block,
+            which the summary must not reach across.
     """
 
     keep_head: tuple[int, ...]
@@ -87,6 +90,7 @@ class Plan:
     cut: int
     previous_summaries: tuple[int, ...]
     forced: bool
+    pinned: tuple[int, ...] = ()
 
     @property
     def removed(self) -> int:
@@ -155,6 +159,14 @@ def plan_compaction(
     while start < len(messages) and messages[start].is_summary and messages[start].role != "system":
         earlier.append(start)
         start += 1
+    # A provider-side compaction block (Claude's ``compaction`` content) is
+    # the start of the history the provider reads: never summarize across
+    # it. It and what precedes it stay verbatim; only what follows is ours.
+    blocks = [i for i in range(start, len(messages)) if messages[i].has_compaction_block]
+    pinned: tuple[int, ...] = ()
+    if blocks:
+        pinned = tuple(range(start, blocks[-1] + 1))
+        start = blocks[-1] + 1
     # An earlier summary counts as one summarized message, as in the reference
     # where the summary was simply the first message of the list.
     credit = sum(1 for i in earlier if messages[i].role == "system")
@@ -173,6 +185,7 @@ def plan_compaction(
         cut=cut,
         previous_summaries=(*earlier, *inside),
         forced=forced,
+        pinned=pinned,
     )
 
 

@@ -1,0 +1,63 @@
+"""Interop with provider-side compaction: never summarize across a ``compaction`` block."""
+
+from __future__ import annotations
+
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+from langchain_compaction import CompactionOptions, compact
+from langchain_compaction.adapters._convert import is_summary_message
+
+
+def conversation() -> list:
+    server_block = {"type": "compaction", "content": "SERVER-SUMMARY: the user is migrating billing to v2."}
+    messages = [
+        SystemMessage("You are an agent.", id="sys"),
+        HumanMessage("OLD-REQUEST " * 50, id="h0"),
+        AIMessage(content=[server_block, {"type": "text", "text": "Continuing."}], id="a0"),
+    ]
+    for turn in range(1, 12):
+        messages.append(HumanMessage(f"step {turn} " + "detail " * 80, id=f"h{turn}"))
+        messages.append(AIMessage(f"done {turn} " + "note " * 80, id=f"a{turn}"))
+    return messages
+
+
+def test_the_block_and_what_precedes_it_stay_verbatim_and_unsummarized():
+    messages = conversation()
+    prompts: list[str] = []
+    result, out = compact(
+        lambda p: prompts.append(p) or "## Goal\n- go on", messages, CompactionOptions(keep_recent_tokens=800)
+    )
+    assert result is not None
+    assert out[0] is messages[0]
+    assert is_summary_message(out[1])
+    # Right after the summary: the messages up to the server's block, untouched.
+    assert out[2] is messages[1]
+    assert out[3] is messages[2]
+    assert out[-1] is messages[-1]
+    shown = "".join(prompts)
+    assert "SERVER-SUMMARY" not in shown and "OLD-REQUEST" not in shown
+    assert "step 1 " in shown  # what follows the block is summarized
+    assert result.messages_removed == result.cut_index - 3
+    assert result.compacted_tokens < result.original_tokens
+
+
+def test_nothing_after_the_block_means_nothing_to_compact():
+    messages = conversation()[:3]
+    result, out = compact(lambda p: "## Goal\n- x", messages, CompactionOptions(keep_recent_tokens=10))
+    assert result is None
+    assert out == messages
+
+
+def test_a_second_compaction_keeps_the_block_and_updates_the_summary():
+    messages = conversation()
+    _, once = compact(lambda p: "## Goal\n- first", messages, CompactionOptions(keep_recent_tokens=800))
+    grown = once + [HumanMessage("step 99 " + "more " * 200, id="h99"), AIMessage("ok " * 200, id="a99")]
+    prompts: list[str] = []
+    result, out = compact(
+        lambda p: prompts.append(p) or "## Goal\n- second", grown, CompactionOptions(keep_recent_tokens=300)
+    )
+    assert result is not None
+    assert result.updated_previous_summary
+    assert sum(1 for m in out if is_summary_message(m)) == 1
+    assert any(m is messages[2] for m in out)  # the server's block is still there, same object
+    assert "## Goal\n- first" in "".join(prompts)
