@@ -934,12 +934,19 @@ class SummaryText(str):
     """
 
     usage: AnthropicUsage | None
+    aligned: bool = False
+    """True when it was written from the request's prefix (the cache-aligned mode)."""
 
     def __new__(cls, text: str, usage: AnthropicUsage | None = None) -> SummaryText:
         """The text ``text`` with ``usage`` attached."""
         value = super().__new__(cls, text)
         value.usage = usage
         return value
+
+
+def _uses_prefix(request: SummaryRequest) -> bool:
+    """Whether ``request`` is sent cache-aligned: its own prefix, unchanged."""
+    return bool(request.prefix) and not request.attempt and all(isinstance(m, BaseMessage) for m in request.prefix)
 
 
 def _check_positive(name: str, value: object, advice: str, *, allow_zero: bool = False) -> None:
@@ -1149,7 +1156,7 @@ class AnthropicSummarizer:
     def _prefix_params(self, request: SummaryRequest) -> dict[str, Any] | None:
         """A cache-aligned request: the conversation's own prefix, then the instruction."""
         prefix = request.prefix
-        if not prefix or request.attempt or not all(isinstance(m, BaseMessage) for m in prefix):
+        if not _uses_prefix(request):
             return None
         system: list[dict[str, Any]] = []
         api: list[ApiMessage] = []
@@ -1189,7 +1196,7 @@ class AnthropicSummarizer:
             params["extra_headers"] = self.extra_headers
         return params
 
-    def _finish(self, response: Any, request: SummaryRequest) -> SummaryText:
+    def _finish(self, response: Any, request: SummaryRequest, *, aligned: bool = False) -> SummaryText:
         usage_data = response.usage
         usage = AnthropicUsage(
             input_tokens=int(usage_data.input_tokens or 0),
@@ -1216,27 +1223,31 @@ class AnthropicSummarizer:
                 self.max_tokens,
             )
         text = "".join(block.text for block in response.content if getattr(block, "type", None) == "text")
-        return SummaryText(text, usage)
+        result = SummaryText(text, usage)
+        result.aligned = aligned
+        return result
 
     def summarize(self, request: SummaryRequest) -> str:
         """One blocking ``messages.create`` call; see ``Summarizer``."""
         client = self._sync_client()
+        params = self._params(request)
         try:
-            response = client.messages.create(**self._params(request))
+            response = client.messages.create(**params)
         except anthropic.AnthropicError as exc:
             raise _summary_error(exc, request) from exc
-        return self._finish(response, request)
+        return self._finish(response, request, aligned=_uses_prefix(request))
 
     async def asummarize(self, request: SummaryRequest) -> str:
         """One awaited ``messages.create`` call; see ``Summarizer``."""
         client = self._async()
         if client is None:
             return await asyncio.to_thread(self.summarize, request)
+        params = self._params(request)
         try:
-            response = await client.messages.create(**self._params(request))
+            response = await client.messages.create(**params)
         except anthropic.AnthropicError as exc:
             raise _summary_error(exc, request) from exc
-        return self._finish(response, request)
+        return self._finish(response, request, aligned=_uses_prefix(request))
 
     def total_usage(self) -> AnthropicUsage:
         """The usage of every call so far, summed."""

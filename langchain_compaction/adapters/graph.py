@@ -4,8 +4,11 @@
 message list, decides from cached per-message token counts (anchored on the
 provider's reported usage when there is one) whether the context is over
 ``context_window - reserve_tokens``, and if so replaces the list with
-``[leading system messages, summary, *recent]`` through
+``[leading system messages, summary, (bridge), *recent]`` through
 ``RemoveMessage(id=REMOVE_ALL_MESSAGES)``, so the checkpoint really shrinks.
+The bridge is the one-line user turn ``finish`` puts after the summary when
+the kept messages start otherwise (an agent compacted mid-loop keeps its tool
+call first); the next compaction replaces it with the summary.
 
 Like every adapter it has no compaction logic of its own: it converts, calls
 ``prepare`` / ``run_flow`` (or ``arun_flow``) / ``finish`` from
@@ -200,7 +203,8 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
     reply's reported ``usage_metadata`` plus the estimate of what came after)
     exceeds ``options.context_window - options.reserve_tokens``, it returns
     ``{messages_key: [RemoveMessage(id=REMOVE_ALL_MESSAGES), *leading system
-    messages, summary, *recent]}``; otherwise an empty update. Automatic
+    messages, summary, (bridge), *recent]}`` (the bridge user turn only when
+    the recent part does not start with one); otherwise an empty update. Automatic
     compaction is off when ``context_window`` (or ``reserve_tokens``) is 0:
     the node then compacts only on ``/compact`` or ``compact_thread``. The
     summary it writes records the id of the last message at that moment, so

@@ -5,8 +5,10 @@ through ``inner`` and, when ``should_compact`` says the history no longer fits
 ``options.context_window - options.reserve_tokens``, replaces the older part
 with a summary (the same ``prepare`` / ``run_flow`` / ``finish`` as
 ``compact``). Afterwards ``inner`` holds the leading system messages, the
-summary and the recent messages, in order, with their ids; the next compaction
-updates that summary instead of nesting it.
+summary, the bridge user turn when the recent messages do not start with one
+(``CompactionOptions.ensure_user_turn``), and the recent messages, in order,
+with their ids; the next compaction updates that summary instead of nesting it
+and replaces the bridge.
 
 Nothing is lost:
 
@@ -19,7 +21,8 @@ Nothing is lost:
    the store (it was cleared, or compacted by another process), the summary is
    discarded and nothing changes.
 3. ``archive`` (optional) receives every compacted original before it leaves
-   the store, exactly once (see below).
+   the store, exactly once (see below); never a summary or a bridge, which
+   this library wrote.
 4. The store is rewritten with the strongest method it offers:
 
    - ``InMemoryChatMessageHistory``: one list assignment; readers see the old
@@ -233,6 +236,8 @@ def _build_commit(
     if not _starts_with(current, snapshot):
         return None
     plan = prepared.plan
+    # What this library wrote (an earlier summary, its bridge) is replaced,
+    # not archived: the archive holds the caller's originals only.
     originals = [snapshot[i] for i in range(plan.start, plan.cut) if not is_compaction_message(snapshot[i])]
     counters = [_archive_counter(snapshot[i]) for i in plan.previous_summaries]
     known = [c for c in counters if c is not None]

@@ -348,10 +348,11 @@ def compaction_flow(
             chunk_count=number + max(len(planned), 1),
             indices=tuple(b.index for b in chunk),
         )
-        if number == 0 and len(planned) == 1 and _cache_aligned(options, originals, counts, plan, budget):
-            # One request covers the region: offer the caller's own prefix too.
-            # A summarizer that can send it gets the cache; one that cannot
-            # (a plain function, the extractive one) uses the transcript.
+        if number == 0 and _cache_aligned(options, originals, counts, plan, budget):
+            # The prefix fits one request: offer the caller's own messages too.
+            # A summarizer that sends them covers the whole region in this one
+            # call (and says so); one that cannot (a plain function, the
+            # extractive one) uses the transcript, chunk by chunk.
             request = replace(
                 request,
                 prefix=tuple(originals[: plan.cut]),
@@ -363,6 +364,7 @@ def compaction_flow(
         sent += cost
         calls += 1
         text = yield request
+        aligned = bool(request.prefix) and getattr(text, "aligned", False)
         problem = review_summary(text, options)
         if problem:
             # Checked summaries: ask once more with the problem stated, then
@@ -377,6 +379,8 @@ def compaction_flow(
                 text = yield replace(request, attempt=FALLBACK_ATTEMPT, problem=problem)
         running = text.strip()
         number += 1
+        if aligned and not problem:
+            remaining = []  # the prefix covered every message of the region
         if not remaining:
             break
     assert running is not None  # at least one chunk ran

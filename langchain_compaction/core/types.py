@@ -181,12 +181,20 @@ def usage_of(text: object) -> Usage:
 
 
 class SummaryText(str):
-    """Summary text that carries the ``Usage`` of the call that wrote it."""
+    """Summary text that carries the ``Usage`` of the call that wrote it.
+
+    Attributes:
+        usage: What the call was billed, if reported.
+        aligned: True when the summarizer was sent the request's ``prefix``
+            (the whole compacted region), so no further chunk is needed.
+    """
 
     usage: Usage | None
+    aligned: bool
 
-    def __new__(cls, text: str, usage: Usage | None = None) -> SummaryText:
+    def __new__(cls, text: str, usage: Usage | None = None, *, aligned: bool = False) -> SummaryText:
         """The text ``text`` with ``usage`` attached."""
         value = super().__new__(cls, text)
         value.usage = usage
+        value.aligned = aligned
         return value

@@ -49,6 +49,13 @@ def _text(output: object) -> object:
     return output
 
 
+def _aligned(text: object, sent: list[BaseMessage], request: SummaryRequest) -> str:
+    """Mark a summary written from the request's prefix (it covers the region)."""
+    if not isinstance(text, str) or len(sent) != len(request.prefix) + 1 or not request.prefix:
+        return text  # type: ignore[return-value]
+    return SummaryText(str(text), getattr(text, "usage", None), aligned=True)
+
+
 def _config(request: SummaryRequest) -> RunnableConfig:
     # TAG_NOSTREAM keeps the summary's tokens out of the user's stream in
     # LangGraph's "messages" stream mode.
@@ -95,11 +102,13 @@ class ChatModelSummarizer:
 
     def summarize(self, request: SummaryRequest) -> str:
         """Invoke the model; see ``Summarizer``."""
-        return _text(self.model.invoke(self._input(request), config=_config(request)))  # type: ignore[return-value]
+        messages = self._input(request)
+        return _aligned(_text(self.model.invoke(messages, config=_config(request))), messages, request)
 
     async def asummarize(self, request: SummaryRequest) -> str:
         """Await the model's ``ainvoke``; see ``Summarizer``."""
-        return _text(await self.model.ainvoke(self._input(request), config=_config(request)))  # type: ignore[return-value]
+        messages = self._input(request)
+        return _aligned(_text(await self.model.ainvoke(messages, config=_config(request))), messages, request)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,152 @@
+"""Issue 7's figures: what each compaction costs, by mode.
+
+Run: python bench/cost.py   (needs langchain-anthropic, in the test extra)
+
+Three modes on the same sessions, with an instant recording chat model as the
+summarizer and ChatAnthropic's own payload builder to see the bytes:
+
+  transcript     the default: a fenced transcript of the compacted messages
+  cache_aligned  the conversation's own prefix, then the instruction
+  clear_first    transcript mode, but old tool outputs are cleared first
+
+Per compaction it reports the summarizer's input tokens, how many of them are
+a byte-identical prefix of the agent's preceding request (what a prompt cache
+can serve), the cache-weighted input cost (fresh input 1.0, cache reads 0.1,
+as on Anthropic's price list), and how much of the agent's *next* request is
+no longer a prefix of its previous one (its own cache must be rewritten).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from langchain_anthropic import ChatAnthropic
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
+
+from bench.workloads import coding_session, load_transcripts
+from langchain_compaction import CompactionOptions, auto_compact, estimate_tokens
+
+SUMMARY = "## Goal\n- continue\n\n## Critical Context\n- (see recent messages)"
+READ_PRICE = 0.1
+CHAT = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")
+
+
+class Recording(GenericFakeChatModel):
+    inputs: list = []
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+        self.inputs.append(list(messages))
+        return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+def _pieces(messages: list[BaseMessage]) -> list[str]:
+    """A request as ChatAnthropic sends it, one JSON string per part, in order."""
+    payload = CHAT._get_request_payload(messages)
+    system = payload.get("system")
+    return [json.dumps(system)] + [json.dumps(m) for m in payload["messages"]]
+
+
+def _shared_prefix_tokens(previous: list[str], current: list[str]) -> tuple[int, int]:
+    """Tokens of ``current`` that are a byte-identical prefix of ``previous``, and its total."""
+    shared = 0
+    for a, b in zip(previous, current):
+        if a != b:
+            # A part that differs may still share its beginning (a merged turn).
+            common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            shared += estimate_tokens(b[:common])
+            break
+        shared += estimate_tokens(b)
+    return shared, sum(estimate_tokens(p) for p in current)
+
+
+@dataclass
+class ModeRun:
+    mode: str
+    compactions: int = 0
+    summaries: int = 0
+    cleared_only: int = 0
+    sent: int = 0
+    cached: int = 0
+    cost: float = 0.0
+    agent_rewrite: int = 0
+    per_compaction: list[dict[str, Any]] = field(default_factory=list)
+
+
+def run(mode: str, session: list[BaseMessage], options: CompactionOptions) -> ModeRun:
+    model = Recording(messages=iter([AIMessage(SUMMARY)] * 10_000), inputs=[])
+    out = ModeRun(mode)
+    state: list[BaseMessage] = []
+    for message in session:
+        if isinstance(message, AIMessage) and state:
+            seen = len(model.inputs)
+            result, new_state = auto_compact(model, state, options)
+            if result is not None:
+                out.compactions += 1
+                before = _pieces(state)
+                sent = cached = 0
+                for request in model.inputs[seen:]:
+                    shared, total = _shared_prefix_tokens(before, _pieces(request))
+                    sent += total
+                    cached += shared
+                out.summaries += 1 if result.summarizer_calls else 0
+                out.cleared_only += 1 if result.tool_outputs_cleared else 0
+                out.sent += sent
+                out.cached += cached
+                out.cost += (sent - cached) + cached * READ_PRICE
+                after = _pieces(new_state)
+                shared, total = _shared_prefix_tokens(before, after)
+                out.agent_rewrite += total - shared
+                out.per_compaction.append({"sent": sent, "cached": cached, "cleared": result.tool_outputs_cleared})
+                state = new_state
+        state.append(message)
+    return out
+
+
+def workloads() -> list[tuple[str, list[BaseMessage], CompactionOptions]]:
+    session, _ = coding_session(600)
+    transcripts: list[BaseMessage] = [SystemMessage("You are a careful software agent.")]
+    for messages in load_transcripts().values():
+        transcripts += [m for m in messages if not isinstance(m, SystemMessage)]
+    return [
+        ("synthetic 600-turn session", session, CompactionOptions(context_window=200_000)),
+        (
+            "six real transcripts",
+            transcripts,
+            CompactionOptions(context_window=24_000, reserve_tokens=4_000, keep_recent_tokens=6_000),
+        ),
+    ]
+
+
+def main() -> None:
+    print("| workload | mode | compactions (summaries) | summarizer input tokens | of which a cached prefix | cache-weighted input cost | agent request tokens to re-cache |")
+    print("|---|---|---|---|---|---|---|")
+    results = {}
+    for name, session, base in workloads():
+        for mode in ("transcript", "cache_aligned", "clear_first"):
+            options = CompactionOptions(
+                context_window=base.context_window,
+                reserve_tokens=base.reserve_tokens,
+                keep_recent_tokens=base.keep_recent_tokens,
+                summary_mode="cache_aligned" if mode == "cache_aligned" else "transcript",
+                clear_tool_outputs=mode == "clear_first",
+            )
+            r = run(mode, session, options)
+            results[f"{name}/{mode}"] = r.__dict__
+            share = r.cached / r.sent if r.sent else 0.0
+            print(
+                f"| {name} | {mode} | {r.compactions} ({r.summaries}) | {r.sent:,} | {r.cached:,} ({share:.0%}) "
+                f"| {r.cost:,.0f} | {r.agent_rewrite:,} |",
+                flush=True,
+            )
+    (Path(__file__).resolve().parent / "cost.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
