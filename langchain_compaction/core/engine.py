@@ -347,6 +347,7 @@ def compaction_flow(
             chunk_index=number,
             chunk_count=number + max(len(planned), 1),
             indices=tuple(b.index for b in chunk),
+            max_tokens=options.effective_summary_max_tokens,
         )
         if number == 0 and _cache_aligned(options, originals, counts, plan, budget):
             # The prefix fits one request: offer the caller's own messages too.

@@ -116,6 +116,8 @@ class SummaryRequest:
             sends them followed by ``prefix_prompt`` instead of the
             transcript, so the provider's prompt cache serves the prefix.
         prefix_prompt: The final user message for a ``prefix`` request.
+        max_tokens: The summary budget in force: an answer over it is
+            rejected, so summarizers that can bound themselves should.
     """
 
     system: str
@@ -130,6 +132,7 @@ class SummaryRequest:
     problem: str = ""
     prefix: tuple[object, ...] = ()
     prefix_prompt: str = ""
+    max_tokens: int = 8192
 
     @property
     def wants_fallback(self) -> bool:

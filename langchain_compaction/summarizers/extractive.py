@@ -325,8 +325,13 @@ class ExtractiveSummarizer:
         return "extractive"
 
     def summarize(self, request: SummaryRequest) -> str:
-        """Build the checkpoint summary for ``request``."""
-        return self.summarize_messages(request.messages, request.previous_summary, request.instructions)
+        """Build the checkpoint summary for ``request``, within both budgets.
+
+        The smaller of ``max_tokens`` and the request's summary budget
+        applies, so the summary always passes the engine's check.
+        """
+        budget = min(self.max_tokens, request.max_tokens)
+        return self._summarize(request.messages, request.previous_summary, request.instructions, budget)
 
     async def asummarize(self, request: SummaryRequest) -> str:
         """Same as ``summarize``: the work is local and quick."""
@@ -345,6 +350,11 @@ class ExtractiveSummarizer:
         Returns:
             The checkpoint summary, within ``max_tokens``.
         """
+        return self._summarize(messages, previous_summary, instructions, self.max_tokens)
+
+    def _summarize(
+        self, messages: Sequence[Message], previous_summary: str | None, instructions: str, budget: int
+    ) -> str:
         summary = _Summary()
         if previous_summary:
             _parse_previous(previous_summary, summary)
@@ -378,7 +388,7 @@ class ExtractiveSummarizer:
                 summary.add("Critical Context", _clip(f"System note: {_first_line(text)}", _CONTEXT_CHARS))
         if last_user:
             summary.add("Next Steps", _clip(f"Continue with the latest request: {last_user}"))
-        return summary.trim(self.max_tokens)
+        return summary.trim(budget)
 
     def _add_call(self, summary: _Summary, name: str, arguments: str, result: Message | None) -> None:
         brief = _args_brief(arguments)
