@@ -54,3 +54,112 @@ class RecordingSummarizer:
 @pytest.fixture
 def recorder() -> RecordingSummarizer:
     return RecordingSummarizer()
+
+
+# --- the layout of a compaction's output ------------------------------------------
+#
+# ``[leading system messages, summary, (bridge), *recent]``: the bridge is the
+# user turn ``finish()`` puts after the summary when the kept messages do not
+# start with one (Anthropic rejects a conversation whose first turn is not the
+# user's). These helpers are shared by the test files that check the layout.
+
+from typing import NamedTuple  # noqa: E402
+
+from langchain_core.messages import ChatMessage, HumanMessage, SystemMessage  # noqa: E402
+
+from langchain_compaction.adapters._convert import (  # noqa: E402
+    BRIDGE_TEXT,
+    SUMMARY_MARK,
+    is_bridge_message,
+    is_summary_message,
+)
+
+
+def is_user_turn(message: BaseMessage) -> bool:
+    """Whether ``message`` opens a user turn (the rule the bridge follows)."""
+    if is_bridge_message(message):
+        return True
+    if isinstance(message, HumanMessage):
+        return True
+    return isinstance(message, ChatMessage) and message.role.lower() in ("user", "human")
+
+
+def assert_bridge(message: BaseMessage) -> None:
+    """``message`` is a well-formed bridge: a marked user turn with the fixed text."""
+    assert isinstance(message, HumanMessage)
+    assert is_bridge_message(message)
+    assert message.content == BRIDGE_TEXT
+    assert message.additional_kwargs == {SUMMARY_MARK: {"kind": "bridge", "version": 1}}
+    assert isinstance(message.id, str)
+    assert message.id.startswith("compaction-bridge-")
+
+
+class Compacted(NamedTuple):
+    """A compaction's output split into its four parts."""
+
+    lead: list[BaseMessage]
+    summary: BaseMessage
+    bridge: BaseMessage | None
+    recent: list[BaseMessage]
+
+
+def split_compacted(out: list[BaseMessage]) -> Compacted:
+    """Split ``out`` into (leading systems, summary, bridge or None, recent), checking the layout.
+
+    Exactly one summary, preceded only by system messages; at most one bridge,
+    right after the summary, and well formed.
+    """
+    positions = [i for i, m in enumerate(out) if is_summary_message(m)]
+    assert len(positions) == 1, f"expected one summary, found {len(positions)} at {positions}"
+    (index,) = positions
+    assert all(isinstance(m, SystemMessage) for m in out[:index])
+    bridges = [i for i, m in enumerate(out) if is_bridge_message(m)]
+    assert bridges in ([], [index + 1]), f"a bridge may only follow the summary, found at {bridges}"
+    bridge = out[index + 1] if bridges else None
+    if bridge is not None:
+        assert_bridge(bridge)
+    rest = index + 1 + (bridge is not None)
+    return Compacted(list(out[:index]), out[index], bridge, list(out[rest:]))
+
+
+def bridge_required(recent: list[BaseMessage], ensure_user_turn: bool = True) -> bool:
+    """Whether the new rule puts a bridge before ``recent``."""
+    return ensure_user_turn and bool(recent) and not is_user_turn(recent[0])
+
+
+def assert_compacted(
+    out: list[BaseMessage],
+    messages: list[BaseMessage],
+    cut: int,
+    *,
+    ensure_user_turn: bool = True,
+    same_objects: bool = True,
+) -> Compacted:
+    """``out == kept + [summary] + ([bridge] if required) + messages[cut:]``.
+
+    ``kept`` is the leading system messages of ``messages`` that are not
+    summaries. With ``same_objects`` every message but the summary and the
+    bridge must be the caller's own object; otherwise (a store round trip)
+    equal to it. Lists with a provider-side compaction block (whose pinned
+    messages come before ``messages[cut:]``) are not modelled here.
+    """
+    parts = split_compacted(out)
+    lead_end = 0
+    while lead_end < len(messages) and isinstance(messages[lead_end], SystemMessage):
+        lead_end += 1
+    kept = [m for m in messages[:lead_end] if not is_summary_message(m)]
+    recent = list(messages[cut:])
+    assert len(parts.lead) == len(kept)
+    assert len(parts.recent) == len(recent)
+    for got, want in zip([*parts.lead, *parts.recent], [*kept, *recent], strict=True):
+        if same_objects:
+            assert got is want
+        else:
+            assert got == want
+    required = bridge_required(recent, ensure_user_turn)
+    assert (parts.bridge is not None) == required, (
+        f"bridge {'missing' if required else 'unexpected'}: recent starts with {type(recent[0]).__name__}"
+        if recent
+        else "bridge before an empty recent part"
+    )
+    return parts

@@ -1,7 +1,8 @@
 """LangChain messages into the core's message form (inbound only).
 
-Nothing here builds a LangChain message except the summary itself: the kept
-messages are always the caller's own objects, sliced from the caller's list.
+Nothing here builds a LangChain message except what a compaction writes (the
+summary, and the user turn that may follow it): the kept messages are always
+the caller's own objects, sliced from the caller's list.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def to_core(message: object, index: int = 0) -> Message:
     if isinstance(message, HumanMessage):
         if is_bridge_message(message):
             # Part of the previous compaction's output: replaced, never summarized.
-            return Message("user", (), is_summary=True, label="bridge")
+            return Message("user", (Part("text", BRIDGE_TEXT),), is_summary=True, label="bridge")
         return Message("user", _parts(message.content), name=message.name)
     if isinstance(message, AIMessage):
         calls = tuple(

@@ -2,8 +2,9 @@
 
 This is the base adapter the others build on. It converts the caller's
 messages, lets the core plan and summarize, and slices the caller's own list:
-the output is ``[leading system messages, summary, *recent]`` where every
-message but the summary is the caller's object.
+the output is ``[leading system messages, summary, (a one-line user turn when
+the recent part does not start with one), *recent]`` where every message but
+the summary and that user turn is the caller's object.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from langchain_compaction.adapters._convert import (
     to_core_list,
 )
 from langchain_compaction.core.clearing import ClearingPlan, plan_clearing
-from langchain_compaction.core.cut import find_cut, valid_boundaries
 from langchain_compaction.core.engine import (
     DriverReport,
     Outcome,
@@ -31,7 +31,6 @@ from langchain_compaction.core.engine import (
     Summarizer,
     arun_flow,
     compaction_flow,
-    leading_block,
     plan_compaction,
     run_flow,
 )
@@ -128,10 +127,10 @@ def find_cut_point(messages: Sequence[BaseMessage], keep_recent_tokens: int = DE
         )
     keep = keep_recent_tokens or DEFAULT_KEEP_RECENT_TOKENS
     core = to_core_list(messages)
-    counts = [estimate_message(m) for m in core]
-    start = leading_block(core)
-    credit = sum(1 for m in core[:start] if m.is_summary)
-    return find_cut(core, counts, keep, start=start, credit=credit, valid=valid_boundaries(core))
+    # The same plan compact() makes (earlier summaries, their user turn and
+    # provider compaction blocks included), without forcing.
+    plan = plan_compaction(core, [estimate_message(m) for m in core], keep, force=False)
+    return 0 if plan is None else plan.cut
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +232,7 @@ def finish(
         options: The options in force.
 
     Returns:
-        The result and ``[leading system messages, summary, *recent]``.
+        The result and ``[leading system messages, summary, (user turn), *recent]``.
     """
     if prepared.cleared is not None:
         return _finish_clearing(prepared, prepared.cleared, options)
@@ -296,7 +295,9 @@ def finish(
 
 
 def _is_user_turn(message: BaseMessage) -> bool:
-    return isinstance(message, HumanMessage) or (isinstance(message, ChatMessage) and message.role in ("user", "human"))
+    return isinstance(message, HumanMessage) or (
+        isinstance(message, ChatMessage) and message.role.lower() in ("user", "human")
+    )
 
 
 def _as_list(messages: Sequence[BaseMessage]) -> list[BaseMessage]:

@@ -289,7 +289,9 @@ def compaction_flow(
         The ``Outcome`` with the final summary.
     """
     system = options.system_prompt or prompts.SYSTEM_PROMPT
-    previous_parts = [strip_summary_header(messages[i].text) for i in plan.previous_summaries]
+    previous_parts = [
+        strip_summary_header(messages[i].text) for i in plan.previous_summaries if messages[i].role == "system"
+    ]
     previous = "\n\n".join(p for p in previous_parts if p) or None
     region = [i for i in range(plan.start, plan.cut) if not messages[i].is_summary]
     redactor = options.redact

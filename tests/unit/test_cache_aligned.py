@@ -21,7 +21,7 @@ REPLY = "## Goal\n- finish the migration"
 class Recording(GenericFakeChatModel):
     """A fake chat model that keeps every input list it was given."""
 
-    inputs: list = []
+    inputs: list = []  # noqa: RUF012 - a pydantic field, copied per instance
 
     def _generate(self, messages, stop=None, run_manager=None, **kwargs):
         self.inputs.append(list(messages))

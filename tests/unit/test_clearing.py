@@ -70,7 +70,8 @@ def test_oldest_first_recent_and_protected_kept():
     # read_plan (turn 0) is excluded; then the oldest are cleared first.
     assert not flags[0]
     first_kept = flags.index(False, 1)
-    assert all(flags[1:first_kept]) and not any(flags[first_kept:])
+    assert all(flags[1:first_kept])
+    assert not any(flags[first_kept:])
     assert not any(flags[-3:])  # the last three tool uses stay
 
 
@@ -118,7 +119,8 @@ def test_off_by_default_and_nothing_under_the_threshold():
         CompactionOptions(context_window=20_000, reserve_tokens=2_000, keep_recent_tokens=4_000),
     )
     assert result is not None
-    assert result.tool_outputs_cleared == 0 and prompts
+    assert result.tool_outputs_cleared == 0
+    assert prompts
     small = agent_session(2)
     result, out = auto_compact(never_called, small, options())
     assert result is None

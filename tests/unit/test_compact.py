@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from conftest import assert_compacted, is_user_turn, split_compacted
 from langchain_anthropic import ChatAnthropic
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import FakeListChatModel, GenericFakeChatModel
@@ -43,7 +44,13 @@ from langchain_compaction import (
     estimate_message_tokens,
     estimate_tokens,
 )
-from langchain_compaction.adapters._convert import SUMMARY_MARK, is_summary_message, summary_message
+from langchain_compaction.adapters._convert import (
+    BRIDGE_TEXT,
+    SUMMARY_MARK,
+    is_bridge_message,
+    is_summary_message,
+    summary_message,
+)
 from langchain_compaction.core import prompts
 from langchain_compaction.summarizers.chat_model import SUMMARY_TAG
 
@@ -242,7 +249,8 @@ async def test_manual_compaction_keeps_only_the_last_valid_message(mode: str) ->
     assert result.cut_index == 9
     assert out[0] is messages[0]
     assert out[2] is messages[9]
-    assert len(out) == 3
+    assert len(out) == 3  # the kept message is the user's: no bridge
+    assert_compacted(out, messages, 9)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -251,9 +259,12 @@ async def test_manual_compaction_on_a_tool_tail_keeps_the_exchange(mode: str) ->
     result, out = await run(mode, Recorder(), messages)
     assert result is not None
     assert result.cut_index == 6
-    assert out[2:] == messages[6:]
-    assert out[2] is messages[6]
-    assert out[3] is messages[7]
+    # The kept exchange starts with the assistant's call: a bridge follows the summary.
+    parts = assert_compacted(out, messages, 6)
+    assert parts.bridge is not None
+    assert out == [messages[0], parts.summary, parts.bridge, messages[6], messages[7]]
+    assert out[3] is messages[6]
+    assert out[4] is messages[7]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -263,7 +274,7 @@ async def test_budget_compaction_is_not_forced(mode: str) -> None:
     assert result is not None
     assert result.forced is False
     assert 1 < result.cut_index < 9
-    assert out[2:] == messages[result.cut_index :]
+    assert_compacted(out, messages, result.cut_index)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -281,7 +292,12 @@ async def test_output_shape_and_kept_objects(mode: str) -> None:
     assert summary.content.startswith("[Conversation summary — earlier messages were compacted]\n")
     assert summary.content.rstrip().endswith(REPLY)
     assert summary.id
-    kept = out[3:]
+    # Every message but the ones written here (summary, bridge) is the caller's object.
+    parts = assert_compacted(out, messages, result.cut_index)
+    assert parts.summary is summary
+    written = (parts.summary, parts.bridge)
+    assert [id(m) for m in out if all(m is not w for w in written)] == [id(m) for m in [*parts.lead, *parts.recent]]
+    kept = parts.recent
     assert len(kept) == len(messages) - result.cut_index
     for offset, message in enumerate(kept):
         assert message is messages[result.cut_index + offset]
@@ -512,7 +528,7 @@ async def test_second_compaction_updates_the_previous_summary(mode: str) -> None
     # [app prompt, old summary, *region] but the app prompt.
     assert result.messages_removed == result.cut_index - 1
     assert out[0] is messages[0]
-    assert out[2:] == messages[result.cut_index :]
+    assert_compacted(out, messages, result.cut_index)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -523,6 +539,7 @@ async def test_many_rounds_never_nest(mode: str) -> None:
         assert result is not None
         assert result.updated_previous_summary is (round_number > 0)
         assert len(summaries(messages)) == 1
+        split_compacted(messages)  # one summary, at most one bridge, right after it
         messages = [*messages, *_more_turns(str(round_number))]
     (summary,) = summaries(messages)
     assert isinstance(summary.content, str)
@@ -996,9 +1013,13 @@ async def test_output_is_a_valid_chat_anthropic_request(mode: str, case: str) ->
     system_text = system_blocks if isinstance(system_blocks, str) else "\n".join(b["text"] for b in system_blocks)
     assert prompts.SUMMARY_HEADER in system_text
     assert all(m["role"] in ("user", "assistant") for m in payload["messages"])
+    # The Messages API wants the user's turn first, bridge or not.
+    assert payload["messages"][0]["role"] == "user"
+    assert_compacted(out, messages, result.cut_index)
     # Twice over: the compacted output compacts again into a valid request.
     _, again = await run(mode, Recorder(), [*out, HumanMessage("more"), AIMessage("sure"), HumanMessage("go")])
-    anthropic_payload(again)
+    assert anthropic_payload(again)["messages"][0]["role"] == "user"
+    split_compacted(again)
 
 
 async def test_blocking_callable_on_the_async_path_times_out() -> None:
@@ -1088,3 +1109,231 @@ async def test_options_none_is_defaults_or_a_clear_error(mode: str) -> None:
     except ConfigurationError as error:
         caught = error
     assert (caught is not None and caught.field == "options") or result is not None
+
+
+# --- the bridge: a user turn after the summary when the kept part starts otherwise ---------
+
+
+def _agent_mid_loop() -> list[BaseMessage]:
+    """An agent compacted mid-loop: the conversation ends inside a tool exchange."""
+    return [
+        SystemMessage("You are a coding agent.", id="sys"),
+        HumanMessage("Find and fix the failing test.", id="h1"),
+        AIMessage("", id="a1", tool_calls=[{"name": "read_file", "args": {"path": "src/p.py"}, "id": "c1"}]),
+        ToolMessage("def parse(x):\n    return int(x)\n" * 8, tool_call_id="c1", name="read_file", id="t1"),
+        AIMessage("", id="a2", tool_calls=[{"name": "bash", "args": {"cmd": "pytest -q"}, "id": "c2"}]),
+        ToolMessage("1 failed, 2 passed in 0.03s\n" * 8, tool_call_id="c2", name="bash", id="t2"),
+    ]
+
+
+_MID_LOOP_OPTIONS = {
+    "forced": CompactionOptions(),
+    "budget": CompactionOptions(keep_recent_tokens=40),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("how", list(_MID_LOOP_OPTIONS))
+async def test_mid_loop_compaction_puts_a_bridge_before_the_kept_tool_call(mode: str, how: str) -> None:
+    messages = _agent_mid_loop()
+    before = snapshot(messages)
+    result, out = await run(mode, Recorder(), messages, _MID_LOOP_OPTIONS[how])
+    assert result is not None
+    assert result.forced is (how == "forced")
+    assert result.cut_index == 4  # the last call and its result stay together
+    assert_unchanged(messages, before)
+    # [system, summary, bridge, AI(tool_calls), Tool]
+    parts = assert_compacted(out, messages, 4)
+    assert parts.bridge is not None
+    assert out == [messages[0], parts.summary, parts.bridge, messages[4], messages[5]]
+    assert [type(m) for m in out] == [SystemMessage, SystemMessage, HumanMessage, AIMessage, ToolMessage]
+    assert out[3] is messages[4]
+    assert out[3].tool_calls  # type: ignore[attr-defined]
+    assert out[4] is messages[5]
+    assert out[2].content == BRIDGE_TEXT
+    # The request Anthropic gets starts with the user's turn, the summary in ``system``.
+    payload = anthropic_payload(out)
+    turns = payload["messages"]
+    assert turns[0]["role"] == "user"
+    assert turns[0]["content"] == BRIDGE_TEXT
+    assert turns[1]["role"] == "assistant"
+    assert turns[1]["content"][0]["type"] == "tool_use"
+    assert turns[2]["role"] == "user"
+    assert turns[2]["content"][0]["type"] == "tool_result"
+    system = payload["system"]
+    system_text = system if isinstance(system, str) else "\n".join(b["text"] for b in system)
+    assert prompts.SUMMARY_HEADER in system_text
+    # The figures: the bridge is in the compacted size, not among the kept messages.
+    assert result.compacted_tokens == estimate_message_tokens(out)
+    assert result.messages_kept == 1 + 2
+    assert result.messages_removed == 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_mid_loop_request_from_chat_anthropic_starts_with_the_user(mode: str) -> None:
+    messages = _agent_mid_loop()
+    result, out = await run(mode, Recorder(), messages)
+    assert result is not None
+    model = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")  # type: ignore[call-arg]
+    assert model._get_request_payload(out)["messages"][0]["role"] == "user"
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_ensure_user_turn_off_writes_no_bridge(mode: str) -> None:
+    messages = _agent_mid_loop()
+    options = CompactionOptions(ensure_user_turn=False)
+    result, out = await run(mode, Recorder(), messages, options)
+    assert result is not None
+    parts = assert_compacted(out, messages, 4, ensure_user_turn=False)
+    assert parts.bridge is None
+    assert out == [messages[0], parts.summary, messages[4], messages[5]]
+    assert all(out[k] is messages[k + 2] for k in (2, 3))
+    assert not any(is_bridge_message(m) for m in out)
+    # Which is exactly the request the Messages API refuses.
+    assert anthropic_payload(out)["messages"][0]["role"] == "assistant"
+    assert result.compacted_tokens == estimate_message_tokens(out)
+
+
+def _ending_with(last: BaseMessage) -> list[BaseMessage]:
+    return [HumanMessage("first", id="u1"), AIMessage("reply", id="r1"), HumanMessage("second", id="u2"), last]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("last", "bridged"),
+    [
+        (HumanMessage("third"), False),
+        (ChatMessage(role="user", content="third"), False),
+        (ChatMessage(role="human", content="third"), False),
+        (AIMessage("an answer"), True),
+        (ChatMessage(role="assistant", content="an answer"), True),
+        (ChatMessage(role="critic", content="be brief"), True),
+    ],
+    ids=["human", "chat-user", "chat-human", "ai", "chat-assistant", "chat-other"],
+)
+async def test_bridge_exactly_when_the_kept_part_does_not_start_with_a_user_turn(
+    mode: str, last: BaseMessage, bridged: bool
+) -> None:
+    messages = _ending_with(last)
+    result, out = await run(mode, Recorder(), messages)
+    assert result is not None
+    assert result.cut_index == 3  # forced: only the last message is kept
+    parts = assert_compacted(out, messages, 3)
+    assert (parts.bridge is not None) is bridged
+    assert out[-1] is last
+    assert is_user_turn(out[1])  # the first turn after the summary is the user's
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_second_compaction_replaces_the_bridge(mode: str) -> None:
+    _, once = await run(mode, Recorder("## Goal\n- FIRST fix the parser"), _agent_mid_loop())
+    old = split_compacted(once)
+    assert old.bridge is not None
+    # The agent goes on and is compacted mid-loop again.
+    follow_up = [
+        *once,
+        AIMessage("Fixed with strip().", id="a3"),
+        HumanMessage("Now run the linter.", id="h2"),
+        AIMessage("", id="a4", tool_calls=[{"name": "bash", "args": {"cmd": "ruff check"}, "id": "c4"}]),
+        ToolMessage("All checks passed!", tool_call_id="c4", name="bash", id="t4"),
+    ]
+    recorder = Recorder("## Goal\n- SECOND lint")
+    result, twice = await run(mode, recorder, follow_up)
+    assert result is not None
+    assert result.updated_previous_summary is True
+    assert result.cut_index == len(follow_up) - 2
+    new = assert_compacted(twice, follow_up, result.cut_index)
+    assert sum(1 for m in twice if is_summary_message(m)) == 1
+    assert sum(1 for m in twice if is_bridge_message(m)) == 1
+    assert new.bridge is not None
+    assert new.bridge is not old.bridge
+    assert new.bridge.id != old.bridge.id
+    assert all(m is not old.bridge and m is not old.summary for m in twice)
+    # The bridge is replaced with the old summary, never shown to the summarizer.
+    (prompt,) = recorder.prompts
+    assert "previous-summary>>\n## Goal\n- FIRST fix the parser\n" in prompt
+    assert BRIDGE_TEXT not in prompt
+    assert "conversation continues here" not in prompt
+    assert anthropic_payload(twice)["messages"][0]["role"] == "user"
+    # Everything between the bridge and the cut is summarized, the bridge is not counted as kept.
+    assert result.messages_kept == 1 + 2
+    assert result.messages_removed + result.messages_kept == len(follow_up)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_second_compaction_keeping_a_user_turn_drops_the_bridge(mode: str) -> None:
+    _, once = await run(mode, Recorder(), _agent_mid_loop())
+    assert split_compacted(once).bridge is not None
+    follow_up = [*once, AIMessage("Fixed.", id="a3"), HumanMessage("Thanks, commit it.", id="h2")]
+    recorder = Recorder()
+    result, twice = await run(mode, recorder, follow_up)
+    assert result is not None
+    parts = assert_compacted(twice, follow_up, result.cut_index)
+    assert parts.bridge is None
+    assert not any(is_bridge_message(m) for m in twice)
+    assert twice[-1] is follow_up[-1]
+    assert all(BRIDGE_TEXT not in p for p in recorder.prompts)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_bridge_is_not_a_message_to_summarize(mode: str) -> None:
+    # [system, summary, bridge, call, result]: only the kept exchange is left,
+    # and it cannot be split, so a manual compaction has nothing to do.
+    _, once = await run(mode, Recorder(), _agent_mid_loop())
+    recorder = Recorder()
+    result, again = await run(mode, recorder, once)
+    assert result is None
+    assert again == once
+    assert all(a is b for a, b in zip(again, once, strict=True))
+    assert recorder.prompts == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_many_mid_loop_rounds_keep_one_summary_and_one_bridge(mode: str) -> None:
+    messages = _agent_mid_loop()
+    for round_number in range(4):
+        recorder = Recorder(f"## Goal\n- round {round_number}")
+        result, messages = await run(mode, recorder, messages)
+        assert result is not None
+        parts = split_compacted(messages)
+        assert parts.bridge is not None
+        assert all(BRIDGE_TEXT not in p for p in recorder.prompts)
+        assert anthropic_payload(messages)["messages"][0]["role"] == "user"
+        tag = str(round_number)
+        messages = [
+            *messages,
+            AIMessage(f"done {tag}", id=f"d-{tag}"),
+            HumanMessage(f"next {tag}", id=f"n-{tag}"),
+            AIMessage("", id=f"c-{tag}", tool_calls=[{"name": "bash", "args": {"r": tag}, "id": f"k-{tag}"}]),
+            ToolMessage(f"ok {tag}", tool_call_id=f"k-{tag}", id=f"o-{tag}"),
+        ]
+    assert messages[0].id == "sys"
+
+
+# Found while updating the tests for the bridge (fixed since).
+
+
+def test_find_cut_point_agrees_with_compact_after_a_bridge() -> None:
+    from langchain_compaction import find_cut_point
+
+    _, once = compact(Recorder(), _agent_mid_loop())
+    assert split_compacted(once).bridge is not None
+    options = CompactionOptions(keep_recent_tokens=10)
+    result, _ = compact(Recorder(), once, options)
+    assert result is None  # nothing to summarize: the bridge is no message
+    assert find_cut_point(once, 10) == 0
+
+
+def test_a_chat_message_with_role_user_in_capitals_is_a_user_turn() -> None:
+    messages = _ending_with(ChatMessage(role="User", content="third"))
+    result, out = compact(Recorder(), messages)
+    assert result is not None
+    assert split_compacted(out).bridge is None
+
+
+def test_the_bridge_text_is_in_the_compacted_size() -> None:
+    result, out = compact(Recorder(), _agent_mid_loop())
+    assert result is not None
+    bridge = split_compacted(out).bridge
+    assert bridge is not None
+    assert estimate_message_tokens([bridge]) == estimate_message_tokens([HumanMessage(BRIDGE_TEXT)])

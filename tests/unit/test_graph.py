@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from conftest import assert_compacted, split_compacted
 from langchain_anthropic import ChatAnthropic
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -34,7 +35,7 @@ from pydantic import Field
 
 from langchain_compaction import CompactionError, CompactionOptions, ConfigurationError, SummarizationError
 from langchain_compaction.adapters._cache import TokenCountCache
-from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction.adapters._convert import BRIDGE_TEXT, is_summary_message
 from langchain_compaction.adapters.graph import (
     COMPACTION_EVENT,
     CompactionNode,
@@ -187,6 +188,7 @@ def assert_valid_anthropic_request(messages: Sequence[BaseMessage]) -> None:
         payload = ANTHROPIC._get_request_payload(list(messages))
     turns = payload["messages"]
     assert turns, "the request holds no conversation turns"
+    assert turns[0]["role"] == "user", "the Messages API wants the user's turn first"
     for index, turn in enumerate(turns):
         blocks = turn["content"] if isinstance(turn["content"], list) else []
         uses = {b["id"] for b in blocks if b.get("type") == "tool_use"}
@@ -495,6 +497,42 @@ def test_stale_usage_on_a_kept_message_is_ignored_after_compaction() -> None:
     assert node.context_tokens(graph.get_state(config).values["messages"]) == 710
 
 
+def test_mid_loop_compaction_bridges_and_the_stale_usage_on_the_kept_call_is_ignored() -> None:
+    options = CompactionOptions(context_window=10_000, reserve_tokens=1_000, keep_recent_tokens=300)
+    summarizer = PathSummarizer()
+    node = CompactionNode(summarizer, options)
+    graph = build_plain(node, InMemorySaver())
+    config = thread("mid-loop")
+    msgs = history(6, size=100)
+    call = AIMessage(
+        "",
+        id="call",
+        tool_calls=[{"name": "lookup", "args": {"query": "q"}, "id": "c-q", "type": "tool_call"}],
+        usage_metadata=_usage(9_500, 20),  # type: ignore[arg-type]
+    )
+    result = ToolMessage("r" * 1_150, tool_call_id="c-q", id="res")
+    msgs += [HumanMessage("look it up", id="ask"), call, result]
+    graph.invoke({"messages": msgs}, config)
+    assert summarizer.calls == ["sync"]
+    stored = graph.get_state(config).values["messages"]
+    # [system, summary, bridge, the call with its old usage, its result]
+    parts = assert_compacted(stored, msgs, len(msgs) - 2, same_objects=False)
+    assert parts.bridge is not None
+    assert [m.id for m in stored] == ["sys", parts.summary.id, parts.bridge.id, "call", "res"]
+    assert_valid_anthropic_request(stored)
+    # The kept call's 9,520 tokens describe the old context: no anchoring, no second compaction.
+    assert node.context_tokens(stored) == estimate_message_tokens(stored)
+    graph.invoke({"messages": [HumanMessage("and now?", id="now")]}, config)
+    assert summarizer.calls == ["sync"]
+    now = graph.get_state(config).values["messages"]
+    assert node.context_tokens(now) == estimate_message_tokens(now) < 9_000
+    # A fresh reply reports the compacted context again.
+    graph.invoke({"messages": [AIMessage("fresh", usage_metadata=_usage(700, 10))]}, config)  # type: ignore[arg-type]
+    assert node.context_tokens(graph.get_state(config).values["messages"]) == 710
+    # The summarizer never saw the bridge: it did not exist yet, and later it is replaced.
+    assert all(BRIDGE_TEXT not in r.prompt for r in summarizer.requests)
+
+
 # -- manual compaction and the /compact command --------------------------------------
 
 
@@ -701,7 +739,8 @@ def test_300_turn_agent_session_stays_valid_and_bounded(turns: int) -> None:
     assert is_summary_message(final[1])
     assert len(summaries(final)) == 1
     assert not any(is_summary_message(m) for m in final[2:])
-    recent = final[2:]
+    parts = split_compacted(final)  # a bridge, if any, right after the summary
+    recent = parts.recent
     assert estimate_message_tokens(recent) <= options.context_window - options.reserve_tokens
     assert len(final) < 120  # out of 1,201 messages sent
     seen_turns = {int(m.content.split(":")[0].split()[1]) for m in recent if isinstance(m, HumanMessage)}

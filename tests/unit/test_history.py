@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import assert_bridge, split_compacted
 from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import FakeListChatModel, GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
@@ -30,7 +31,12 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
-from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction.adapters._convert import (
+    BRIDGE_TEXT,
+    is_bridge_message,
+    is_compaction_message,
+    is_summary_message,
+)
 from langchain_compaction.adapters.history import CompactingChatMessageHistory
 from langchain_compaction.adapters.locks import FileLock, InProcessLock
 from langchain_compaction.core.options import CompactionOptions
@@ -75,10 +81,26 @@ class Summaries:
 
 
 def contents(messages: list[BaseMessage]) -> list[str]:
-    return [str(m.content) for m in messages if not is_summary_message(m)]
+    """The originals' contents: what this library wrote (summary, bridge) left out."""
+    return [str(m.content) for m in messages if not is_compaction_message(m)]
+
+
+def assert_store_layout(store: list[BaseMessage]) -> None:
+    """At most one summary; if any, at most one bridge, right after it, and only when needed."""
+    bridges = [m for m in store if is_bridge_message(m)]
+    if not any(is_summary_message(m) for m in store):
+        assert not bridges, "a bridge without its summary"
+        return
+    parts = split_compacted(store)
+    if parts.bridge is not None:
+        # Only in front of a kept part that does not start with the user.
+        assert not parts.recent or not isinstance(parts.recent[0], HumanMessage)
 
 
 def assert_nothing_lost(expected: list[str], store: list[BaseMessage], archive: list[BaseMessage]) -> None:
+    # The archive holds originals only: never a summary, never a bridge.
+    assert not [m for m in archive if is_compaction_message(m)], "the archive holds a summary or a bridge"
+    assert_store_layout(store)
     seen = Counter(contents(store) + contents(archive))
     missing = [c for c in expected if seen[c] == 0]
     twice = {c: n for c, n in seen.items() if n > 1}
@@ -201,8 +223,11 @@ def test_auto_compaction_layout_and_ids(make_store: Callable[[str], BaseChatMess
     assert stored[1].id
     assert len(summaries_in(stored)) == 1  # updated, never nested
     assert not any(is_summary_message(m) for m in stored[2:])
-    # The recent messages are the last ones written, in order, ids intact.
-    recent = stored[2:]
+    # The recent messages are the last ones written, in order, ids intact
+    # (after a bridge when they start with the assistant's reply).
+    parts = split_compacted(stored)
+    recent = parts.recent
+    assert (parts.bridge is not None) is isinstance(recent[0], AIMessage)
     assert [m.content for m in recent] == written[-len(recent) :]
     assert recent[-1].id == "a59"
     assert history.messages == stored
@@ -247,8 +272,14 @@ def test_manual_compact_forces_and_returns_result(make_store: Callable[[str], Ba
     assert result.forced
     assert result.messages_removed == 5
     stored = history.messages
-    assert [is_summary_message(m) for m in stored] == [True, False]
+    # Only the last reply is kept: a bridge puts the user's turn first.
+    assert [is_summary_message(m) for m in stored] == [True, False, False]
+    assert_bridge(stored[1])
     assert stored[-1].id == "a2"
+    assert split_compacted(stored).recent == [stored[-1]]
+    # Compacting again has nothing to do: the bridge is no message to summarize.
+    assert history.compact() is None
+    assert history.messages == stored
 
 
 def test_no_window_means_no_automatic_compaction(make_store: Callable[[str], BaseChatMessageHistory]) -> None:
@@ -270,11 +301,65 @@ def test_archive_receives_each_original_exactly_once(make_store: Callable[[str],
     history.compact()
     archived = archive.messages
     assert not summaries_in(archived)  # only originals, never summaries
+    assert not any(is_bridge_message(m) for m in archived)  # nor a bridge
+    assert BRIDGE_TEXT not in [m.content for m in archived]
     assert contents(archived) == written[: len(archived)]  # in order, each once
     assert_nothing_lost(written, history.messages, archived)
     # The summary records how long the archive was after its compaction.
     summary = summaries_in(history.messages)[0]
     assert summary.additional_kwargs["langchain_compaction"]["archived"] == len(archived)
+
+
+def test_bridge_round_trips_through_the_store_and_is_replaced_not_archived(
+    make_store: Callable[[str], BaseChatMessageHistory],
+) -> None:
+    summaries = Summaries()
+    archive = make_store("bridge-archive")
+    options = CompactionOptions(keep_recent_tokens=5000)
+    history = CompactingChatMessageHistory(make_store("bridge"), summaries, options, archive=archive)
+    written: list[str] = []
+    for i in range(3):
+        history.add_messages(turn(i))
+        written += [f"q{i}{PAD}", f"a{i}{PAD}"]
+    assert history.compact() is not None  # forced: only the last reply is kept
+    first = split_compacted(history.messages)  # read back from the store
+    assert first.bridge is not None
+    assert [m.id for m in first.recent] == ["a2"]
+    for i in range(3, 6):
+        history.add_messages(turn(i))
+        written += [f"q{i}{PAD}", f"a{i}{PAD}"]
+    second_result = history.compact()
+    assert second_result is not None
+    assert second_result.updated_previous_summary
+    stored = history.messages
+    second = split_compacted(stored)
+    assert second.bridge is not None
+    assert second.bridge.id != first.bridge.id
+    assert sum(1 for m in stored if is_bridge_message(m)) == 1
+    assert [m.id for m in second.recent] == ["a5"]
+    assert BRIDGE_TEXT not in summaries.prompts[-1]
+    # Every original but the kept one went to the archive once, in order; the bridge never did.
+    assert contents(archive.messages) == written[:-1]
+    assert_nothing_lost(written, stored, archive.messages)
+
+
+async def test_bridge_with_the_async_api(async_sql: Callable[[str], SQLChatMessageHistory]) -> None:
+    archive = async_sql("abridge-archive")
+    history = CompactingChatMessageHistory(
+        async_sql("abridge"), Summaries(), CompactionOptions(keep_recent_tokens=5000), archive=archive
+    )
+    written: list[str] = []
+    for round_number in range(2):
+        for i in range(3 * round_number, 3 * round_number + 3):
+            await history.aadd_messages(turn(i))
+            written += [f"q{i}{PAD}", f"a{i}{PAD}"]
+        assert await history.acompact() is not None
+        stored = await history.aget_messages()
+        parts = split_compacted(stored)
+        assert parts.bridge is not None
+        assert [m.id for m in parts.recent] == [f"a{3 * round_number + 2}"]
+        assert_nothing_lost(written, stored, await archive.aget_messages())
+    assert contents(await archive.aget_messages()) == written[:-1]
 
 
 def test_clear_passes_through_and_keeps_archive(make_store: Callable[[str], BaseChatMessageHistory]) -> None:
@@ -924,11 +1009,13 @@ CRASH_SCRIPT = textwrap.dedent(
     class CrashingFile(FileChatMessageHistory):
         armed = False
         def add_message(self, message):
-            if self.armed and message.type == "human":
+            mark = message.additional_kwargs.get("langchain_compaction")
+            bridge = isinstance(mark, dict) and mark.get("kind") == "bridge"
+            if self.armed and message.type == "human" and bridge == (dies_at == "bridge"):
                 os._exit(17)  # the process dies mid-rewrite: no cleanup runs
             super().add_message(message)
 
-    folder = sys.argv[1]
+    folder, dies_at = sys.argv[1], sys.argv[2]
     pad = " lorem ipsum dolor" * 6
     store = CrashingFile(os.path.join(folder, "chat.json"))
     history = CompactingChatMessageHistory(
@@ -946,16 +1033,28 @@ CRASH_SCRIPT = textwrap.dedent(
 )
 
 
-def test_crash_mid_rewrite_is_repaired_from_the_journal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dies_at", ["bridge", "original"])
+def test_crash_mid_rewrite_is_repaired_from_the_journal(tmp_path: Path, dies_at: str) -> None:
+    # The rewrite's target is [summary, bridge, a<k>, q<k+1>, ...]: the process
+    # dies writing the bridge, or writing the first original user message.
     done = subprocess.run(
-        [sys.executable, "-c", CRASH_SCRIPT, str(tmp_path)], capture_output=True, text=True, check=False
+        [sys.executable, "-c", CRASH_SCRIPT, str(tmp_path), dies_at], capture_output=True, text=True, check=False
     )
     assert done.returncode == 17, done.stderr
     store = FileChatMessageHistory(str(tmp_path / "chat.json"))
     half = store.messages
     assert is_summary_message(half[0])  # cleared, then died a few writes in
     assert len(half) < 5
+    if dies_at == "bridge":
+        assert len(half) == 1
+    else:
+        assert_bridge(half[1])
+        assert isinstance(half[2], AIMessage)
     journal = FileChatMessageHistory(str(tmp_path / "journal.json"))
+    # The journal holds the whole target, bridge included.
+    target = split_compacted(journal.messages[1:])
+    assert target.bridge is not None
+    assert isinstance(target.recent[0], AIMessage)
     archive = FileChatMessageHistory(str(tmp_path / "archive.json"))
     # A fresh process (this one) opens the session and finishes the rewrite.
     history = CompactingChatMessageHistory(store, Summaries(), OPTIONS, archive=archive, journal=journal)
@@ -964,5 +1063,6 @@ def test_crash_mid_rewrite_is_repaired_from_the_journal(tmp_path: Path) -> None:
     assert "before the crash" in str(repaired[0].content)
     assert store.messages == repaired
     assert journal.messages == []
+    assert repaired == [target.summary, target.bridge, *target.recent]
     written = [f"{k}{i}{PAD}" for i in range(12) for k in "qa"]
     assert_nothing_lost(written, repaired, archive.messages)

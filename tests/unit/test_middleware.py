@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import pytest
+from conftest import assert_compacted, split_compacted
 from langchain.agents import create_agent
 from langchain.agents.middleware.types import ModelRequest
 from langchain_anthropic import ChatAnthropic
@@ -23,6 +24,7 @@ from langchain_core.messages import (
     HumanMessage,
     RemoveMessage,
     SystemMessage,
+    ToolMessage,
 )
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.outputs import ChatResult
@@ -41,7 +43,7 @@ from langchain_compaction import (
     estimate_message_tokens,
     should_compact,
 )
-from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction.adapters._convert import BRIDGE_TEXT, is_bridge_message, is_summary_message
 from langchain_compaction.adapters.middleware import (
     COMPACTION_EVENT,
     OVERHEAD_KEY,
@@ -158,6 +160,7 @@ def assert_valid_anthropic_request(messages: list[BaseMessage], system_prompt: s
     assert sum(1 for m in messages if is_summary_message(m)) <= 1
     turns = payload["messages"]
     assert turns, "no conversation turns"
+    assert turns[0]["role"] == "user", "the Messages API wants the user's turn first"
     assert turns[-1]["role"] == "user", "the request must end on the user's side (no prefill)"
     for index, turn in enumerate(turns):
         blocks = turn["content"] if isinstance(turn["content"], list) else []
@@ -212,7 +215,9 @@ def _check_session(agent: Any, model: ToolCallingFakeModel, results: list[Compac
     summaries = [m for m in messages if is_summary_message(m)]
     assert len(summaries) == 1
     assert messages[0] is summaries[0]
+    parts = split_compacted(messages)  # a bridge, if any, right after the summary
     recent = messages[1:]
+    assert recent[1 if parts.bridge is not None else 0 :] == parts.recent
     assert recent[-1].content.startswith(f"Answer {turns - 1}:")
     # Only recent messages: within the keep budget plus the turn added since the last compaction.
     assert estimate_message_tokens(recent) <= threshold
@@ -251,9 +256,11 @@ def test_kept_messages_keep_their_ids_and_the_update_replaces_the_list() -> None
     assert isinstance(new[0], RemoveMessage)
     assert new[0].id == REMOVE_ALL_MESSAGES
     assert is_summary_message(new[1])
-    kept = new[2:]
+    parts = split_compacted(new[1:])
+    kept = parts.recent
     assert kept == messages[len(messages) - len(kept) :]
     assert all(a is b for a, b in zip(kept, messages[len(messages) - len(kept) :], strict=True))
+    assert_compacted(new[1:], messages, len(messages) - len(kept))
     # Under budget: no update at all.
     assert middleware.before_model(cast("Any", {"messages": messages[-2:]}), cast("Any", None)) is None
 
@@ -479,11 +486,22 @@ def test_token_counts_are_cached_per_message() -> None:
     for turn in range(turns):
         agent.invoke({"messages": [HumanMessage(f"question {turn}")]}, config())
     assert len(results) >= 2
-    # Every message ever created: per turn a question, a tool call, its results and an answer.
-    created = sum(4 + (turn % 5 == 0) for turn in range(turns)) + len(results)
-    # Each message is counted once (the system prompt once, each summary once
-    # more when finish() reports its size), not once per turn it stays in view.
-    assert len(counted) <= created + len(results) + 1
+    # The bridges the compactions wrote (one after each summary whose kept part
+    # started with the assistant), found in every checkpoint of the thread.
+    bridges = {
+        m.id
+        for snapshot in agent.get_state_history(config())
+        for m in snapshot.values.get("messages", [])
+        if is_bridge_message(m)
+    }
+    assert len(bridges) <= len(results)
+    # Every message ever created: per turn a question, a tool call, its results
+    # and an answer, plus each summary and each bridge.
+    created = sum(4 + (turn % 5 == 0) for turn in range(turns)) + len(results) + len(bridges)
+    # Each message is counted once (the system prompt once, each summary and
+    # each bridge once more when finish() reports the compacted size), not once
+    # per turn it stays in view.
+    assert len(counted) <= created + len(results) + len(bridges) + 1
     seen = sum(len(r) for r in model.requests)
     assert seen > 5 * len(counted)
 
@@ -565,6 +583,93 @@ def test_wrap_persists_the_states_messages_not_an_outer_middlewares_transient_ed
     state = agent.get_state(config()).values["messages"]
     assert is_summary_message(state[0])
     assert state[-2].content == "go on"  # the state's own message, not the redacted copy
+
+
+# -- compacted mid-loop: the bridge ---------------------------------------------------------------
+
+
+def _mid_loop_start() -> list[BaseMessage]:
+    """A thread that stopped inside a tool exchange: a big lookup result is the last message."""
+    messages = [*history(7), HumanMessage("look up the release notes", id="ask")]
+    messages.append(
+        AIMessage("", id="call", tool_calls=[{"name": "lookup", "args": {"query": "notes"}, "id": "c-notes"}])
+    )
+    messages.append(
+        ToolMessage("release notes: " + "the parser now strips whitespace. " * 45, tool_call_id="c-notes", id="res")
+    )
+    for i, m in enumerate(messages):
+        m.id = m.id or f"m{i}"
+    return messages
+
+
+def test_before_model_mid_loop_writes_summary_bridge_then_the_exchange() -> None:
+    middleware = CompactionMiddleware(lambda prompt: SUMMARY, FAIL_OPTIONS)
+    messages = _mid_loop_start()
+    # With the system prompt and tools recorded as 1,000 tokens, the state is over budget.
+    state = {"messages": messages, OVERHEAD_KEY: 1000}
+    update = middleware.before_model(cast("Any", state), cast("Any", None))
+    assert update is not None
+    new = update["messages"]
+    assert isinstance(new[0], RemoveMessage)
+    parts = assert_compacted(new[1:], messages, len(messages) - 2)
+    assert parts.bridge is not None
+    assert new[1:] == [parts.summary, parts.bridge, messages[-2], messages[-1]]
+    assert new[3] is messages[-2]
+    assert new[4] is messages[-1]
+    assert ANTHROPIC._get_request_payload(new[1:])["messages"][0]["role"] == "user"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_wrap_model_call_mid_loop_persists_the_bridge_and_the_next_compaction_replaces_it(mode: str) -> None:
+    prompts: list[str] = []
+
+    def summarize(prompt: str) -> str:
+        prompts.append(prompt)
+        return SUMMARY
+
+    results: list[CompactionResult] = []
+    model = ToolCallingFakeModel(messages=text_script(5))
+    agent = create_agent(
+        model,
+        tools=[lookup],
+        system_prompt=BIG_PROMPT,
+        middleware=[CompactionMiddleware(summarize, FAIL_OPTIONS, on_compaction=results.append)],
+        checkpointer=InMemorySaver(),
+    )
+    start = _mid_loop_start()
+    # The state alone is under the threshold; with the big system prompt the
+    # first request is over it, so wrap_model_call compacts and persists.
+    assert not should_compact(start, FAIL_OPTIONS.context_window, FAIL_OPTIONS.reserve_tokens)
+    await run(agent, {"messages": start}, config(), mode)
+    assert len(results) == 1
+    # The model was sent [system prompt, summary, bridge, call, result].
+    sent = model.requests[0]
+    assert sent[0].content == BIG_PROMPT
+    parts = split_compacted(sent[1:])
+    assert parts.bridge is not None
+    assert [m.id for m in parts.recent] == ["call", "res"]
+    assert_valid_anthropic_request(sent, BIG_PROMPT)
+    # The checkpointed state holds the same layout, then the reply.
+    state = agent.get_state(config()).values["messages"]
+    stored = split_compacted(state)
+    assert stored.bridge is not None
+    assert stored.bridge.id == parts.bridge.id
+    assert [m.id for m in stored.recent[:2]] == ["call", "res"]
+    assert stored.recent[2].content == "reply 0"
+    assert stored.recent[:2] == start[-2:]
+
+    # The next turn compacts again: one summary, the old bridge gone.
+    more = [*history(8)[1:], HumanMessage("question 13")]
+    await run(agent, {"messages": more}, config(), mode)
+    assert len(results) == 2
+    state = agent.get_state(config()).values["messages"]
+    assert sum(1 for m in state if is_summary_message(m)) == 1
+    assert sum(1 for m in state if is_bridge_message(m)) <= 1
+    assert all(m.id != stored.bridge.id for m in state)
+    split_compacted(state)
+    assert all(BRIDGE_TEXT not in p for p in prompts)
+    for request in model.requests:
+        assert_valid_anthropic_request(request, BIG_PROMPT)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from conftest import assert_compacted, is_user_turn, split_compacted
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from langchain_anthropic import ChatAnthropic
@@ -25,7 +26,12 @@ from langchain_compaction import (
     estimate_message_tokens,
     find_cut_point,
 )
-from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction.adapters._convert import (
+    BRIDGE_TEXT,
+    is_bridge_message,
+    is_compaction_message,
+    is_summary_message,
+)
 from langchain_compaction.core import prompts
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "300"))
@@ -139,23 +145,38 @@ def _summarizer(tag: str, log: list[str]) -> Any:
     return summarize
 
 
-def _check(messages: list[BaseMessage], result: CompactionResult | None, out: list[BaseMessage]) -> None:
+def _first_turn_is_the_users(out: list[BaseMessage]) -> None:
+    """The first non-system message is a user turn (a bridge counts as one)."""
+    first = next((m for m in out if not isinstance(m, SystemMessage)), None)
+    assert first is None or is_user_turn(first), f"the first turn is a {type(first).__name__}"
+
+
+def _check(
+    messages: list[BaseMessage], result: CompactionResult | None, out: list[BaseMessage], ensure_user_turn: bool
+) -> None:
     """The invariants of one compaction of a list with no earlier summary."""
+    if ensure_user_turn:
+        _first_turn_is_the_users(out)
     if result is None:
         assert out == messages
         assert all(a is b for a, b in zip(out, messages))
         return
     lead = _leading_systems(messages)
     cut = result.cut_index
-    # Leading system messages: unchanged, first, the summary right after them.
+    # Leading system messages: unchanged, first, the summary right after them,
+    # then the bridge when the kept part does not start with a user turn.
     assert all(out[k] is messages[k] for k in range(lead))
     assert is_summary_message(out[lead])
     assert sum(1 for m in out if is_summary_message(m)) == 1
     # The rest is the caller's objects, in order.
     assert lead < cut < len(messages) + 1
-    assert len(out) == lead + 1 + len(messages) - cut
-    assert all(out[lead + 1 + k] is messages[cut + k] for k in range(len(messages) - cut))
+    parts = assert_compacted(out, messages, cut, ensure_user_turn=ensure_user_turn)
+    bridged = parts.bridge is not None
+    assert bridged is (ensure_user_turn and not isinstance(messages[cut], HumanMessage))
+    assert len(out) == lead + 1 + bridged + len(messages) - cut
+    assert all(out[lead + 1 + bridged + k] is messages[cut + k] for k in range(len(messages) - cut))
     assert cut - lead >= 2
+    assert result.messages_kept == lead + len(messages) - cut
     assert result.messages_removed == cut - lead
     # Never lands on a tool result, never splits a pair.
     assert cut == len(messages) or not isinstance(messages[cut], ToolMessage)
@@ -172,28 +193,37 @@ def _anthropic_valid(out: list[BaseMessage]) -> None:
 
 
 @PROFILE
-@given(conversations(), budgets, input_budgets)
-def test_compaction_invariants(messages: list[BaseMessage], keep: int, summary_input: int | None) -> None:
+@given(conversations(), budgets, input_budgets, st.booleans())
+def test_compaction_invariants(
+    messages: list[BaseMessage], keep: int, summary_input: int | None, ensure_user_turn: bool
+) -> None:
     before = [m.model_copy(deep=True) for m in messages]
-    options = CompactionOptions(keep_recent_tokens=keep, summary_input_tokens=summary_input)
+    options = CompactionOptions(
+        keep_recent_tokens=keep, summary_input_tokens=summary_input, ensure_user_turn=ensure_user_turn
+    )
     log: list[str] = []
     result, out = compact(_summarizer("first", log), messages, options)
     assert messages == before  # the caller's list is never changed
-    _check(messages, result, out)
+    _check(messages, result, out, ensure_user_turn)
     event("compacted" if result is not None else "nothing to compact")
     if result is None:
         return
     event("chunked" if result.chunks > 1 else "one chunk")
     event("forced" if result.forced else "budget cut")
     event("shortened a message" if result.shortened_messages else "nothing shortened")
+    event("bridged" if any(is_bridge_message(m) for m in out) else "no bridge")
     assert result.summarizer_calls == len(log) == result.chunks
     _anthropic_valid(out)
 
-    # Compacting the output again keeps exactly one summary and updates it.
+    # Compacting the output again keeps exactly one summary (and at most one
+    # bridge) and updates it; the bridge never reaches the summarizer.
     second_log: list[str] = []
     follow_up = [*out, HumanMessage("one more thing", id="more")]
     again, twice = compact(_summarizer("second", second_log), follow_up, options)
     assert sum(1 for m in twice if is_summary_message(m)) == 1
+    assert sum(1 for m in twice if is_bridge_message(m)) <= 1
+    if ensure_user_turn:
+        _first_turn_is_the_users(twice)
     event("second compaction ran" if again is not None else "second compaction had nothing to do")
     if again is None:
         assert twice == follow_up
@@ -201,12 +231,17 @@ def test_compaction_invariants(messages: list[BaseMessage], keep: int, summary_i
     assert again.updated_previous_summary is True
     assert f"previous-summary>>\n## Goal\n- first {len(log)}\n" in second_log[0]
     assert all(prompts.SUMMARY_HEADER not in prompt for prompt in second_log)
+    assert all(BRIDGE_TEXT not in prompt for prompt in second_log)
     (summary,) = [m for m in twice if is_summary_message(m)]
     assert str(summary.content).count(prompts.SUMMARY_HEADER) == 1
     assert f"second {len(second_log)}" in str(summary.content)
     lead = _leading_systems(messages)
     assert all(twice[k] is messages[k] for k in range(lead))
     assert twice[lead] is summary
+    parts = assert_compacted(twice, follow_up, again.cut_index, ensure_user_turn=ensure_user_turn)
+    old_bridge = split_compacted(out).bridge
+    assert old_bridge is None or all(m is not old_bridge for m in twice)  # replaced, never kept
+    assert parts.recent[-1] is follow_up[-1]
     _anthropic_valid(twice)
 
 
@@ -246,8 +281,12 @@ def test_async_matches_sync(messages: list[BaseMessage], keep: int, summary_inpu
     async_log: list[str] = []
     sync_result, sync_out = compact(_summarizer("s", sync_log), messages, options)
     async_result, async_out = asyncio.run(acompact(_summarizer("s", async_log), messages, options))
-    assert [id(m) for m in sync_out if not is_summary_message(m)] == [
-        id(m) for m in async_out if not is_summary_message(m)
+    # The same layout, and the same caller's objects wherever nothing was written.
+    assert [(is_summary_message(m), is_bridge_message(m)) for m in sync_out] == [
+        (is_summary_message(m), is_bridge_message(m)) for m in async_out
+    ]
+    assert [id(m) for m in sync_out if not is_compaction_message(m)] == [
+        id(m) for m in async_out if not is_compaction_message(m)
     ]
     assert sync_log == async_log  # the same prompts: one code path
     if sync_result is None:

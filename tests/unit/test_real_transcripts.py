@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 import pytest
-from conftest import TRANSCRIPT_NAMES, load_transcript
+from conftest import TRANSCRIPT_NAMES, assert_compacted, load_transcript, split_compacted
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
@@ -20,7 +20,7 @@ from langchain_compaction import (
     estimate_message_tokens,
     estimate_tokens,
 )
-from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction.adapters._convert import BRIDGE_TEXT, is_summary_message
 
 KEEP_BUDGETS = [2000, 5000, 20000]
 SUMMARY_INPUT_TOKENS = 6000  # small enough to force chunking on the big transcripts
@@ -62,11 +62,14 @@ def _leading_systems(messages: Sequence[BaseMessage]) -> int:
     return count
 
 
-def _anthropic_valid(messages: list[BaseMessage]) -> None:
+def _anthropic_valid(messages: list[BaseMessage], *, compacted: bool = True) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         payload = ANTHROPIC._get_request_payload(messages)
     assert payload["messages"]
+    if compacted:
+        # The Messages API wants the user's turn first (a bridge when the kept part starts otherwise).
+        assert payload["messages"][0]["role"] == "user"
 
 
 def _check(
@@ -78,11 +81,15 @@ def _check(
 ) -> None:
     lead = _leading_systems(messages)
     cut = result.cut_index
-    # Shape: leading systems, one summary, the caller's recent messages.
+    # Shape: leading systems, one summary, a bridge when the kept part does not
+    # start with a user turn, the caller's recent messages.
     assert all(out[k] is messages[k] for k in range(lead))
     assert is_summary_message(out[lead])
     assert sum(1 for m in out if is_summary_message(m)) == 1
-    assert all(out[lead + 1 + k] is messages[cut + k] for k in range(len(messages) - cut))
+    parts = assert_compacted(out, messages, cut)
+    bridged = parts.bridge is not None
+    assert bridged is not isinstance(messages[cut], HumanMessage)
+    assert all(out[lead + 1 + bridged + k] is messages[cut + k] for k in range(len(messages) - cut))
     # No pair split.
     assert not isinstance(messages[cut], ToolMessage)
     for call, answer in _pairs(messages):
@@ -158,6 +165,10 @@ def test_second_compaction_of_each_transcript(transcript: list[BaseMessage]) -> 
     assert result.updated_previous_summary is True
     assert sum(1 for m in twice if is_summary_message(m)) == 1
     assert "previous-summary>>" in recorder.prompts[0]
+    assert all(BRIDGE_TEXT not in prompt for prompt in recorder.prompts)
+    # The last message is the user's, and it is kept: no bridge this time.
+    assert_compacted(twice, follow_up, result.cut_index)
+    assert split_compacted(twice).bridge is None
     _anthropic_valid(twice)
 
 
@@ -207,7 +218,7 @@ def test_all_six_concatenated(keep: int) -> None:
 @pytest.mark.parametrize("keep", KEEP_BUDGETS)
 async def test_all_six_concatenated_is_a_valid_anthropic_request(keep: int) -> None:
     messages = _all_six_for_anthropic()
-    _anthropic_valid(messages)
+    _anthropic_valid(messages, compacted=False)
     recorder = Recorder()
     options = CompactionOptions(keep_recent_tokens=keep, summary_input_tokens=SUMMARY_INPUT_TOKENS)
     result, out = await acompact(recorder, messages, options)
