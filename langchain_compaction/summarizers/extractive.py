@@ -60,9 +60,11 @@ _DECISION = re.compile(
     r"chose|choose|the fix is|the cause is|the issue is|root cause|plan is)\b",
     re.IGNORECASE,
 )
+# Anchored on literal words, so a long line costs linear time (a leading
+# ``\w*`` would make every position a start and the scan quadratic).
 _ERROR_LINE = re.compile(
-    r"(Traceback|\w*(?:Error|Exception)\w*:|Error\b|error:|ERROR|FAILED|Failed|failed|fatal:|panic:"
-    r"|not found|No such file)"
+    r"Traceback|(?:Error|Exception)\w*:|\bError\b|error:|ERROR|FAILED|Failed|failed|fatal:|panic:"
+    r"|not found|No such file"
 )
 # A tool result that opens like this reports a failure.
 _FAILURE = re.compile(
