@@ -190,12 +190,14 @@ def bridge_message() -> HumanMessage:
     )
 
 
-def summary_message(summary: str, *, result_id: str | None = None) -> SystemMessage:
+def summary_message(summary: str, *, result_id: str | None = None, last_message_id: str | None = None) -> SystemMessage:
     """The system message that carries a summary, marked for later updates.
 
     Args:
         summary: The summary text.
         result_id: The id to give the message (a fresh one when ``None``).
+        last_message_id: The id of the conversation's last message when the
+            summary was written (dates reported usage; see ``usage_anchor``).
 
     Returns:
         A ``SystemMessage`` headed like the reference's summary.
@@ -203,5 +205,12 @@ def summary_message(summary: str, *, result_id: str | None = None) -> SystemMess
     return SystemMessage(
         content=format_summary(summary),
         id=result_id or f"compaction-summary-{uuid.uuid4().hex}",
-        additional_kwargs={SUMMARY_MARK: {"kind": "summary", "version": 1}},
+        additional_kwargs={SUMMARY_MARK: _mark("summary", last_message_id)},
     )
+
+
+def _mark(kind: str, last_message_id: str | None) -> dict[str, object]:
+    mark: dict[str, object] = {"kind": kind, "version": 1}
+    if last_message_id is not None:
+        mark["last_message_id"] = last_message_id
+    return mark

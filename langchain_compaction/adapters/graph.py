@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
@@ -28,7 +28,7 @@ from langchain_core.callbacks import (
     adispatch_custom_event,
     dispatch_custom_event,
 )
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, RemoveMessage, ToolMessage
+from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, ToolMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.constants import END
 from langgraph.graph import MessagesState
@@ -36,8 +36,7 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.pregel import Pregel
 
 from langchain_compaction.adapters._cache import DEFAULT_CACHE_SIZE, TokenCountCache
-from langchain_compaction.adapters._convert import SUMMARY_MARK, is_summary_message
-from langchain_compaction.adapters.messages import Prepared, finish, prepare
+from langchain_compaction.adapters.messages import Prepared, context_tokens, finish, prepare
 from langchain_compaction.core.engine import DriverReport, Summarizer, arun_flow, run_flow
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionRecord, CompactionResult
@@ -64,7 +63,6 @@ Its data is the ``CompactionRecord`` (``CompactionResult.to_dict()``).
 COMPACT_COMMAND = "/compact"
 """The chat command that forces a compaction when ``enable_compact_command`` is set."""
 
-_ANCHOR_KEY = "last_message_id"
 """Key in the summary's mark: the id of the last message when it was written.
 
 A kept AI message carries usage from before the compaction; only an AI message
@@ -153,36 +151,6 @@ def _read_messages(state: Any, key: str) -> list[BaseMessage]:
         msg = f"state[{key!r}] is a {type(value).__name__}, not a list of messages; pass messages_key= naming the list"
         raise InvalidMessagesError(msg)
     return list(value)
-
-
-def _usage_total(message: AIMessage) -> int:
-    usage = message.usage_metadata
-    if not usage:
-        return 0
-    return int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
-
-
-def _anchor(messages: Sequence[BaseMessage]) -> tuple[int, int] | None:
-    """The last AI message's index and reported tokens, if they can be trusted.
-
-    They are trusted only when the reply came after the last compaction (its
-    usage then measures the context as it is now); a summary that does not say
-    when it was written disables anchoring, since the figure cannot be dated.
-    """
-    last_ai = next((i for i in range(len(messages) - 1, -1, -1) if isinstance(messages[i], AIMessage)), None)
-    if last_ai is None:
-        return None
-    reported = _usage_total(cast(AIMessage, messages[last_ai]))
-    if reported <= 0:
-        return None
-    summaries = [m for m in messages[:last_ai] if is_summary_message(m)]
-    if summaries:
-        mark = summaries[-1].additional_kwargs.get(SUMMARY_MARK)
-        written_after = mark.get(_ANCHOR_KEY) if isinstance(mark, Mapping) else None
-        position = next((i for i, m in enumerate(messages) if m.id == written_after), None)
-        if written_after is None or position is None or position >= last_ai:
-            return None
-    return last_ai, reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,11 +265,7 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
 
     @staticmethod
     def _context_tokens(messages: Sequence[BaseMessage], counts: Sequence[int]) -> int:
-        anchor = _anchor(messages)
-        if anchor is None:
-            return sum(counts)
-        index, reported = anchor
-        return reported + sum(counts[index + 1 :])
+        return context_tokens(messages, counts)
 
     @property
     def _auto(self) -> bool:
@@ -338,13 +302,6 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
 
     def _complete(self, pending: _Pending, report: DriverReport) -> tuple[CompactionResult, dict[str, Any]]:
         result, output = finish(pending.prepared, report, self.options)
-        summary, last_id = output[pending.head], output[-1].id
-        if last_id is not None and output[-1] is not summary:
-            mark = summary.additional_kwargs.get(SUMMARY_MARK)
-            stamped = {**(mark if isinstance(mark, Mapping) else {}), _ANCHOR_KEY: last_id}
-            output[pending.head] = summary.model_copy(
-                update={"additional_kwargs": {**summary.additional_kwargs, SUMMARY_MARK: stamped}}
-            )
         update: dict[str, Any] = {self.messages_key: [RemoveMessage(id=REMOVE_ALL_MESSAGES), *output]}
         if self.result_key is not None:
             update[self.result_key] = result.to_dict()

@@ -10,15 +10,16 @@ the summary and that user turn is the caller's object.
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from langchain_core.messages import BaseMessage, ChatMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage
 
 from langchain_compaction.adapters._convert import (
     SUMMARY_MARK,
     bridge_message,
+    is_summary_message,
     summary_message,
     to_core,
     to_core_list,
@@ -237,7 +238,7 @@ def finish(
     if prepared.cleared is not None:
         return _finish_clearing(prepared, prepared.cleared, options)
     plan, outcome, original = prepared.plan, report.outcome, prepared.messages
-    summary = summary_message(outcome.summary)
+    summary = summary_message(outcome.summary, last_message_id=original[-1].id if original else None)
     kept = [original[i] for i in plan.keep_head]
     # Pinned messages (up to a provider-side compaction block) come first
     # after the summary, then the recent ones, all the caller's objects.
@@ -302,6 +303,71 @@ def _is_user_turn(message: BaseMessage) -> bool:
 
 def _as_list(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
     return messages if isinstance(messages, list) else list(messages)
+
+
+ANCHOR_KEY = "last_message_id"
+"""Key in a summary's mark: the id of the last message when it was written."""
+
+
+def _usage_total(message: AIMessage) -> int:
+    usage = message.usage_metadata
+    if not usage:
+        return 0
+    return int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+
+
+def usage_anchor(messages: Sequence[BaseMessage]) -> tuple[int, int] | None:
+    """The last AI message's index and reported tokens, if they can be trusted.
+
+    A reply's ``usage_metadata`` measures the whole request the provider was
+    sent (system prompt and tools included) plus its answer. It is trusted only
+    when the reply came after the last compaction: a reply kept from before
+    still carries the old, larger figure. Summaries record the id of the last
+    message when they were written; one that does not disables anchoring.
+
+    Args:
+        messages: The conversation.
+
+    Returns:
+        ``(index, reported tokens)``, or ``None``.
+    """
+    last_ai = next((i for i in range(len(messages) - 1, -1, -1) if isinstance(messages[i], AIMessage)), None)
+    if last_ai is None:
+        return None
+    reported = _usage_total(cast(AIMessage, messages[last_ai]))
+    if reported <= 0:
+        return None
+    summaries = [m for m in messages[:last_ai] if is_summary_message(m)]
+    if summaries:
+        mark = summaries[-1].additional_kwargs.get(SUMMARY_MARK)
+        written_after = mark.get(ANCHOR_KEY) if isinstance(mark, Mapping) else None
+        position = next((i for i, m in enumerate(messages) if m.id == written_after), None)
+        if written_after is None or position is None or position >= last_ai:
+            return None
+    return last_ai, reported
+
+
+def context_tokens(messages: Sequence[BaseMessage], counts: Sequence[int], overhead: int = 0) -> int:
+    """The context size a trigger compares with ``window - reserve``.
+
+    The last reply's reported input + output tokens plus the estimate of the
+    messages after it, when it reports usage from after the last compaction
+    (what the provider bills); otherwise the estimates plus ``overhead`` (the
+    system prompt and tool schemas not in the list, when known).
+
+    Args:
+        messages: The conversation.
+        counts: Token count per message.
+        overhead: Tokens sent besides the messages (already in reported usage).
+
+    Returns:
+        The context size in tokens.
+    """
+    anchor = usage_anchor(messages)
+    if anchor is None:
+        return sum(counts) + overhead
+    index, reported = anchor
+    return reported + sum(counts[index + 1 :])
 
 
 def _finish_clearing(

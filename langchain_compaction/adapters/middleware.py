@@ -93,7 +93,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from langchain_compaction.adapters._cache import DEFAULT_CACHE_SIZE, TokenCountCache
-from langchain_compaction.adapters.messages import Prepared, finish, prepare
+from langchain_compaction.adapters.messages import Prepared, context_tokens, finish, prepare
 from langchain_compaction.core.engine import DriverReport, Summarizer, arun_flow, run_flow
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
@@ -284,7 +284,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
     def _state_flow(self, state: Mapping[str, Any]) -> _Flow[dict[str, Any] | None]:
         messages: list[BaseMessage] = state.get("messages") or []
         overhead = state.get(OVERHEAD_KEY) or 0
-        if not self._over(sum(self._cache.counts(messages)) + overhead):
+        if not self._over(context_tokens(messages, self._cache.counts(messages), overhead)):
             return None
         compacted = yield from self._compact(messages, force=False)
         if compacted is None:
@@ -295,7 +295,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         overhead = self._overhead(request)
         messages: list[BaseMessage] = list(request.messages)
         compacted: list[BaseMessage] | None = None
-        if self._over(sum(self._cache.counts(messages)) + overhead):
+        if self._over(context_tokens(messages, self._cache.counts(messages), overhead)):
             compacted = yield from self._compact(messages, force=False)
         try:
             reply = yield request if compacted is None else self._with_messages(request, compacted)

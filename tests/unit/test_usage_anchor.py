@@ -1,0 +1,57 @@
+"""Reported usage anchors the trigger, in the node and in the middleware alike."""
+
+from __future__ import annotations
+
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions, compact
+from langchain_compaction.adapters.messages import context_tokens, usage_anchor
+
+OPTIONS = CompactionOptions(context_window=10_000, reserve_tokens=1_000, keep_recent_tokens=50)
+
+
+def reply(text: str, billed: int, id: str) -> AIMessage:
+    return AIMessage(
+        text, id=id, usage_metadata={"input_tokens": billed, "output_tokens": 50, "total_tokens": billed + 50}
+    )
+
+
+def conversation(billed: int) -> list:
+    return [
+        SystemMessage("You are helpful.", id="s"),
+        HumanMessage("hello " * 50, id="h1"),
+        reply("hi " * 50, billed, "a1"),
+        HumanMessage("more " * 50, id="h2"),
+    ]
+
+
+def test_reported_usage_plus_what_follows_is_the_context():
+    messages = conversation(9_200)
+    counts = [10, 60, 60, 60]
+    assert usage_anchor(messages) == (2, 9_250)
+    assert context_tokens(messages, counts, overhead=500) == 9_250 + 60  # overhead is in the billed figure
+    assert context_tokens([m for m in messages if not isinstance(m, AIMessage)], [10, 60, 60], overhead=500) == 630
+
+
+def test_middleware_compacts_on_billed_usage_the_estimate_misses():
+    middleware = CompactionMiddleware(lambda p: "## Goal\n- greet", OPTIONS)
+    assert middleware.before_model({"messages": conversation(9_200)}, None) is not None  # type: ignore[arg-type]
+    assert middleware.before_model({"messages": conversation(100)}, None) is None  # type: ignore[arg-type]
+
+
+def test_node_and_middleware_agree():
+    node = CompactionNode(lambda p: "## Goal\n- greet", OPTIONS)
+    middleware = CompactionMiddleware(lambda p: "## Goal\n- greet", OPTIONS)
+    for billed in (100, 9_200):
+        assert bool(node.invoke({"messages": conversation(billed)})) == bool(
+            middleware.before_model({"messages": conversation(billed)}, None)  # type: ignore[arg-type]
+        )
+
+
+def test_usage_from_before_a_compaction_is_not_trusted():
+    messages = conversation(9_200) + [reply("ok " * 50, 9_300, "a2"), HumanMessage("next", id="h3")]
+    _, out = compact(lambda p: "## Goal\n- greet", messages, CompactionOptions(keep_recent_tokens=100))
+    # The kept reply a2 still reports 9,350 tokens, measured before the compaction.
+    assert any(m.id == "a2" for m in out)
+    assert usage_anchor(out) is None
+    assert usage_anchor([*out, reply("fresh", 700, "a3")]) == (len(out), 750)
