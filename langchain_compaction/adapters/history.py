@@ -78,7 +78,7 @@ import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -539,7 +539,9 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         if lock is not None and not isinstance(lock, CompactionLock):
             raise ConfigurationError("lock", lock, "pass an object with hold() and ahold(), e.g. FileLock(path)")
         self.inner = inner
-        self.options = options
+        # A chat memory's archive must receive every original, and clearing
+        # rewrites tool outputs in place: here compaction always summarizes.
+        self.options = replace(options, clear_tool_outputs=False) if options.clear_tool_outputs else options
         self.archive = archive
         self.journal = journal
         self.on_error: OnError = on_error

@@ -325,8 +325,11 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         if compacted is not None:
             # Write back the state's own objects: a transient edit that an
             # outer middleware made to the request stays out of the state.
+            # A message the compaction itself rewrote (a cleared tool output)
+            # is a new object, not one of the request's: it is written as is.
             by_id = {m.id: m for m in request.state.get("messages") or [] if m.id}
-            kept = [by_id.get(m.id, m) if m.id else m for m in compacted]
+            sent = {id(m) for m in request.messages}
+            kept = [by_id.get(m.id, m) if m.id and id(m) in sent else m for m in compacted]
             # The model node first adds the reply; this update then replaces
             # the whole list, so the reply goes last again.
             update["messages"] = [RemoveMessage(id=REMOVE_ALL_MESSAGES), *kept, *response.result]

@@ -132,3 +132,44 @@ def test_clearing_options_are_validated():
         CompactionOptions(keep_tool_uses=-1)
     with pytest.raises(ValueError, match="clear_exclude_tools='grep'"):
         CompactionOptions(clear_exclude_tools="grep")  # type: ignore[arg-type]
+
+
+def test_the_node_writes_cleared_outputs_into_the_state():
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from langchain_compaction import CompactionNode
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("compact", CompactionNode(never_called, options()))
+    builder.add_edge(START, "compact")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "c"}}
+    state = graph.invoke({"messages": agent_session(20)}, config)
+    cleared = [m for m in state["messages"] if isinstance(m, ToolMessage) and str(m.content).startswith(CLEARED_PREFIX)]
+    assert cleared
+    assert len(state["messages"]) == len(agent_session(20))
+    assert estimate_message_tokens(state["messages"]) < 18_000
+
+
+def test_the_middleware_returns_cleared_outputs():
+    from langchain_compaction import CompactionMiddleware
+
+    update = CompactionMiddleware(never_called, options()).before_model({"messages": agent_session(20)}, None)  # type: ignore[arg-type]
+    assert update is not None
+    written = update["messages"][1:]
+    assert any(isinstance(m, ToolMessage) and str(m.content).startswith(CLEARED_PREFIX) for m in written)
+
+
+def test_chat_memory_always_summarizes_so_its_archive_gets_every_original():
+    from langchain_core.chat_history import InMemoryChatMessageHistory
+
+    from langchain_compaction import CompactingChatMessageHistory
+
+    archive = InMemoryChatMessageHistory()
+    history = CompactingChatMessageHistory(
+        InMemoryChatMessageHistory(), lambda p: "## Goal\n- audit", options(), archive=archive
+    )
+    history.add_messages(agent_session(20))
+    assert not any(str(m.content).startswith(CLEARED_PREFIX) for m in history.messages)
+    assert len(archive.messages) + len(history.messages) >= len(agent_session(20))
