@@ -1,7 +1,7 @@
 """Compacting chat memory: a ``BaseChatMessageHistory`` that wraps another one.
 
 ``CompactingChatMessageHistory(inner, model, options)`` reads and appends
-through ``inner`` and, when ``should_compact`` says the history no longer fits
+through ``inner`` and, when ``over_threshold`` says the history no longer fits
 ``options.context_window - options.reserve_tokens``, replaces the older part
 with a summary (the same ``prepare`` / ``run_flow`` / ``finish`` as
 ``compact``). Afterwards ``inner`` holds the leading system messages, the
@@ -87,7 +87,7 @@ from langchain_core.messages import BaseMessage, SystemMessage, message_to_dict,
 
 from langchain_compaction.adapters._convert import SUMMARY_MARK, is_compaction_message
 from langchain_compaction.adapters.locks import CompactionLock, InProcessLock
-from langchain_compaction.adapters.messages import Prepared, finish, prepare, should_compact
+from langchain_compaction.adapters.messages import Prepared, finish, over_threshold, prepare
 from langchain_compaction.core.engine import arun_flow, run_flow
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
@@ -795,7 +795,7 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
     # -- compaction -------------------------------------------------------------
 
     def _due(self, snapshot: Sequence[BaseMessage]) -> bool:
-        return should_compact(snapshot, self.options.context_window, self.options.reserve_tokens)
+        return over_threshold(snapshot, self.options)
 
     def _discarded(self) -> None:
         logger.warning(

@@ -476,11 +476,24 @@ async def acompact(
     return finish(prepared, report, options)
 
 
-def _over_threshold(messages: Sequence[BaseMessage], options: CompactionOptions) -> bool:
+def over_threshold(messages: Sequence[BaseMessage], options: CompactionOptions) -> bool:
+    """Whether automatic compaction should fire for ``messages`` under ``options``.
+
+    ``should_compact`` with the options' ``token_counter`` (when set) and
+    anchored on reported usage (see ``context_tokens``).
+
+    Args:
+        messages: The conversation.
+        options: The options in force.
+
+    Returns:
+        True when the context exceeds ``context_window - reserve_tokens``.
+    """
     if options.context_window <= 0 or options.reserve_tokens <= 0:
         return False
     core = to_core_list(messages)
-    return sum(_counts(messages, core, options)) > options.context_window - options.reserve_tokens
+    size = context_tokens(messages, _counts(messages, core, options))
+    return size > options.context_window - options.reserve_tokens
 
 
 def auto_compact(
@@ -509,7 +522,7 @@ def auto_compact(
     if not isinstance(options, CompactionOptions):
         raise ConfigurationError("options", options, "pass CompactionOptions(context_window=...)")
     summarizer, backup = _resolve(model, fallback)
-    if not _over_threshold(messages, options):
+    if not over_threshold(messages, options):
         return None, _as_list(messages)
     prepared = prepare(messages, options, force=False)
     if prepared is None:
@@ -529,7 +542,7 @@ async def aauto_compact(
     if not isinstance(options, CompactionOptions):
         raise ConfigurationError("options", options, "pass CompactionOptions(context_window=...)")
     summarizer, backup = _resolve(model, fallback)
-    if not _over_threshold(messages, options):
+    if not over_threshold(messages, options):
         return None, _as_list(messages)
     prepared = prepare(messages, options, force=False)
     if prepared is None:

@@ -1066,3 +1066,21 @@ def test_crash_mid_rewrite_is_repaired_from_the_journal(tmp_path: Path, dies_at:
     assert repaired == [target.summary, target.bridge, *target.recent]
     written = [f"{k}{i}{PAD}" for i in range(12) for k in "qa"]
     assert_nothing_lost(written, repaired, archive.messages)
+
+
+def test_the_trigger_counts_with_the_options_token_counter():
+    # A counter that sees every message as 1,000 tokens makes two messages
+    # exceed a 2,000-token window that the built-in estimate says they fit.
+    from langchain_core.chat_history import InMemoryChatMessageHistory
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from langchain_compaction import CompactingChatMessageHistory, CompactionOptions
+
+    def heavy(messages):
+        return 1_000 * len(messages)
+
+    options = CompactionOptions(context_window=2_000, reserve_tokens=500, keep_recent_tokens=900, token_counter=heavy)
+    history = CompactingChatMessageHistory(InMemoryChatMessageHistory(), lambda p: "## Goal\n- x", options)
+    history.add_messages([HumanMessage("a", id="1"), AIMessage("b", id="2"), HumanMessage("c", id="3")])
+    kinds = [m.additional_kwargs.get("langchain_compaction", {}).get("kind") for m in history.messages]
+    assert "summary" in kinds
