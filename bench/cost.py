@@ -39,7 +39,7 @@ CHAT = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")
 
 
 class Recording(GenericFakeChatModel):
-    inputs: list = []
+    inputs: list = []  # noqa: RUF012 - a pydantic field, copied per instance
 
     def _generate(self, messages, stop=None, run_manager=None, **kwargs):
         self.inputs.append(list(messages))
@@ -125,7 +125,9 @@ def workloads() -> list[tuple[str, list[BaseMessage], CompactionOptions]]:
 
 
 def main() -> None:
-    print("| workload | mode | compactions (summaries) | summarizer input tokens | of which a cached prefix | cache-weighted input cost | agent request tokens to re-cache |")
+    print(
+        "| workload | mode | compactions (summaries) | summarizer input tokens | of which a cached prefix | cache-weighted input cost | agent request tokens to re-cache |"
+    )
     print("|---|---|---|---|---|---|---|")
     results = {}
     for name, session, base in workloads():

@@ -242,16 +242,26 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
             raise ConversationFileError(msg, where=where)
     messages: list[BaseMessage] = []
     if system is not None:
-        if not isinstance(system, (str, list)):
-            raise ConversationFileError('"system" must be a string or a list of blocks', where=name)
+        if not isinstance(system, (str, list)) or (
+            isinstance(system, list) and not all(isinstance(b, (str, dict)) for b in system)
+        ):
+            raise ConversationFileError('"system" must be a string or a list of text blocks', where=name)
         messages.append(SystemMessage(content=system))
     if system is not None or "anthropic" in shapes:
         shape = "anthropic"
     for actual, (item, where) in zip(shapes, items):
         assert isinstance(item, dict)  # _shape checked it
-        messages.extend(
-            _convert(item, "anthropic" if shape == "anthropic" and actual != "langchain" else actual, where)
-        )
+        kind: Format = "anthropic" if shape == "anthropic" and actual != "langchain" else actual
+        try:
+            messages.extend(_convert(item, kind, where))
+        except ConversationFileError:
+            raise
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            # A field of the wrong type (pydantic's validation error, a
+            # number where a list belongs): one line that says where.
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            msg = f"not a valid {kind}-style message: {first}"
+            raise ConversationFileError(msg, where=where) from exc
     return Conversation(messages, shape, jsonl)
 
 

@@ -25,6 +25,7 @@ from typing import Protocol, runtime_checkable
 from langchain_compaction.core import prompts
 from langchain_compaction.core.cut import find_cut, forced_cut, valid_boundaries
 from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.redact import _apply as _apply_redactor
 from langchain_compaction.core.redact import redact_message
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.transcript import (
@@ -299,7 +300,7 @@ def compaction_flow(
         # Everything the summarizer sees goes through the redactor; the
         # caller's messages are not touched.
         shown_messages = {i: redact_message(messages[i], redactor) for i in region}
-        previous = redactor(previous) if previous is not None else None
+        previous = _apply_redactor(redactor, previous) if previous is not None else None
     else:
         shown_messages = {i: messages[i] for i in region}
     extra = prompts.ADDITIONAL_INSTRUCTIONS + instructions if instructions else ""
@@ -535,6 +536,21 @@ class _Driver:
         return DriverReport(outcome, self.active.name, self.used_fallback, self.usage)
 
 
+def _advance(flow: Generator[SummaryRequest, str, Outcome], text: str | None) -> SummaryRequest:
+    """The flow's next request, with a failure inside it wrapped.
+
+    A user's ``redact`` hook that raises becomes a ``SummarizationError``
+    like any summary failure, chained to the cause.
+    """
+    try:
+        return next(flow) if text is None else flow.send(text)
+    except (StopIteration, CompactionError):
+        raise
+    except Exception as exc:
+        error = SummarizationError(f"compaction summarisation failed: {type(exc).__name__}: {exc}")
+        raise error from exc
+
+
 def run_flow(
     flow: Generator[SummaryRequest, str, Outcome],
     summarizer: Summarizer,
@@ -560,14 +576,14 @@ def run_flow(
     """
     driver = _Driver(summarizer, fallback)
     try:
-        request = next(flow)
+        request = _advance(flow, None)
         while True:
             active = driver.choose(request)
             try:
                 text = _ask(active, request, timeout)
             except SummarizationError as error:
                 text = _ask(driver.switch(error), request, timeout)
-            request = flow.send(driver.record(text))
+            request = _advance(flow, driver.record(text))
     except StopIteration as stop:
         return driver.report(stop.value)
     finally:
@@ -584,14 +600,14 @@ async def arun_flow(
     """Drive ``flow`` with async summarizer calls; see ``run_flow``."""
     driver = _Driver(summarizer, fallback)
     try:
-        request = next(flow)
+        request = _advance(flow, None)
         while True:
             active = driver.choose(request)
             try:
                 text = await _aask(active, request, timeout)
             except SummarizationError as error:
                 text = await _aask(driver.switch(error), request, timeout)
-            request = flow.send(driver.record(text))
+            request = _advance(flow, driver.record(text))
     except StopIteration as stop:
         return driver.report(stop.value)
     finally:

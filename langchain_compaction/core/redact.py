@@ -40,9 +40,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]+:)[^\s@/]+@"), r"\1[REDACTED]@"),
     # key=value and "key": "value" for names that say secret.
     (
+        # (the quotes may be JSON-escaped: tool-call arguments are JSON text)
         re.compile(
             r"(?i)(\b(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret)"
-            r"\b[\"']?\s*[:=]\s*[\"']?)([^\s\"',;]{4,})"
+            r"\b\\?[\"']?\s*[:=]\s*\\?[\"']?)([^\s\"'\\,;]{4,})"
         ),
         r"\1[REDACTED]",
     ),
@@ -82,6 +83,14 @@ def redact_message(message: Message, redactor: Redactor) -> Message:
     Returns:
         The redacted copy (the original is not changed).
     """
-    parts = tuple(p if p.kind == "image" else Part(p.kind, redactor(p.text)) for p in message.parts)
-    calls = tuple(ToolCall(c.id, c.name, redactor(c.arguments)) for c in message.tool_calls)
+    parts = tuple(p if p.kind == "image" else Part(p.kind, _apply(redactor, p.text)) for p in message.parts)
+    calls = tuple(ToolCall(c.id, c.name, _apply(redactor, c.arguments)) for c in message.tool_calls)
     return replace(message, parts=parts, tool_calls=calls)
+
+
+def _apply(redactor: Redactor, text: str) -> str:
+    result = redactor(text)
+    if not isinstance(result, str):
+        msg = f"the redact hook returned {type(result).__name__}, not text; it must return the redacted string"
+        raise TypeError(msg)
+    return result

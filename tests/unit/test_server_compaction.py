@@ -35,7 +35,8 @@ def test_the_block_and_what_precedes_it_stay_verbatim_and_unsummarized():
     assert out[3] is messages[2]
     assert out[-1] is messages[-1]
     shown = "".join(prompts)
-    assert "SERVER-SUMMARY" not in shown and "OLD-REQUEST" not in shown
+    assert "SERVER-SUMMARY" not in shown
+    assert "OLD-REQUEST" not in shown
     assert "step 1 " in shown  # what follows the block is summarized
     assert result.messages_removed == result.cut_index - 3
     assert result.compacted_tokens < result.original_tokens
@@ -51,7 +52,7 @@ def test_nothing_after_the_block_means_nothing_to_compact():
 def test_a_second_compaction_keeps_the_block_and_updates_the_summary():
     messages = conversation()
     _, once = compact(lambda p: "## Goal\n- first", messages, CompactionOptions(keep_recent_tokens=800))
-    grown = once + [HumanMessage("step 99 " + "more " * 200, id="h99"), AIMessage("ok " * 200, id="a99")]
+    grown = [*once, HumanMessage("step 99 " + "more " * 200, id="h99"), AIMessage("ok " * 200, id="a99")]
     prompts: list[str] = []
     result, out = compact(
         lambda p: prompts.append(p) or "## Goal\n- second", grown, CompactionOptions(keep_recent_tokens=300)

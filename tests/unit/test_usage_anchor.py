@@ -49,7 +49,7 @@ def test_node_and_middleware_agree():
 
 
 def test_usage_from_before_a_compaction_is_not_trusted():
-    messages = conversation(9_200) + [reply("ok " * 50, 9_300, "a2"), HumanMessage("next", id="h3")]
+    messages = [*conversation(9_200), reply("ok " * 50, 9_300, "a2"), HumanMessage("next", id="h3")]
     _, out = compact(lambda p: "## Goal\n- greet", messages, CompactionOptions(keep_recent_tokens=100))
     # The kept reply a2 still reports 9,350 tokens, measured before the compaction.
     assert any(m.id == "a2" for m in out)

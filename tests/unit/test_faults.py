@@ -1,0 +1,453 @@
+"""Faults: a misbehaving summary model on every adapter, sync and async, and a failing history store.
+
+Model faults: the summarizer raises, hangs past ``CompactionOptions(timeout=...)``
+(sync: ``time.sleep`` in a plain function; async: ``asyncio.sleep``), returns
+"", returns whitespace, returns a summary ten times over the summary budget,
+or is cancelled mid-call. Adapters: ``compact``/``acompact``, the graph node in
+a real ``StateGraph`` with an ``InMemorySaver``, the middleware in a real
+``create_agent`` agent with an ``InMemorySaver``, and the history wrapper.
+
+After each fault: the state (or list, or store) is exactly as before (message
+ids and contents compared), the error is the documented one, and the next call
+with a working model compacts. Every test counts "messages lost": the ids sent
+that are missing from everything the adapter keeps (the caller's list; the
+current state plus every checkpoint of the thread; the store plus the archive)
+and asserts it is 0. Each prints one ``FIGURE |`` line (run with ``-s``).
+
+Store faults (history wrapper, journaled rewrite): the store raises on the
+write after the archive write, on clear, and on read; nothing is lost and the
+repair path finishes the rewrite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, StateGraph
+
+from langchain_compaction import (
+    CompactingChatMessageHistory,
+    CompactionNode,
+    CompactionOptions,
+    CompactionState,
+    EmptySummaryError,
+    InvalidSummaryError,
+    StoreError,
+    SummarizationError,
+    SummaryTimeoutError,
+    acompact,
+    compact,
+)
+from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction.adapters.middleware import CompactionMiddleware
+from langchain_compaction.core.tokens import estimate_tokens
+
+GOOD = "## Goal\n- keep answering the user's questions\n\n## Critical Context\n- (none)"
+OPTIONS = CompactionOptions(
+    context_window=3000, reserve_tokens=1000, keep_recent_tokens=600, timeout=0.3, summary_input_tokens=100_000
+)
+# Cancellation needs the call to be waiting, not timed out first.
+NO_TIMEOUT = CompactionOptions(context_window=3000, reserve_tokens=1000, keep_recent_tokens=600)
+BUDGET = OPTIONS.effective_summary_max_tokens
+
+EXPECTED: dict[str, type[BaseException]] = {
+    "raises": SummarizationError,
+    "hangs": SummaryTimeoutError,
+    "empty": EmptySummaryError,
+    "whitespace": EmptySummaryError,
+    "oversized": InvalidSummaryError,
+    "cancelled": asyncio.CancelledError,
+}
+CASES = [(fault, mode) for fault in EXPECTED for mode in ("sync", "async") if (fault, mode) != ("cancelled", "sync")]
+
+
+class Fault:
+    """A summarizer that misbehaves as told until ``kind`` is set to ``None``.
+
+    ``sync`` is the plain function a caller passes on the sync path; ``asynchronous``
+    the ``async def`` one for the async path.
+    """
+
+    def __init__(self, kind: str | None) -> None:
+        self.kind = kind
+        self.calls = 0
+        self.answers: list[int] = []  # estimated tokens of each answer given
+
+    def _answer(self) -> str:
+        if self.kind == "raises":
+            msg = "summary model is down"
+            raise RuntimeError(msg)
+        text = {
+            None: GOOD,
+            "empty": "",
+            "whitespace": " \n\t  \n",
+            "oversized": "## Goal\n- " + "word " * (8 * BUDGET),  # ten times the summary budget
+        }.get(self.kind, GOOD)
+        self.answers.append(estimate_tokens(text))
+        return text
+
+    def sync(self, prompt: str) -> str:
+        self.calls += 1
+        if self.kind == "hangs":
+            time.sleep(2)  # a blocking call past the timeout: the library stops waiting
+            return GOOD
+        return self._answer()
+
+    async def asynchronous(self, prompt: str) -> str:
+        self.calls += 1
+        if self.kind in ("hangs", "cancelled"):
+            await asyncio.sleep(30)
+        return self._answer()
+
+    def for_mode(self, mode: str) -> Callable[[str], Any]:
+        return self.sync if mode == "sync" else self.asynchronous
+
+
+def conversation(prefix: str = "") -> list[BaseMessage]:
+    """About 3,400 estimated tokens: system prompt, plain turns, a parallel tool exchange."""
+    out: list[BaseMessage] = [SystemMessage("You are a helpful assistant.", id=f"{prefix}sys")]
+    for i in range(30):
+        out.append(HumanMessage(f"question {i}: " + "please explain the design " * 8, id=f"{prefix}u{i}"))
+        if i == 10:
+            calls = [{"name": "lookup", "args": {"q": f"topic {k}"}, "id": f"{prefix}c{k}"} for k in range(2)]
+            out.append(AIMessage("", tool_calls=calls, id=f"{prefix}call"))
+            out += [ToolMessage(f"notes {k} " * 20, tool_call_id=f"{prefix}c{k}", id=f"{prefix}t{k}") for k in range(2)]
+        out.append(AIMessage(f"answer {i}: " + "the design keeps it simple " * 6, id=f"{prefix}a{i}"))
+    return out
+
+
+def fingerprint(messages: Iterable[BaseMessage]) -> list[tuple[str | None, str, Any]]:
+    return [(m.id, m.type, m.content) for m in messages]
+
+
+def lost(sent: Iterable[BaseMessage], *kept: Iterable[BaseMessage]) -> int:
+    """How many of the ids sent are in none of ``kept``."""
+    have = {m.id for group in kept for m in group}
+    return sum(1 for m in sent if m.id not in have)
+
+
+def figure(fault: str, adapter: str, mode: str, result: str, count: int) -> None:
+    print(f"FIGURE | {fault} | {adapter} | {mode} | {result} | messages lost: {count}")
+
+
+def check_error(fault: str, error: BaseException, model: Fault) -> str:
+    expected = EXPECTED[fault]
+    assert type(error) is expected, f"{fault}: expected {expected.__name__}, got {type(error).__name__}: {error}"
+    if fault == "raises":
+        assert isinstance(error.__cause__, RuntimeError)
+        assert "summary model is down" in str(error)
+    if fault == "hangs":
+        assert isinstance(error, SummaryTimeoutError)
+        assert error.timeout == OPTIONS.timeout
+    if fault == "oversized":
+        # Asked once more with the problem stated, then given up: two answers, both 10x over.
+        assert model.calls == 2
+        assert all(size >= 10 * BUDGET for size in model.answers)
+        assert "more than the summary budget" in str(error)
+    return type(error).__name__
+
+
+async def provoke(fault: str, mode: str, model: Fault, call: Callable[[], Any]) -> BaseException:
+    """Run ``call`` (a blocking call, or a coroutine factory) and return the error it ends with."""
+    if fault == "cancelled":
+        task = asyncio.ensure_future(call())
+        while model.calls == 0:  # the summarizer is now awaiting
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError) as info:
+            await task
+        return info.value
+
+    async def invoke() -> Any:
+        return call() if mode == "sync" else await call()
+
+    with pytest.raises(EXPECTED[fault]) as caught:
+        await invoke()
+    return caught.value
+
+
+def options_for(fault: str) -> CompactionOptions:
+    return NO_TIMEOUT if fault == "cancelled" else OPTIONS
+
+
+# -- compact / acompact ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fault", "mode"), CASES)
+async def test_compact(fault: str, mode: str) -> None:
+    model = Fault(fault)
+    messages = conversation()
+    before = [m.model_copy(deep=True) for m in messages]
+    options = options_for(fault)
+
+    def call() -> Any:
+        if mode == "sync":
+            return compact(model.sync, messages, options)
+        return acompact(model.asynchronous, messages, options)
+
+    error = await provoke(fault, mode, model, call)
+    result = check_error(fault, error, model)
+    assert messages == before
+    count = lost(before, messages)
+    assert count == 0
+    model.kind = None
+    done = (
+        compact(model.sync, messages, options)
+        if mode == "sync"
+        else await acompact(model.asynchronous, messages, options)
+    )
+    assert done[0] is not None
+    assert is_summary_message(done[1][1])
+    figure(fault, "compact", mode, result, count)
+
+
+# -- the graph node, with a checkpointer ----------------------------------------------------------
+
+
+def checkpointed_messages(graph: Any, cfg: Any) -> list[BaseMessage]:
+    """Every message of every checkpoint of the thread."""
+    return [m for snapshot in graph.get_state_history(cfg) for m in snapshot.values.get("messages", [])]
+
+
+@pytest.mark.parametrize(("fault", "mode"), CASES)
+async def test_graph_node(fault: str, mode: str) -> None:
+    model = Fault(fault)
+    builder = StateGraph(CompactionState)
+    builder.add_node(CompactionNode(model.for_mode(mode), options_for(fault)))
+    builder.add_edge(START, "compact")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    cfg = {"configurable": {"thread_id": f"{fault}-{mode}"}}
+    messages = conversation()
+
+    def call() -> Any:
+        if mode == "sync":
+            return graph.invoke({"messages": messages}, cfg)
+        return graph.ainvoke({"messages": messages}, cfg)
+
+    error = await provoke(fault, mode, model, call)
+    result = check_error(fault, error, model)
+    state = graph.get_state(cfg).values["messages"]
+    # The node wrote nothing: the thread holds exactly what was sent.
+    assert fingerprint(state) == fingerprint(messages)
+    count = lost(messages, state)
+    assert count == 0
+    model.kind = None
+    follow = HumanMessage("and now?", id="next")
+    if mode == "sync":
+        final = graph.invoke({"messages": [follow]}, cfg)["messages"]
+    else:
+        final = (await graph.ainvoke({"messages": [follow]}, cfg))["messages"]
+    assert is_summary_message(final[1])
+    assert final[-1].id == "next"
+    # Summarized messages are gone from the state, never from the thread's checkpoints.
+    assert lost([*messages, follow], final, checkpointed_messages(graph, cfg)) == 0
+    figure(fault, "graph node", mode, result, count)
+
+
+# -- the middleware in create_agent -----------------------------------------------------------------
+
+
+class ToolCallingFake(GenericFakeChatModel):
+    """GenericFakeChatModel with ``bind_tools``, so ``create_agent`` accepts it."""
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ToolCallingFake:
+        return self
+
+
+@pytest.mark.parametrize(("fault", "mode"), CASES)
+async def test_middleware(fault: str, mode: str) -> None:
+    model = Fault(fault)
+    agent = create_agent(
+        ToolCallingFake(messages=(AIMessage(f"reply {k}", id=f"reply{k}") for k in itertools.count())),
+        middleware=[CompactionMiddleware(model.for_mode(mode), options_for(fault))],
+        checkpointer=InMemorySaver(),
+    )
+    cfg = {"configurable": {"thread_id": f"{fault}-{mode}"}}
+    messages = conversation()
+
+    def call() -> Any:
+        if mode == "sync":
+            return agent.invoke({"messages": messages}, cfg)
+        return agent.ainvoke({"messages": messages}, cfg)
+
+    error = await provoke(fault, mode, model, call)
+    result = check_error(fault, error, model)
+    state = agent.get_state(cfg).values["messages"]
+    assert fingerprint(state) == fingerprint(messages)
+    count = lost(messages, state)
+    assert count == 0
+    model.kind = None
+    follow = HumanMessage("and now?", id="next")
+    if mode == "sync":
+        final = agent.invoke({"messages": [follow]}, cfg)["messages"]
+    else:
+        final = (await agent.ainvoke({"messages": [follow]}, cfg))["messages"]
+    assert sum(1 for m in final if is_summary_message(m)) == 1
+    assert final[-1].content.startswith("reply")
+    assert lost([*messages, follow], final, checkpointed_messages(agent, cfg)) == 0
+    figure(fault, "middleware", mode, result, count)
+
+
+# -- the history wrapper --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fault", "mode"), CASES)
+async def test_history_wrapper(fault: str, mode: str) -> None:
+    model = Fault(fault)
+    store, archive = InMemoryChatMessageHistory(), InMemoryChatMessageHistory()
+    history = CompactingChatMessageHistory(store, model.for_mode(mode), options_for(fault), archive=archive)
+    messages = conversation()
+
+    def call() -> Any:
+        if mode == "sync":
+            return history.add_messages(messages)
+        return history.aadd_messages(messages)
+
+    error = await provoke(fault, mode, model, call)
+    result = check_error(fault, error, model)
+    # The append was stored, the compaction wrote nothing, the archive is untouched.
+    assert fingerprint(store.messages) == fingerprint(messages)
+    assert archive.messages == []
+    count = lost(messages, store.messages, archive.messages)
+    assert count == 0
+    model.kind = None
+    follow = [HumanMessage("and now?", id="next")]
+    if mode == "sync":
+        history.add_messages(follow)
+    else:
+        await history.aadd_messages(follow)
+    assert is_summary_message(store.messages[1])
+    assert lost([*messages, *follow], store.messages, archive.messages) == 0
+    figure(fault, "history wrapper", mode, result, count)
+
+
+# -- store faults: the history wrapper over a failing store -------------------------------------------
+
+
+class FlakyStore(BaseChatMessageHistory):
+    """A list-backed store (journaled rewrite) whose Nth read or write, or whose clear, fails once armed."""
+
+    def __init__(self) -> None:
+        self._messages: list[BaseMessage] = []
+        self.reads = 0
+        self.writes = 0
+        self.fail_read_at = -1
+        self.fail_write_at = -1
+        self.fail_clear = False
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        self.reads += 1
+        if self.reads == self.fail_read_at:
+            msg = "read timed out"
+            raise TimeoutError(msg)
+        return list(self._messages)
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        self.writes += 1
+        if self.writes == self.fail_write_at:
+            msg = "disk full"
+            raise OSError(msg)
+        self._messages.extend(messages)
+
+    def clear(self) -> None:
+        if self.fail_clear:
+            msg = "connection reset"
+            raise ConnectionError(msg)
+        self._messages = []
+
+    def disarm(self) -> None:
+        self.fail_read_at = self.fail_write_at = -1
+        self.fail_clear = False
+
+
+def arm(store: FlakyStore, fault: str) -> str:
+    """Arm ``fault`` for the compaction the next add triggers; return the failing operation."""
+    if fault == "write after archive":
+        store.fail_write_at = store.writes + 2  # the user's append succeeds, the rewrite's write fails
+        return "add_messages"
+    if fault == "clear":
+        store.fail_clear = True
+        return "clear"
+    if fault == "read (snapshot)":
+        store.fail_read_at = store.reads + 2  # the append's own read succeeds, the snapshot's fails
+        return "read"
+    store.fail_read_at = store.reads + 3  # the re-read under the lock, after the summary was made
+    return "read"
+
+
+STORE_FAULTS = ["write after archive", "clear", "read (snapshot)", "read (after summary)"]
+
+
+async def _add(history: CompactingChatMessageHistory, messages: list[BaseMessage], mode: str) -> None:
+    if mode == "sync":
+        history.add_messages(messages)
+    else:
+        await history.aadd_messages(messages)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("fault", STORE_FAULTS)
+async def test_store_fault(fault: str, mode: str) -> None:
+    store, archive = FlakyStore(), InMemoryChatMessageHistory()
+    history = CompactingChatMessageHistory(store, lambda p: GOOD, OPTIONS, archive=archive)
+    assert "journal" in repr(history)
+    messages = conversation()
+    await _add(history, messages[:10], mode)  # under budget: no compaction yet
+    operation = arm(store, fault)
+    batch = messages[10:]
+    with pytest.raises(StoreError) as info:
+        await _add(history, batch, mode)
+    # The async path names the async method it called.
+    assert info.value.operation == (operation if mode == "sync" or operation == "read" else f"a{operation}")
+    assert isinstance(info.value.__cause__, (OSError, ConnectionError, TimeoutError))
+    assert "No message was lost" in str(info.value)
+    store.disarm()
+    raw = list(store._messages)
+    if fault == "write after archive":
+        # The store was cleared and the write failed: the originals are in the
+        # archive, the rewrite is pending in the process, and every reader sees
+        # the finished target.
+        assert raw == []
+        assert len(archive.messages) > 0
+        view = history.messages if mode == "sync" else await history.aget_messages()
+        assert is_summary_message(view[1])
+        count = lost(messages, view, archive.messages)
+    else:
+        # Nothing was rewritten: the store holds exactly what was sent.
+        assert fingerprint(raw) == fingerprint(messages)
+        count = lost(messages, raw, archive.messages)
+    assert count == 0
+    # The repair path. A pending rewrite (write or clear failed) is finished
+    # by the next call of any method; a failed read left nothing pending.
+    if fault == "write after archive":
+        # The read above already finished it.
+        assert fingerprint(store._messages) == fingerprint(view)
+    if mode == "sync":
+        assert history.repair() is (fault == "clear")
+    else:
+        await history.aget_messages()
+    if fault in ("write after archive", "clear"):
+        assert is_summary_message(store._messages[1])
+        assert lost(messages, store._messages, archive.messages) == 0
+    follow = [HumanMessage("and now?", id="next")]
+    await _add(history, follow, mode)
+    final = list(store._messages)
+    assert is_summary_message(final[1])
+    assert final[-1].id == "next"
+    assert lost([*messages, *follow], final, archive.messages) == 0
+    # Each original was archived once, even when the rewrite ran twice.
+    ids = [m.id for m in archive.messages]
+    assert len(ids) == len(set(ids))
+    figure(f"store {fault}", "history wrapper", mode, f"StoreError({operation}) then repaired", count)

@@ -1,0 +1,301 @@
+"""Redaction: ``redact_secrets`` on each secret shape, and ``CompactionOptions(redact=...)`` end to end.
+
+The secrets below are fakes built by concatenation, so that no secret scanner
+mistakes this file for a leak; each has the exact shape of the real thing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.outputs import ChatResult
+from pydantic import Field
+
+from langchain_compaction import (
+    CompactionError,
+    CompactionOptions,
+    ExtractiveSummarizer,
+    SummarizationError,
+    acompact,
+    compact,
+)
+from langchain_compaction.adapters._convert import is_summary_message, summary_message
+from langchain_compaction.core.redact import redact_secrets
+
+# -- the secret shapes -------------------------------------------------------------
+
+PEM_BODY = "MIIEowIBAAKCAQEA" + "q7Xv3pLk9sT2" * 6
+PEM = (
+    "-----BEGIN RSA " + "PRIVATE KEY-----\n" + PEM_BODY + "\n" + PEM_BODY[::-1] + "\n-----END RSA " + "PRIVATE KEY-----"
+)
+SK_ANT = "sk-" + "ant-api03-" + "Zx81_QwErTy-uIoP12345678abcd"
+SK = "sk-" + "proj-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3"
+AWS = "AKIA" + "Q3EXAMPLEKEY7ZZZ"
+GITHUB = "ghp_" + "aB3dE5gH7jK9mN1pQ3sT5vW7yZ9bC1dE3fG5"
+GITHUB_PAT = "github_pat_" + "11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz"
+SLACK = "xoxb-" + "123456789012-abcdefGHIJKL"
+GOOGLE = "AIza" + "SyD3-example_Key0123456789abcdefghi"
+JWT = "eyJ" + "hbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+BEARER_VALUE = "tok_" + "9f8e7d6c5b4a3210ZYXW"
+BASIC_VALUE = "dXNlcjpw" + "YXNzd29yZDEyMw=="
+URL_PASSWORD = "s3cr3t" + "Pa55word"
+ASSIGNED_PASSWORD = "hunter" + "2hunter2"
+ASSIGNED_KEY = "k3y_" + "0123456789abcdef"
+
+# (name, text containing the secret, the secret itself, what must replace it)
+CASES = [
+    ("pem", f"here is the key:\n{PEM}\nkeep it safe", PEM_BODY, "[REDACTED PRIVATE KEY]"),
+    ("sk-ant", f"export ANTHROPIC_KEY={SK_ANT}", SK_ANT, "[REDACTED API KEY]"),
+    ("sk", f"the OpenAI key {SK} works", SK, "[REDACTED API KEY]"),
+    ("aws", f"aws_access_key_id = {AWS}", AWS, "[REDACTED AWS KEY]"),
+    ("github", f"git clone https://x:{GITHUB}@github.com/o/r", GITHUB, "[REDACTED"),
+    ("github-pat", f"token {GITHUB_PAT}", GITHUB_PAT, "[REDACTED GITHUB TOKEN]"),
+    ("slack", f"SLACK_BOT={SLACK}", SLACK, "[REDACTED SLACK TOKEN]"),
+    ("google", f"maps key {GOOGLE} in config", GOOGLE, "[REDACTED GOOGLE KEY]"),
+    ("jwt", f"cookie session={JWT}; path=/", JWT, "[REDACTED"),
+    ("bearer", f"curl -H 'Authorization: Bearer {BEARER_VALUE}' https://api.local", BEARER_VALUE, "Bearer [REDACTED"),
+    ("basic", f"Authorization: Basic {BASIC_VALUE}", BASIC_VALUE, "Basic [REDACTED TOKEN]"),
+    ("url", f"DATABASE_URL=postgres://admin:{URL_PASSWORD}@db.internal:5432/app", URL_PASSWORD, "admin:[REDACTED]@"),
+    ("password=", f"login with password={ASSIGNED_PASSWORD} today", ASSIGNED_PASSWORD, "password=[REDACTED]"),
+    ("api_key:", f'{{"api_key": "{ASSIGNED_KEY}", "region": "eu"}}', ASSIGNED_KEY, '"api_key": "[REDACTED]"'),
+]
+SECRETS = [secret for _, _, secret, _ in CASES]
+
+
+@pytest.mark.parametrize(("name", "text", "secret", "marker"), CASES, ids=[c[0] for c in CASES])
+def test_each_secret_shape_is_replaced(name: str, text: str, secret: str, marker: str) -> None:
+    redacted = redact_secrets(text)
+    assert secret not in redacted
+    assert marker in redacted
+    # The text before the secret survives: only the secret goes.
+    head = text.split(secret, maxsplit=1)[0].split("-----BEGIN", maxsplit=1)[0]
+    assert redacted.startswith(head)
+
+
+def test_pem_block_goes_whole_even_when_truncated() -> None:
+    # A key cut off mid-way (a log line, a shortened message) has no END line.
+    text = "-----BEGIN OPENSSH " + "PRIVATE KEY-----\n" + PEM_BODY
+    assert redact_secrets(text) == "[REDACTED PRIVATE KEY]"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The password policy requires twelve characters and a symbol.",
+        "password",
+        "Reset your password.",
+        "Use the api key from the vault, never a literal.",
+        "/home/user/projects/sk-learn/setup.py",
+        "src/auth/password_reset.py:42: def reset_password(user):",
+        "see https://example.com:8080/docs@v2 and https://docs.python.org/3/library/re.html",
+        "git checkout 3fa9c21e4b5d6a7f8e9d0c1b2a3f4e5d6c7b8a9f",
+        "request id 123e4567-e89b-12d3-a456-426614174000",
+        "task-management-system-refactor-plan-for-the-quarter",
+        "Bearer of bad news; basic arithmetic",
+        "Привет, мир! 数据库连接 مرحبا 🔑",
+    ],
+)
+def test_non_secrets_are_left_alone(text: str) -> None:
+    assert redact_secrets(text) == text
+
+
+def test_redaction_is_idempotent() -> None:
+    text = "\n".join(t for _, t, _, _ in CASES)
+    once = redact_secrets(text)
+    assert redact_secrets(once) == once
+
+
+# -- redaction end to end ----------------------------------------------------------
+
+
+def conversation() -> list[BaseMessage]:
+    """Secrets everywhere a summarizer looks: prose, tool-call arguments, tool results, a previous summary."""
+    previous = summary_message(f"## Goal\n- deploy\n\n## Critical Context\n- db {CASES[11][1]}\n- {CASES[1][1]}")
+    return [
+        SystemMessage("You are a deployment assistant.", id="sys"),
+        previous,
+        HumanMessage(f"Deploy with {CASES[2][1]} and {CASES[3][1]}. {CASES[12][1]}", id="u1"),
+        AIMessage(
+            [
+                {"type": "thinking", "thinking": f"the user gave {SK_ANT}", "signature": "sig"},
+                {"type": "text", "text": "Calling the deploy tool."},
+            ],
+            tool_calls=[
+                {"name": "deploy", "args": {"token": GITHUB, "header": f"Bearer {BEARER_VALUE}"}, "id": "c1"},
+                {"name": "configure", "args": {"region": "eu", "slack": SLACK}, "id": "c2"},
+            ],
+            id="a1",
+        ),
+        ToolMessage(f"deployed; credentials file:\n{PEM}\nJWT {JWT}", tool_call_id="c1", id="t1"),
+        ToolMessage(
+            f"configured with {GOOGLE} and {GITHUB_PAT}; {CASES[10][1]}\nconfig.json: {CASES[13][1]}",
+            tool_call_id="c2",
+            id="t2",
+        ),
+        AIMessage("Done: deployed and configured.", id="a2"),
+        HumanMessage("Thanks, now check the logs.", id="u2"),
+    ]
+
+
+# Keep only the last message: everything with a secret is summarized.
+OPTIONS = CompactionOptions(keep_recent_tokens=1, redact=redact_secrets)
+
+
+def assert_no_secret(text: str) -> None:
+    leaked = [s for s in SECRETS if s in text]
+    assert not leaked, f"secrets reached the summarizer: {leaked}"
+
+
+class RecordingChat(GenericFakeChatModel):
+    """GenericFakeChatModel that records every request it receives."""
+
+    requests: list[list[BaseMessage]] = Field(default_factory=list)
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
+        self.requests.append(list(messages))
+        return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+def replies() -> Iterator[AIMessage]:
+    return (AIMessage("## Goal\n- deploy") for _ in itertools.count())
+
+
+def prompt_text(requests: Sequence[Sequence[BaseMessage]]) -> str:
+    return "\n".join(str(m.content) for request in requests for m in request)
+
+
+def test_secrets_are_really_in_the_input() -> None:
+    # Guard for the tests below: without redaction the summarizer sees them all.
+    prompts: list[str] = []
+    compact(lambda p: prompts.append(p) or "## Goal\n- deploy", conversation(), CompactionOptions(keep_recent_tokens=1))
+    assert all(secret in prompts[0] for secret in SECRETS)
+
+
+def test_redact_is_off_by_default() -> None:
+    assert CompactionOptions().redact is None
+    prompts: list[str] = []
+    compact(lambda p: prompts.append(p) or "## Goal\n- deploy", conversation(), CompactionOptions(keep_recent_tokens=1))
+    assert SK in prompts[0]
+
+
+def test_no_secret_reaches_a_callable_summarizer() -> None:
+    prompts: list[str] = []
+    messages = conversation()
+    before = [m.model_copy(deep=True) for m in messages]
+    result, out = compact(lambda p: prompts.append(p) or "## Goal\n- deploy", messages, OPTIONS)
+    assert result is not None
+    assert result.updated_previous_summary
+    assert prompts
+    for prompt in prompts:
+        assert_no_secret(prompt)
+    # The markers are what the summarizer reads instead, in each place.
+    joined = "\n".join(prompts)
+    for marker in ("[REDACTED PRIVATE KEY]", "[REDACTED API KEY]", "[REDACTED GITHUB TOKEN]", "Bearer [REDACTED"):
+        assert marker in joined
+    # The caller's messages are untouched, secrets and all.
+    assert messages == before
+    assert PEM in str(messages[4].content)
+    assert out[-1] is messages[-1]
+
+
+async def test_no_secret_reaches_a_chat_model_sync_and_async() -> None:
+    for run in ("sync", "async"):
+        model = RecordingChat(messages=replies())
+        messages = conversation()
+        before = [m.model_copy(deep=True) for m in messages]
+        if run == "sync":
+            result, _ = compact(model, messages, OPTIONS)
+        else:
+            result, _ = await acompact(model, messages, OPTIONS)
+        assert result is not None
+        assert model.requests
+        assert_no_secret(prompt_text(model.requests))
+        assert messages == before
+
+
+def test_extractive_summary_holds_no_secret() -> None:
+    messages = conversation()
+    result, out = compact(ExtractiveSummarizer(), messages, OPTIONS)
+    assert result is not None
+    assert_no_secret(result.summary)
+    (summary,) = [m for m in out if is_summary_message(m)]
+    assert_no_secret(str(summary.content))
+    # The extractive summary copies facts; the redacted ones come through as markers.
+    assert "[REDACTED" in result.summary
+
+
+def test_extractive_copies_secrets_without_redact() -> None:
+    # Guard: the extractive summarizer would copy at least one secret verbatim.
+    result, _ = compact(ExtractiveSummarizer(), conversation(), CompactionOptions(keep_recent_tokens=1))
+    assert result is not None
+    assert any(secret in result.summary for secret in SECRETS)
+
+
+def test_custom_redactor_sees_every_text_and_can_replace_it() -> None:
+    seen: list[str] = []
+
+    def shout(text: str) -> str:
+        seen.append(text)
+        return text.replace("deploy", "DEPLOY")
+
+    prompts: list[str] = []
+    messages = conversation()
+    compact(
+        lambda p: prompts.append(p) or "## Goal\n- x", messages, CompactionOptions(keep_recent_tokens=1, redact=shout)
+    )
+    joined = "\n".join(seen)
+    # Text, reasoning, tool-call arguments, tool results and the previous summary all went through it.
+    for fragment in ("Deploy with", "the user gave", '"token"', "deployed; credentials", "configured with", "## Goal"):
+        assert fragment in joined, fragment
+    assert "Calling the DEPLOY tool" in prompts[0]  # what the redactor returned is what was sent
+    assert "(tool call DEPLOY" not in prompts[0]  # names are labels, not text: not passed to the redactor
+    assert "- DEPLOY" in prompts[0]  # the previous summary was redacted
+
+
+def test_a_redactor_that_raises_is_a_compaction_error() -> None:
+    # Documented: every error the library raises on purpose is a CompactionError,
+    # and summarizing failures are SummarizationErrors chained to their cause.
+    def broken(text: str) -> str:
+        msg = "redactor bug"
+        raise RuntimeError(msg)
+
+    messages = conversation()
+    before = [m.model_copy(deep=True) for m in messages]
+    with pytest.raises(CompactionError) as info:
+        compact(lambda p: "## Goal\n- x", messages, CompactionOptions(keep_recent_tokens=1, redact=broken))
+    assert isinstance(info.value, SummarizationError)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert messages == before
+
+
+def test_secret_in_a_json_string_inside_tool_arguments_is_redacted() -> None:
+    # An agent writing a config file: the file's JSON is a string argument, so
+    # in the arguments' JSON text its quotes are escaped (\"api_key\": \"...\").
+    config = f'{{"api_key": "{ASSIGNED_KEY}", "password": "{ASSIGNED_PASSWORD}"}}'
+    messages: list[BaseMessage] = [
+        HumanMessage("write the config", id="u1"),
+        AIMessage(
+            "",
+            tool_calls=[{"name": "write_file", "args": {"path": "config.json", "content": config}, "id": "w1"}],
+            id="a1",
+        ),
+        ToolMessage("written", tool_call_id="w1", id="t1"),
+        HumanMessage("now run it", id="u2"),
+    ]
+    prompts: list[str] = []
+    compact(lambda p: prompts.append(p) or "## Goal\n- run", messages, OPTIONS)
+    assert "config.json" in prompts[0]
+    assert ASSIGNED_KEY not in prompts[0]
+    assert ASSIGNED_PASSWORD not in prompts[0]
+
+
+def test_redact_must_be_callable() -> None:
+    with pytest.raises(ValueError, match="redact"):
+        CompactionOptions(redact="yes")  # type: ignore[arg-type]
