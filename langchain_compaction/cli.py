@@ -292,6 +292,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except CompactionError as exc:
         print(f"langchain-compaction: compaction failed: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (``... | head``): stop quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
