@@ -405,6 +405,42 @@ def _finish_clearing(
     return result, output
 
 
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """A compaction ready to drive: what the sync and async entry points share."""
+
+    prepared: Prepared
+    summarizer: Summarizer
+    fallback: Summarizer | None
+    options: CompactionOptions
+
+
+def _job(
+    model: Any,
+    messages: Sequence[BaseMessage],
+    options: CompactionOptions | None,
+    fallback: Any,
+    instructions: str,
+    *,
+    auto: bool,
+) -> _Job | list[BaseMessage]:
+    """Everything before the summary calls; the messages as a list when there is nothing to do."""
+    if options is None and not auto:
+        options = _DEFAULT_OPTIONS
+    if not isinstance(options, CompactionOptions):
+        advice = (
+            "pass CompactionOptions(context_window=...)" if auto else "pass CompactionOptions(...) (or leave it out)"
+        )
+        raise ConfigurationError("options", options, advice)
+    summarizer, backup = _resolve(model, fallback)
+    if auto and not over_threshold(messages, options):
+        return _as_list(messages)
+    prepared = prepare(messages, options, instructions, force=not auto)
+    if prepared is None:
+        return _as_list(messages)
+    return _Job(prepared, summarizer, backup, options)
+
+
 def _resolve(model: object, fallback: object | None) -> tuple[Summarizer, Summarizer | None]:
     return as_summarizer(model), None if fallback is None else as_summarizer(fallback, field="fallback")
 
@@ -449,13 +485,11 @@ def compact(
         >>> result.messages_removed, out[-1] is msgs[-1]
         (2, True)
     """
-    options = _DEFAULT_OPTIONS if options is None else options
-    summarizer, backup = _resolve(model, fallback)
-    prepared = prepare(messages, options, custom_instructions)
-    if prepared is None:
-        return None, _as_list(messages)
-    report = run_flow(prepared.flow, summarizer, fallback=backup, timeout=options.timeout)
-    return finish(prepared, report, options)
+    job = _job(model, messages, options, fallback, custom_instructions, auto=False)
+    if isinstance(job, list):
+        return None, job
+    report = run_flow(job.prepared.flow, job.summarizer, fallback=job.fallback, timeout=job.options.timeout)
+    return finish(job.prepared, report, job.options)
 
 
 async def acompact(
@@ -467,13 +501,11 @@ async def acompact(
     fallback: Any = None,
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """The async twin of ``compact``: the same flow, awaiting the model."""
-    options = _DEFAULT_OPTIONS if options is None else options
-    summarizer, backup = _resolve(model, fallback)
-    prepared = prepare(messages, options, custom_instructions)
-    if prepared is None:
-        return None, _as_list(messages)
-    report = await arun_flow(prepared.flow, summarizer, fallback=backup, timeout=options.timeout)
-    return finish(prepared, report, options)
+    job = _job(model, messages, options, fallback, custom_instructions, auto=False)
+    if isinstance(job, list):
+        return None, job
+    report = await arun_flow(job.prepared.flow, job.summarizer, fallback=job.fallback, timeout=job.options.timeout)
+    return finish(job.prepared, report, job.options)
 
 
 def over_threshold(messages: Sequence[BaseMessage], options: CompactionOptions) -> bool:
@@ -519,16 +551,11 @@ def auto_compact(
     Returns:
         ``(result, new_messages)``, or ``(None, messages)`` when nothing was needed.
     """
-    if not isinstance(options, CompactionOptions):
-        raise ConfigurationError("options", options, "pass CompactionOptions(context_window=...)")
-    summarizer, backup = _resolve(model, fallback)
-    if not over_threshold(messages, options):
-        return None, _as_list(messages)
-    prepared = prepare(messages, options, force=False)
-    if prepared is None:
-        return None, _as_list(messages)
-    report = run_flow(prepared.flow, summarizer, fallback=backup, timeout=options.timeout)
-    return finish(prepared, report, options)
+    job = _job(model, messages, options, fallback, "", auto=True)
+    if isinstance(job, list):
+        return None, job
+    report = run_flow(job.prepared.flow, job.summarizer, fallback=job.fallback, timeout=job.options.timeout)
+    return finish(job.prepared, report, job.options)
 
 
 async def aauto_compact(
@@ -539,13 +566,8 @@ async def aauto_compact(
     fallback: Any = None,
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """The async twin of ``auto_compact``."""
-    if not isinstance(options, CompactionOptions):
-        raise ConfigurationError("options", options, "pass CompactionOptions(context_window=...)")
-    summarizer, backup = _resolve(model, fallback)
-    if not over_threshold(messages, options):
-        return None, _as_list(messages)
-    prepared = prepare(messages, options, force=False)
-    if prepared is None:
-        return None, _as_list(messages)
-    report = await arun_flow(prepared.flow, summarizer, fallback=backup, timeout=options.timeout)
-    return finish(prepared, report, options)
+    job = _job(model, messages, options, fallback, "", auto=True)
+    if isinstance(job, list):
+        return None, job
+    report = await arun_flow(job.prepared.flow, job.summarizer, fallback=job.fallback, timeout=job.options.timeout)
+    return finish(job.prepared, report, job.options)
