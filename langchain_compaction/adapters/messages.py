@@ -51,9 +51,15 @@ def _counts(messages: Sequence[BaseMessage], core: Sequence[Message], options: C
     counter = options.token_counter
     if counter is None:
         return [estimate_message(m) for m in core]
+    # A counter that can count a whole conversation at once (the Anthropic
+    # counter: one request, exact sum) does; any other is asked per message.
+    count_each = getattr(counter, "count_each", None)
+    values = list(count_each(messages)) if callable(count_each) else [counter([m]) for m in messages]
+    if len(values) != len(messages):
+        msg = f"token_counter.count_each returned {len(values)} counts for {len(messages)} messages"
+        raise InvalidMessagesError(msg)
     counts = []
-    for index, message in enumerate(messages):
-        value = counter([message])
+    for index, value in enumerate(values):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             msg = (
                 f"token_counter returned {value!r} for messages[{index}]; it must return a "
@@ -274,6 +280,7 @@ def finish(
         summarizer_output_tokens=report.usage.output_tokens,
         summarizer_cache_read_tokens=report.usage.cache_read_input_tokens,
         summarizer_cache_write_tokens=report.usage.cache_creation_input_tokens,
+        token_ratio=_learned_ratio(options),
     )
     if result.over_budget:
         # The kept part alone is over the threshold (one huge recent message):
@@ -368,6 +375,18 @@ def context_tokens(messages: Sequence[BaseMessage], counts: Sequence[int], overh
         return sum(counts) + overhead
     index, reported = anchor
     return reported + sum(counts[index + 1 :])
+
+
+def _learned_ratio(options: CompactionOptions) -> float | None:
+    """The calibration ratio of the token counter in force, if it learns one."""
+    ratio = getattr(options.token_counter, "ratio", None)
+    if not callable(ratio):
+        return None
+    try:
+        value = ratio()
+    except Exception:  # a counter's ratio is informative only: never fail a compaction for it
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _finish_clearing(

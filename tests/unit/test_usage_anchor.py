@@ -55,3 +55,52 @@ def test_usage_from_before_a_compaction_is_not_trusted():
     assert any(m.id == "a2" for m in out)
     assert usage_anchor(out) is None
     assert usage_anchor([*out, reply("fresh", 700, "a3")]) == (len(out), 750)
+
+
+def test_the_learned_ratio_is_reported():
+    from langchain_compaction.anthropic import CalibratedEstimate
+
+    counter = CalibratedEstimate()
+
+    def billed(text: str, tokens: int, id: str) -> AIMessage:
+        message = reply(text, tokens, id)
+        message.response_metadata = {"model_name": "claude-test"}
+        return message
+
+    messages = [
+        HumanMessage("a " * 400, id="h1"),
+        billed("b " * 50, 900, "a1"),
+        HumanMessage("c " * 400, id="h2"),
+        billed("d " * 50, 2_000, "a2"),
+        HumanMessage("e", id="h3"),
+    ]
+    counter.learn(messages)
+    result, _ = compact(
+        lambda p: "## Goal\n- x", messages, CompactionOptions(token_counter=counter, keep_recent_tokens=50)
+    )
+    assert result is not None
+    assert result.token_ratio == counter.ratio()
+    assert result.token_ratio is not None
+    assert result.token_ratio > 1
+    assert compact(lambda p: "## Goal\n- x", messages, CompactionOptions(keep_recent_tokens=50))[0].token_ratio is None
+
+
+def test_a_whole_conversation_counter_is_asked_once():
+    class WholeCounter:
+        calls = 0
+
+        def __call__(self, messages):
+            raise AssertionError("count_each must be used")
+
+        def count_each(self, messages):
+            WholeCounter.calls += 1
+            return [100] * len(messages)
+
+    result, _ = compact(
+        lambda p: "## Goal\n- x",
+        conversation(100),
+        CompactionOptions(token_counter=WholeCounter(), keep_recent_tokens=150),
+    )
+    assert result is not None
+    assert result.original_tokens == 400
+    assert WholeCounter.calls >= 1
