@@ -14,7 +14,7 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage
 
 from langchain_compaction.adapters._convert import (
     SUMMARY_MARK,
@@ -344,12 +344,18 @@ def usage_anchor(messages: Sequence[BaseMessage]) -> tuple[int, int] | None:
     reported = _usage_total(cast(AIMessage, messages[last_ai]))
     if reported <= 0:
         return None
-    summaries = [m for m in messages[:last_ai] if is_summary_message(m)]
+    # Summaries sit in the leading system block: look there only, so a turn
+    # stays O(new messages) on a long history.
+    lead = 0
+    while lead < last_ai and isinstance(messages[lead], SystemMessage):
+        lead += 1
+    summaries = [m for m in messages[:lead] if is_summary_message(m)]
     if summaries:
         mark = summaries[-1].additional_kwargs.get(SUMMARY_MARK)
         written_after = mark.get(ANCHOR_KEY) if isinstance(mark, Mapping) else None
-        position = next((i for i, m in enumerate(messages) if m.id == written_after), None)
-        if written_after is None or position is None or position >= last_ai:
+        # The reply is fresh only if the message the summary was written
+        # after comes before it (the tail after the reply is short).
+        if written_after is None or any(m.id == written_after for m in messages[last_ai:]):
             return None
     return last_ai, reported
 

@@ -369,9 +369,13 @@ def test_counter_works_as_the_token_counter_of_compact(api: FakeAPI) -> None:
     options = CompactionOptions(token_counter=counter, keep_recent_tokens=40)
     result, out = compact(lambda prompt: "## Goal\n- docs next", messages, options)
     assert result is not None
-    assert result.original_tokens == sum(counter([m]) for m in messages)
+    # compact() asks for the whole conversation at once (count_each): the
+    # counts add up to the exact request size less the fixed overhead.
+    assert result.original_tokens == sum(counter.count_each(messages))
+    assert result.original_tokens + counter.overhead_tokens == fake_tokens(api.bodies()[1])
     assert out[-1] is messages[-1]
     assert all(path == "/v1/messages/count_tokens" for path in api.paths())
+    assert len(api.paths()) <= 4  # overhead, the conversation, the summary message: not one per message
 
 
 def test_counts_on_a_real_transcript_add_up(api: FakeAPI) -> None:
@@ -880,4 +884,4 @@ def test_counter_and_summarizer_together_on_one_client(api: FakeAPI) -> None:
     assert result is not None
     paths = api.paths()
     assert paths.count("/v1/messages") == 1
-    assert paths.count("/v1/messages/count_tokens") >= len(messages)
+    assert 1 <= paths.count("/v1/messages/count_tokens") < len(messages)  # whole-conversation counts
