@@ -31,8 +31,8 @@ from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.tokens import estimate_message
 from langchain_compaction.core.transcript import message_body
 from langchain_compaction.core.types import SummaryRequest
-from langchain_compaction.errors import CompactionError, ConfigurationError
-from langchain_compaction.formats import ConversationFileError, dump_conversation, parse_conversation
+from langchain_compaction.errors import CompactionError, ConfigurationError, ConversationFileError
+from langchain_compaction.formats import dump_conversation, parse_conversation
 from langchain_compaction.summarizers.chat_model import as_summarizer
 from langchain_compaction.summarizers.extractive import ExtractiveSummarizer
 

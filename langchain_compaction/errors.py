@@ -4,6 +4,7 @@
 CompactionError                    base: catch this to catch them all
 ├── ConfigurationError(ValueError)  bad options or arguments, raised at construction
 ├── InvalidMessagesError(ValueError) a message list the library cannot read
+├── ConversationFileError(ValueError) a conversation file the command line cannot read
 ├── SummarizationError             the summary could not be made; nothing was changed
 │   ├── EmptySummaryError          the summarizer returned "" or whitespace
 │   ├── InvalidSummaryError        the summary failed its check twice (too long, sections missing)
@@ -21,6 +22,7 @@ from __future__ import annotations
 __all__ = [
     "CompactionError",
     "ConfigurationError",
+    "ConversationFileError",
     "EmptySummaryError",
     "InvalidMessagesError",
     "InvalidSummaryError",
@@ -58,6 +60,18 @@ class InvalidMessagesError(CompactionError, ValueError):
     def __init__(self, message: str, *, index: int | None = None) -> None:
         self.index = index
         super().__init__(message)
+
+
+class ConversationFileError(CompactionError, ValueError):
+    """A conversation file that cannot be read.
+
+    Attributes:
+        where: Where the problem is (``"line 3"``, ``"message 5"``, ...).
+    """
+
+    def __init__(self, problem: str, *, where: str = "") -> None:
+        self.where = where
+        super().__init__(f"{where}: {problem}" if where else problem)
 
 
 class SummarizationError(CompactionError):

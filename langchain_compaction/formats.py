@@ -10,8 +10,9 @@ Four formats, detected from the content:
   with ``tool_use`` / ``tool_result`` blocks, or ``{"system": ..., "messages": [...]}``.
 - ``jsonl``: one message per line in any of the above shapes.
 
-Every problem is reported as one ``ConversationFileError`` that says what is
-wrong and where, never as a traceback from deep inside.
+Every problem is reported as one ``ConversationFileError`` (in
+``langchain_compaction.errors``) that says what is wrong and where, never as a
+traceback from deep inside.
 """
 
 from __future__ import annotations
@@ -32,22 +33,12 @@ from langchain_core.messages import (
     messages_to_dict,
 )
 
-from langchain_compaction.errors import CompactionError
+from langchain_compaction.errors import ConversationFileError
+
+__all__ = ["Conversation", "ConversationFileError", "Format", "dump_conversation", "parse_conversation"]
 
 Format = Literal["langchain", "openai", "anthropic"]
 """The shape of each message in a file."""
-
-
-class ConversationFileError(CompactionError, ValueError):
-    """A conversation file that cannot be read.
-
-    Attributes:
-        where: Where the problem is (``"line 3"``, ``"message 5"``, ...).
-    """
-
-    def __init__(self, problem: str, *, where: str = "") -> None:
-        self.where = where
-        super().__init__(f"{where}: {problem}" if where else problem)
 
 
 @dataclass(frozen=True, slots=True)
