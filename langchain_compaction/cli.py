@@ -25,7 +25,8 @@ from langchain_core.messages import BaseMessage
 
 from langchain_compaction import __version__
 from langchain_compaction.adapters._convert import to_core_list
-from langchain_compaction.adapters.messages import compact, find_cut_point
+from langchain_compaction.adapters.messages import compact
+from langchain_compaction.core.engine import plan_compaction
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.tokens import estimate_message
@@ -141,7 +142,14 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         by_role[core_message.role] += count
         by_type[message.type] += count
         number[message.type] += 1
-    cut = find_cut_point(messages, options.keep_recent_tokens)
+    plan = plan_compaction(core, counts, options.keep_recent_tokens, force=False)
+    cut = plan.cut if plan else 0
+    # What a compaction would replace: the region before the cut and earlier
+    # summaries; the leading system prompt and pinned messages stay.
+    summarized = (
+        [] if plan is None else [*(i for i in plan.previous_summaries if i < plan.start), *range(plan.start, cut)]
+    )
+    n_summarized, t_summarized = len(summarized), sum(counts[i] for i in summarized)
     threshold = options.context_window - options.reserve_tokens
     would = options.context_window > 0 and total > threshold
     report = {
@@ -155,8 +163,8 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         "threshold": threshold if options.context_window else None,
         "would_compact": would,
         "cut_index": cut,
-        "summarized": {"messages": cut, "tokens": sum(counts[:cut])},
-        "kept": {"messages": len(messages) - cut, "tokens": sum(counts[cut:])},
+        "summarized": {"messages": n_summarized, "tokens": t_summarized},
+        "kept": {"messages": len(messages) - n_summarized, "tokens": total - t_summarized},
     }
     if args.json:
         print(json.dumps(report, indent=2), file=out)
@@ -175,8 +183,8 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         print("\nno --context-window given: automatic compaction is off; the cut below is for a manual one", file=out)
     if cut:
         print(
-            f"cut at message {cut}: summarize {cut} (~{sum(counts[:cut]):,} tokens), "
-            f"keep {len(messages) - cut} (~{sum(counts[cut:]):,} tokens)",
+            f"cut at message {cut}: summarize {n_summarized} (~{t_summarized:,} tokens), "
+            f"keep {len(messages) - n_summarized} (~{total - t_summarized:,} tokens)",
             file=out,
         )
         first = message_body(core[cut]).strip().splitlines()

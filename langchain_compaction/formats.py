@@ -169,7 +169,7 @@ def _convert(item: dict[str, Any], actual: Format, where: str) -> list[BaseMessa
 def _parses(line: str) -> bool:
     try:
         json.loads(line)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return False
     return True
 
@@ -201,6 +201,8 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
     system: object = None
     try:
         document = json.loads(stripped)
+    except RecursionError as exc:
+        raise ConversationFileError("the JSON is nested too deeply to be a conversation", where=name) from exc
     except json.JSONDecodeError as exc:
         if "\n" not in stripped or not _parses(stripped.splitlines()[0]):
             msg = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
@@ -212,6 +214,9 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
                 continue
             try:
                 items.append((json.loads(line), f"{name}: line {number}"))
+            except RecursionError as deep:
+                msg = "the JSON is nested too deeply to be a message"
+                raise ConversationFileError(msg, where=f"{name}: line {number}") from deep
             except json.JSONDecodeError as line_exc:
                 msg = f"invalid JSON at column {line_exc.colno}: {line_exc.msg}"
                 raise ConversationFileError(msg, where=f"{name}: line {number}") from line_exc

@@ -214,6 +214,12 @@ def prepare(
         raise ConfigurationError("custom_instructions", custom_instructions, "pass a string ('' for none)")
     if not isinstance(options, CompactionOptions):
         raise ConfigurationError("options", options, "pass CompactionOptions(...) (or leave it out for the defaults)")
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        msg = (
+            f"messages is a {type(messages).__name__}, not a list of messages; pass a list of "
+            "LangChain messages (convert_to_messages converts dicts, tuples and strings)"
+        )
+        raise InvalidMessagesError(msg)
     converted = list(core) if core is not None and len(core) == len(messages) else to_core_list(messages)
     sizes = list(counts) if counts is not None else _counts(messages, converted, options)
     if not force and (clearing := _clearing(converted, sizes, options)) is not None:

@@ -16,6 +16,7 @@ tail kept, with a marker saying how much was cut.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 from collections.abc import Generator, Sequence
@@ -165,13 +166,16 @@ def plan_compaction(
     # it. It and what precedes it stay verbatim; only what follows is ours.
     blocks = [i for i in range(start, len(messages)) if messages[i].has_compaction_block]
     pinned: tuple[int, ...] = ()
+    flags = valid_boundaries(messages)
     if blocks:
-        pinned = tuple(range(start, blocks[-1] + 1))
-        start = blocks[-1] + 1
+        # The region starts at the first valid boundary after the block, so a
+        # tool call the block's message makes keeps its results.
+        first = next(c for c in range(blocks[-1] + 1, len(messages) + 1) if flags[c])
+        pinned = tuple(range(start, first))
+        start = first
     # An earlier summary counts as one summarized message, as in the reference
     # where the summary was simply the first message of the list.
     credit = sum(1 for i in earlier if messages[i].role == "system")
-    flags = valid_boundaries(messages)
     cut = find_cut(messages, counts, keep_recent_tokens, start=start, credit=credit, valid=flags)
     forced = False
     if cut == 0 and force:
@@ -381,6 +385,9 @@ def compaction_flow(
             if problem:
                 calls += 1
                 text = yield replace(request, attempt=FALLBACK_ATTEMPT, problem=problem)
+            # The accepted answer did not come from the prefix: the rest of
+            # the region still needs its chunks.
+            aligned = False
         running = text.strip()
         number += 1
         if aligned and not problem:
@@ -465,12 +472,19 @@ async def _aask(summarizer: Summarizer, request: SummaryRequest, timeout: float 
         if timeout is None:
             text = await summarizer.asummarize(request)
         else:
+            task = asyncio.ensure_future(summarizer.asummarize(request))
             try:
-                text = await asyncio.wait_for(summarizer.asummarize(request), timeout)
-            except TimeoutError as exc:
-                raise SummaryTimeoutError(
-                    timeout, chunk_index=request.chunk_index, chunk_count=request.chunk_count
-                ) from exc
+                done, _ = await asyncio.wait({task}, timeout=timeout)
+            except asyncio.CancelledError:
+                task.cancel()  # the caller was cancelled: do not leave the call running
+                raise
+            if not done:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                raise SummaryTimeoutError(timeout, chunk_index=request.chunk_index, chunk_count=request.chunk_count)
+            # A TimeoutError raised by the model itself is a failure, not our deadline.
+            text = task.result()
     except Exception as exc:
         raise _wrap(exc, request) from exc
     return _checked(text, request)

@@ -50,7 +50,8 @@ def test_inspect_json_is_machine_readable():
     report = json.loads(text)
     assert report["messages"] == 101
     assert report["would_compact"] is False  # no window given: automatic compaction is off
-    assert report["summarized"]["messages"] == report["cut_index"] > 0
+    # Messages before the cut, less the leading system prompt (never summarized).
+    assert report["summarized"]["messages"] == report["cut_index"] - 1 > 0
     assert report["summarized"]["tokens"] + report["kept"]["tokens"] == report["tokens"]
     assert sum(report["tokens_by_type"].values()) == report["tokens"]
 
@@ -117,3 +118,20 @@ def test_console_entry_points_run():
         done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
         assert done.returncode == 0
         assert "langchain-compaction" in done.stdout
+
+
+def test_inspect_agrees_with_compact_on_what_is_summarized(tmp_path):
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, messages_to_dict
+
+    messages = [SystemMessage("a" * 4000), SystemMessage("b" * 4000)]
+    for i in range(6):
+        messages += [HumanMessage(f"q{i} " * 100), AIMessage(f"a{i} " * 100)]
+    messages.append(HumanMessage("last"))
+    path = tmp_path / "sys.json"
+    path.write_text(json.dumps(messages_to_dict(messages)))
+    _, text = run("inspect", str(path), "--keep-recent-tokens", "500", "--json")
+    report = json.loads(text)
+    _, out = run("compact", str(path), "--keep-recent-tokens", "500", "--json")
+    result = json.loads(out)["result"]
+    assert report["summarized"]["messages"] == result["messages_removed"]
+    assert report["kept"]["messages"] == result["messages_kept"]
