@@ -77,7 +77,22 @@ def count_message(message: BaseMessage, index: int, options: CompactionOptions, 
     counter = options.token_counter
     if counter is None:
         return estimate_message(core if core is not None else to_core(message, index))
-    value = counter([message])
+    return checked_count(counter([message]), index)
+
+
+def checked_count(value: object, index: int) -> int:
+    """``value`` as a token count, or the error that says what the counter got wrong.
+
+    Args:
+        value: What a custom ``token_counter`` returned for ``messages[index]``.
+        index: The message's position, for the error message.
+
+    Returns:
+        The count.
+
+    Raises:
+        InvalidMessagesError: ``value`` is not a non-negative int.
+    """
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         msg = (
             f"token_counter returned {value!r} for messages[{index}]; it must return a "

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage
 
+from langchain_compaction.adapters._cache import checked_count
 from langchain_compaction.adapters._convert import (
     SUMMARY_MARK,
     bridge_message,
@@ -58,16 +59,7 @@ def _counts(messages: Sequence[BaseMessage], core: Sequence[Message], options: C
     if len(values) != len(messages):
         msg = f"token_counter.count_each returned {len(values)} counts for {len(messages)} messages"
         raise InvalidMessagesError(msg)
-    counts = []
-    for index, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            msg = (
-                f"token_counter returned {value!r} for messages[{index}]; it must return a "
-                "non-negative int (count_tokens_approximately is a ready one)"
-            )
-            raise InvalidMessagesError(msg, index=index)
-        counts.append(value)
-    return counts
+    return [checked_count(value, index) for index, value in enumerate(values)]
 
 
 def estimate_message_tokens(messages: Sequence[BaseMessage]) -> int:
