@@ -163,3 +163,32 @@ def assert_compacted(
         else "bridge before an empty recent part"
     )
     return parts
+
+
+def tool_pairs_of(messages: list[BaseMessage] | tuple[BaseMessage, ...]) -> list[tuple[int, int]]:
+    """Pair each tool result with the nearest earlier AIMessage that made its call.
+
+    Written independently of the library, so tests check the library's cut and
+    output against this reading of the conversation.
+    """
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    pairs = []
+    for j, message in enumerate(messages):
+        if isinstance(message, ToolMessage):
+            for i in range(j - 1, -1, -1):
+                candidate = messages[i]
+                if isinstance(candidate, AIMessage) and any(
+                    c["id"] == message.tool_call_id for c in candidate.tool_calls
+                ):
+                    pairs.append((i, j))
+                    break
+    return pairs
+
+
+def leading_systems(messages: list[BaseMessage] | tuple[BaseMessage, ...]) -> int:
+    """How many messages at the start are system messages."""
+    count = 0
+    while count < len(messages) and isinstance(messages[count], SystemMessage):
+        count += 1
+    return count

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from conftest import tool_pairs_of
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -32,30 +33,11 @@ def _result(call_id: str, text: str = "ok") -> ToolMessage:
     return ToolMessage(text, tool_call_id=call_id)
 
 
-def _pairs(messages: Sequence[BaseMessage]) -> list[tuple[int, int]]:
-    """Pair each result with the nearest earlier AIMessage that made its call.
-
-    Written independently of the library, so the tests check the library's
-    cut against this reading of the conversation.
-    """
-    pairs = []
-    for j, message in enumerate(messages):
-        if isinstance(message, ToolMessage):
-            for i in range(j - 1, -1, -1):
-                candidate = messages[i]
-                if isinstance(candidate, AIMessage) and any(
-                    c["id"] == message.tool_call_id for c in candidate.tool_calls
-                ):
-                    pairs.append((i, j))
-                    break
-    return pairs
-
-
 def _assert_cut_is_safe(messages: Sequence[BaseMessage], cut: int) -> None:
     if cut == 0:
         return
     assert not isinstance(messages[cut], ToolMessage), f"cut {cut} lands on a tool result"
-    for call, result in _pairs(messages):
+    for call, result in tool_pairs_of(messages):
         assert not (call < cut <= result), f"cut {cut} splits call {call} from result {result}"
 
 

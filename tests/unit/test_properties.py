@@ -9,10 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
-from conftest import assert_compacted, is_user_turn, split_compacted
+from conftest import assert_compacted, is_user_turn, leading_systems, split_compacted, tool_pairs_of
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from langchain_anthropic import ChatAnthropic
@@ -115,28 +114,6 @@ budgets = st.one_of(st.integers(1, 60), st.integers(60, 3000), st.integers(3000,
 input_budgets = st.one_of(st.none(), st.integers(1000, 3000), st.integers(3000, 40_000))
 
 
-def _pairs(messages: Sequence[BaseMessage]) -> list[tuple[int, int]]:
-    """Each result with the nearest earlier AIMessage that made its call (our own reading)."""
-    pairs = []
-    for j, message in enumerate(messages):
-        if isinstance(message, ToolMessage):
-            for i in range(j - 1, -1, -1):
-                candidate = messages[i]
-                if isinstance(candidate, AIMessage) and any(
-                    c["id"] == message.tool_call_id for c in candidate.tool_calls
-                ):
-                    pairs.append((i, j))
-                    break
-    return pairs
-
-
-def _leading_systems(messages: Sequence[BaseMessage]) -> int:
-    count = 0
-    while count < len(messages) and isinstance(messages[count], SystemMessage):
-        count += 1
-    return count
-
-
 def _summarizer(tag: str, log: list[str]) -> Any:
     def summarize(prompt: str) -> str:
         log.append(prompt)
@@ -161,7 +138,7 @@ def _check(
         assert out == messages
         assert all(a is b for a, b in zip(out, messages))
         return
-    lead = _leading_systems(messages)
+    lead = leading_systems(messages)
     cut = result.cut_index
     # Leading system messages: unchanged, first, the summary right after them,
     # then the bridge when the kept part does not start with a user turn.
@@ -180,7 +157,7 @@ def _check(
     assert result.messages_removed == cut - lead
     # Never lands on a tool result, never splits a pair.
     assert cut == len(messages) or not isinstance(messages[cut], ToolMessage)
-    for call, answer in _pairs(messages):
+    for call, answer in tool_pairs_of(messages):
         assert not (call < cut <= answer), f"pair ({call}, {answer}) split by cut {cut}"
     assert result.compacted_tokens == estimate_message_tokens(out)
     assert result.original_tokens == estimate_message_tokens(messages)
@@ -235,7 +212,7 @@ def test_compaction_invariants(
     (summary,) = [m for m in twice if is_summary_message(m)]
     assert str(summary.content).count(prompts.SUMMARY_HEADER) == 1
     assert f"second {len(second_log)}" in str(summary.content)
-    lead = _leading_systems(messages)
+    lead = leading_systems(messages)
     assert all(twice[k] is messages[k] for k in range(lead))
     assert twice[lead] is summary
     parts = assert_compacted(twice, follow_up, again.cut_index, ensure_user_turn=ensure_user_turn)
@@ -251,15 +228,15 @@ def test_find_cut_point_invariants(messages: list[BaseMessage], keep: int) -> No
     cut = find_cut_point(messages, keep)
     if cut == 0:
         return
-    lead = _leading_systems(messages)
+    lead = leading_systems(messages)
     assert lead + 2 <= cut < len(messages)
     assert not isinstance(messages[cut], ToolMessage)
-    for call, answer in _pairs(messages):
+    for call, answer in tool_pairs_of(messages):
         assert not (call < cut <= answer)
     # The kept tail is over the budget only when the walk had to keep the last
     # message or a whole tool exchange at the end: no later boundary was valid.
     if estimate_message_tokens(messages[cut:]) > keep:
-        pairs = _pairs(messages)
+        pairs = tool_pairs_of(messages)
         for boundary in range(cut + 1, len(messages)):
             on_result = isinstance(messages[boundary], ToolMessage)
             assert on_result or any(call < boundary <= answer for call, answer in pairs), boundary
@@ -268,7 +245,7 @@ def test_find_cut_point_invariants(messages: list[BaseMessage], keep: int) -> No
 @PROFILE
 @given(conversations(), budgets)
 def test_a_fitting_conversation_is_never_cut(messages: list[BaseMessage], keep: int) -> None:
-    lead = _leading_systems(messages)
+    lead = leading_systems(messages)
     if estimate_message_tokens(messages[lead:]) <= keep:
         assert find_cut_point(messages, keep) == 0
 

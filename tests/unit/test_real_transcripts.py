@@ -5,10 +5,16 @@ from __future__ import annotations
 import re
 import warnings
 from collections import Counter
-from collections.abc import Sequence
 
 import pytest
-from conftest import TRANSCRIPT_NAMES, assert_compacted, load_transcript, split_compacted
+from conftest import (
+    TRANSCRIPT_NAMES,
+    assert_compacted,
+    leading_systems,
+    load_transcript,
+    split_compacted,
+    tool_pairs_of,
+)
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
@@ -40,28 +46,6 @@ class Recorder:
         return f"## Goal\n- continue the work (call {len(self.prompts)})"
 
 
-def _pairs(messages: Sequence[BaseMessage]) -> list[tuple[int, int]]:
-    """Each result with the nearest earlier AIMessage that made its call."""
-    pairs = []
-    for j, message in enumerate(messages):
-        if isinstance(message, ToolMessage):
-            for i in range(j - 1, -1, -1):
-                candidate = messages[i]
-                if isinstance(candidate, AIMessage) and any(
-                    c["id"] == message.tool_call_id for c in candidate.tool_calls
-                ):
-                    pairs.append((i, j))
-                    break
-    return pairs
-
-
-def _leading_systems(messages: Sequence[BaseMessage]) -> int:
-    count = 0
-    while count < len(messages) and isinstance(messages[count], SystemMessage):
-        count += 1
-    return count
-
-
 def _anthropic_valid(messages: list[BaseMessage], *, compacted: bool = True) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -79,7 +63,7 @@ def _check(
     prompts: list[str],
     budget: int = SUMMARY_INPUT_TOKENS,
 ) -> None:
-    lead = _leading_systems(messages)
+    lead = leading_systems(messages)
     cut = result.cut_index
     # Shape: leading systems, one summary, a bridge when the kept part does not
     # start with a user turn, the caller's recent messages.
@@ -92,7 +76,7 @@ def _check(
     assert all(out[lead + 1 + bridged + k] is messages[cut + k] for k in range(len(messages) - cut))
     # No pair split.
     assert not isinstance(messages[cut], ToolMessage)
-    for call, answer in _pairs(messages):
+    for call, answer in tool_pairs_of(messages):
         assert not (call < cut <= answer), (call, answer, cut)
     # Coverage: every compacted message has its own block, in exactly one call,
     # and its opening text (always kept, even when shortened) is shown.
@@ -123,7 +107,7 @@ def test_each_transcript_compacts_validly(transcript: list[BaseMessage], keep: i
     assert result is not None
     _check(transcript, result, out, recorder.prompts)
     _anthropic_valid(out)
-    region = estimate_message_tokens(transcript[_leading_systems(transcript) : result.cut_index])
+    region = estimate_message_tokens(transcript[leading_systems(transcript) : result.cut_index])
     if region > 2 * SUMMARY_INPUT_TOKENS:
         assert result.chunks > 1
     if not result.forced:
