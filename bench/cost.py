@@ -31,7 +31,8 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
 from bench.workloads import coding_session, load_transcripts
-from langchain_compaction import CompactionOptions, auto_compact, estimate_tokens
+from langchain_compaction import CompactionOptions, auto_compact
+from langchain_compaction.tokens import estimate_tokens
 
 SUMMARY = "## Goal\n- continue\n\n## Critical Context\n- (see recent messages)"
 READ_PRICE = 0.1

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.workloads import load_transcripts
-from langchain_compaction import estimate_tokens
+from langchain_compaction.tokens import estimate_tokens
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 

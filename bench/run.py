@@ -37,7 +37,8 @@ from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.outputs import ChatGeneration, ChatResult
 
 from bench.workloads import coding_session, load_transcripts
-from langchain_compaction import CompactionNode, CompactionOptions, estimate_message_tokens, estimate_tokens
+from langchain_compaction import CompactionNode, CompactionOptions
+from langchain_compaction.tokens import estimate_message_tokens, estimate_tokens
 
 HERE = Path(__file__).resolve().parent
 WINDOW, RESERVE, KEEP = 200_000, 16_384, 20_000

@@ -11,6 +11,7 @@ facts into a real transcript without disturbing its tool pairs.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,16 +20,21 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def transcripts_dir() -> Path:
-    """The shared transcripts (``../shared/data/transcripts`` beside the checkout)."""
-    return ROOT.parent / "shared" / "data" / "transcripts"
+def transcripts_dir() -> Path | None:
+    """The shared transcripts: ``$LANGCHAIN_COMPACTION_TRANSCRIPTS``, or ``../shared/data/transcripts``."""
+    env = os.environ.get("LANGCHAIN_COMPACTION_TRANSCRIPTS")
+    candidates = [Path(env)] if env else []
+    candidates.append(ROOT.parent / "shared" / "data" / "transcripts")
+    return next((p for p in candidates if p.is_dir() and any(p.glob("*.json"))), None)
 
 
 def load_transcripts() -> dict[str, list[BaseMessage]]:
-    """All six shared transcripts, by name."""
+    """The six shared transcripts, by name ({} when they are not there)."""
+    folder = transcripts_dir()
+    if folder is None:
+        return {}
     return {
-        p.stem: messages_from_dict(json.loads(p.read_text(encoding="utf-8")))
-        for p in sorted(transcripts_dir().glob("*.json"))
+        p.stem: messages_from_dict(json.loads(p.read_text(encoding="utf-8"))) for p in sorted(folder.glob("*.json"))
     }
 
 

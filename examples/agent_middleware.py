@@ -23,7 +23,7 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 from langchain_compaction import CompactionOptions, CompactionResult
-from langchain_compaction.adapters.middleware import CompactionMiddleware
+from langchain_compaction.middleware import CompactionMiddleware
 from langchain_compaction.summarizers.extractive import ExtractiveSummarizer
 
 NOTES = {

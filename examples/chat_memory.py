@@ -12,9 +12,8 @@ from pathlib import Path
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
 
-from langchain_compaction.adapters.history import CompactingChatMessageHistory
-from langchain_compaction.adapters.locks import FileLock
 from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.history import CompactingChatMessageHistory, FileLock
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # langchain-community is being sunset

@@ -21,12 +21,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from langchain_compaction import CompactionOptions
-from langchain_compaction.adapters.graph import (
-    COMPACTION_EVENT,
-    CompactionNode,
-    CompactionState,
-    route_after_compaction,
-)
+from langchain_compaction.graph import COMPACTION_EVENT, CompactionNode, CompactionState, route_after_compaction
 
 TURNS = 80
 # A tiny window for the agent; the summarizer may read more than that in one call.

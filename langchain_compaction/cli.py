@@ -19,23 +19,25 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
-
-from langchain_core.messages import BaseMessage
+from typing import TYPE_CHECKING, Any, TextIO
 
 from langchain_compaction import __version__
-from langchain_compaction.adapters._convert import to_core_list
-from langchain_compaction.adapters.messages import compact
-from langchain_compaction.core.engine import plan_compaction
+from langchain_compaction.core.context import needs_compaction
 from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.plan import plan_compaction
 from langchain_compaction.core.result import CompactionResult
-from langchain_compaction.core.tokens import estimate_message
 from langchain_compaction.core.transcript import message_body
-from langchain_compaction.core.types import SummaryRequest
+from langchain_compaction.core.types import Message, SummaryReply, SummaryRequest
 from langchain_compaction.errors import CompactionError, ConfigurationError, ConversationFileError
-from langchain_compaction.formats import dump_conversation, parse_conversation
-from langchain_compaction.summarizers.chat_model import as_summarizer
 from langchain_compaction.summarizers.extractive import ExtractiveSummarizer
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
+    from langchain_compaction.formats import Conversation
+
+# LangChain is imported only by the commands that read or write a
+# conversation, so ``--help`` and argument errors load no framework.
 
 
 class _Style:
@@ -88,13 +90,15 @@ class _Progress:
             print(f"\rsummarizing chunk {request.chunk_index + 1}/{request.chunk_count}", end=end, file=self.stream)
             self.stream.flush()
 
-    def summarize(self, request: SummaryRequest) -> str:
+    def summarize(self, request: SummaryRequest) -> str | SummaryReply:
         self._show(request)
-        return str(self.inner.summarize(request))
+        reply: str | SummaryReply = self.inner.summarize(request)
+        return reply
 
-    async def asummarize(self, request: SummaryRequest) -> str:
+    async def asummarize(self, request: SummaryRequest) -> str | SummaryReply:
         self._show(request)
-        return str(await self.inner.asummarize(request))
+        reply: str | SummaryReply = await self.inner.asummarize(request)
+        return reply
 
 
 def _options(args: argparse.Namespace) -> CompactionOptions:
@@ -106,7 +110,9 @@ def _options(args: argparse.Namespace) -> CompactionOptions:
     )
 
 
-def _read(path: str) -> tuple[list[BaseMessage], Any]:
+def _read(path: str) -> tuple[list[BaseMessage], Conversation]:
+    from langchain_compaction.formats import parse_conversation
+
     try:
         data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
@@ -129,68 +135,80 @@ def _model(args: argparse.Namespace) -> Any:
         raise ConfigurationError("--model", args.model, f"{exc}; use provider:model, e.g. anthropic:...") from exc
 
 
-def _inspect(args: argparse.Namespace, out: TextIO) -> int:
-    messages, conversation = _read(args.file)
+def _inspect_report(
+    args: argparse.Namespace, messages: list[BaseMessage], core: list[Message], counts: list[int], fmt: str
+) -> dict[str, Any]:
     options = _options(args)
-    core = to_core_list(messages)
-    counts = [estimate_message(m) for m in core]
-    total = sum(counts)
-    by_role: Counter[str] = Counter()
     by_type: Counter[str] = Counter()
     number: Counter[str] = Counter()
+    by_role: Counter[str] = Counter()
     for message, core_message, count in zip(messages, core, counts):
         by_role[core_message.role] += count
         by_type[message.type] += count
         number[message.type] += 1
     plan = plan_compaction(core, counts, options.keep_recent_tokens, force=False)
-    cut = plan.cut if plan else 0
     # What a compaction would replace: the region before the cut and earlier
-    # summaries; the leading system prompt and pinned messages stay.
-    summarized = (
-        [] if plan is None else [*(i for i in plan.previous_summaries if i < plan.start), *range(plan.start, cut)]
-    )
-    n_summarized, t_summarized = len(summarized), sum(counts[i] for i in summarized)
-    threshold = options.context_window - options.reserve_tokens
-    would = options.context_window > 0 and total > threshold
-    report = {
+    # summaries; the leading system prompt and the provider's prefix stay.
+    summarized = [] if plan is None else [*(i for i in plan.previous_summaries if i < plan.start), *plan.region]
+    total, t_summarized = sum(counts), sum(counts[i] for i in summarized)
+    return {
         "file": args.file,
-        "format": conversation.format + ("+jsonl" if conversation.jsonl else ""),
+        "format": fmt,
         "messages": len(messages),
         "tokens": total,
         "tokens_by_role": dict(by_role),
         "tokens_by_type": dict(by_type),
+        "count_by_type": dict(number),
         "context_window": options.context_window,
-        "threshold": threshold if options.context_window else None,
-        "would_compact": would,
-        "cut_index": cut,
-        "summarized": {"messages": n_summarized, "tokens": t_summarized},
-        "kept": {"messages": len(messages) - n_summarized, "tokens": total - t_summarized},
+        "threshold": options.budget.threshold,
+        "would_compact": needs_compaction(core, counts, options),
+        "cut_index": plan.cut if plan else 0,
+        "summarized": {"messages": len(summarized), "tokens": t_summarized},
+        "kept": {"messages": len(messages) - len(summarized), "tokens": total - t_summarized},
     }
-    if args.json:
-        print(json.dumps(report, indent=2), file=out)
-        return 0
+
+
+def _print_inspect(
+    report: dict[str, Any], messages: list[BaseMessage], core: list[Message], args: argparse.Namespace, out: TextIO
+) -> None:
     style = _Style(out)
-    print(style.bold(f"{args.file}: {len(messages)} messages, ~{total:,} tokens ({report['format']})"), file=out)
+    total, by_type, number = report["tokens"], report["tokens_by_type"], report["count_by_type"]
+    print(style.bold(f"{args.file}: {report['messages']} messages, ~{total:,} tokens ({report['format']})"), file=out)
     rows = [[t, str(number[t]), f"{by_type[t]:,}", f"{by_type[t] / max(total, 1):.0%}"] for t in sorted(by_type)]
     print(_table(rows, ["type", "messages", "tokens", "share"], style), file=out)
-    if options.context_window:
-        verdict = style.yellow("would compact") if would else style.green("fits")
+    if report["threshold"] is not None:
+        verdict = style.yellow("would compact") if report["would_compact"] else style.green("fits")
         print(
-            f"\nwindow {options.context_window:,} - reserve {options.reserve_tokens:,} = {threshold:,}: {verdict}",
+            f"\nwindow {args.context_window:,} - reserve {args.reserve_tokens:,} = {report['threshold']:,}: {verdict}",
             file=out,
         )
     else:
         print("\nno --context-window given: automatic compaction is off; the cut below is for a manual one", file=out)
-    if cut:
-        print(
-            f"cut at message {cut}: summarize {n_summarized} (~{t_summarized:,} tokens), "
-            f"keep {len(messages) - n_summarized} (~{total - t_summarized:,} tokens)",
-            file=out,
-        )
-        first = message_body(core[cut]).strip().splitlines()
-        print(style.dim(f"first kept: [{messages[cut].type}] {(first[0] if first else '')[:100]}"), file=out)
+    cut, summarized, kept = report["cut_index"], report["summarized"], report["kept"]
+    if not cut:
+        print(f"no cut: everything fits the keep budget of {args.keep_recent_tokens:,} tokens", file=out)
+        return
+    print(
+        f"cut at message {cut}: summarize {summarized['messages']} (~{summarized['tokens']:,} tokens), "
+        f"keep {kept['messages']} (~{kept['tokens']:,} tokens)",
+        file=out,
+    )
+    first = message_body(core[cut]).strip().splitlines()
+    print(style.dim(f"first kept: [{messages[cut].type}] {(first[0] if first else '')[:100]}"), file=out)
+
+
+def _inspect(args: argparse.Namespace, out: TextIO) -> int:
+    from langchain_compaction._lc.counting import counts_and_core
+
+    messages, conversation = _read(args.file)
+    counts, core = counts_and_core(messages, _options(args))
+    fmt = conversation.format + ("+jsonl" if conversation.jsonl else "")
+    report = _inspect_report(args, messages, core, counts, fmt)
+    if args.json:
+        del report["count_by_type"]
+        print(json.dumps(report, indent=2), file=out)
     else:
-        print(f"no cut: everything fits the keep budget of {options.keep_recent_tokens:,} tokens", file=out)
+        _print_inspect(report, messages, core, args, out)
     return 0
 
 
@@ -211,6 +229,10 @@ def _print_result(result: CompactionResult | None, out: TextIO, style: _Style) -
 
 
 def _compact(args: argparse.Namespace, out: TextIO) -> int:
+    from langchain_compaction.formats import dump_conversation
+    from langchain_compaction.functional import compact
+    from langchain_compaction.summarizers.chat_model import as_summarizer
+
     messages, conversation = _read(args.file)
     options = _options(args)
     summarizer = _Progress(as_summarizer(_model(args)), sys.stderr, args.json)

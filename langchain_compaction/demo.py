@@ -18,10 +18,11 @@ from typing import TextIO
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage, messages_from_dict
 
-from langchain_compaction.adapters.messages import compact, estimate_message_tokens, should_compact
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.functional import compact, should_compact
 from langchain_compaction.summarizers.extractive import ExtractiveSummarizer
+from langchain_compaction.tokens import estimate_message_tokens
 
 SYSTEM_PROMPT = "You are a careful software agent. Use the tools; report what you changed."
 
@@ -88,7 +89,7 @@ def run_demo(out: TextIO, *, window: int = 24_000, reserve: int = 4_000, keep: i
     state: list[BaseMessage] = [SystemMessage(SYSTEM_PROMPT)]
     results: list[CompactionResult] = []
     for position, message in enumerate(session, 1):
-        if isinstance(message, AIMessage) and should_compact(state, window, reserve):
+        if isinstance(message, AIMessage) and should_compact(state, options=options):
             before = len(state)
             result, state = compact(summarizer, state, options)
             if result is not None:

@@ -174,6 +174,84 @@ def _parses(line: str) -> bool:
     return True
 
 
+def _text(data: bytes | str, name: str) -> str:
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        msg = f"not UTF-8 text (byte {exc.start}); save the file as UTF-8 JSON"
+        raise ConversationFileError(msg, where=name) from exc
+    if not text.strip():
+        raise ConversationFileError("the file is empty; expected a JSON list of messages", where=name)
+    return text
+
+
+def _json_lines(text: str, name: str) -> list[tuple[object, str]]:
+    items: list[tuple[object, str]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{name}: line {number}"
+        try:
+            items.append((json.loads(line), where))
+        except RecursionError as deep:
+            raise ConversationFileError("the JSON is nested too deeply to be a message", where=where) from deep
+        except json.JSONDecodeError as exc:
+            raise ConversationFileError(f"invalid JSON at column {exc.colno}: {exc.msg}", where=where) from exc
+    return items
+
+
+def _items(text: str, name: str) -> tuple[list[tuple[object, str]], object, bool]:
+    """The messages of the file, each with where it is; the top-level system prompt; whether it is JSON Lines."""
+    stripped = text.strip()
+    try:
+        document = json.loads(stripped)
+    except RecursionError as exc:
+        raise ConversationFileError("the JSON is nested too deeply to be a conversation", where=name) from exc
+    except json.JSONDecodeError as exc:
+        if "\n" not in stripped or not _parses(stripped.splitlines()[0]):
+            msg = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+            raise ConversationFileError(msg, where=name) from exc
+        return _json_lines(text, name), None, True
+    system: object = None
+    if isinstance(document, dict) and isinstance(document.get("messages"), list):
+        system = document.get("system")
+        document = document["messages"]
+    if not isinstance(document, list):
+        msg = f'expected a JSON list of messages (or {{"messages": [...]}}), found {type(document).__name__}'
+        raise ConversationFileError(msg, where=name)
+    return [(item, f"{name}: message {number}") for number, item in enumerate(document, 1)], system, False
+
+
+def _file_shape(items: list[tuple[object, str]]) -> tuple[Format, list[Format]]:
+    shapes = [_shape(item, where) for item, where in items]
+    shape = shapes[0]
+    for actual, (_, where) in zip(shapes, items):
+        if (actual == "langchain") != (shape == "langchain"):
+            msg = f"this message is {actual}-style but the file started {shape}-style; use one style per file"
+            raise ConversationFileError(msg, where=where)
+    return shape, shapes
+
+
+def _system_message(system: object, name: str) -> SystemMessage:
+    if not isinstance(system, (str, list)) or (
+        isinstance(system, list) and not all(isinstance(b, (str, dict)) for b in system)
+    ):
+        raise ConversationFileError('"system" must be a string or a list of text blocks', where=name)
+    return SystemMessage(content=system)
+
+
+def _converted(item: dict[str, Any], kind: Format, where: str) -> list[BaseMessage]:
+    try:
+        return _convert(item, kind, where)
+    except ConversationFileError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        # A field of the wrong type (pydantic's validation error, a number
+        # where a list belongs): one line that says where.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConversationFileError(f"not a valid {kind}-style message: {first}", where=where) from exc
+
+
 def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversation:
     """Read a conversation from the bytes of a file.
 
@@ -188,76 +266,17 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
         ConversationFileError: The content is not a conversation in any of
             the accepted formats; the message says what and where.
     """
-    try:
-        text = data.decode("utf-8") if isinstance(data, bytes) else data
-    except UnicodeDecodeError as exc:
-        msg = f"not UTF-8 text (byte {exc.start}); save the file as UTF-8 JSON"
-        raise ConversationFileError(msg, where=name) from exc
-    stripped = text.strip()
-    if not stripped:
-        raise ConversationFileError("the file is empty; expected a JSON list of messages", where=name)
-    items: list[tuple[object, str]]
-    jsonl = False
-    system: object = None
-    try:
-        document = json.loads(stripped)
-    except RecursionError as exc:
-        raise ConversationFileError("the JSON is nested too deeply to be a conversation", where=name) from exc
-    except json.JSONDecodeError as exc:
-        if "\n" not in stripped or not _parses(stripped.splitlines()[0]):
-            msg = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-            raise ConversationFileError(msg, where=name) from exc
-        jsonl = True
-        items = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                items.append((json.loads(line), f"{name}: line {number}"))
-            except RecursionError as deep:
-                msg = "the JSON is nested too deeply to be a message"
-                raise ConversationFileError(msg, where=f"{name}: line {number}") from deep
-            except json.JSONDecodeError as line_exc:
-                msg = f"invalid JSON at column {line_exc.colno}: {line_exc.msg}"
-                raise ConversationFileError(msg, where=f"{name}: line {number}") from line_exc
-    else:
-        if isinstance(document, dict) and isinstance(document.get("messages"), list):
-            system = document.get("system")
-            document = document["messages"]
-        if not isinstance(document, list):
-            msg = f'expected a JSON list of messages (or {{"messages": [...]}}), found {type(document).__name__}'
-            raise ConversationFileError(msg, where=name)
-        items = [(item, f"{name}: message {number}") for number, item in enumerate(document, 1)]
+    items, system, jsonl = _items(_text(data, name), name)
     if not items:
         raise ConversationFileError("the file holds no messages", where=name)
-    shapes = [_shape(item, where) for item, where in items]
-    shape = shapes[0]
-    for actual, (_, where) in zip(shapes, items):
-        if (actual == "langchain") != (shape == "langchain"):
-            msg = f"this message is {actual}-style but the file started {shape}-style; use one style per file"
-            raise ConversationFileError(msg, where=where)
-    messages: list[BaseMessage] = []
-    if system is not None:
-        if not isinstance(system, (str, list)) or (
-            isinstance(system, list) and not all(isinstance(b, (str, dict)) for b in system)
-        ):
-            raise ConversationFileError('"system" must be a string or a list of text blocks', where=name)
-        messages.append(SystemMessage(content=system))
+    shape, shapes = _file_shape(items)
+    messages: list[BaseMessage] = [] if system is None else [_system_message(system, name)]
     if system is not None or "anthropic" in shapes:
         shape = "anthropic"
     for actual, (item, where) in zip(shapes, items):
         assert isinstance(item, dict)  # _shape checked it
         kind: Format = "anthropic" if shape == "anthropic" and actual != "langchain" else actual
-        try:
-            messages.extend(_convert(item, kind, where))
-        except ConversationFileError:
-            raise
-        except (TypeError, ValueError, AttributeError, KeyError) as exc:
-            # A field of the wrong type (pydantic's validation error, a
-            # number where a list belongs): one line that says where.
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            msg = f"not a valid {kind}-style message: {first}"
-            raise ConversationFileError(msg, where=where) from exc
+        messages.extend(_converted(item, kind, where))
     return Conversation(messages, shape, jsonl)
 
 

@@ -1,41 +1,50 @@
-"""Shared fixtures: the six real agent transcripts and a recording summarizer."""
+"""Shared fixtures: agent transcripts, a recording summarizer, and readers of the output layout.
+
+Transcripts: the project ships one of its own (``tests/data/transcripts``), so
+the suite runs from an sdist; the six public agent runs in
+``../shared/data/transcripts`` (or ``$LANGCHAIN_COMPACTION_TRANSCRIPTS``) join
+it when they are there, and the tests that need one of them by name are
+skipped, with the reason, when they are not.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from langchain_core.messages import BaseMessage, messages_from_dict
 
+from bench.workloads import transcripts_dir
 
-def _find_transcripts() -> Path:
-    # The shared folder sits beside the checkout (../shared); CI lays it out the same way.
-    env = os.environ.get("LANGCHAIN_COMPACTION_TRANSCRIPTS")
-    candidates = [Path(env)] if env else []
-    root = Path(__file__).resolve().parents[1]
-    candidates += [root.parent / "shared" / "data" / "transcripts", root / "tests" / "data" / "transcripts"]
-    for path in candidates:
-        if path.is_dir() and any(path.glob("*.json")):
-            return path
-    msg = f"the shared transcripts were not found in any of {[str(c) for c in candidates]}"
-    raise FileNotFoundError(msg)
+ROOT = Path(__file__).resolve().parents[1]
+OWN_TRANSCRIPTS = ROOT / "tests" / "data" / "transcripts"
+SHARED_TRANSCRIPTS = transcripts_dir()
+_PATHS = {
+    p.stem: p for folder in (OWN_TRANSCRIPTS, SHARED_TRANSCRIPTS) if folder is not None for p in folder.glob("*.json")
+}
+TRANSCRIPT_NAMES = sorted(_PATHS)
+
+requires_shared = pytest.mark.skipif(
+    SHARED_TRANSCRIPTS is None, reason="needs the shared transcripts (../shared/data/transcripts)"
+)
 
 
-TRANSCRIPTS_DIR = _find_transcripts()
-TRANSCRIPT_NAMES = sorted(p.stem for p in TRANSCRIPTS_DIR.glob("*.json"))
+def transcript_path(name: str) -> Path:
+    """Where transcript ``name`` is (ours or a shared one)."""
+    if name not in _PATHS:
+        pytest.skip(f"transcript {name!r} is not here (the shared transcripts are missing)")
+    return _PATHS[name]
 
 
 def load_transcript(name: str) -> list[BaseMessage]:
-    """Load one shared transcript as LangChain messages (fresh objects each call)."""
-    data = json.loads((TRANSCRIPTS_DIR / f"{name}.json").read_text(encoding="utf-8"))
-    return messages_from_dict(data)
+    """Load one transcript as LangChain messages (fresh objects each call)."""
+    return messages_from_dict(json.loads(transcript_path(name).read_text(encoding="utf-8")))
 
 
 @pytest.fixture(params=TRANSCRIPT_NAMES)
 def transcript(request: pytest.FixtureRequest) -> list[BaseMessage]:
-    """Each of the six real transcripts in turn."""
+    """Each transcript in turn: ours, and the shared ones when present."""
     return load_transcript(request.param)
 
 
@@ -67,7 +76,7 @@ from typing import NamedTuple  # noqa: E402
 
 from langchain_core.messages import ChatMessage, HumanMessage, SystemMessage  # noqa: E402
 
-from langchain_compaction.adapters._convert import (  # noqa: E402
+from langchain_compaction._lc.convert import (  # noqa: E402
     BRIDGE_TEXT,
     SUMMARY_MARK,
     is_bridge_message,

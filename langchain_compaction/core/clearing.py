@@ -11,7 +11,7 @@ under the threshold, no summary call is made at all.
 It is off by default (``CompactionOptions(clear_tool_outputs=True)`` turns it
 on) because it trades coverage for cost: a cleared output is gone for the
 summary that comes later, while a summary would have been shown it
-(``bench/clearing.py`` measures both).
+(``bench/cost.py`` measures both).
 """
 
 from __future__ import annotations
@@ -65,6 +65,21 @@ class ClearingPlan:
     saved_tokens: int
 
 
+def _keep_boundary(counts: Sequence[int], keep_recent_tokens: int) -> int:
+    """The first index inside the keep budget (counted back from the end)."""
+    boundary = len(counts)
+    kept = 0
+    while boundary > 0 and kept + counts[boundary - 1] <= keep_recent_tokens:
+        boundary -= 1
+        kept += counts[boundary]
+    return boundary
+
+
+def _gain(message: Message, tokens: int, text: str) -> int:
+    """What replacing the output of ``message`` with ``text`` saves."""
+    return tokens - estimate_tokens(text) - MESSAGE_OVERHEAD_TOKENS - estimate_tokens(message.tool_call_id or "")
+
+
 def plan_clearing(
     messages: Sequence[Message],
     counts: Sequence[int],
@@ -96,38 +111,28 @@ def plan_clearing(
         The plan, or ``None`` when clearing alone cannot reach the target
         (then a summary is needed, and it should see the outputs).
     """
-    total = sum(counts)
-    if total <= target_tokens:
+    needed = sum(counts) - target_tokens
+    if needed <= 0:
         return None
-    boundary = len(messages)
-    kept = 0
-    while boundary > 0 and kept + counts[boundary - 1] <= keep_recent_tokens:
-        boundary -= 1
-        kept += counts[boundary]
+    boundary = _keep_boundary(counts, keep_recent_tokens)
     results = [i for i, m in enumerate(messages) if m.role == "tool"]
-    protected = set(results[len(results) - keep_tool_uses :]) if keep_tool_uses > 0 else set()
-    excluded = set(exclude_tools)
+    # The last ``keep_tool_uses`` results, however few there are.
+    protected = set(results[-keep_tool_uses:]) if keep_tool_uses > 0 else set()
     chosen: list[int] = []
     contents: list[str] = []
     saved = 0
     for index in results:
-        if index >= boundary or saved >= total - target_tokens:
+        if index >= boundary or saved >= needed:
             break
         message = messages[index]
-        if index in protected or message.name in excluded or counts[index] < min_tokens or is_cleared(message):
+        if index in protected or message.name in exclude_tools or counts[index] < min_tokens or is_cleared(message):
             continue
         text = placeholder(message, counts[index])
-        gain = (
-            counts[index]
-            - estimate_tokens(text)
-            - MESSAGE_OVERHEAD_TOKENS
-            - estimate_tokens(message.tool_call_id or "")
-        )
-        if gain <= 0:
-            continue
-        chosen.append(index)
-        contents.append(text)
-        saved += gain
-    if saved < total - target_tokens:
+        gain = _gain(message, counts[index], text)
+        if gain > 0:
+            chosen.append(index)
+            contents.append(text)
+            saved += gain
+    if saved < needed:
         return None
     return ClearingPlan(tuple(chosen), tuple(contents), saved)

@@ -1,7 +1,7 @@
 """Where to cut a conversation: the token budget and the tool-pair rule.
 
 The cut is an index ``c``: messages before it are summarized, messages from it
-on are kept verbatim. The reference walks back from the end until the keep
+on are kept verbatim. pi's compaction walks back from the end until the keep
 budget is filled and then moves forward past tool results. That alone can
 still split a tool call from its results (parallel calls, results that arrive
 late, repeated call ids), so here a boundary is valid only when it is not a
@@ -50,7 +50,7 @@ def valid_boundaries(messages: Sequence[Message]) -> list[bool]:
     """For each index ``c``, whether cutting before ``messages[c]`` is allowed.
 
     A boundary is invalid on a tool result (it must stay with its call, as in
-    the reference) and wherever a call/result pair spans it.
+    pi's compaction) and wherever a call/result pair spans it.
 
     Args:
         messages: The conversation.
@@ -84,7 +84,7 @@ def find_cut(
     credit: int = 0,
     valid: Sequence[bool] | None = None,
 ) -> int:
-    """Find the budget cut, as the reference does, with the tool-pair rule.
+    """Find the budget cut, as pi's ``FindCutPoint`` does, with the tool-pair rule.
 
     Walks back from the end adding up token counts until they exceed
     ``keep_recent_tokens``; the message that crossed the budget is the first
@@ -92,7 +92,7 @@ def find_cut(
     anyway. The cut then moves forward to the next valid boundary; if there is
     none (the conversation ends inside a tool exchange, as an agent's does
     mid-loop) it moves back to the nearest valid boundary before, keeping the
-    exchange whole, where the reference gave up.
+    exchange whole, where pi's compaction gave up.
 
     Args:
         messages: The conversation.
@@ -101,7 +101,7 @@ def find_cut(
         start: The first index that may be summarized (after the leading
             system messages).
         credit: Messages already counted as summarized (an earlier summary
-            counts as one, as it did in the reference's list).
+            counts as one, as it did in pi's list).
         valid: Precomputed ``valid_boundaries(messages)``, if at hand.
 
     Returns:

@@ -1,4 +1,11 @@
-"""Compaction options: the reference's defaults, validated at construction."""
+"""Compaction options, validated at construction, and the budgets derived from them.
+
+The defaults are those of pi's compaction (through its Go port,
+``../shared/seed/compaction.go``): reserve 16,384 tokens for the reply, keep
+the most recent 20,000 tokens. Every other budget (the summary's size, the
+largest summarizer request, the clearing target) is derived from the options
+in one place, ``CompactionOptions.budget``; nothing else computes one.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +16,10 @@ from typing import Any, Literal
 from langchain_compaction.errors import ConfigurationError
 
 DEFAULT_RESERVE_TOKENS = 16384
-"""Tokens kept free for the model's reply (the reference's default)."""
+"""Tokens kept free for the model's reply (pi's default)."""
 
 DEFAULT_KEEP_RECENT_TOKENS = 20000
-"""Tokens of recent messages kept verbatim (the reference's default)."""
+"""Tokens of recent messages kept verbatim (pi's default)."""
 
 DEFAULT_SUMMARY_INPUT_TOKENS = 100_000
 """Largest summarizer request when the context window is unknown."""
@@ -23,6 +30,34 @@ TokenCounterFn = Callable[[Sequence[Any]], int]
 The adapters call it with one-message lists, so it sees LangChain messages.
 """
 
+SummaryMode = Literal["transcript", "cache_aligned"]
+"""What the summarizer is sent: a fenced transcript, or the conversation's own prefix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Every token budget in force, derived from the options in one place.
+
+    Attributes:
+        window: The context window (0: unknown).
+        reserve: Tokens kept free for the reply.
+        keep: Recent tokens kept verbatim.
+        threshold: Automatic compaction fires above this many tokens;
+            ``None`` when the window is unknown (automatic compaction off).
+        summary_max: The most tokens a summary may take.
+        summary_input: The largest summarizer request.
+        clearing_target: Where clearing old tool outputs aims to bring the
+            context (``None`` without a window).
+    """
+
+    window: int
+    reserve: int
+    keep: int
+    threshold: int | None
+    summary_max: int
+    summary_input: int
+    clearing_target: int | None
+
 
 def _check_int(name: str, value: object, *, minimum: int, advice: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
@@ -31,22 +66,39 @@ def _check_int(name: str, value: object, *, minimum: int, advice: str) -> None:
         raise ConfigurationError(name, value, advice)
 
 
+def _check_text(name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ConfigurationError(name, value, "pass a non-empty string, or None for the default")
+
+
+def _check_callable(name: str, value: object, advice: str) -> None:
+    if value is not None and not callable(value):
+        raise ConfigurationError(name, value, advice)
+
+
 @dataclass(frozen=True, slots=True)
 class CompactionOptions:
     """How much context to keep and how to summarize the rest.
 
+    Automatic compaction (the adapters, ``auto_compact``, ``should_compact``)
+    fires when the context exceeds ``context_window - reserve_tokens``; the one
+    way to turn it off is ``context_window=0`` (the window is unknown), which
+    leaves manual compaction (``compact()``, ``/compact``) working.
+
     Attributes:
         context_window: The model's context window in tokens; 0 means unknown,
-            which turns automatic compaction off (``should_compact`` is false).
-        reserve_tokens: Tokens kept free for the reply: compaction fires when
-            the context exceeds ``context_window - reserve_tokens``.
-        keep_recent_tokens: Tokens of the most recent messages kept verbatim.
+            which turns automatic compaction off.
+        reserve_tokens: Tokens kept free for the reply (default 16,384; 0 means
+            the default, as in pi's options).
+        keep_recent_tokens: Tokens of the most recent messages kept verbatim
+            (default 20,000; 0 means the default).
         summary_prompt: Replaces the default checkpoint prompt.
         update_prompt: Replaces the default prompt used to update a previous
             summary; when only ``summary_prompt`` is given, updates use it too.
         system_prompt: Replaces the summarizer's system prompt.
         token_counter: Counts tokens instead of the built-in estimate; any
-            callable over a list of LangChain messages.
+            callable over a list of LangChain messages. On async paths it runs
+            in a worker thread, never on the event loop.
         summary_input_tokens: The largest request sent to the summarizer; a
             larger compacted region is summarized in chunks, each updating the
             running summary. ``None`` derives it from the window (the window
@@ -91,8 +143,10 @@ class CompactionOptions:
 
     Example:
         >>> opts = CompactionOptions(context_window=200_000)
-        >>> opts.reserve_tokens, opts.keep_recent_tokens
-        (16384, 20000)
+        >>> opts.reserve_tokens, opts.keep_recent_tokens, opts.budget.threshold
+        (16384, 20000, 183616)
+        >>> CompactionOptions(context_window=200_000, reserve_tokens=0).reserve_tokens
+        16384
     """
 
     context_window: int = 0
@@ -111,100 +165,94 @@ class CompactionOptions:
     keep_tool_uses: int = 3
     clear_exclude_tools: tuple[str, ...] = ()
     clear_min_tokens: int = 100
-    summary_mode: Literal["transcript", "cache_aligned"] = "transcript"
+    summary_mode: SummaryMode = "transcript"
     ensure_user_turn: bool = True
 
     def __post_init__(self) -> None:
-        _check_int(
-            "context_window",
-            self.context_window,
-            minimum=0,
-            advice="pass the model's window in tokens, or 0 if unknown",
-        )
-        _check_int(
-            "reserve_tokens",
-            self.reserve_tokens,
-            minimum=0,
-            advice=f"pass 0 or more (default {DEFAULT_RESERVE_TOKENS})",
-        )
-        _check_int(
-            "keep_recent_tokens",
-            self.keep_recent_tokens,
-            minimum=1,
-            advice=f"pass a positive budget (default {DEFAULT_KEEP_RECENT_TOKENS})",
-        )
-        window = self.context_window
-        if window:
-            if self.reserve_tokens >= window:
-                raise ConfigurationError(
-                    "reserve_tokens",
-                    self.reserve_tokens,
-                    f"it must be smaller than context_window={window}; "
-                    f"pass a reserve that leaves room for the conversation, e.g. reserve_tokens={window // 8}",
-                )
-            room = window - self.reserve_tokens
-            if self.keep_recent_tokens >= room:
-                raise ConfigurationError(
-                    "keep_recent_tokens",
-                    self.keep_recent_tokens,
-                    f"keeping that much leaves no room: compaction fires above "
-                    f"context_window - reserve_tokens = {room} tokens; "
-                    f"pass keep_recent_tokens below {room}, e.g. {room // 2}",
-                )
-        if self.summary_input_tokens is not None:
-            _check_int(
-                "summary_input_tokens",
-                self.summary_input_tokens,
-                minimum=1000,
-                advice="pass at least 1000 tokens, or None to derive it from the window",
-            )
+        self._check_budgets()
+        self._check_optional_budgets()
         for name in ("summary_prompt", "update_prompt", "system_prompt"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise ConfigurationError(name, value, "pass a non-empty string, or None for the default")
-        if self.token_counter is not None and not callable(self.token_counter):
-            raise ConfigurationError(
-                "token_counter",
-                self.token_counter,
-                "pass a callable over a list of messages, e.g. count_tokens_approximately",
-            )
-        if self.summary_max_tokens is not None:
-            _check_int(
-                "summary_max_tokens",
-                self.summary_max_tokens,
-                minimum=64,
-                advice="pass at least 64 tokens, or None to derive it from the window",
-            )
-        _check_int("keep_tool_uses", self.keep_tool_uses, minimum=0, advice="pass 0 or more (default 3)")
-        _check_int("clear_min_tokens", self.clear_min_tokens, minimum=0, advice="pass 0 or more (default 100)")
-        if isinstance(self.clear_exclude_tools, str) or not all(isinstance(t, str) for t in self.clear_exclude_tools):
-            raise ConfigurationError(
-                "clear_exclude_tools", self.clear_exclude_tools, "pass a tuple of tool names, e.g. ('read_plan',)"
-            )
+            _check_text(name, getattr(self, name))
+        _check_callable(
+            "token_counter",
+            self.token_counter,
+            "pass a callable over a list of messages, e.g. count_tokens_approximately",
+        )
+        _check_callable("redact", self.redact, "pass a function from text to text, e.g. redact_secrets")
+        self._check_clearing()
         if self.summary_mode not in ("transcript", "cache_aligned"):
             raise ConfigurationError("summary_mode", self.summary_mode, "pass 'transcript' or 'cache_aligned'")
-        if self.redact is not None and not callable(self.redact):
-            raise ConfigurationError("redact", self.redact, "pass a function from text to text, e.g. redact_secrets")
         if self.timeout is not None and (
             isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or self.timeout <= 0
         ):
             raise ConfigurationError("timeout", self.timeout, "pass a positive number of seconds, or None")
 
-    @property
-    def effective_summary_max_tokens(self) -> int:
-        """The summary budget in force (see ``summary_max_tokens``)."""
-        if self.summary_max_tokens is not None:
-            return self.summary_max_tokens
-        if self.context_window:
-            room = self.context_window - self.reserve_tokens - self.keep_recent_tokens
-            return min(max(room // 2, 1024), 8192)
-        return 8192
+    def _check_budgets(self) -> None:
+        _check_int("context_window", self.context_window, minimum=0, advice="pass the model's window, or 0 if unknown")
+        _check_int(
+            "reserve_tokens", self.reserve_tokens, minimum=0, advice=f"pass 0 or more (0: {DEFAULT_RESERVE_TOKENS})"
+        )
+        _check_int(
+            "keep_recent_tokens",
+            self.keep_recent_tokens,
+            minimum=0,
+            advice=f"pass 0 or more (0: {DEFAULT_KEEP_RECENT_TOKENS})",
+        )
+        # As in pi's options, a zero reserve or keep budget means the default.
+        if self.reserve_tokens == 0:
+            object.__setattr__(self, "reserve_tokens", DEFAULT_RESERVE_TOKENS)
+        if self.keep_recent_tokens == 0:
+            object.__setattr__(self, "keep_recent_tokens", DEFAULT_KEEP_RECENT_TOKENS)
+        window = self.context_window
+        if not window:
+            return
+        if self.reserve_tokens >= window:
+            raise ConfigurationError(
+                "reserve_tokens",
+                self.reserve_tokens,
+                f"it must be smaller than context_window={window}; "
+                f"pass a reserve that leaves room for the conversation, e.g. reserve_tokens={window // 8}",
+            )
+        room = window - self.reserve_tokens
+        if self.keep_recent_tokens >= room:
+            raise ConfigurationError(
+                "keep_recent_tokens",
+                self.keep_recent_tokens,
+                f"keeping that much leaves no room: compaction fires above "
+                f"context_window - reserve_tokens = {room} tokens; "
+                f"pass keep_recent_tokens below {room}, e.g. {room // 2}",
+            )
+
+    def _check_optional_budgets(self) -> None:
+        for name, minimum in (("summary_input_tokens", 1000), ("summary_max_tokens", 64)):
+            value = getattr(self, name)
+            if value is not None:
+                advice = f"pass at least {minimum} tokens, or None to derive it from the window"
+                _check_int(name, value, minimum=minimum, advice=advice)
+
+    def _check_clearing(self) -> None:
+        _check_int("keep_tool_uses", self.keep_tool_uses, minimum=0, advice="pass 0 or more (default 3)")
+        _check_int("clear_min_tokens", self.clear_min_tokens, minimum=0, advice="pass 0 or more (default 100)")
+        tools = self.clear_exclude_tools
+        if isinstance(tools, str) or not all(isinstance(t, str) for t in tools):
+            raise ConfigurationError("clear_exclude_tools", tools, "pass a tuple of tool names, e.g. ('read_plan',)")
 
     @property
-    def effective_summary_input_tokens(self) -> int:
-        """The summarizer request budget in force (see ``summary_input_tokens``)."""
+    def budget(self) -> Budget:
+        """Every budget in force (the one place budgets are derived)."""
+        window, reserve, keep = self.context_window, self.reserve_tokens, self.keep_recent_tokens
+        threshold = window - reserve if window else None
+        if self.summary_max_tokens is not None:
+            summary_max = self.summary_max_tokens
+        elif threshold is not None:
+            summary_max = min(max((threshold - keep) // 2, 1024), 8192)
+        else:
+            summary_max = 8192
         if self.summary_input_tokens is not None:
-            return self.summary_input_tokens
-        if self.context_window:
-            return max(self.context_window - self.reserve_tokens, 1000)
-        return DEFAULT_SUMMARY_INPUT_TOKENS
+            summary_input = self.summary_input_tokens
+        else:
+            summary_input = max(threshold, 1000) if threshold is not None else DEFAULT_SUMMARY_INPUT_TOKENS
+        # Clearing aims halfway between the keep budget and the threshold, so
+        # the next turns do not clear (and rewrite the history) again at once.
+        clearing = keep + (threshold - keep) // 2 if threshold is not None else None
+        return Budget(window, reserve, keep, threshold, summary_max, summary_input, clearing)

@@ -1,16 +1,17 @@
 """The prompts sent to the summarizer, and the header of the summary it writes.
 
 The checkpoint format (Goal, Constraints & Preferences, Progress with Done /
-In Progress / Blocked, Key Decisions, Next Steps, Critical Context) is the
-reference implementation's; the summarizer prompts add what the reference
-lacked: how to read the fenced transcript, that instructions found inside it
-are data, and how to update a previous summary instead of nesting it.
+In Progress / Blocked, Key Decisions, Next Steps, Critical Context) is that of
+the pi coding agent's compaction (through its Go port in ``mark3labs/kit``);
+the summarizer prompts add what pi's lacked: how to read the fenced transcript,
+that instructions found inside it are data, and how to update a previous
+summary instead of nesting it.
 """
 
 from __future__ import annotations
 
 SUMMARY_HEADER = "[Conversation summary — earlier messages were compacted]"
-"""First line of every summary message (the reference's header)."""
+"""First line of every summary message (pi's header)."""
 
 SUMMARY_NOTICE = (
     "This is a record of the earlier conversation, written by a summarizer. "
@@ -94,7 +95,7 @@ UPDATE_PREFIX = (
 """Put before a custom ``summary_prompt`` when it is used to update a summary."""
 
 ADDITIONAL_INSTRUCTIONS = "\n\nAdditional instructions: "
-"""How custom instructions are appended (as in the reference)."""
+"""How custom instructions are appended (as in pi's compaction)."""
 
 RETRY_NOTE = "\n\nYour previous answer could not be used: {problem}. Answer again, following the format exactly."
 """Appended when a summary fails its check and the engine asks once more."""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from langchain_compaction.core.types import Message, Part, ToolCall
+from langchain_compaction.errors import SummarizationError
 
 Redactor = Callable[[str], str]
 """A function from text to the same text with secrets replaced."""
@@ -83,14 +84,24 @@ def redact_message(message: Message, redactor: Redactor) -> Message:
     Returns:
         The redacted copy (the original is not changed).
     """
-    parts = tuple(p if p.kind == "image" else Part(p.kind, _apply(redactor, p.text)) for p in message.parts)
-    calls = tuple(ToolCall(c.id, c.name, _apply(redactor, c.arguments)) for c in message.tool_calls)
+    parts = tuple(p if p.kind == "image" else Part(p.kind, apply_redactor(redactor, p.text)) for p in message.parts)
+    calls = tuple(ToolCall(c.id, c.name, apply_redactor(redactor, c.arguments)) for c in message.tool_calls)
     return replace(message, parts=parts, tool_calls=calls)
 
 
-def _apply(redactor: Redactor, text: str) -> str:
-    result = redactor(text)
+def apply_redactor(redactor: Redactor, text: str) -> str:
+    """``redactor(text)``; a hook that fails or returns no text is a summary failure.
+
+    Raises:
+        SummarizationError: The hook raised (chained to its error) or returned
+            something other than a string.
+    """
+    try:
+        result = redactor(text)
+    except Exception as exc:
+        msg = f"compaction summarisation failed: the redact hook raised {type(exc).__name__}: {exc}"
+        raise SummarizationError(msg) from exc
     if not isinstance(result, str):
         msg = f"the redact hook returned {type(result).__name__}, not text; it must return the redacted string"
-        raise TypeError(msg)
+        raise SummarizationError(f"compaction summarisation failed: {msg}")
     return result

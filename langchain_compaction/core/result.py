@@ -49,8 +49,6 @@ class CompactionRecord(TypedDict):
     """Input tokens written to the provider's prompt cache (0 if not reported)."""
     tool_outputs_cleared: int
     """Old tool results whose content was cleared instead of summarizing (0 when summarized)."""
-    token_ratio: float | None
-    """Billed tokens per estimated token learned by a calibrating ``token_counter``, if any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +84,6 @@ class CompactionResult:
     summarizer_cache_read_tokens: int = 0
     summarizer_cache_write_tokens: int = 0
     tool_outputs_cleared: int = 0
-    token_ratio: float | None = None
 
     def to_dict(self) -> CompactionRecord:
         """The result as plain JSON-serializable data."""

@@ -1,6 +1,6 @@
 """Token estimates that need no tokenizer.
 
-The reference implementation counts ``len(text) / 4`` over text parts only. That
+pi's compaction (``estimateTokens`` in its Go port) counts ``len(text) / 4`` over text parts only. That
 is right for English prose and wrong for almost everything an agent carries:
 source code, JSON tool results, CJK text and base64 run far fewer characters
 per token, so a 4-chars rule undercounts them and the context overflows before
@@ -66,8 +66,8 @@ def _dense_runs(text: str) -> int:
 def estimate_tokens(text: str) -> int:
     """Estimate the tokens in a piece of text, without a tokenizer.
 
-    Plain prose costs about one token per four characters, as in the reference
-    implementation; punctuation, digits, line breaks, non-Latin scripts and
+    Plain prose costs about one token per four characters, as in pi's
+    compaction; punctuation, digits, line breaks, non-Latin scripts and
     encoded data cost more, so code, JSON, CJK text and base64 are not
     undercounted.
 
@@ -130,7 +130,7 @@ def estimate_message(message: Message) -> int:
 
     Counts text, reasoning, structured blocks, tool-call names and arguments,
     the tool result's own text, a fixed cost per image and a per-message
-    overhead: the reference counted text parts only, so tool-heavy agents
+    overhead: pi's compaction counted text parts only, so tool-heavy agents
     overflowed before it fired.
 
     Args:

@@ -4,7 +4,7 @@ Each message becomes a block that opens and closes with a marker line carrying
 a code computed so that it occurs in no message of the request. Content cannot
 close or forge a block: a message that contains a fake ``[User]:`` line, a
 closing marker of another request, or a fake previous-summary block stays
-inside its own block. Unlike the reference, which serialized text parts only,
+inside its own block. Unlike pi's compaction, which serialized text parts only,
 tool calls (name and arguments) and tool results are written out too.
 """
 
@@ -29,7 +29,7 @@ CUT_MARKER = "[... {count:,} characters of this message cut here: head and tail 
 
 
 def role_label(message: Message) -> str:
-    """The reference's role label (``[User]``, ``[Assistant]``, ...)."""
+    """The role label pi's compaction uses (``[User]``, ``[Assistant]``, ...)."""
     label = _ROLE_LABELS.get(message.role)
     if label is not None:
         return label
@@ -199,18 +199,3 @@ def render(blocks: Sequence[Block], fence: str) -> str:
 def render_previous_summary(summary: str, fence: str) -> str:
     """Fence the previous summary the way messages are fenced."""
     return f"<<{fence} previous-summary>>\n{summary}\n<</{fence}>>"
-
-
-def serialize_messages(messages: Sequence[Message]) -> str:
-    """The reference's plain serialization: ``[Role]:`` then the content.
-
-    Kept for inspection and for callers that want the reference's format;
-    the engine sends the fenced form (``render``) instead.
-
-    Args:
-        messages: The messages.
-
-    Returns:
-        One ``[Role]:\\n<content>\\n\\n`` block per message.
-    """
-    return "".join(f"{role_label(m)}:\n{message_body(m)}\n\n" for m in messages)

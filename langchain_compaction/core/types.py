@@ -64,9 +64,16 @@ class Message:
         tool_calls: Tool calls an assistant message makes.
         tool_call_id: For a tool result, the id of the call it answers.
         name: The tool name of a tool result, or the author name, if known.
-        is_summary: True for a summary this library wrote earlier.
+        is_summary: True for what this library wrote earlier: a summary, or
+            the user turn it put after one (``label == "bridge"``).
         is_error: True for a tool result that reports a failure.
-        label: The original type name when ``role`` is ``other``.
+        label: The original type name when ``role`` is ``other``; ``"bridge"``
+            for the user turn after a summary.
+        id: The message's id, if it has one.
+        reported_tokens: For an assistant reply, the input plus output tokens
+            its provider reported for the request that produced it (0 if none).
+        written_after: For a summary, the id of the conversation's last
+            message when it was written (``None`` if unknown).
     """
 
     role: Role
@@ -77,6 +84,9 @@ class Message:
     is_summary: bool = False
     is_error: bool = False
     label: str = ""
+    id: str | None = None
+    reported_tokens: int = 0
+    written_after: str | None = None
 
     @property
     def text(self) -> str:
@@ -153,12 +163,23 @@ class Usage:
         output_tokens: Output tokens.
         cache_read_input_tokens: Input tokens served from the prompt cache.
         cache_creation_input_tokens: Input tokens written to the prompt cache.
+        model: The model that answered, when known.
+        stop_reason: Why the model stopped (``"max_tokens"`` means cut short).
+        request_id: The provider's request id, for support tickets.
     """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_input_tokens: int = 0
     cache_creation_input_tokens: int = 0
+    model: str = ""
+    stop_reason: str | None = None
+    request_id: str | None = None
+
+    @property
+    def total_input_tokens(self) -> int:
+        """All input tokens: uncached, cache reads and cache writes."""
+        return self.input_tokens + self.cache_read_input_tokens + self.cache_creation_input_tokens
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -166,38 +187,29 @@ class Usage:
             self.output_tokens + other.output_tokens,
             self.cache_read_input_tokens + other.cache_read_input_tokens,
             self.cache_creation_input_tokens + other.cache_creation_input_tokens,
+            model=self.model if self.model == other.model or not other.model else other.model,
         )
 
 
-def usage_of(text: object) -> Usage:
-    """The usage a summarizer attached to its text (``text.usage``), if any.
+@dataclass(frozen=True, slots=True)
+class SummaryReply:
+    """What a summarizer may return instead of plain text.
 
-    Any object with the four ``Usage`` attribute names works, so provider
-    adapters need not import this class.
-    """
-    usage = getattr(text, "usage", None)
-    if usage is None:
-        return Usage()
-    fields = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
-    values = [getattr(usage, name, 0) for name in fields]
-    return Usage(*(v if isinstance(v, int) and not isinstance(v, bool) else 0 for v in values))
-
-
-class SummaryText(str):
-    """Summary text that carries the ``Usage`` of the call that wrote it.
+    A summarizer that returns a ``str`` is fine; one that knows more (what the
+    call was billed, whether it sent the request's ``prefix``) returns this.
 
     Attributes:
+        text: The summary text.
         usage: What the call was billed, if reported.
-        aligned: True when the summarizer was sent the request's ``prefix``
-            (the whole compacted region), so no further chunk is needed.
+        covers_prefix: True when the summarizer sent the request's ``prefix``
+            (the whole compacted region, cache-aligned), so no further chunk
+            is needed.
+
+    Example:
+        >>> SummaryReply("## Goal\\n- ship it", Usage(input_tokens=90, output_tokens=8)).usage.output_tokens
+        8
     """
 
-    usage: Usage | None
-    aligned: bool
-
-    def __new__(cls, text: str, usage: Usage | None = None, *, aligned: bool = False) -> SummaryText:
-        """The text ``text`` with ``usage`` attached."""
-        value = super().__new__(cls, text)
-        value.usage = usage
-        value.aligned = aligned
-        return value
+    text: str
+    usage: Usage | None = None
+    covers_prefix: bool = False

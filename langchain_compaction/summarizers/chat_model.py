@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.constants import TAG_NOSTREAM
 
+from langchain_compaction.core.effects import off_loop
 from langchain_compaction.core.engine import Summarizer
-from langchain_compaction.core.types import SummaryRequest, SummaryText, Usage
+from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import ConfigurationError
 
 SUMMARY_TAG = "langchain_compaction:summary"
@@ -23,37 +23,40 @@ SUMMARY_RUN_NAME = "langchain_compaction_summary"
 """Run name of every summary call."""
 
 
-def _text(output: object) -> object:
-    """Text of a model's output: a message's text blocks, or a string as is.
+def _reply(output: object, *, covers_prefix: bool = False) -> str | SummaryReply:
+    """A model's output as a ``SummaryReply``: its text, and its usage when reported.
 
-    A reply with ``usage_metadata`` becomes a ``SummaryText`` carrying it, so
-    the result can report billed and cached tokens.
+    Anything that is not a message is handed on as it is, for the engine to
+    reject with an error that names what the model returned.
     """
-    if isinstance(output, AIMessage):
-        # ``.text`` joins the text blocks and skips thinking and tool-use blocks.
-        meta = output.usage_metadata
-        if not meta:
-            return str(output.text)
-        details = meta.get("input_token_details") or {}
-        cached = int(details.get("cache_read") or 0)
-        written = int(details.get("cache_creation") or 0)
-        usage = Usage(
-            input_tokens=max(int(meta.get("input_tokens") or 0) - cached - written, 0),
-            output_tokens=int(meta.get("output_tokens") or 0),
-            cache_read_input_tokens=cached,
-            cache_creation_input_tokens=written,
-        )
-        return SummaryText(str(output.text), usage)
-    if isinstance(output, BaseMessage):
-        return str(output.text)
-    return output
+    if isinstance(output, SummaryReply):
+        return SummaryReply(output.text, output.usage, covers_prefix)
+    if not isinstance(output, (BaseMessage, str)):
+        return cast("str", output)
+    # ``.text`` joins the text blocks and skips thinking and tool-use blocks.
+    text = str(output.text) if isinstance(output, BaseMessage) else output
+    meta = output.usage_metadata if isinstance(output, AIMessage) else None
+    if not meta:
+        return SummaryReply(text, covers_prefix=covers_prefix)
+    details = meta.get("input_token_details") or {}
+    cached = int(details.get("cache_read") or 0)
+    written = int(details.get("cache_creation") or 0)
+    usage = Usage(
+        input_tokens=max(int(meta.get("input_tokens") or 0) - cached - written, 0),
+        output_tokens=int(meta.get("output_tokens") or 0),
+        cache_read_input_tokens=cached,
+        cache_creation_input_tokens=written,
+    )
+    return SummaryReply(text, usage, covers_prefix)
 
 
-def _aligned(text: object, sent: list[BaseMessage], request: SummaryRequest) -> str:
-    """Mark a summary written from the request's prefix (it covers the region)."""
-    if not isinstance(text, str) or len(sent) != len(request.prefix) + 1 or not request.prefix:
-        return text  # type: ignore[return-value]
-    return SummaryText(str(text), getattr(text, "usage", None), aligned=True)
+def uses_prefix(request: SummaryRequest) -> bool:
+    """Whether a summarizer that can should send ``request.prefix`` (the cache-aligned mode).
+
+    Only a first ask carries it usefully: a retry states a problem with the
+    transcript's answer and goes with the transcript.
+    """
+    return bool(request.prefix) and request.attempt == 0 and all(isinstance(m, BaseMessage) for m in request.prefix)
 
 
 def _config(request: SummaryRequest) -> RunnableConfig:
@@ -92,23 +95,24 @@ class ChatModelSummarizer:
         return type(self.model).__name__
 
     @staticmethod
-    def _input(request: SummaryRequest) -> list[BaseMessage]:
-        if request.prefix and all(isinstance(m, BaseMessage) for m in request.prefix) and request.attempt == 0:
+    def _input(request: SummaryRequest) -> tuple[list[BaseMessage], bool]:
+        """What the model is sent, and whether it is the request's own prefix."""
+        if uses_prefix(request):
             # Cache-aligned: the conversation's own messages, unchanged, then
             # the instruction; the provider's prompt cache serves the prefix.
             prefix = [m for m in request.prefix if isinstance(m, BaseMessage)]
-            return [*prefix, HumanMessage(content=request.prefix_prompt)]
-        return [SystemMessage(content=request.system), HumanMessage(content=request.prompt)]
+            return [*prefix, HumanMessage(content=request.prefix_prompt)], True
+        return [SystemMessage(content=request.system), HumanMessage(content=request.prompt)], False
 
-    def summarize(self, request: SummaryRequest) -> str:
+    def summarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Invoke the model; see ``Summarizer``."""
-        messages = self._input(request)
-        return _aligned(_text(self.model.invoke(messages, config=_config(request))), messages, request)
+        messages, aligned = self._input(request)
+        return _reply(self.model.invoke(messages, config=_config(request)), covers_prefix=aligned)
 
-    async def asummarize(self, request: SummaryRequest) -> str:
+    async def asummarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Await the model's ``ainvoke``; see ``Summarizer``."""
-        messages = self._input(request)
-        return _aligned(_text(await self.model.ainvoke(messages, config=_config(request))), messages, request)
+        messages, aligned = self._input(request)
+        return _reply(await self.model.ainvoke(messages, config=_config(request)), covers_prefix=aligned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +140,7 @@ class CallableSummarizer:
     def _input(request: SummaryRequest) -> str:
         return f"{request.system}\n\n{request.prompt}"
 
-    def summarize(self, request: SummaryRequest) -> str:
+    def summarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Call the function; see ``Summarizer``."""
         result = self.function(self._input(request))
         if inspect.isawaitable(result):
@@ -148,9 +152,9 @@ class CallableSummarizer:
                 "call acompact / ainvoke instead, or pass a blocking function"
             )
             raise ConfigurationError("model", self.function, msg)
-        return _text(result)  # type: ignore[return-value]
+        return _reply(result)
 
-    async def asummarize(self, request: SummaryRequest) -> str:
+    async def asummarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Await an async function; run a blocking one in a worker thread.
 
         A blocking function called on the event loop would stall every other
@@ -161,10 +165,10 @@ class CallableSummarizer:
         ):
             result = await self.function(self._input(request))
         else:
-            result = await asyncio.to_thread(self.function, self._input(request))
+            result = await off_loop(self.function, self._input(request))
             if inspect.isawaitable(result):
                 result = await result
-        return _text(result)  # type: ignore[return-value]
+        return _reply(result)
 
 
 def as_summarizer(model: object, *, field: str = "model") -> Summarizer:

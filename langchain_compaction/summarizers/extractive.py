@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from langchain_compaction.core.effects import off_loop
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Message, SummaryRequest
 
@@ -336,8 +337,8 @@ class ExtractiveSummarizer:
         return self._summarize(request.messages, request.previous_summary, request.instructions, budget)
 
     async def asummarize(self, request: SummaryRequest) -> str:
-        """Same as ``summarize``: the work is local and quick."""
-        return self.summarize(request)
+        """Same as ``summarize``, in a worker thread: a large region takes a while."""
+        return await off_loop(self.summarize, request)
 
     def summarize_messages(
         self, messages: Sequence[Message], previous_summary: str | None = None, instructions: str = ""
@@ -367,30 +368,36 @@ class ExtractiveSummarizer:
         }
         last_user = ""
         for message in messages:
-            text = message.text
-            if message.role == "user" and text.strip() and not text.lstrip().startswith("/compact"):
-                last_user = text
-                summary.add("Goal", _clip(text))
-                for sentence in _sentences(text):
-                    if _CONSTRAINT.search(sentence):
-                        summary.add("Constraints & Preferences", _clip(sentence), precious=True)
-                self._add_context(summary, text, from_user=True)
-            elif message.role == "assistant":
-                for sentence in _sentences(text):
-                    if _DECISION.search(sentence):
-                        summary.add("Key Decisions", _clip(sentence))
-                for call in message.tool_calls:
-                    self._add_call(summary, call.name, call.arguments, results.get(call.id))
-                self._add_context(summary, text, from_user=False)
-            elif message.role == "tool":
-                # Tool output is long and noisy: take its paths, URLs and error
-                # lines, not every identifier in it.
-                self._add_context(summary, text, from_user=False, identifiers=False)
-            elif message.role == "system" and text.strip():
-                summary.add("Critical Context", _clip(f"System note: {_first_line(text)}", _CONTEXT_CHARS))
+            if self._read(summary, message, results):
+                last_user = message.text
         if last_user:
             summary.add("Next Steps", _clip(f"Continue with the latest request: {last_user}"))
         return summary.trim(budget)
+
+    def _read(self, summary: _Summary, message: Message, results: dict[str | None, Message]) -> bool:
+        """Add what ``message`` tells to ``summary``; whether it is a user request."""
+        text = message.text
+        if message.role == "user" and text.strip() and not text.lstrip().startswith("/compact"):
+            summary.add("Goal", _clip(text))
+            for sentence in _sentences(text):
+                if _CONSTRAINT.search(sentence):
+                    summary.add("Constraints & Preferences", _clip(sentence), precious=True)
+            self._add_context(summary, text, from_user=True)
+            return True
+        if message.role == "assistant":
+            for sentence in _sentences(text):
+                if _DECISION.search(sentence):
+                    summary.add("Key Decisions", _clip(sentence))
+            for call in message.tool_calls:
+                self._add_call(summary, call.name, call.arguments, results.get(call.id))
+            self._add_context(summary, text, from_user=False)
+        elif message.role == "tool":
+            # Tool output is long and noisy: take its paths, URLs and error
+            # lines, not every identifier in it.
+            self._add_context(summary, text, from_user=False, identifiers=False)
+        elif message.role == "system" and text.strip():
+            summary.add("Critical Context", _clip(f"System note: {_first_line(text)}", _CONTEXT_CHARS))
+        return False
 
     def _add_call(self, summary: _Summary, name: str, arguments: str, result: Message | None) -> None:
         brief = _args_brief(arguments)

@@ -10,9 +10,9 @@ from langgraph.graph import END, START, StateGraph
 from postgres_server import PostgresServer, postgres_server
 
 from langchain_compaction import CompactionOptions
-from langchain_compaction.adapters._convert import is_summary_message
-from langchain_compaction.adapters.graph import CompactionNode, CompactionState, acompact_thread, compact_thread
+from langchain_compaction._lc.convert import is_summary_message
 from langchain_compaction.core.types import SummaryRequest
+from langchain_compaction.graph import CompactionNode, CompactionState, acompact_thread, compact_thread
 
 pytest.importorskip("langgraph.checkpoint.postgres", reason="pip install langgraph-checkpoint-postgres")
 pytest.importorskip("psycopg", reason='pip install "psycopg[binary]"')

@@ -22,11 +22,10 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_postgres import PostgresChatMessageHistory
 from postgres_server import PostgresServer, postgres_server
 
-from langchain_compaction.adapters._convert import is_summary_message
-from langchain_compaction.adapters.history import CompactingChatMessageHistory
-from langchain_compaction.adapters.locks import PostgresAdvisoryLock
+from langchain_compaction._lc.convert import is_summary_message
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.errors import StoreError, SummarizationError
+from langchain_compaction.history import CompactingChatMessageHistory, PostgresAdvisoryLock
 
 __all__ = ["postgres_server"]  # the fixture, imported for pytest
 
@@ -156,8 +155,8 @@ WRITER = textwrap.dedent(
     import psycopg
     from langchain_core.messages import HumanMessage
     from langchain_postgres import PostgresChatMessageHistory
-    from langchain_compaction.adapters.history import CompactingChatMessageHistory
-    from langchain_compaction.adapters.locks import PostgresAdvisoryLock
+    from langchain_compaction.history import CompactingChatMessageHistory
+    from langchain_compaction.history import PostgresAdvisoryLock
     from langchain_compaction.core.options import CompactionOptions
 
     url, session, archive_session, name = sys.argv[1:5]

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anthropic
 import httpx2
 import pytest
+from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -26,18 +27,13 @@ from langchain_core.messages import (
 )
 from langchain_core.tools import tool
 
-from langchain_compaction import CompactionOptions, SummarizationError, SummaryRequest, acompact, compact
-from langchain_compaction.adapters.messages import estimate_message_tokens
-from langchain_compaction.anthropic import (
-    AnthropicSummarizer,
-    AnthropicTokenCounter,
-    AnthropicUsage,
-    CalibratedEstimate,
-    SummaryText,
-)
+from langchain_compaction import CompactionOptions, acompact, compact
+from langchain_compaction.anthropic import AnthropicSummarizer, AnthropicTokenCounter, wire
 from langchain_compaction.core.engine import Summarizer
-from langchain_compaction.errors import CompactionError, ConfigurationError
+from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
+from langchain_compaction.errors import CompactionError, ConfigurationError, SummarizationError
 from langchain_compaction.summarizers.chat_model import as_summarizer
+from langchain_compaction.tokens import estimate_message_tokens
 from tests.conftest import load_transcript
 
 MODEL = "claude-haiku-4-5"
@@ -248,7 +244,7 @@ def test_a_lone_system_message_is_counted_as_system_text(api: FakeAPI) -> None:
 
 
 def test_built_in_converter_handles_images_thinking_tool_use_and_results(api: FakeAPI) -> None:
-    counter = AnthropicTokenCounter(make_client(api), model=MODEL, use_langchain_anthropic=False)
+    counter = AnthropicTokenCounter(make_client(api), model=MODEL)
     image = HumanMessage(
         [
             {"type": "text", "text": "what is this?"},
@@ -540,111 +536,6 @@ def test_counter_configuration_errors(api: FakeAPI, monkeypatch: pytest.MonkeyPa
         counter([HumanMessage("hi")])
 
 
-# --- CalibratedEstimate ------------------------------------------------------------
-
-
-def reply(text: str, billed: int, model: str = "claude-x", output: int = 5, **kwargs: Any) -> AIMessage:
-    return AIMessage(
-        text,
-        usage_metadata={"input_tokens": billed, "output_tokens": output, "total_tokens": billed + output},
-        response_metadata={"model_name": model},
-        **kwargs,
-    )
-
-
-def test_calibration_learns_the_slope_between_replies() -> None:
-    messages = [
-        HumanMessage("a" * 400),
-        reply("ok", 1000),  # 1000 includes a large system prompt and tools
-        HumanMessage("b" * 400),
-        reply("ok", 1300),
-        HumanMessage("c" * 800),
-        reply("ok", 1800),
-    ]
-    calibrated = CalibratedEstimate()
-    ratios = calibrated.learn(messages)
-    grown = (1300 - 1000) + (1800 - 1300)
-    estimated = estimate_message_tokens(messages[1:3]) + estimate_message_tokens(messages[3:5])
-    assert ratios == {"claude-x": pytest.approx(grown / estimated)}
-    # The fixed overhead is cancelled out: the single-reply ratio would be 1000/104.
-    assert calibrated.ratio("claude-x") < 4
-
-
-def test_calibration_learns_each_pair_once_and_per_model() -> None:
-    messages = [
-        HumanMessage("a" * 400),
-        reply("ok", 200, id="r1"),
-        HumanMessage("b" * 400),
-        reply("ok", 410, id="r2"),
-        reply("from another model", 50, model="claude-y", id="r3"),
-    ]
-    calibrated = CalibratedEstimate()
-    once = calibrated.learn(messages)
-    twice = calibrated.learn(messages)
-    assert once == twice
-    assert set(once) == {"claude-x", "claude-y"}
-    # claude-y has a single reply: billed over the estimate before it.
-    assert once["claude-y"] == pytest.approx(50 / estimate_message_tokens(messages[:4]))
-
-
-def test_calibration_ignores_replies_before_a_summary() -> None:
-    from langchain_compaction.adapters._convert import summary_message
-
-    messages = [
-        HumanMessage("x" * 4000),
-        reply("old", 5000),
-        summary_message("## Goal\n- old work"),
-        HumanMessage("a" * 400),
-        reply("ok", 300),
-        HumanMessage("b" * 400),
-        reply("ok", 520),
-    ]
-    calibrated = CalibratedEstimate()
-    calibrated.learn(messages)
-    expected = (520 - 300) / estimate_message_tokens(messages[4:6])
-    assert calibrated.ratio("claude-x") == pytest.approx(expected)
-
-
-def test_calibrated_total_anchors_on_the_last_reply() -> None:
-    messages = [
-        HumanMessage("a" * 400),
-        reply("ok", 200, output=7),
-        HumanMessage("b" * 400),
-        reply("ok", 420, output=9),
-        HumanMessage("c" * 400),
-        ToolMessage("d" * 400, tool_call_id="t1"),
-    ]
-    calibrated = CalibratedEstimate()
-    total = calibrated.total(messages)
-    ratio = calibrated.ratio("claude-x")
-    assert total == 420 + 9 + math.ceil(estimate_message_tokens(messages[4:]) * ratio)
-
-
-def test_calibrated_estimate_as_a_token_counter() -> None:
-    calibrated = CalibratedEstimate("claude-x")
-    message = HumanMessage("a" * 400)
-    assert calibrated([message]) == 104  # nothing learned: the plain estimate
-    calibrated.learn([HumanMessage("a" * 400), reply("ok", 100), HumanMessage("b" * 400), reply("ok", 316)])
-    assert calibrated.ratio() == pytest.approx(2.0)
-    assert calibrated([message]) == 208
-    result, _out = compact(
-        lambda prompt: "## Goal\n- go on",
-        conversation(),
-        CompactionOptions(token_counter=calibrated, keep_recent_tokens=30),
-    )
-    assert result is not None
-    assert result.original_tokens == sum(calibrated([m]) for m in conversation())
-
-
-def test_calibration_ratio_is_bounded_and_validated() -> None:
-    calibrated = CalibratedEstimate()
-    calibrated.learn([HumanMessage("a" * 400), reply("ok", 10), HumanMessage("b" * 400), reply("ok", 100_000)])
-    assert calibrated.ratio("claude-x") == 5.0
-    assert CalibratedEstimate().ratio("unknown") == 1.0
-    with pytest.raises(ConfigurationError, match="default_ratio"):
-        CalibratedEstimate(default_ratio=0)
-
-
 # --- AnthropicSummarizer ---------------------------------------------------------------
 
 
@@ -659,8 +550,9 @@ def test_summarizer_sends_the_exact_request(api: FakeAPI) -> None:
         temperature=0.0,
         extra_headers={"anthropic-beta": "some-beta"},
     )
-    text = summarizer.summarize(REQUEST)
-    assert text == "## Goal\n- keep going"
+    reply = summarizer.summarize(REQUEST)
+    assert reply.text == "## Goal\n- keep going"
+    assert not reply.covers_prefix
     ((path, body, headers),) = api.requests
     assert path == "/v1/messages"
     assert body == {
@@ -683,10 +575,10 @@ def test_summarizer_joins_text_blocks_and_records_usage(api: FakeAPI) -> None:
         {"type": "text", "text": "- ship"},
     ]
     summarizer = AnthropicSummarizer(MODEL, client=make_client(api))
-    text = summarizer.summarize(REQUEST)
-    assert text == "## Goal\n- ship"
-    assert isinstance(text, SummaryText)
-    expected = AnthropicUsage(
+    reply = summarizer.summarize(REQUEST)
+    assert isinstance(reply, SummaryReply)
+    assert reply.text == "## Goal\n- ship"
+    expected = Usage(
         input_tokens=120,
         output_tokens=30,
         cache_read_input_tokens=7,
@@ -695,7 +587,7 @@ def test_summarizer_joins_text_blocks_and_records_usage(api: FakeAPI) -> None:
         stop_reason="end_turn",
         request_id="req_123",
     )
-    assert text.usage == expected
+    assert reply.usage == expected
     assert summarizer.last_usage == expected
     assert expected.total_input_tokens == 132
     summarizer.summarize(REQUEST)
@@ -706,8 +598,7 @@ def test_summarizer_joins_text_blocks_and_records_usage(api: FakeAPI) -> None:
 def test_timeout_and_retries_reach_the_sdk(api: FakeAPI) -> None:
     api.replies = [error(529, "overloaded_error", "Overloaded"), error(529, "overloaded_error", "Overloaded")]
     summarizer = AnthropicSummarizer(MODEL, client=make_client(api), timeout=7.5, max_retries=2)
-    text = summarizer.summarize(REQUEST)
-    assert text == "## Goal\n- keep going"
+    assert summarizer.summarize(REQUEST).text == "## Goal\n- keep going"
     assert len(api.requests) == 3  # two overloaded answers retried, the third succeeds
     assert [h["x-stainless-retry-count"] for _p, _b, h in api.requests] == ["0", "1", "2"]
     assert all(h["x-stainless-read-timeout"] == "7.5" for _p, _b, h in api.requests)
@@ -767,8 +658,8 @@ def test_a_summary_cut_short_is_logged(api: FakeAPI, caplog: pytest.LogCaptureFi
 
 async def test_async_summarizer_uses_the_async_client(api: FakeAPI) -> None:
     summarizer = AnthropicSummarizer(MODEL, async_client=make_async_client(api), max_retries=1)
-    text = await summarizer.asummarize(REQUEST)
-    assert text == "## Goal\n- keep going"
+    reply = await summarizer.asummarize(REQUEST)
+    assert reply.text == "## Goal\n- keep going"
     ((path, body, headers),) = api.requests
     assert path == "/v1/messages"
     assert body["system"] == "You summarize."
@@ -789,8 +680,8 @@ async def test_async_errors_are_mapped_too(api: FakeAPI) -> None:
 
 async def test_async_with_only_a_sync_client_runs_it_in_a_thread(api: FakeAPI) -> None:
     summarizer = AnthropicSummarizer(MODEL, client=make_client(api))
-    text = await summarizer.asummarize(REQUEST)
-    assert text == "## Goal\n- keep going"
+    reply = await summarizer.asummarize(REQUEST)
+    assert reply.text == "## Goal\n- keep going"
     assert api.requests[0][2]["x-stainless-async"] == "false"
 
 
@@ -812,6 +703,168 @@ def test_summarizer_configuration_errors(api: FakeAPI, monkeypatch: pytest.Monke
     summarizer = AnthropicSummarizer(MODEL)  # no client yet: made on first use
     with pytest.raises(ConfigurationError, match="ANTHROPIC_API_KEY"):
         summarizer.summarize(REQUEST)
+
+
+def test_usage_totals_count_every_call_and_the_log_keeps_only_recent_ones(api: FakeAPI) -> None:
+    # Regression: usage_log grew by one entry per call for the summarizer's
+    # whole life, and total_usage() summed it.
+    summarizer = AnthropicSummarizer(MODEL, client=make_client(api))
+    calls = 130
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        replies = list(pool.map(lambda _: summarizer.summarize(REQUEST), range(calls)))
+    assert len(replies) == len(api.requests) == calls
+    assert len(summarizer.usage_log) == 100
+    total = summarizer.total_usage()
+    assert (total.input_tokens, total.output_tokens) == (120 * calls, 30 * calls)
+    assert (total.cache_read_input_tokens, total.cache_creation_input_tokens) == (7 * calls, 5 * calls)
+    assert total.total_input_tokens == 132 * calls
+    assert summarizer.last_usage == summarizer.usage_log[-1]
+
+
+# --- AnthropicSummarizer: the cache-aligned request ------------------------------------
+
+PREFIX_PROMPT = "Write the checkpoint summary of the conversation above."
+
+
+def aligned(prefix: list[BaseMessage]) -> SummaryRequest:
+    return SummaryRequest(
+        system=REQUEST.system, prompt=REQUEST.prompt, messages=(), prefix=tuple(prefix), prefix_prompt=PREFIX_PROMPT
+    )
+
+
+def test_a_valid_prefix_is_sent_as_chat_anthropic_sends_it(api: FakeAPI) -> None:
+    prefix = conversation()[:8]  # ends with a tool result
+    tools = [{"name": "run", "description": "Run a command", "input_schema": {"type": "object", "properties": {}}}]
+    summarizer = AnthropicSummarizer(MODEL, client=make_client(api), tools=tools)
+
+    reply = summarizer.summarize(aligned(prefix))
+
+    assert reply.covers_prefix
+    ((_path, body, _headers),) = api.requests
+    agent = ChatAnthropic(model=MODEL, api_key="x")._get_request_payload(prefix)
+    assert body["system"] == agent["system"]
+    assert body["tools"] == tools
+    assert json.dumps(body["messages"][:-1]) == json.dumps(agent["messages"][:-1])  # byte for byte
+    # The instruction joins the last user turn, after its tool results.
+    assert body["messages"][-1]["content"] == [
+        *agent["messages"][-1]["content"],
+        {"type": "text", "text": PREFIX_PROMPT},
+    ]
+
+
+INVALID_PREFIXES = {
+    # The call was compacted away earlier: its result now opens the prefix.
+    "orphan tool result": [SystemMessage("You are a careful coding agent."), *conversation()[3:6]],
+    "assistant turn first": [SystemMessage("You are a careful coding agent."), *conversation()[4:6]],
+    "call never answered": [
+        HumanMessage("go"),
+        AIMessage("", tool_calls=[{"id": "toolu_7", "name": "run", "args": {}}]),
+        HumanMessage("that call was malformed"),
+    ],
+    "prefix ends on a call": conversation()[:3],
+    "repeated call id": [
+        *conversation()[1:5],
+        AIMessage("", tool_calls=[{"id": "toolu_1", "name": "read_file", "args": {"path": "docs.md"}}]),
+        ToolMessage("# Docs", tool_call_id="toolu_1", name="read_file"),
+    ],
+}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("case", INVALID_PREFIXES)
+async def test_a_prefix_the_api_would_refuse_is_summarized_from_the_transcript(
+    api: FakeAPI, caplog: pytest.LogCaptureFixture, case: str, mode: str
+) -> None:
+    # Regression: a cache-aligned request skipped the validity step, so an
+    # orphan tool result went out as a first turn the API rejects (400).
+    request = aligned(INVALID_PREFIXES[case])
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        if mode == "sync":
+            reply = AnthropicSummarizer(MODEL, client=make_client(api)).summarize(request)
+        else:
+            reply = await AnthropicSummarizer(MODEL, async_client=make_async_client(api)).asummarize(request)
+
+    ((_path, body, _headers),) = api.requests
+    assert body == {
+        "model": MODEL,
+        "max_tokens": 4096,
+        "system": REQUEST.system,
+        "messages": [{"role": "user", "content": REQUEST.prompt}],
+    }
+    assert reply.text == "## Goal\n- keep going"
+    assert not reply.covers_prefix  # the engine goes on with the region's other chunks
+    assert "summarizing from the transcript" in caplog.text
+
+
+def representative_conversation() -> list[BaseMessage]:
+    return [
+        SystemMessage("You are a careful coding agent."),
+        HumanMessage(
+            [
+                {"type": "text", "text": "What fails in this screenshot?"},
+                {"type": "image", "base64": "iVBORw0KGgo=", "mime_type": "image/png"},
+                {"type": "image_url", "image_url": {"url": "https://example.com/shot.png"}},
+            ]
+        ),
+        AIMessage(
+            [
+                {"type": "thinking", "thinking": "Read the file first.", "signature": "sig"},
+                {"type": "text", "text": "Let me look."},
+            ],
+            tool_calls=[
+                {"id": "toolu_1", "name": "read_file", "args": {"path": "parser.py"}},
+                {"id": "toolu_2", "name": "run", "args": {"cmd": "pytest -q"}},
+            ],
+        ),
+        ToolMessage("def parse(x):\n    return int(x)\n", tool_call_id="toolu_1", name="read_file"),
+        ToolMessage([{"type": "text", "text": "1 failed"}], tool_call_id="toolu_2", name="run", status="error"),
+        AIMessage("The parser casts without a check."),
+        HumanMessage("Fix it."),
+    ]
+
+
+def test_the_prefix_formatter_still_matches_chat_anthropic(caplog: pytest.LogCaptureFixture) -> None:
+    """Fails when langchain-anthropic changes its private ``_format_messages``: update ``wire`` then."""
+    messages = representative_conversation()
+    expected = ChatAnthropic(model=MODEL, api_key="x")._get_request_payload(messages)
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        system, sent = wire.chat_anthropic_format(messages, MODEL)
+    upstream = (
+        "langchain-anthropic changed upstream: langchain_anthropic.chat_models._format_messages no longer "
+        "gives ChatAnthropic's request, so cache-aligned prefixes miss the prompt cache; update "
+        "langchain_compaction/anthropic/wire.py (chat_anthropic_format). "
+    )
+    assert not caplog.records, upstream + caplog.text
+    assert json.dumps(sent) == json.dumps(expected["messages"]), upstream
+    assert system == expected["system"], upstream
+
+
+def test_the_prefix_formatter_falls_back_to_the_own_converter_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
+) -> None:
+    import langchain_anthropic.chat_models as chat_models
+
+    # The formatter is looked up once per process: forget it around this test.
+    request.addfinalizer(wire._private_formatter.cache_clear)
+    messages = representative_conversation()
+    expected = ChatAnthropic(model=MODEL, api_key="x")._get_request_payload(messages)
+    monkeypatch.delattr(chat_models, "_format_messages")
+    wire._private_formatter.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        system, sent = wire.chat_anthropic_format(messages, MODEL)
+    assert "_format_messages is gone" in caplog.text
+    # The own converter sends the same request, though not byte for byte.
+    assert (system, sent) == (expected["system"], expected["messages"])
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("unexpected keyword argument 'model'")
+
+    monkeypatch.setattr(chat_models, "_format_messages", broken, raising=False)
+    wire._private_formatter.cache_clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        assert wire.chat_anthropic_format(messages, MODEL) == (system, sent)
+    assert "unexpected keyword argument" in caplog.text
 
 
 # --- end to end through compact ------------------------------------------------------

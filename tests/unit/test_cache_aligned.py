@@ -109,8 +109,8 @@ def test_default_mode_is_the_transcript():
         CompactionOptions(summary_mode="cached")  # type: ignore[arg-type]
 
 
-def test_anthropic_summarizer_sends_the_prefix_and_reports_cache_reads():
-    bodies: list[dict] = []
+def anthropic_client(bodies: list[dict]) -> anthropic.Anthropic:
+    """A real SDK client over a fake transport that records each request body."""
 
     def handler(request: httpx2.Request) -> httpx2.Response:
         bodies.append(json.loads(request.content))
@@ -132,10 +132,15 @@ def test_anthropic_summarizer_sends_the_prefix_and_reports_cache_reads():
             },
         )
 
-    client = anthropic.Anthropic(api_key="test", http_client=httpx2.Client(transport=httpx2.MockTransport(handler)))
+    return anthropic.Anthropic(api_key="test", http_client=httpx2.Client(transport=httpx2.MockTransport(handler)))
+
+
+def test_anthropic_summarizer_sends_the_prefix_and_reports_cache_reads():
+    bodies: list[dict] = []
     messages = conversation()
-    result, _ = compact(AnthropicSummarizer("claude-haiku-4-5", client=client), messages, OPTIONS)
+    result, _ = compact(AnthropicSummarizer("claude-haiku-4-5", client=anthropic_client(bodies)), messages, OPTIONS)
     assert result is not None
+    assert len(bodies) == 1  # the prefix covered the whole region in one call
     body = bodies[0]
     agent = ChatAnthropic(model="claude-haiku-4-5", api_key="x")._get_request_payload(messages)
     assert body["system"] == agent["system"]
@@ -144,3 +149,22 @@ def test_anthropic_summarizer_sends_the_prefix_and_reports_cache_reads():
     assert body["messages"][-1]["content"][-1]["text"] == CACHE_ALIGNED_PROMPT
     assert result.summarizer_cache_read_tokens == 5000
     assert result.summarizer_billed_input_tokens == 40
+
+
+def test_anthropic_summarizer_falls_back_to_the_transcript_for_a_prefix_the_api_would_refuse():
+    # Regression: the prefix was sent without the validity step, so a tool
+    # result whose call is gone (here the first call, dropped by an earlier
+    # trim) went out in a request the API rejects, failing the compaction.
+    messages = [m for m in conversation() if m.id != "a0"]
+    bodies: list[dict] = []
+    result, out = compact(AnthropicSummarizer("claude-haiku-4-5", client=anthropic_client(bodies)), messages, OPTIONS)
+    assert result is not None
+    assert result.summary == REPLY
+    assert len(out) < len(messages)
+    assert bodies, "no summary request was sent"
+    for body in bodies:
+        # The transcript mode: the summarizer's own system prompt, one user turn.
+        assert body["messages"] == [{"role": "user", "content": body["messages"][0]["content"]}]
+        assert isinstance(body["messages"][0]["content"], str)
+        assert "tool_result" not in json.dumps(body)
+    assert "[User]" in bodies[0]["messages"][0]["content"]

@@ -6,15 +6,9 @@ import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 
-from langchain_compaction import (
-    CompactionOptions,
-    ExtractiveSummarizer,
-    InvalidSummaryError,
-    SummarizationError,
-    acompact,
-    compact,
-)
+from langchain_compaction import CompactionOptions, ExtractiveSummarizer, acompact, compact
 from langchain_compaction.core.prompts import CHECKPOINT_FORMAT
+from langchain_compaction.errors import InvalidSummaryError, SummarizationError
 
 MESSAGES = [
     HumanMessage("fix src/a.py " * 40, id="h1"),
@@ -89,20 +83,16 @@ def test_sections_are_checked_only_when_asked():
 
 
 def test_default_budget_follows_the_window():
-    assert CompactionOptions().effective_summary_max_tokens == 8192
+    assert CompactionOptions().budget.summary_max == 8192
     assert (
-        CompactionOptions(
-            context_window=24_000, reserve_tokens=4_000, keep_recent_tokens=6_000
-        ).effective_summary_max_tokens
+        CompactionOptions(context_window=24_000, reserve_tokens=4_000, keep_recent_tokens=6_000).budget.summary_max
         == 7000
     )
     assert (
-        CompactionOptions(
-            context_window=8_000, reserve_tokens=2_000, keep_recent_tokens=5_000
-        ).effective_summary_max_tokens
+        CompactionOptions(context_window=8_000, reserve_tokens=2_000, keep_recent_tokens=5_000).budget.summary_max
         == 1024
     )
-    assert CompactionOptions(summary_max_tokens=300).effective_summary_max_tokens == 300
+    assert CompactionOptions(summary_max_tokens=300).budget.summary_max == 300
 
 
 def test_provider_usage_is_reported():

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-from langchain_compaction import CompactionOptions, aauto_compact, auto_compact, estimate_message_tokens
+from langchain_compaction import CompactionOptions, aauto_compact, auto_compact
 from langchain_compaction.core.clearing import CLEARED_PREFIX
+from langchain_compaction.tokens import estimate_message_tokens
 
 
 def agent_session(turns: int, output_chars: int = 4000) -> list:
@@ -161,14 +164,22 @@ def test_the_middleware_returns_cleared_outputs():
     assert any(isinstance(m, ToolMessage) and str(m.content).startswith(CLEARED_PREFIX) for m in written)
 
 
-def test_chat_memory_always_summarizes_so_its_archive_gets_every_original():
+def test_chat_memory_says_it_cannot_clear_instead_of_ignoring_it():
+    # Chat memory always summarizes, so its archive gets every original: a
+    # user's clear_tool_outputs=True is refused at construction, not dropped.
     from langchain_core.chat_history import InMemoryChatMessageHistory
 
     from langchain_compaction import CompactingChatMessageHistory
+    from langchain_compaction.errors import ConfigurationError
 
+    with pytest.raises(ConfigurationError, match="clear_tool_outputs=True is not available in chat memory"):
+        CompactingChatMessageHistory(InMemoryChatMessageHistory(), lambda p: "## Goal\n- audit", options())
     archive = InMemoryChatMessageHistory()
     history = CompactingChatMessageHistory(
-        InMemoryChatMessageHistory(), lambda p: "## Goal\n- audit", options(), archive=archive
+        InMemoryChatMessageHistory(),
+        lambda p: "## Goal\n- audit",
+        replace(options(), clear_tool_outputs=False),
+        archive=archive,
     )
     history.add_messages(agent_session(20))
     assert not any(str(m.content).startswith(CLEARED_PREFIX) for m in history.messages)

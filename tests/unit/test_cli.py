@@ -11,9 +11,12 @@ import pytest
 from langchain_core.messages import messages_from_dict
 
 from langchain_compaction.cli import main
-from tests.conftest import TRANSCRIPTS_DIR
+from tests.conftest import transcript_path
 
-PONYC = str(TRANSCRIPTS_DIR / "openhands-ponyc-4588.json")
+
+@pytest.fixture
+def ponyc() -> str:
+    return str(transcript_path("openhands-ponyc-4588"))
 
 
 def run(*argv: str) -> tuple[int, str]:
@@ -32,9 +35,9 @@ def test_demo_compacts_several_times_and_prints_the_figures():
     assert "## Goal" in text
 
 
-def test_inspect_reports_tokens_by_type_and_the_cut():
+def test_inspect_reports_tokens_by_type_and_the_cut(ponyc):
     code, text = run(
-        "inspect", PONYC, "--context-window", "20000", "--reserve-tokens", "2000", "--keep-recent-tokens", "5000"
+        "inspect", ponyc, "--context-window", "20000", "--reserve-tokens", "2000", "--keep-recent-tokens", "5000"
     )
     assert code == 0
     assert "101 messages" in text
@@ -44,8 +47,8 @@ def test_inspect_reports_tokens_by_type_and_the_cut():
     assert "cut at message" in text
 
 
-def test_inspect_json_is_machine_readable():
-    code, text = run("inspect", PONYC, "--json", "--keep-recent-tokens", "5000")
+def test_inspect_json_is_machine_readable(ponyc):
+    code, text = run("inspect", ponyc, "--json", "--keep-recent-tokens", "5000")
     assert code == 0
     report = json.loads(text)
     assert report["messages"] == 101
@@ -56,9 +59,9 @@ def test_inspect_json_is_machine_readable():
     assert sum(report["tokens_by_type"].values()) == report["tokens"]
 
 
-def test_compact_writes_the_input_format(tmp_path):
+def test_compact_writes_the_input_format(tmp_path, ponyc):
     out_file = tmp_path / "out.json"
-    code, text = run("compact", PONYC, "-o", str(out_file), "--keep-recent-tokens", "4000")
+    code, text = run("compact", ponyc, "-o", str(out_file), "--keep-recent-tokens", "4000")
     assert code == 0
     assert "messages removed" in text
     messages = messages_from_dict(json.loads(out_file.read_text()))
@@ -67,10 +70,10 @@ def test_compact_writes_the_input_format(tmp_path):
     assert len(messages) < 101
 
 
-def test_compact_json_with_instructions(tmp_path):
+def test_compact_json_with_instructions(tmp_path, ponyc):
     code, text = run(
         "compact",
-        PONYC,
+        ponyc,
         "--json",
         "--offline",
         "--instructions",
@@ -85,8 +88,8 @@ def test_compact_json_with_instructions(tmp_path):
     assert payload["messages"][1]["type"] == "system"
 
 
-def test_compact_shows_progress_when_chunked(capsys):
-    code, _ = run("compact", PONYC, "--keep-recent-tokens", "2000", "--summary-input-tokens", "3000", "-o", "/dev/null")
+def test_compact_shows_progress_when_chunked(capsys, ponyc):
+    code, _ = run("compact", ponyc, "--keep-recent-tokens", "2000", "--summary-input-tokens", "3000", "-o", "/dev/null")
     assert code == 0
     assert "summarizing chunk" in capsys.readouterr().err
 
@@ -106,10 +109,10 @@ def test_bad_file_gives_one_line_and_exit_2(tmp_path, capsys, content, needle):
     assert needle in err
 
 
-def test_missing_file_and_bad_options_exit_2(capsys):
+def test_missing_file_and_bad_options_exit_2(capsys, ponyc):
     assert run("inspect", "/nonexistent/conv.json")[0] == 2
     assert "cannot read the file" in capsys.readouterr().err
-    assert run("inspect", PONYC, "--keep-recent-tokens", "-5")[0] == 2
+    assert run("inspect", ponyc, "--keep-recent-tokens", "-5")[0] == 2
     assert "keep_recent_tokens=-5" in capsys.readouterr().err
 
 

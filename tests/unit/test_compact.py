@@ -29,22 +29,8 @@ from langchain_core.runnables import RunnableLambda
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.graph import END, START, MessagesState, StateGraph
 
-from langchain_compaction import (
-    CompactionError,
-    CompactionOptions,
-    CompactionRecord,
-    CompactionResult,
-    ConfigurationError,
-    EmptySummaryError,
-    InvalidMessagesError,
-    SummarizationError,
-    SummaryTimeoutError,
-    acompact,
-    compact,
-    estimate_message_tokens,
-    estimate_tokens,
-)
-from langchain_compaction.adapters._convert import (
+from langchain_compaction import CompactionError, CompactionOptions, CompactionResult, acompact, compact
+from langchain_compaction._lc.convert import (
     BRIDGE_TEXT,
     SUMMARY_MARK,
     is_bridge_message,
@@ -52,7 +38,16 @@ from langchain_compaction.adapters._convert import (
     summary_message,
 )
 from langchain_compaction.core import prompts
+from langchain_compaction.errors import (
+    ConfigurationError,
+    EmptySummaryError,
+    InvalidMessagesError,
+    SummarizationError,
+    SummaryTimeoutError,
+)
+from langchain_compaction.graph import CompactionRecord
 from langchain_compaction.summarizers.chat_model import SUMMARY_TAG
+from langchain_compaction.tokens import estimate_message_tokens, estimate_tokens
 
 MODES = ["sync", "async"]
 REPLY = "## Goal\n- fix the parser\n\n## Critical Context\n- src/parser.py"
@@ -188,7 +183,6 @@ def test_option_defaults_are_the_references() -> None:
         ({"context_window": -1}, "context_window", -1),
         ({"reserve_tokens": -10}, "reserve_tokens", -10),
         ({"keep_recent_tokens": -5}, "keep_recent_tokens", -5),
-        ({"keep_recent_tokens": 0}, "keep_recent_tokens", 0),
         ({"context_window": 1.5}, "context_window", 1.5),
         ({"reserve_tokens": True}, "reserve_tokens", True),
         ({"context_window": 10_000, "reserve_tokens": 10_000}, "reserve_tokens", 10_000),
@@ -232,8 +226,8 @@ def test_keep_leaving_no_room_suggests_a_value() -> None:
 
 def test_valid_window_options_are_accepted() -> None:
     options = CompactionOptions(context_window=200_000, timeout=30, summary_input_tokens=1000)
-    assert options.effective_summary_input_tokens == 1000
-    assert CompactionOptions(context_window=200_000).effective_summary_input_tokens == 200_000 - 16384
+    assert options.budget.summary_input == 1000
+    assert CompactionOptions(context_window=200_000).budget.summary_input == 200_000 - 16384
 
 
 # --- the basic compaction ----------------------------------------------------
@@ -1314,7 +1308,7 @@ async def test_many_mid_loop_rounds_keep_one_summary_and_one_bridge(mode: str) -
 
 
 def test_find_cut_point_agrees_with_compact_after_a_bridge() -> None:
-    from langchain_compaction import find_cut_point
+    from langchain_compaction.functional import find_cut_point
 
     _, once = compact(Recorder(), _agent_mid_loop())
     assert split_compacted(once).bridge is not None

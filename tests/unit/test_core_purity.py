@@ -122,7 +122,9 @@ def test_core_runs_with_the_frameworks_blocked() -> None:
         package.__path__ = [{str(PACKAGE)!r}]
         sys.modules["langchain_compaction"] = package
 
-        from langchain_compaction.core.engine import compaction_flow, plan_compaction
+        from langchain_compaction.core.flow import compaction_flow
+        from langchain_compaction.core.plan import plan_compaction
+        from langchain_compaction.core.types import SummaryReply
         from langchain_compaction.core.options import CompactionOptions
         from langchain_compaction.core.tokens import estimate_message
         from langchain_compaction.core.types import Message, Part
@@ -135,7 +137,7 @@ def test_core_runs_with_the_frameworks_blocked() -> None:
         flow = compaction_flow(messages, plan, CompactionOptions())
         request = next(flow)
         try:
-            flow.send("## Goal\\n- done")
+            flow.send(SummaryReply("## Goal\\n- done"))
         except StopIteration as stop:
             outcome = stop.value
         loaded = sorted(m for m in sys.modules if m.split(".")[0].startswith(("langchain", "langgraph", "anthropic")))

@@ -15,10 +15,12 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from langchain_compaction import ConfigurationError, estimate_message_tokens, find_cut_point
-from langchain_compaction.adapters._convert import summary_message, to_core_list
+from langchain_compaction._lc.convert import summary_message, to_core_list
 from langchain_compaction.core.cut import find_cut, forced_cut, tool_pairs, valid_boundaries
 from langchain_compaction.core.types import Message, ToolCall
+from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.functional import find_cut_point
+from langchain_compaction.tokens import estimate_message_tokens
 
 
 def _tokens(message: BaseMessage) -> int:

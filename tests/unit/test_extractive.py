@@ -7,10 +7,11 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 
 from bench.fact_survival import replay
 from bench.workloads import coding_session, load_transcripts, planted_transcript
-from langchain_compaction import CompactionOptions, acompact, compact, estimate_tokens
-from langchain_compaction.adapters._convert import to_core_list
+from langchain_compaction import CompactionOptions, acompact, compact
+from langchain_compaction._lc.convert import to_core_list
 from langchain_compaction.core.prompts import CHECKPOINT_SECTIONS
 from langchain_compaction.summarizers.extractive import ExtractiveSummarizer
+from langchain_compaction.tokens import estimate_tokens
 
 
 def _session() -> list:

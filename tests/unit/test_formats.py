@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage, messages_to_dict
 
 from langchain_compaction.formats import ConversationFileError, dump_conversation, parse_conversation
-from tests.conftest import TRANSCRIPT_NAMES, TRANSCRIPTS_DIR
+from tests.conftest import TRANSCRIPT_NAMES, transcript_path
 
 OPENAI = [
     {"role": "system", "content": "be brief"},
@@ -40,7 +40,7 @@ ANTHROPIC = {
 
 @pytest.mark.parametrize("name", TRANSCRIPT_NAMES)
 def test_reads_the_shared_transcripts_as_langchain(name):
-    data = (TRANSCRIPTS_DIR / f"{name}.json").read_bytes()
+    data = transcript_path(name).read_bytes()
     conversation = parse_conversation(data)
     assert conversation.format == "langchain"
     assert len(conversation.messages) == len(json.loads(data))

@@ -61,16 +61,16 @@ from langchain_compaction import (
     CompactionNode,
     CompactionOptions,
     CompactionResult,
-    CompactionState,
     ExtractiveSummarizer,
-    SummaryRequest,
     acompact,
     compact,
 )
-from langchain_compaction.adapters._convert import is_bridge_message, is_summary_message
-from langchain_compaction.adapters.middleware import CompactionMiddleware
+from langchain_compaction._lc.convert import is_bridge_message, is_summary_message
 from langchain_compaction.cli import main
 from langchain_compaction.formats import ConversationFileError, parse_conversation
+from langchain_compaction.graph import CompactionState
+from langchain_compaction.middleware import CompactionMiddleware
+from langchain_compaction.summarizers import SummaryRequest
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "300"))
 

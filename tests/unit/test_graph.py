@@ -33,10 +33,12 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 from pydantic import Field
 
-from langchain_compaction import CompactionError, CompactionOptions, ConfigurationError, SummarizationError
-from langchain_compaction.adapters._cache import TokenCountCache
-from langchain_compaction.adapters._convert import BRIDGE_TEXT, is_summary_message
-from langchain_compaction.adapters.graph import (
+from langchain_compaction import CompactionError, CompactionOptions
+from langchain_compaction._lc.convert import BRIDGE_TEXT, is_summary_message
+from langchain_compaction._lc.counting import TokenCountCache
+from langchain_compaction.core.types import SummaryRequest
+from langchain_compaction.errors import ConfigurationError, SummarizationError
+from langchain_compaction.graph import (
     COMPACTION_EVENT,
     CompactionNode,
     CompactionState,
@@ -45,8 +47,7 @@ from langchain_compaction.adapters.graph import (
     parse_compact_command,
     route_after_compaction,
 )
-from langchain_compaction.adapters.messages import estimate_message_tokens
-from langchain_compaction.core.types import SummaryRequest
+from langchain_compaction.tokens import estimate_message_tokens
 
 # A large summarizer budget keeps each compaction to one summary call.
 SMALL = CompactionOptions(context_window=2_000, reserve_tokens=400, keep_recent_tokens=500, summary_input_tokens=50_000)

@@ -31,14 +31,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
-from langchain_compaction.adapters._convert import (
-    BRIDGE_TEXT,
-    is_bridge_message,
-    is_compaction_message,
-    is_summary_message,
-)
-from langchain_compaction.adapters.history import CompactingChatMessageHistory
-from langchain_compaction.adapters.locks import FileLock, InProcessLock
+from langchain_compaction._lc.convert import BRIDGE_TEXT, is_bridge_message, is_compaction_message, is_summary_message
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.errors import (
     ConfigurationError,
@@ -47,6 +40,7 @@ from langchain_compaction.errors import (
     SummarizationError,
     SummaryTimeoutError,
 )
+from langchain_compaction.history import CompactingChatMessageHistory, FileLock, InProcessLock
 
 with warnings.catch_warnings():
     # langchain-community warns on import that it is being sunset.
@@ -671,8 +665,8 @@ WRITER_SCRIPT = textwrap.dedent(
     warnings.simplefilter("ignore", DeprecationWarning)
     from langchain_community.chat_message_histories import SQLChatMessageHistory
     from langchain_core.messages import HumanMessage
-    from langchain_compaction.adapters.history import CompactingChatMessageHistory
-    from langchain_compaction.adapters.locks import FileLock
+    from langchain_compaction.history import CompactingChatMessageHistory
+    from langchain_compaction.history import FileLock
     from langchain_compaction.core.options import CompactionOptions
 
     url, lock_path, name, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -1003,7 +997,7 @@ CRASH_SCRIPT = textwrap.dedent(
     warnings.simplefilter("ignore", DeprecationWarning)
     from langchain_community.chat_message_histories import FileChatMessageHistory
     from langchain_core.messages import AIMessage, HumanMessage
-    from langchain_compaction.adapters.history import CompactingChatMessageHistory
+    from langchain_compaction.history import CompactingChatMessageHistory
     from langchain_compaction.core.options import CompactionOptions
 
     class CrashingFile(FileChatMessageHistory):

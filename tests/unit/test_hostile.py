@@ -28,18 +28,12 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 from pydantic import Field
 
-from langchain_compaction import (
-    CompactingChatMessageHistory,
-    CompactionNode,
-    CompactionOptions,
-    CompactionState,
-    acompact,
-    compact,
-    estimate_message_tokens,
-)
-from langchain_compaction.adapters._convert import is_summary_message
-from langchain_compaction.adapters.middleware import CompactionMiddleware
+from langchain_compaction import CompactingChatMessageHistory, CompactionNode, CompactionOptions, acompact, compact
+from langchain_compaction._lc.convert import is_summary_message
 from langchain_compaction.core import prompts
+from langchain_compaction.graph import CompactionState
+from langchain_compaction.middleware import CompactionMiddleware
+from langchain_compaction.tokens import estimate_message_tokens
 
 SUMMARY = "## Goal\n- finish the task the user set\n\n## Critical Context\n- (none)"
 PLACEHOLDER = "msg-00000000"

@@ -34,22 +34,12 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from pydantic import Field
 
-from langchain_compaction import (
-    CompactionError,
-    CompactionOptions,
-    CompactionResult,
-    ConfigurationError,
-    SummarizationError,
-    estimate_message_tokens,
-    should_compact,
-)
-from langchain_compaction.adapters._convert import BRIDGE_TEXT, is_bridge_message, is_summary_message
-from langchain_compaction.adapters.middleware import (
-    COMPACTION_EVENT,
-    OVERHEAD_KEY,
-    CompactionMiddleware,
-)
+from langchain_compaction import CompactionError, CompactionOptions, CompactionResult, should_compact
+from langchain_compaction._lc.convert import BRIDGE_TEXT, is_bridge_message, is_summary_message
 from langchain_compaction.core.tokens import estimate_tokens
+from langchain_compaction.errors import ConfigurationError, SummarizationError
+from langchain_compaction.middleware import COMPACTION_EVENT, OVERHEAD_KEY, CompactionMiddleware
+from langchain_compaction.tokens import estimate_message_tokens
 
 SUMMARY = "## Goal\n- answer the user's questions\n\n## Critical Context\n- (none)"
 ANTHROPIC = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")  # type: ignore[call-arg,arg-type]
@@ -703,7 +693,7 @@ def test_import_without_langchain_names_the_extra() -> None:
         "else:\n"
         "    raise SystemExit('langchain was not blocked')\n"
         "import langchain_compaction\n"  # the package itself does not need langchain
-        "import langchain_compaction.adapters.middleware\n"
+        "import langchain_compaction.middleware\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0
@@ -714,6 +704,6 @@ def test_import_without_langchain_names_the_extra() -> None:
 
 def test_event_name_matches_the_langgraph_node() -> None:
     # One event name for every adapter, so a listener catches all compactions.
-    from langchain_compaction.adapters import graph
+    from langchain_compaction import graph
 
     assert graph.COMPACTION_EVENT == COMPACTION_EVENT

@@ -19,13 +19,8 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage, messag
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 
-from langchain_compaction import (
-    CompactingChatMessageHistory,
-    CompactionNode,
-    CompactionOptions,
-    CompactionState,
-    ExtractiveSummarizer,
-)
+from langchain_compaction import CompactingChatMessageHistory, CompactionNode, CompactionOptions, ExtractiveSummarizer
+from langchain_compaction.graph import CompactionState
 from tests.conftest import RecordingSummarizer, split_compacted
 
 SAVED = Path(__file__).resolve().parents[1] / "data" / "v0_1_0"

@@ -17,21 +17,11 @@ from hypothesis import strategies as st
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
-from langchain_compaction import (
-    CompactionOptions,
-    CompactionResult,
-    acompact,
-    compact,
-    estimate_message_tokens,
-    find_cut_point,
-)
-from langchain_compaction.adapters._convert import (
-    BRIDGE_TEXT,
-    is_bridge_message,
-    is_compaction_message,
-    is_summary_message,
-)
+from langchain_compaction import CompactionOptions, CompactionResult, acompact, compact
+from langchain_compaction._lc.convert import BRIDGE_TEXT, is_bridge_message, is_compaction_message, is_summary_message
 from langchain_compaction.core import prompts
+from langchain_compaction.functional import find_cut_point
+from langchain_compaction.tokens import estimate_message_tokens
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", "300"))
 

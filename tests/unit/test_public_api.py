@@ -1,85 +1,148 @@
-"""The public surface is pinned: ``__all__`` is exactly this list."""
+"""The public surface is pinned, small and lazy.
+
+``__all__`` is exactly the list below; every other public name has one home in
+a named submodule; ``import langchain_compaction`` and ``langchain-compaction
+--help`` load no framework (checked through ``sys.modules`` in a fresh
+interpreter, not with a timer).
+"""
 
 from __future__ import annotations
 
 import importlib
+import json
+import subprocess
+import sys
 
 import pytest
 
 import langchain_compaction
 
 EXPECTED_ALL = [
-    "COMPACTION_EVENT",
-    "COMPACT_COMMAND",
-    "CallableSummarizer",
-    "ChatModelSummarizer",
     "CompactingChatMessageHistory",
     "CompactionError",
-    "CompactionLock",
+    "CompactionMiddleware",
     "CompactionNode",
     "CompactionOptions",
-    "CompactionRecord",
     "CompactionResult",
-    "CompactionState",
-    "ConfigurationError",
-    "EmptySummaryError",
     "ExtractiveSummarizer",
-    "FileLock",
-    "InProcessLock",
-    "InvalidMessagesError",
-    "InvalidSummaryError",
-    "PostgresAdvisoryLock",
-    "StoreError",
-    "SummarizationError",
-    "Summarizer",
-    "SummaryRequest",
-    "SummaryTimeoutError",
-    "__version__",
     "aauto_compact",
     "acompact",
-    "acompact_thread",
     "auto_compact",
     "compact",
-    "compact_thread",
-    "estimate_message_tokens",
-    "estimate_tokens",
-    "find_cut_point",
-    "parse_compact_command",
     "redact_secrets",
-    "route_after_compaction",
     "should_compact",
 ]
 
+# Every public name outside ``__all__``, in its one home.
+HOMES = {
+    "langchain_compaction.graph": [
+        "COMPACTION_EVENT",
+        "COMPACT_COMMAND",
+        "CompactionNode",
+        "CompactionRecord",
+        "CompactionState",
+        "acompact_thread",
+        "compact_thread",
+        "parse_compact_command",
+        "route_after_compaction",
+    ],
+    "langchain_compaction.history": [
+        "CompactingChatMessageHistory",
+        "CompactionLock",
+        "FileLock",
+        "InProcessLock",
+        "PostgresAdvisoryLock",
+    ],
+    "langchain_compaction.tokens": ["estimate_message_tokens", "estimate_tokens"],
+    "langchain_compaction.functional": [
+        "aauto_compact",
+        "acompact",
+        "auto_compact",
+        "compact",
+        "find_cut_point",
+        "should_compact",
+    ],
+    "langchain_compaction.summarizers": ["ExtractiveSummarizer", "Summarizer", "SummaryReply", "SummaryRequest"],
+    "langchain_compaction.middleware": ["COMPACTION_EVENT", "CompactionAgentState", "CompactionMiddleware"],
+    "langchain_compaction.anthropic": ["AnthropicSummarizer", "AnthropicTokenCounter"],
+    "langchain_compaction.errors": [
+        "CompactionError",
+        "ConfigurationError",
+        "ConversationFileError",
+        "EmptySummaryError",
+        "InvalidMessagesError",
+        "InvalidSummaryError",
+        "StoreError",
+        "SummarizationError",
+        "SummaryTimeoutError",
+    ],
+}
 
-def test_all_is_pinned() -> None:
+FRAMEWORKS = ("langchain_core", "langgraph", "langchain", "anthropic")
+
+
+def test_all_is_pinned_small_and_sorted() -> None:
     assert langchain_compaction.__all__ == EXPECTED_ALL
-
-
-def test_all_is_sorted_and_unique() -> None:
-    assert sorted(langchain_compaction.__all__) == langchain_compaction.__all__
-    assert len(set(langchain_compaction.__all__)) == len(langchain_compaction.__all__)
+    assert len(EXPECTED_ALL) <= 20
+    assert sorted(EXPECTED_ALL) == EXPECTED_ALL
 
 
 @pytest.mark.parametrize("name", EXPECTED_ALL)
-def test_every_name_is_importable(name: str) -> None:
-    module = importlib.import_module("langchain_compaction")
-    assert getattr(module, name) is not None
+def test_every_top_level_name_is_importable(name: str) -> None:
+    assert getattr(langchain_compaction, name) is not None
 
 
-def test_star_import_gives_exactly_all() -> None:
-    namespace: dict[str, object] = {}
-    exec("from langchain_compaction import *", namespace)
-    assert sorted(k for k in namespace if k != "__builtins__") == sorted(EXPECTED_ALL)
+@pytest.mark.parametrize("module", sorted(HOMES))
+def test_every_submodule_exports_its_names(module: str) -> None:
+    loaded = importlib.import_module(module)
+    for name in HOMES[module]:
+        assert getattr(loaded, name) is not None, name
+        assert name in loaded.__all__, name
 
 
-def test_middleware_is_exported_lazily() -> None:
-    # It needs the optional ``langchain`` package, so it is not in ``__all__``.
-    from langchain_compaction.adapters.middleware import CompactionMiddleware
+def test_top_level_names_are_the_submodules_objects() -> None:
+    from langchain_compaction import functional, graph, history, middleware
 
-    assert langchain_compaction.CompactionMiddleware is CompactionMiddleware
-    assert "CompactionMiddleware" not in langchain_compaction.__all__
+    assert langchain_compaction.CompactionNode is graph.CompactionNode
+    assert langchain_compaction.CompactionMiddleware is middleware.CompactionMiddleware
+    assert langchain_compaction.CompactingChatMessageHistory is history.CompactingChatMessageHistory
+    assert langchain_compaction.compact is functional.compact
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = langchain_compaction.nope  # type: ignore[attr-defined]
+
+
+def test_one_compaction_event_name() -> None:
+    from langchain_compaction import graph, middleware
+
+    assert graph.COMPACTION_EVENT is middleware.COMPACTION_EVENT == "langchain_compaction"
+
+
+def _loaded_after(code: str) -> list[str]:
+    script = (
+        f"import sys\n{code}\nimport json\nprint(json.dumps(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_package_loads_no_framework() -> None:
+    assert _loaded_after("import langchain_compaction") == []
+    assert _loaded_after("from langchain_compaction import CompactionOptions, ExtractiveSummarizer") == []
+
+
+def test_the_command_lines_help_loads_no_framework() -> None:
+    code = (
+        "import contextlib, io\nfrom langchain_compaction import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n        cli.main(['--help'])\n    except SystemExit:\n        pass"
+    )
+    assert _loaded_after(code) == []
+
+
+def test_an_adapter_loads_its_framework_on_first_use() -> None:
+    loaded = _loaded_after("import langchain_compaction\nlangchain_compaction.CompactionNode")
+    assert {"langchain_core", "langgraph"} <= set(loaded)
+    assert "anthropic" not in loaded
 
 
 def test_version_is_a_string() -> None:
@@ -87,24 +150,8 @@ def test_version_is_a_string() -> None:
     assert langchain_compaction.__version__.count(".") >= 1
 
 
-def test_issue_names_are_public() -> None:
-    # The names issue 2 requires, importable from the top level.
-    required = {
-        "CompactionOptions",
-        "CompactionResult",
-        "CompactionError",
-        "estimate_tokens",
-        "estimate_message_tokens",
-        "should_compact",
-        "find_cut_point",
-        "compact",
-        "acompact",
-    }
-    assert required <= set(langchain_compaction.__all__)
-
-
 def test_errors_descend_from_compaction_error() -> None:
-    from langchain_compaction import (
+    from langchain_compaction.errors import (
         CompactionError,
         ConfigurationError,
         EmptySummaryError,

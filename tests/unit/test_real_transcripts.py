@@ -18,15 +18,9 @@ from conftest import (
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
-from langchain_compaction import (
-    CompactionOptions,
-    CompactionResult,
-    acompact,
-    compact,
-    estimate_message_tokens,
-    estimate_tokens,
-)
-from langchain_compaction.adapters._convert import BRIDGE_TEXT, is_summary_message
+from langchain_compaction import CompactionOptions, CompactionResult, acompact, compact
+from langchain_compaction._lc.convert import BRIDGE_TEXT, is_summary_message
+from langchain_compaction.tokens import estimate_message_tokens, estimate_tokens
 
 KEEP_BUDGETS = [2000, 5000, 20000]
 SUMMARY_INPUT_TOKENS = 6000  # small enough to force chunking on the big transcripts

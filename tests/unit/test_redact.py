@@ -16,16 +16,10 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import ChatResult
 from pydantic import Field
 
-from langchain_compaction import (
-    CompactionError,
-    CompactionOptions,
-    ExtractiveSummarizer,
-    SummarizationError,
-    acompact,
-    compact,
-)
-from langchain_compaction.adapters._convert import is_summary_message, summary_message
+from langchain_compaction import CompactionError, CompactionOptions, ExtractiveSummarizer, acompact, compact
+from langchain_compaction._lc.convert import is_summary_message, summary_message
 from langchain_compaction.core.redact import redact_secrets
+from langchain_compaction.errors import SummarizationError
 
 # -- the secret shapes -------------------------------------------------------------
 

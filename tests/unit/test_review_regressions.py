@@ -7,15 +7,9 @@ import asyncio
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-from langchain_compaction import (
-    CompactionOptions,
-    InvalidMessagesError,
-    SummarizationError,
-    SummaryTimeoutError,
-    acompact,
-    compact,
-)
+from langchain_compaction import CompactionOptions, acompact, compact
 from langchain_compaction.cli import main
+from langchain_compaction.errors import InvalidMessagesError, SummarizationError, SummaryTimeoutError
 from langchain_compaction.formats import ConversationFileError, parse_conversation
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from langchain_compaction import CompactionOptions, compact
-from langchain_compaction.adapters._convert import is_summary_message
+from langchain_compaction._lc.convert import is_summary_message
 
 
 def conversation() -> list:

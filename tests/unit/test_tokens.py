@@ -10,16 +10,7 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
-from langchain_compaction import (
-    CompactionOptions,
-    ConfigurationError,
-    InvalidMessagesError,
-    acompact,
-    compact,
-    estimate_message_tokens,
-    estimate_tokens,
-    should_compact,
-)
+from langchain_compaction import CompactionOptions, acompact, compact, should_compact
 from langchain_compaction.core.tokens import (
     IMAGE_TOKENS,
     MESSAGE_OVERHEAD_TOKENS,
@@ -27,6 +18,8 @@ from langchain_compaction.core.tokens import (
     estimate_message,
 )
 from langchain_compaction.core.types import Message, Part, ToolCall
+from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
+from langchain_compaction.tokens import estimate_message_tokens, estimate_tokens
 
 PROSE = (
     "The quick brown fox jumps over the lazy dog while the farmer watches from the porch. "

@@ -6,7 +6,7 @@ import re
 
 from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 
-from langchain_compaction.adapters._convert import to_core
+from langchain_compaction._lc.convert import to_core
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.transcript import (
     CUT_MARKER,
@@ -16,10 +16,9 @@ from langchain_compaction.core.transcript import (
     render,
     render_previous_summary,
     role_label,
-    serialize_messages,
     shorten,
 )
-from langchain_compaction.core.types import Message, Part, ToolCall
+from langchain_compaction.core.types import Message, ToolCall
 
 
 def test_role_labels_are_the_references() -> None:
@@ -32,11 +31,6 @@ def test_role_labels_are_the_references() -> None:
 def test_unknown_roles_are_labelled_with_their_name() -> None:
     assert role_label(to_core(ChatMessage(role="critic", content="x"))) == "[critic]"
     assert role_label(Message("other")) == "[other]"
-
-
-def test_reference_serialization_format() -> None:
-    messages = [Message("user", (Part("text", "hi"),)), Message("assistant", (Part("text", "hello"),))]
-    assert serialize_messages(messages) == "[User]:\nhi\n\n[Assistant]:\nhello\n\n"
 
 
 def test_tool_calls_are_written_with_name_id_and_arguments() -> None:

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
-from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions, compact
-from langchain_compaction.adapters.messages import context_tokens, usage_anchor
+from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions, compact, should_compact
+from langchain_compaction._lc.convert import to_core_list
+from langchain_compaction.core import context
+
+
+def usage_anchor(messages: list) -> tuple[int, int] | None:
+    return context.usage_anchor(to_core_list(messages))
+
+
+def context_tokens(messages: list, counts: list[int], overhead: int = 0) -> int:
+    return context.context_tokens(to_core_list(messages), counts, overhead)
+
 
 OPTIONS = CompactionOptions(context_window=10_000, reserve_tokens=1_000, keep_recent_tokens=50)
 
@@ -39,13 +49,18 @@ def test_middleware_compacts_on_billed_usage_the_estimate_misses():
     assert middleware.before_model({"messages": conversation(100)}, None) is None  # type: ignore[arg-type]
 
 
-def test_node_and_middleware_agree():
+def test_node_middleware_and_should_compact_agree():
     node = CompactionNode(lambda p: "## Goal\n- greet", OPTIONS)
     middleware = CompactionMiddleware(lambda p: "## Goal\n- greet", OPTIONS)
+    decisions = []
     for billed in (100, 9_200):
-        assert bool(node.invoke({"messages": conversation(billed)})) == bool(
-            middleware.before_model({"messages": conversation(billed)}, None)  # type: ignore[arg-type]
-        )
+        by_node = bool(node.invoke({"messages": conversation(billed)}))
+        by_middleware = bool(middleware.before_model({"messages": conversation(billed)}, None))  # type: ignore[arg-type]
+        assert by_node == by_middleware == should_compact(conversation(billed), options=OPTIONS)
+        # The seed's signature answers the same, from the same anchored size.
+        assert should_compact(conversation(billed), 10_000, 1_000) == by_node
+        decisions.append(by_node)
+    assert decisions == [False, True]
 
 
 def test_usage_from_before_a_compaction_is_not_trusted():
@@ -55,34 +70,6 @@ def test_usage_from_before_a_compaction_is_not_trusted():
     assert any(m.id == "a2" for m in out)
     assert usage_anchor(out) is None
     assert usage_anchor([*out, reply("fresh", 700, "a3")]) == (len(out), 750)
-
-
-def test_the_learned_ratio_is_reported():
-    from langchain_compaction.anthropic import CalibratedEstimate
-
-    counter = CalibratedEstimate()
-
-    def billed(text: str, tokens: int, id: str) -> AIMessage:
-        message = reply(text, tokens, id)
-        message.response_metadata = {"model_name": "claude-test"}
-        return message
-
-    messages = [
-        HumanMessage("a " * 400, id="h1"),
-        billed("b " * 50, 900, "a1"),
-        HumanMessage("c " * 400, id="h2"),
-        billed("d " * 50, 2_000, "a2"),
-        HumanMessage("e", id="h3"),
-    ]
-    counter.learn(messages)
-    result, _ = compact(
-        lambda p: "## Goal\n- x", messages, CompactionOptions(token_counter=counter, keep_recent_tokens=50)
-    )
-    assert result is not None
-    assert result.token_ratio == counter.ratio()
-    assert result.token_ratio is not None
-    assert result.token_ratio > 1
-    assert compact(lambda p: "## Goal\n- x", messages, CompactionOptions(keep_recent_tokens=50))[0].token_ratio is None
 
 
 def test_a_whole_conversation_counter_is_asked_once():

@@ -23,13 +23,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 
 import langchain_compaction
-from langchain_compaction import (
-    CompactingChatMessageHistory,
-    CompactionNode,
-    CompactionOptions,
-    CompactionState,
-    ExtractiveSummarizer,
-)
+from langchain_compaction import CompactingChatMessageHistory, CompactionNode, CompactionOptions, ExtractiveSummarizer
+from langchain_compaction.graph import CompactionState
 
 HERE = Path(__file__).resolve().parent
 assert langchain_compaction.__version__ == "0.1.0"

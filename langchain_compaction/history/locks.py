@@ -27,7 +27,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager, asyn
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.errors import CompactionError, ConfigurationError
 
 __all__ = ["CompactionLock", "FileLock", "InProcessLock", "PostgresAdvisoryLock"]
 
@@ -69,7 +69,11 @@ class InProcessLock:
     Blocking code takes a ``threading.RLock``. An asyncio task first takes an
     ``asyncio.Lock`` of its event loop (tasks on one loop share a thread, so
     the RLock alone would let them all in), then the RLock without blocking,
-    sleeping between attempts so the loop keeps running.
+    sleeping between attempts so the loop keeps running. A blocking ``hold()``
+    on the thread of a loop whose task holds the lock would wait for that task
+    forever (the loop cannot run while its thread blocks), so it raises
+    ``CompactionError`` instead of entering; from any other thread the two
+    wait for each other.
 
     Example:
         >>> import asyncio
@@ -87,10 +91,24 @@ class InProcessLock:
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
+        # The thread whose event loop has a task holding the lock, if any.
+        self._task_thread: int | None = None
 
     @contextmanager
     def hold(self) -> Iterator[None]:
-        """Hold the lock (reentrant within one thread)."""
+        """Hold the lock (reentrant within one thread).
+
+        Raises:
+            CompactionError: Called on the thread of an event loop whose task
+                holds the lock (blocking there would deadlock the loop).
+        """
+        if self._task_thread == threading.get_ident():
+            msg = (
+                "a blocking call (add_messages, messages, compact, ...) was made on the event loop's thread "
+                "while an asyncio task holds the same chat history's lock; blocking here would deadlock the "
+                "loop: use the async methods (aadd_messages, aget_messages, acompact) in async code"
+            )
+            raise CompactionError(msg)
         with self._rlock:
             yield
 
@@ -109,9 +127,11 @@ class InProcessLock:
             delay = _POLL_START
             while not self._rlock.acquire(blocking=False):
                 delay = await _backoff(delay)
+            self._task_thread = threading.get_ident()
             try:
                 yield
             finally:
+                self._task_thread = None
                 self._rlock.release()
 
 
@@ -142,31 +162,33 @@ class FileLock:
             ) from exc
         self.path = Path(path)
 
-    def _open(self) -> int:
-        return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    @contextmanager
+    def _opened(self) -> Iterator[int]:
+        """The lock file's descriptor; unlocked and closed on exit, whatever happened."""
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            yield fd
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)  # a no-op when it was never locked
+            os.close(fd)
 
     @contextmanager
     def hold(self) -> Iterator[None]:
         """Block until no other holder has the file locked."""
         import fcntl
 
-        fd = self._open()
-        try:
+        with self._opened() as fd:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+            yield
 
     @asynccontextmanager
     async def ahold(self) -> AsyncIterator[None]:
         """Await the file lock, polling so the event loop is never blocked."""
         import fcntl
 
-        fd = self._open()
-        try:
+        with self._opened() as fd:
             delay = _POLL_START
             while True:
                 try:
@@ -174,12 +196,7 @@ class FileLock:
                     break
                 except BlockingIOError:
                     delay = await _backoff(delay)
-            try:
-                yield
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+            yield
 
     def __repr__(self) -> str:
         return f"FileLock({str(self.path)!r})"

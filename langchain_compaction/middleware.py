@@ -45,11 +45,10 @@ hash), so a turn that adds k messages estimates k messages and only hashes the
 rest. Tool schemas are estimated once per tool, the system prompt once per
 ``SystemMessage`` object.
 
-Every hook is a line over one pure flow per hook (a generator that yields what
-it needs: a summary, a model call, a result to report). ``_drive`` and
-``_adrive`` are the only places that differ between sync and async, and the
-flows reuse ``prepare`` / ``finish`` from ``adapters.messages``: there is no
-compaction logic here.
+Every hook is a line over one flow (``core.effects``): a generator that yields
+each step (count, prepare, summarize, call the model) in its sync and async
+form, driven by ``drive`` or ``adrive``. The compaction itself is the shared
+pipeline's (``_lc.pipeline.Compactor``): there is no compaction logic here.
 
 Put ``CompactionMiddleware`` last in ``middleware=[...]``: it is then the
 innermost ``wrap_model_call``, so it sees the system prompt and tools that
@@ -59,10 +58,9 @@ middleware would switch models.
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from typing import Annotated, Any, TypeAlias, TypeVar, cast
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Annotated, Any, TypeAlias, cast
 
 from typing_extensions import NotRequired
 
@@ -82,24 +80,23 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     )
     raise ImportError(msg) from exc
 
-from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_event
 from langchain_core.exceptions import ContextOverflowError
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, RemoveMessage
-from langchain_core.runnables.config import ensure_config, get_callback_manager_for_config
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from langchain_compaction.adapters._cache import DEFAULT_CACHE_SIZE, TokenCountCache
-from langchain_compaction.adapters.messages import Prepared, context_tokens, finish, prepare
-from langchain_compaction.core.engine import DriverReport, Summarizer, arun_flow, run_flow
+from langchain_compaction._lc.convert import json_text
+from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache
+from langchain_compaction._lc.pipeline import COMPACTION_EVENT, Compactor, Trigger, aannounce, announce
+from langchain_compaction.core.context import needs_compaction
+from langchain_compaction.core.effects import Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.errors import ConfigurationError
-from langchain_compaction.summarizers.chat_model import as_summarizer
 
 __all__ = ["COMPACTION_EVENT", "OVERHEAD_KEY", "CompactionAgentState", "CompactionMiddleware"]
 
@@ -108,13 +105,8 @@ logger = logging.getLogger("langchain_compaction")
 OVERHEAD_KEY = "compaction_overhead_tokens"
 """Private state key: tokens of the system prompt and tool schemas last sent."""
 
-COMPACTION_EVENT = "langchain_compaction"
-"""Name of the LangChain custom event dispatched with each ``CompactionRecord``."""
-
 TOOL_SCHEMA_OVERHEAD_TOKENS = 8
 """Per-tool framing a provider adds around each schema."""
-
-_DEFAULT_OPTIONS = CompactionOptions()
 
 
 class CompactionAgentState(AgentState[Any]):
@@ -127,29 +119,7 @@ class CompactionAgentState(AgentState[Any]):
     """Tokens of the system prompt and tool schemas of the last model request."""
 
 
-_Step: TypeAlias = "Prepared | CompactionResult | ModelRequest[Any]"
-"""What a flow asks its driver for: a summary, a report, or a model call."""
-
-_Reply: TypeAlias = "DriverReport | ModelResponse[Any] | None"
-"""What the driver sends back: the summary report, the model's response, or nothing."""
-
-_T = TypeVar("_T")
-_Flow: TypeAlias = Generator[_Step, _Reply, _T]
-
 _CallResult: TypeAlias = "ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]"
-
-
-def _json(value: object) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
-    except (TypeError, ValueError):
-        return str(value)
-
-
-def _has_parent_run() -> bool:
-    # dispatch_custom_event raises outside a run (a hook called directly, as in
-    # a unit test of the hook); there is then no one to tell.
-    return get_callback_manager_for_config(ensure_config()).parent_run_id is not None
 
 
 class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
@@ -204,7 +174,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
     def __init__(
         self,
         model: Any,
-        options: CompactionOptions = _DEFAULT_OPTIONS,
+        options: CompactionOptions | None = None,
         *,
         fallback: Any = None,
         custom_instructions: str = "",
@@ -212,8 +182,6 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         cache_size: int = DEFAULT_CACHE_SIZE,
     ) -> None:
         super().__init__()
-        if not isinstance(options, CompactionOptions):
-            raise ConfigurationError("options", options, "pass CompactionOptions(context_window=..., ...)")
         if not isinstance(custom_instructions, str):
             raise ConfigurationError("custom_instructions", custom_instructions, "pass a string ('' for none)")
         if on_compaction is not None and not callable(on_compaction):
@@ -222,29 +190,27 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             raise ConfigurationError(
                 "cache_size", cache_size, f"pass a positive number of entries (default {DEFAULT_CACHE_SIZE})"
             )
-        self._summarizer: Summarizer = as_summarizer(model)
-        self._fallback: Summarizer | None = None if fallback is None else as_summarizer(fallback, field="fallback")
-        self._options = options
+        self._compactor = Compactor.build(model, options, fallback)
         self._instructions = custom_instructions
         self._on_compaction = on_compaction
-        self._cache = TokenCountCache(options, max_entries=cache_size)
+        self._cache = TokenCountCache(self._compactor.options, max_entries=cache_size)
         self._tool_tokens: dict[tuple[str, str], int] = {}
         self._system_tokens: tuple[BaseMessage, int] | None = None
 
     @property
     def options(self) -> CompactionOptions:
         """The options in force."""
-        return self._options
+        return self._compactor.options
 
     # -- hooks: one line each over the shared flows ---------------------------
 
     def before_model(self, state: CompactionAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Compact the state's messages when they and the recorded overhead are over budget."""
-        return self._drive(self._state_flow(state))
+        return drive(self._state_flow(state))
 
     async def abefore_model(self, state: CompactionAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """The async twin of ``before_model``."""
-        return await self._adrive(self._state_flow(state))
+        return await adrive(self._state_flow(state))
 
     def wrap_model_call(
         self,
@@ -252,7 +218,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
     ) -> _CallResult:
         """Check the request as sent, record its overhead, recover from an overflow once."""
-        return self._drive(self._call_flow(request), handler)
+        return drive(self._call_flow(request, handler))
 
     async def awrap_model_call(
         self,
@@ -260,56 +226,55 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> _CallResult:
         """The async twin of ``wrap_model_call``."""
-        return await self._adrive(self._call_flow(request), handler)
+        return await adrive(self._call_flow(request, handler))
 
-    # -- pure flows -------------------------------------------------------------
+    # -- the flows ----------------------------------------------------------------
 
-    def _over(self, tokens: int) -> bool:
-        # The reference's rule (``should_compact``): a window or reserve of 0
-        # or less turns automatic compaction off.
-        window, reserve = self._options.context_window, self._options.reserve_tokens
-        return window > 0 and reserve > 0 and tokens > window - reserve
-
-    def _compact(self, messages: Sequence[BaseMessage], *, force: bool) -> _Flow[list[BaseMessage] | None]:
-        prepared = prepare(
-            messages, self._options, self._instructions, force=force, counts=self._cache.counts(messages)
-        )
-        if prepared is None:
+    def _compaction(
+        self, messages: Sequence[BaseMessage], overhead: int, trigger: Trigger
+    ) -> Flow[list[BaseMessage] | None]:
+        """Compact ``messages`` if the trigger (or ``force``) says so; the compacted list, or ``None``."""
+        counts, core = yield twin(self._cache.counts_and_core, self._cache.acounts_and_core, messages)
+        if trigger == "auto" and not needs_compaction(core, counts, self.options, overhead):
             return None
-        report = yield prepared
-        result, compacted = finish(prepared, cast("DriverReport", report), self._options)
-        yield result
+        prepare = self._compactor.prepare
+        job = yield blocking(
+            prepare, messages, self._instructions, trigger=trigger, counts=counts, core=core, overhead=overhead
+        )
+        if job is None:
+            return None
+        result, compacted = yield from self._compactor.compaction(job)
+        if self._on_compaction is not None:
+            self._on_compaction(result)
+        yield twin(announce, aannounce, result)
         return compacted
 
-    def _state_flow(self, state: Mapping[str, Any]) -> _Flow[dict[str, Any] | None]:
+    def _state_flow(self, state: Mapping[str, Any]) -> Flow[dict[str, Any] | None]:
         messages: list[BaseMessage] = state.get("messages") or []
-        overhead = state.get(OVERHEAD_KEY) or 0
-        if not self._over(context_tokens(messages, self._cache.counts(messages), overhead)):
-            return None
-        compacted = yield from self._compact(messages, force=False)
+        compacted = yield from self._compaction(messages, state.get(OVERHEAD_KEY) or 0, "auto")
         if compacted is None:
             return None
         return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *compacted]}
 
-    def _call_flow(self, request: ModelRequest[Any]) -> _Flow[ModelResponse[Any] | ExtendedModelResponse[Any]]:
+    def _call_flow(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> Flow[_CallResult]:
         overhead = self._overhead(request)
         messages: list[BaseMessage] = list(request.messages)
-        compacted: list[BaseMessage] | None = None
-        if self._over(context_tokens(messages, self._cache.counts(messages), overhead)):
-            compacted = yield from self._compact(messages, force=False)
+        compacted = yield from self._compaction(messages, overhead, "auto")
         try:
-            reply = yield request if compacted is None else self._with_messages(request, compacted)
+            response = yield twin(handler, handler, self._with_messages(request, compacted))
         except ContextOverflowError as error:
             logger.warning("the model rejected the context as too long (%s); compacting and retrying once", error)
-            compacted = yield from self._compact(compacted or messages, force=True)
+            compacted = yield from self._compaction(compacted or messages, overhead, "force")
             if compacted is None:
                 raise  # nothing left to summarize: the overflow stands
             # A second overflow is thrown in here and propagates.
-            reply = yield self._with_messages(request, compacted)
-        return self._response(request, cast("ModelResponse[Any]", reply), compacted, overhead)
+            response = yield twin(handler, handler, self._with_messages(request, compacted))
+        return self._response(request, response, compacted, overhead)
 
     @staticmethod
-    def _with_messages(request: ModelRequest[Any], messages: list[BaseMessage]) -> ModelRequest[Any]:
+    def _with_messages(request: ModelRequest[Any], messages: list[BaseMessage] | None) -> ModelRequest[Any]:
+        if messages is None:
+            return request
         # Inner middleware see the compacted conversation in both places.
         sent = cast("list[AnyMessage]", messages)
         return request.override(messages=sent, state=cast("Any", {**request.state, "messages": sent}))
@@ -341,9 +306,9 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         return ExtendedModelResponse(model_response=response, command=Command(update=update))
 
     def _check_overhead(self, overhead: int) -> None:
-        options = self._options
-        room = options.context_window - options.reserve_tokens
-        if options.context_window > 0 and overhead + options.keep_recent_tokens >= room:
+        options = self.options
+        room = options.budget.threshold
+        if room is not None and overhead + options.keep_recent_tokens >= room:
             logger.warning(
                 "the system prompt and tool schemas take %d tokens; with keep_recent_tokens=%d that is over "
                 "context_window - reserve_tokens = %d, so nearly every turn will compact; lower keep_recent_tokens",
@@ -370,82 +335,14 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             if isinstance(tool, BaseTool):
                 key, schema = (tool.name, tool.description), None
             else:
-                schema = _json(tool)
+                schema = json_text(tool)
                 key = ("dict", schema)
             tokens = self._tool_tokens.get(key)
             if tokens is None:
                 # The schema as a provider receives it (name, description,
                 # JSON-schema parameters), estimated as JSON text.
-                text = schema if schema is not None else _json(convert_to_openai_tool(tool))
+                text = schema if schema is not None else json_text(convert_to_openai_tool(tool))
                 tokens = TOOL_SCHEMA_OVERHEAD_TOKENS + estimate_tokens(text)
                 self._tool_tokens[key] = tokens
             total += tokens
         return total
-
-    # -- drivers: the only sync/async difference --------------------------------
-
-    def _emit(self, result: CompactionResult) -> None:
-        if self._on_compaction is not None:
-            self._on_compaction(result)
-        if _has_parent_run():
-            dispatch_custom_event(COMPACTION_EVENT, result.to_dict())
-
-    async def _aemit(self, result: CompactionResult) -> None:
-        if self._on_compaction is not None:
-            self._on_compaction(result)
-        if _has_parent_run():
-            await adispatch_custom_event(COMPACTION_EVENT, result.to_dict())
-
-    def _drive(self, flow: _Flow[_T], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]] | None = None) -> _T:
-        try:
-            step = next(flow)
-            while True:
-                if isinstance(step, Prepared):
-                    report = run_flow(
-                        step.flow, self._summarizer, fallback=self._fallback, timeout=self._options.timeout
-                    )
-                    step = flow.send(report)
-                elif isinstance(step, CompactionResult):
-                    self._emit(step)
-                    step = flow.send(None)
-                else:
-                    assert handler is not None  # only the call flow asks for a model call
-                    try:
-                        response = handler(step)
-                    except ContextOverflowError as error:
-                        step = flow.throw(error)
-                    else:
-                        step = flow.send(response)
-        except StopIteration as stop:
-            return cast("_T", stop.value)
-        finally:
-            flow.close()
-
-    async def _adrive(
-        self,
-        flow: _Flow[_T],
-        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]] | None = None,
-    ) -> _T:
-        try:
-            step = next(flow)
-            while True:
-                if isinstance(step, Prepared):
-                    report = await arun_flow(
-                        step.flow, self._summarizer, fallback=self._fallback, timeout=self._options.timeout
-                    )
-                    step = flow.send(report)
-                elif isinstance(step, CompactionResult):
-                    await self._aemit(step)
-                    step = flow.send(None)
-                else:
-                    assert handler is not None  # only the call flow asks for a model call
-                    try:
-                        response = await handler(step)
-                    except ContextOverflowError as error:
-                        step = flow.throw(error)
-                    else:
-                        step = flow.send(response)
-        except StopIteration as stop:
-            return cast("_T", stop.value)
-        finally:
-            flow.close()

@@ -1,19 +1,18 @@
 """The LangGraph node: compaction as one step of any ``StateGraph``.
 
 ``CompactionNode`` sits before the model node. On each turn it reads the
-message list, decides from cached per-message token counts (anchored on the
-provider's reported usage when there is one) whether the context is over
-``context_window - reserve_tokens``, and if so replaces the list with
-``[leading system messages, summary, (bridge), *recent]`` through
-``RemoveMessage(id=REMOVE_ALL_MESSAGES)``, so the checkpoint really shrinks.
-The bridge is the one-line user turn ``finish`` puts after the summary when
-the kept messages start otherwise (an agent compacted mid-loop keeps its tool
-call first); the next compaction replaces it with the summary.
+message list, asks the trigger rule (``core.context``) with cached per-message
+token counts whether the context is over ``context_window - reserve_tokens``,
+and if so replaces the list with ``[leading system messages, summary,
+(bridge), *recent]`` through ``RemoveMessage(id=REMOVE_ALL_MESSAGES)``, so the
+checkpoint really shrinks. The bridge is the one-line user turn put after the
+summary when the kept messages start otherwise (an agent compacted mid-loop
+keeps its tool call first); the next compaction replaces it with the summary.
 
-Like every adapter it has no compaction logic of its own: it converts, calls
-``prepare`` / ``run_flow`` (or ``arun_flow``) / ``finish`` from
-``adapters.messages`` and builds the state update. ``compact_thread`` and the
-opt-in ``/compact`` command force a compaction through the same path.
+Like every adapter it has no compaction logic of its own: it reads the state,
+hands the messages to the shared pipeline (``_lc.pipeline.Compactor``) and
+builds the state update. ``compact_thread`` and the opt-in ``/compact`` command
+force a compaction through the same run.
 """
 
 from __future__ import annotations
@@ -22,12 +21,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.callbacks import (
-    AsyncCallbackManagerForChainRun,
-    CallbackManagerForChainRun,
-    adispatch_custom_event,
-    dispatch_custom_event,
-)
 from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, ToolMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.constants import END
@@ -35,9 +28,20 @@ from langgraph.graph import MessagesState
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.pregel import Pregel
 
-from langchain_compaction.adapters._cache import DEFAULT_CACHE_SIZE, TokenCountCache
-from langchain_compaction.adapters.messages import Prepared, context_tokens, finish, prepare
-from langchain_compaction.core.engine import DriverReport, Summarizer, arun_flow, run_flow
+from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache
+from langchain_compaction._lc.pipeline import (
+    COMPACTION_EVENT,
+    Compactor,
+    Job,
+    Output,
+    Trigger,
+    aannounce,
+    announce,
+    in_run,
+)
+from langchain_compaction.core.context import context_tokens, needs_compaction
+from langchain_compaction.core.effects import Flow, adrive, blocking, drive, twin
+from langchain_compaction.core.engine import Summarizer
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionRecord, CompactionResult
 from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
@@ -47,6 +51,7 @@ __all__ = [
     "COMPACTION_EVENT",
     "COMPACT_COMMAND",
     "CompactionNode",
+    "CompactionRecord",
     "CompactionState",
     "acompact_thread",
     "compact_thread",
@@ -54,22 +59,8 @@ __all__ = [
     "route_after_compaction",
 ]
 
-COMPACTION_EVENT = "langchain_compaction"
-"""Name of the LangChain custom event dispatched after each compaction.
-
-Its data is the ``CompactionRecord`` (``CompactionResult.to_dict()``).
-"""
-
 COMPACT_COMMAND = "/compact"
 """The chat command that forces a compaction when ``enable_compact_command`` is set."""
-
-"""Key in the summary's mark: the id of the last message when it was written.
-
-A kept AI message carries usage from before the compaction; only an AI message
-that comes after this one reports the compacted context.
-"""
-
-_DEFAULT_OPTIONS = CompactionOptions()
 
 
 class CompactionState(MessagesState, total=False):
@@ -154,11 +145,13 @@ def _read_messages(state: Any, key: str) -> list[BaseMessage]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Pending:
-    """A compaction decided on, waiting for its summary."""
+class _Turn:
+    """What one run of the node was asked: which messages, and how to compact them."""
 
-    prepared: Prepared
-    head: int
+    messages: list[BaseMessage]
+    instructions: str = ""
+    forced: bool = False
+    command: BaseMessage | None = None
 
 
 class CompactionNode(Runnable[Any, dict[str, Any]]):
@@ -167,16 +160,17 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
     Add it before the model node of any ``StateGraph`` whose message list uses
     the ``add_messages`` reducer (``MessagesState`` or a custom state).
     ``graph.invoke`` runs it on the sync path and ``graph.ainvoke`` on the
-    async one. When the context (cached per-message estimates, or the last
-    reply's reported ``usage_metadata`` plus the estimate of what came after)
-    exceeds ``options.context_window - options.reserve_tokens``, it returns
-    ``{messages_key: [RemoveMessage(id=REMOVE_ALL_MESSAGES), *leading system
-    messages, summary, (bridge), *recent]}`` (the bridge user turn only when
-    the recent part does not start with one); otherwise an empty update. Automatic
-    compaction is off when ``context_window`` (or ``reserve_tokens``) is 0:
-    the node then compacts only on ``/compact`` or ``compact_thread``. The
-    summary it writes records the id of the last message at that moment, so
-    the stale usage on a kept reply is not mistaken for the new context size.
+    async one, where counting, planning and any blocking summarizer run off
+    the event loop. When the context (cached per-message estimates, or the
+    last reply's reported ``usage_metadata`` plus the estimate of what came
+    after) exceeds ``options.context_window - options.reserve_tokens``, it
+    returns ``{messages_key: [RemoveMessage(id=REMOVE_ALL_MESSAGES), *leading
+    system messages, summary, (bridge), *recent]}`` (the bridge user turn only
+    when the recent part does not start with one); otherwise an empty update.
+    With ``context_window=0`` automatic compaction is off and the node
+    compacts only on ``/compact`` or ``compact_thread``. The summary it writes
+    records the id of the last message at that moment, so the stale usage on
+    a kept reply is not mistaken for the new context size.
 
     Each compaction logs at INFO on the ``langchain_compaction`` logger,
     dispatches the custom event ``COMPACTION_EVENT`` with the result's dict,
@@ -188,7 +182,7 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
     Args:
         model: Writes the summaries: a chat model, Runnable, function from
             prompt text to text, or summarizer.
-        options: Budgets and prompts.
+        options: Budgets and prompts (``None`` for the defaults).
         messages_key: The state key holding the messages.
         result_key: A state key to write the ``CompactionRecord`` into, if any.
         fallback: A summarizer used when ``model`` fails.
@@ -218,7 +212,7 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
     def __init__(
         self,
         model: Any,
-        options: CompactionOptions = _DEFAULT_OPTIONS,
+        options: CompactionOptions | None = None,
         *,
         messages_key: str = "messages",
         result_key: str | None = None,
@@ -227,8 +221,6 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         name: str = "compact",
         cache_size: int = DEFAULT_CACHE_SIZE,
     ) -> None:
-        if not isinstance(options, CompactionOptions):
-            raise ConfigurationError("options", options, "pass a CompactionOptions(...)")
         if not isinstance(messages_key, str) or not messages_key:
             raise ConfigurationError("messages_key", messages_key, "pass the state key of the message list")
         if result_key is not None and (not isinstance(result_key, str) or not result_key or result_key == messages_key):
@@ -237,117 +229,89 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
             )
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
             raise ConfigurationError("cache_size", cache_size, f"pass a positive number (default {DEFAULT_CACHE_SIZE})")
-        self.summarizer: Summarizer = as_summarizer(model)
-        self.fallback: Summarizer | None = None if fallback is None else as_summarizer(fallback, field="fallback")
-        self.options = options
+        self._compactor = Compactor.build(model, options, fallback)
         self.messages_key = messages_key
         self.result_key = result_key
         self.enable_compact_command = bool(enable_compact_command)
         self.name = name
-        self._cache = TokenCountCache(options, max_entries=cache_size)
+        self._cache = TokenCountCache(self._compactor.options, max_entries=cache_size)
 
-    # -- the pure half: decide, then build the update ---------------------------------
+    @property
+    def options(self) -> CompactionOptions:
+        """The options in force."""
+        return self._compactor.options
 
     def context_tokens(self, messages: Sequence[BaseMessage]) -> int:
         """The context size the trigger compares with the threshold.
-
-        The last AI message's reported input+output tokens plus the estimate
-        of the messages after it, when it reports usage and came after the
-        last compaction; otherwise the sum of the cached estimates.
 
         Args:
             messages: The conversation.
 
         Returns:
-            The context size in tokens.
+            The context size in tokens (see ``core.context``).
         """
-        return self._context_tokens(messages, self._cache.counts(messages))
+        counts, core = self._cache.counts_and_core(messages)
+        return context_tokens(core, counts)
 
-    @staticmethod
-    def _context_tokens(messages: Sequence[BaseMessage], counts: Sequence[int]) -> int:
-        return context_tokens(messages, counts)
+    # -- pure helpers: read the turn, decide, build the update ------------------------
 
-    @property
-    def _auto(self) -> bool:
-        # The reference's ShouldCompact: a window or reserve of 0 turns it off.
-        return self.options.context_window > 0 and self.options.reserve_tokens > 0
-
-    def _over_budget(self, messages: Sequence[BaseMessage], counts: Sequence[int]) -> bool:
-        threshold = self.options.context_window - self.options.reserve_tokens
-        return self._auto and self._context_tokens(messages, counts) > threshold
-
-    def _begin(self, state: Any, *, manual: str | None) -> _Pending | dict[str, Any]:
-        """Decide what to do with ``state``: an update to return now, or a compaction."""
+    def _turn(self, state: Any, manual: str | None) -> _Turn | None:
+        """What this run must do; ``None`` when automatic compaction is off and nothing forces one."""
         messages = _read_messages(state, self.messages_key)
-        instructions, force, command = "", False, None
         if manual is not None:
-            instructions, force = manual, True
-        elif self.enable_compact_command and messages:
+            return _Turn(messages, manual, forced=True)
+        if self.enable_compact_command and messages:
             parsed = parse_compact_command(messages[-1])
             if parsed is not None:
-                command, messages = messages[-1], messages[:-1]
-                instructions, force = parsed, True
-        if not force and not self._auto:
-            return {}  # automatic compaction is off: do not even count
-        counts, core = self._cache.counts_and_core(messages)
-        if not force and not self._over_budget(messages, counts):
-            return {}
-        prepared = prepare(messages, self.options, instructions, force=force, counts=counts, core=core)
-        if prepared is None:
-            # Nothing to summarize; a command message is still consumed.
-            if command is not None and command.id is not None:
-                return {self.messages_key: [RemoveMessage(id=command.id)]}
-            return {}
-        return _Pending(prepared, len(prepared.plan.keep_head))
+                return _Turn(messages[:-1], parsed, forced=True, command=messages[-1])
+        if self.options.budget.threshold is None:
+            return None  # automatic compaction is off: do not even count
+        return _Turn(messages)
 
-    def _complete(self, pending: _Pending, report: DriverReport) -> tuple[CompactionResult, dict[str, Any]]:
-        result, output = finish(pending.prepared, report, self.options)
-        update: dict[str, Any] = {self.messages_key: [RemoveMessage(id=REMOVE_ALL_MESSAGES), *output]}
+    def _due(self, turn: _Turn, counts: list[int], core: list[Any]) -> bool:
+        return turn.forced or needs_compaction(core, counts, self.options)
+
+    def _job(self, turn: _Turn, counts: list[int], core: list[Any]) -> Job | None:
+        trigger: Trigger = "force" if turn.forced else "auto"
+        return self._compactor.prepare(turn.messages, turn.instructions, trigger=trigger, counts=counts, core=core)
+
+    def _nothing(self, turn: _Turn) -> dict[str, Any]:
+        # Nothing to summarize; a command message is still consumed.
+        if turn.command is not None and turn.command.id is not None:
+            return {self.messages_key: [RemoveMessage(id=turn.command.id)]}
+        return {}
+
+    def _update(self, output: Output) -> dict[str, Any]:
+        result, messages = output
+        update: dict[str, Any] = {self.messages_key: [RemoveMessage(id=REMOVE_ALL_MESSAGES), *messages]}
         if self.result_key is not None:
             update[self.result_key] = result.to_dict()
-        return result, update
+        return update
 
-    # -- the drivers: only the summary call and the event differ ----------------------
+    # -- the run, as one flow for both paths ----------------------------------------
 
-    def _run(
-        self,
-        state: Any,
-        run_manager: CallbackManagerForChainRun,
-        config: RunnableConfig,
-        *,
-        manual: str | None = None,
-        summarizer: Summarizer | None = None,
-        pending: _Pending | None = None,
-    ) -> tuple[CompactionResult | None, dict[str, Any]]:
-        step = pending or self._begin(state, manual=manual)
-        if isinstance(step, dict):
-            return None, step
-        report = run_flow(
-            step.prepared.flow, summarizer or self.summarizer, fallback=self.fallback, timeout=self.options.timeout
-        )
-        result, update = self._complete(step, report)
-        dispatch_custom_event(COMPACTION_EVENT, result.to_dict(), config=config)
-        return result, update
+    def _flow(
+        self, state: Any, config: RunnableConfig | None, manual: str | None = None, model: Summarizer | None = None
+    ) -> Flow[tuple[CompactionResult | None, dict[str, Any]]]:
+        turn = self._turn(state, manual)
+        if turn is None:
+            return None, {}
+        counts, core = yield twin(self._cache.counts_and_core, self._cache.acounts_and_core, turn.messages)
+        job = (yield blocking(self._job, turn, counts, core)) if self._due(turn, counts, core) else None
+        if job is None:
+            return None, self._nothing(turn)
+        done: list[CompactionResult] = []
 
-    async def _arun(
-        self,
-        state: Any,
-        run_manager: AsyncCallbackManagerForChainRun,
-        config: RunnableConfig,
-        *,
-        manual: str | None = None,
-        summarizer: Summarizer | None = None,
-        pending: _Pending | None = None,
-    ) -> tuple[CompactionResult | None, dict[str, Any]]:
-        step = pending or self._begin(state, manual=manual)
-        if isinstance(step, dict):
-            return None, step
-        report = await arun_flow(
-            step.prepared.flow, summarizer or self.summarizer, fallback=self.fallback, timeout=self.options.timeout
-        )
-        result, update = self._complete(step, report)
-        await adispatch_custom_event(COMPACTION_EVENT, result.to_dict(), config=config)
-        return result, update
+        def compaction(run_config: RunnableConfig) -> Flow[dict[str, Any]]:
+            output = yield from self._compactor.compaction(job, model)
+            yield twin(announce, aannounce, output[0], run_config)
+            done.append(output[0])
+            return self._update(output)
+
+        # A run of its own, so traces show the compaction and the event has a
+        # parent; the common turn, nothing to do, returned above without one.
+        update = yield in_run(self, compaction, state, config)
+        return done[0], update
 
     # -- the Runnable surface ---------------------------------------------------------
 
@@ -367,89 +331,15 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
             SummarizationError: The summary failed and there is no fallback.
             InvalidMessagesError: The state's message list cannot be read.
         """
-        # Decide first: the common turn, nothing to do, returns at once
-        # without opening a run of its own (no trace span, no callbacks).
-        step = self._begin(input, manual=None)
-        if isinstance(step, dict):
-            return step
-
-        def node(state: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig) -> dict[str, Any]:
-            return self._run(state, run_manager, config, pending=step)[1]
-
-        return self._call_with_config(node, input, config)
+        return drive(self._flow(input, config))[1]
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> dict[str, Any]:
         """The async twin of ``invoke`` (what ``graph.ainvoke`` calls)."""
-        step = self._begin(input, manual=None)
-        if isinstance(step, dict):
-            return step
-
-        async def node(
-            state: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
-        ) -> dict[str, Any]:
-            return (await self._arun(state, run_manager, config, pending=step))[1]
-
-        return await self._acall_with_config(node, input, config)
+        return (await adrive(self._flow(input, config)))[1]
 
     def __call__(self, state: Any, config: RunnableConfig | None = None) -> dict[str, Any]:
         """Run the node on a state dict; see ``invoke``."""
         return self.invoke(state, config)
-
-    def compact_now(
-        self,
-        state: Any,
-        *,
-        instructions: str = "",
-        model: Any = None,
-        config: RunnableConfig | None = None,
-    ) -> tuple[CompactionResult | None, dict[str, Any]]:
-        """Force a compaction of ``state`` now, whatever the budget says.
-
-        Args:
-            state: The graph state.
-            instructions: Custom instructions for the summary.
-            model: Summarizes instead of the node's model, if given.
-            config: Callbacks and tags for the run (the event goes to them).
-
-        Returns:
-            The result (``None`` when there is nothing to summarize) and the
-            state update to write.
-        """
-        summarizer = None if model is None else as_summarizer(model)
-
-        outcome: list[CompactionResult | None] = [None]
-
-        def run(value: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig) -> dict[str, Any]:
-            outcome[0], update = self._run(value, run_manager, config, manual=instructions, summarizer=summarizer)
-            return update
-
-        # A run of its own, so the custom event has a parent and traces show it.
-        update = self._call_with_config(run, state, _named(config, "compact_thread"))
-        return outcome[0], update
-
-    async def acompact_now(
-        self,
-        state: Any,
-        *,
-        instructions: str = "",
-        model: Any = None,
-        config: RunnableConfig | None = None,
-    ) -> tuple[CompactionResult | None, dict[str, Any]]:
-        """The async twin of ``compact_now``."""
-        summarizer = None if model is None else as_summarizer(model)
-
-        outcome: list[CompactionResult | None] = [None]
-
-        async def run(
-            value: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
-        ) -> dict[str, Any]:
-            outcome[0], update = await self._arun(
-                value, run_manager, config, manual=instructions, summarizer=summarizer
-            )
-            return update
-
-        update = await self._acall_with_config(run, state, _named(config, "acompact_thread"))
-        return outcome[0], update
 
 
 def _named(config: RunnableConfig | None, run_name: str) -> RunnableConfig:
@@ -483,7 +373,7 @@ def _locate(
         raise ConfigurationError(
             "model", None, "this graph has no CompactionNode; pass model=... (and options=...) to compact it"
         )
-    return None, CompactionNode(model, options or _DEFAULT_OPTIONS)
+    return None, CompactionNode(model, options)
 
 
 def compact_thread(
@@ -536,13 +426,7 @@ def compact_thread(
         >>> compact_thread(graph, config, instructions="keep the plan").messages_removed
         2
     """
-    name, compactor = _locate(graph, node, model, options)
-    snapshot = graph.get_state(config)
-    result, update = compactor.compact_now(snapshot.values, instructions=instructions, model=model, config=config)
-    if result is None:
-        return None
-    graph.update_state(config, update, as_node=name)
-    return result
+    return drive(_thread_flow(graph, config, instructions, model=model, node=node, options=options))
 
 
 async def acompact_thread(
@@ -555,12 +439,23 @@ async def acompact_thread(
     options: CompactionOptions | None = None,
 ) -> CompactionResult | None:
     """The async twin of ``compact_thread`` (``aget_state`` / ``aupdate_state``)."""
+    return await adrive(_thread_flow(graph, config, instructions, model=model, node=node, options=options))
+
+
+def _thread_flow(
+    graph: Pregel[Any, Any, Any, Any],
+    config: RunnableConfig,
+    instructions: str,
+    *,
+    model: Any,
+    node: str | None,
+    options: CompactionOptions | None,
+) -> Flow[CompactionResult | None]:
     name, compactor = _locate(graph, node, model, options)
-    snapshot = await graph.aget_state(config)
-    result, update = await compactor.acompact_now(
-        snapshot.values, instructions=instructions, model=model, config=config
-    )
-    if result is None:
-        return None
-    await graph.aupdate_state(config, update, as_node=name)
+    snapshot = yield twin(graph.get_state, graph.aget_state, config)
+    summarizer = None if model is None else as_summarizer(model)
+    flow = compactor._flow(snapshot.values, _named(config, "compact_thread"), instructions, summarizer)
+    result, update = yield from flow
+    if result is not None:
+        yield twin(graph.update_state, graph.aupdate_state, config, update, as_node=name)
     return result

@@ -1,12 +1,17 @@
-"""LangChain messages into the core's message form (inbound only).
+"""LangChain messages into the core's message form (inbound only), and the marks.
 
 Nothing here builds a LangChain message except what a compaction writes (the
 summary, and the user turn that may follow it): the kept messages are always
 the caller's own objects, sliced from the caller's list.
+
+``fingerprint`` is the one identity of a message's content the library uses:
+the token cache checks a cached count with it, chat memory compares a store's
+messages with a snapshot by it, and the Anthropic counter keys its counts by it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Sequence
@@ -22,13 +27,15 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from langchain_compaction.core.engine import format_summary
 from langchain_compaction.core.prompts import SUMMARY_HEADER
 from langchain_compaction.core.types import Message, Part, Role, ToolCall
 from langchain_compaction.errors import InvalidMessagesError
 
 SUMMARY_MARK = "langchain_compaction"
-"""Key in ``additional_kwargs`` that marks a summary message."""
+"""Key in ``additional_kwargs`` that marks a message this library wrote."""
+
+ANCHOR_KEY = "last_message_id"
+"""Key in a summary's mark: the id of the conversation's last message when it was written."""
 
 _IMAGE_BLOCKS = frozenset({"image", "image_url", "input_image", "file", "audio", "video", "document", "input_audio"})
 _REASONING_BLOCKS = frozenset({"thinking", "reasoning", "redacted_thinking"})
@@ -46,11 +53,48 @@ _CHAT_ROLES: dict[str, Role] = {
 }
 
 
-def _json(value: Any) -> str:
+def json_text(value: Any) -> str:
+    """``value`` as key-sorted JSON text (``str(value)`` if it is not JSON data)."""
     try:
         return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
     except (TypeError, ValueError):
         return str(value)
+
+
+def fingerprint(message: BaseMessage) -> str:
+    """A stable digest of everything that makes ``message`` this message.
+
+    It covers the type, id, name, content, tool calls and tool-result fields,
+    a chat role and this library's mark, and is the same in every process
+    (a store round trip keeps it).
+
+    Args:
+        message: A LangChain message.
+
+    Returns:
+        A 32-character hex digest.
+    """
+    # Runs once per message per turn on a cold cache, so structured values go
+    # through ``repr`` (their values are JSON-like: equal reprs, equal values).
+    content = message.content
+    body = content if type(content) is str else repr(content)
+    extra = ""
+    if isinstance(message, AIMessage):
+        if message.tool_calls or message.invalid_tool_calls:
+            extra = repr(message.tool_calls) + repr(message.invalid_tool_calls)
+        if message.usage_metadata:
+            extra += repr(message.usage_metadata)
+    elif isinstance(message, ToolMessage):
+        extra = f"{message.tool_call_id}\x00{message.status}"
+    elif isinstance(message, ChatMessage):
+        extra = message.role
+    mark = message.additional_kwargs.get(SUMMARY_MARK)
+    if mark:
+        extra += repr(mark)
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{message.type}\x00{message.id}\x00{message.name}\x00{extra}\x00".encode("utf-8", "surrogatepass"))
+    digest.update(body.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
 
 
 def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
@@ -76,7 +120,7 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
         return None  # the same call is in ``tool_calls``; count it once
     if kind == "compaction":
         return Part("compaction", str(block.get("content") or block.get("text") or ""))
-    return Part("data", _json(block))
+    return Part("data", json_text(block))
 
 
 def _parts(content: Any, skip_ids: frozenset[str] = frozenset()) -> tuple[Part, ...]:
@@ -87,7 +131,7 @@ def _parts(content: Any, skip_ids: frozenset[str] = frozenset()) -> tuple[Part, 
         return tuple(p for p in parts if p is not None)
     if content is None:
         return ()
-    return (Part("data", _json(content)),)
+    return (Part("data", json_text(content)),)
 
 
 def is_summary_message(message: BaseMessage) -> bool:
@@ -117,6 +161,46 @@ def is_compaction_message(message: BaseMessage) -> bool:
     return is_summary_message(message) or is_bridge_message(message)
 
 
+def _usage_total(message: AIMessage) -> int:
+    usage = message.usage_metadata
+    if not usage:
+        return 0
+    return int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+
+
+def _assistant(message: AIMessage) -> Message:
+    calls = tuple(
+        ToolCall(call.get("id"), str(call.get("name") or ""), json_text(call.get("args", {})))
+        for call in message.tool_calls
+    ) + tuple(
+        ToolCall(call.get("id"), str(call.get("name") or ""), str(call.get("args") or ""))
+        for call in message.invalid_tool_calls
+    )
+    skip = frozenset(str(c.id) for c in calls if c.id)
+    return Message(
+        "assistant",
+        _parts(message.content, skip),
+        tool_calls=calls,
+        name=message.name,
+        id=message.id,
+        reported_tokens=_usage_total(message),
+    )
+
+
+def _system(message: SystemMessage) -> Message:
+    if not is_summary_message(message):
+        return Message("system", _parts(message.content), id=message.id)
+    mark = message.additional_kwargs.get(SUMMARY_MARK)
+    after = mark.get(ANCHOR_KEY) if isinstance(mark, dict) else None
+    return Message(
+        "system",
+        _parts(message.content),
+        is_summary=True,
+        id=message.id,
+        written_after=after if isinstance(after, str) else None,
+    )
+
+
 def to_core(message: object, index: int = 0) -> Message:
     """Convert one LangChain message into the core's form.
 
@@ -137,23 +221,15 @@ def to_core(message: object, index: int = 0) -> Message:
             "dicts, tuples and strings)"
         )
         raise InvalidMessagesError(msg, index=index)
+    if isinstance(message, AIMessage):
+        return _assistant(message)
     if isinstance(message, SystemMessage):
-        return Message("system", _parts(message.content), is_summary=is_summary_message(message))
+        return _system(message)
     if isinstance(message, HumanMessage):
         if is_bridge_message(message):
             # Part of the previous compaction's output: replaced, never summarized.
-            return Message("user", (Part("text", BRIDGE_TEXT),), is_summary=True, label="bridge")
-        return Message("user", _parts(message.content), name=message.name)
-    if isinstance(message, AIMessage):
-        calls = tuple(
-            ToolCall(call.get("id"), str(call.get("name") or ""), _json(call.get("args", {})))
-            for call in message.tool_calls
-        ) + tuple(
-            ToolCall(call.get("id"), str(call.get("name") or ""), str(call.get("args") or ""))
-            for call in message.invalid_tool_calls
-        )
-        skip = frozenset(str(c.id) for c in calls if c.id)
-        return Message("assistant", _parts(message.content, skip), tool_calls=calls, name=message.name)
+            return Message("user", (Part("text", BRIDGE_TEXT),), is_summary=True, label="bridge", id=message.id)
+        return Message("user", _parts(message.content), name=message.name, id=message.id)
     if isinstance(message, ToolMessage):
         return Message(
             "tool",
@@ -161,14 +237,15 @@ def to_core(message: object, index: int = 0) -> Message:
             tool_call_id=message.tool_call_id,
             name=message.name,
             is_error=message.status == "error",
+            id=message.id,
         )
     if isinstance(message, FunctionMessage):
         # A legacy function result: it must stay with the call before it.
-        return Message("tool", _parts(message.content), name=message.name)
+        return Message("tool", _parts(message.content), name=message.name, id=message.id)
     if isinstance(message, ChatMessage):
         role = _CHAT_ROLES.get(message.role.lower(), "other")
-        return Message(role, _parts(message.content), label=message.role)
-    return Message("other", _parts(message.content), label=message.type)
+        return Message(role, _parts(message.content), label=message.role, id=message.id)
+    return Message("other", _parts(message.content), label=message.type, id=message.id)
 
 
 def to_core_list(messages: Sequence[object]) -> list[Message]:
@@ -190,27 +267,22 @@ def bridge_message() -> HumanMessage:
     )
 
 
-def summary_message(summary: str, *, result_id: str | None = None, last_message_id: str | None = None) -> SystemMessage:
+def summary_message(summary: str, *, last_message_id: str | None = None) -> SystemMessage:
     """The system message that carries a summary, marked for later updates.
 
     Args:
-        summary: The summary text.
-        result_id: The id to give the message (a fresh one when ``None``).
+        summary: The summary's content, as ``compose_summary`` lays it out.
         last_message_id: The id of the conversation's last message when the
-            summary was written (dates reported usage; see ``usage_anchor``).
+            summary was written (dates reported usage; see ``core.context``).
 
     Returns:
-        A ``SystemMessage`` headed like the reference's summary.
+        A marked ``SystemMessage`` with a fresh id.
     """
-    return SystemMessage(
-        content=format_summary(summary),
-        id=result_id or f"compaction-summary-{uuid.uuid4().hex}",
-        additional_kwargs={SUMMARY_MARK: _mark("summary", last_message_id)},
-    )
-
-
-def _mark(kind: str, last_message_id: str | None) -> dict[str, object]:
-    mark: dict[str, object] = {"kind": kind, "version": 1}
+    mark: dict[str, object] = {"kind": "summary", "version": 1}
     if last_message_id is not None:
-        mark["last_message_id"] = last_message_id
-    return mark
+        mark[ANCHOR_KEY] = last_message_id
+    return SystemMessage(
+        content=summary,
+        id=f"compaction-summary-{uuid.uuid4().hex}",
+        additional_kwargs={SUMMARY_MARK: mark},
+    )

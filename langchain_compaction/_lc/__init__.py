@@ -1,0 +1,1 @@
+"""LangChain glue shared by every adapter: conversion, counting, the compaction pipeline (private)."""

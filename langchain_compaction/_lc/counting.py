@@ -1,0 +1,216 @@
+"""Token counts of LangChain messages, with the options' counter, cached per message.
+
+``count_messages`` counts a whole list the way the options say: the built-in
+estimate over the core form, or the user's ``token_counter`` (a counter that
+can count a whole conversation at once, such as the Anthropic counter, is
+asked once; any other, per message). Every count a user's counter returns is
+checked by ``checked_count``.
+
+``TokenCountCache`` makes a hot loop pay only for new messages. A graph node
+sees the whole history on every turn, and LangGraph hands it freshly
+deserialized message objects each run, so the cache is keyed by the message id
+(``add_messages`` gives every message one) and checked by the message's
+``fingerprint``, which catches a message replaced under the same id. Within
+one run the node sees the very same objects again, so a prefix of the previous
+call's objects is reused without even a fingerprint. The cost: an in-place
+edit of a message object already seen (``message.content = ...``, which
+LangGraph never does: ``add_messages`` replaces a message with a new object)
+goes unnoticed until the message arrives as a new object.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import Sequence
+
+from langchain_core.messages import BaseMessage
+
+from langchain_compaction._lc.convert import fingerprint, to_core, to_core_list
+from langchain_compaction.core.effects import off_loop
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.tokens import estimate_message
+from langchain_compaction.core.types import Message
+from langchain_compaction.errors import InvalidMessagesError
+
+DEFAULT_CACHE_SIZE = 200_000
+"""Messages remembered per cache before the oldest quarter is dropped."""
+
+# Up to this many messages are counted on the event loop itself (with the
+# built-in estimate: microseconds each); more go to a worker thread.
+_INLINE_NEW_MESSAGES = 64
+
+
+def checked_count(value: object, index: int) -> int:
+    """``value`` as a token count, or the error that says what the counter got wrong.
+
+    Args:
+        value: What a custom ``token_counter`` returned for ``messages[index]``.
+        index: The message's position, for the error message.
+
+    Returns:
+        The count.
+
+    Raises:
+        InvalidMessagesError: ``value`` is not a non-negative int.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        msg = (
+            f"token_counter returned {value!r} for messages[{index}]; it must return a "
+            "non-negative int (count_tokens_approximately is a ready one)"
+        )
+        raise InvalidMessagesError(msg, index=index)
+    return value
+
+
+def count_messages(messages: Sequence[BaseMessage], core: Sequence[Message], options: CompactionOptions) -> list[int]:
+    """The token count of each message, with the counter ``options`` names.
+
+    Args:
+        messages: The messages.
+        core: Their core forms.
+        options: The options in force.
+
+    Returns:
+        One count per message.
+
+    Raises:
+        InvalidMessagesError: The custom counter returned a bad count.
+    """
+    counter = options.token_counter
+    if counter is None:
+        return [estimate_message(m) for m in core]
+    # A counter that can count a whole conversation at once (the Anthropic
+    # counter: one request, exact sum) does; any other is asked per message.
+    count_each = getattr(counter, "count_each", None)
+    values = list(count_each(messages)) if callable(count_each) else [counter([m]) for m in messages]
+    if len(values) != len(messages):
+        msg = f"token_counter.count_each returned {len(values)} counts for {len(messages)} messages"
+        raise InvalidMessagesError(msg)
+    return [checked_count(value, index) for index, value in enumerate(values)]
+
+
+def counts_and_core(messages: Sequence[BaseMessage], options: CompactionOptions) -> tuple[list[int], list[Message]]:
+    """Core forms and counts of ``messages``, uncached."""
+    core = to_core_list(messages)
+    return count_messages(messages, core, options), core
+
+
+class TokenCountCache:
+    """Token counts per message id, recounted only when a message changes.
+
+    Messages without an id are counted every time (nothing safe to key them
+    by). The cache is bounded: past ``max_entries`` the oldest quarter is
+    dropped, so a long-lived server does not grow without limit; a dropped
+    message is simply counted again the next time it is seen.
+
+    Example:
+        >>> from langchain_core.messages import HumanMessage
+        >>> cache = TokenCountCache(CompactionOptions())
+        >>> msg = HumanMessage("a" * 400, id="m1")
+        >>> cache.counts([msg]) == cache.counts([msg]) == [104]
+        True
+        >>> cache.misses
+        1
+    """
+
+    def __init__(self, options: CompactionOptions, *, max_entries: int = DEFAULT_CACHE_SIZE) -> None:
+        self._options = options
+        self._max_entries = max(int(max_entries), 1)
+        self._entries: dict[str, tuple[str, int, Message]] = {}
+        self._lock = threading.Lock()
+        # The previous call's messages, counts and core forms, as one tuple so
+        # threads swap it atomically.
+        self._last: tuple[list[BaseMessage], list[int], list[Message]] = ([], [], [])
+        self.misses = 0
+        """Messages counted (cache misses) since the cache was made."""
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def counts(self, messages: Sequence[BaseMessage]) -> list[int]:
+        """The token count of each message, from the cache where it is current.
+
+        Args:
+            messages: The conversation.
+
+        Returns:
+            One count per message, in order.
+        """
+        return self.counts_and_core(messages)[0]
+
+    def _reused(self, messages: Sequence[BaseMessage]) -> int:
+        """How many leading messages are the very objects of the previous call."""
+        last = self._last[0]
+        known = len(last)
+        if len(messages) >= known and all(map(operator.is_, messages[:known], last)):
+            return known  # the common case: the same history plus new messages
+        same = list(map(operator.is_, messages, last))
+        return same.index(False) if False in same else len(same)
+
+    def counts_and_core(self, messages: Sequence[BaseMessage]) -> tuple[list[int], list[Message]]:
+        """Token counts and core forms of ``messages``, cached together.
+
+        Args:
+            messages: The conversation.
+
+        Returns:
+            One count and one core message per message, in order.
+        """
+        reused = self._reused(messages)
+        _, last_counts, last_core = self._last
+        out, core = last_counts[:reused], last_core[:reused]
+        missing: list[tuple[int, str]] = []
+        entries = self._entries
+        for index in range(reused, len(messages)):
+            message = messages[index]
+            key = message.id if isinstance(message, BaseMessage) else None
+            mark = fingerprint(message) if key is not None else ""
+            hit = entries.get(key) if key is not None else None
+            if hit is not None and hit[0] == mark:
+                out.append(hit[1])
+                core.append(hit[2])
+                continue
+            missing.append((index, mark))
+            out.append(0)
+            core.append(to_core(message, index))  # raises InvalidMessagesError naming the index
+        if missing:
+            self._count_missing(messages, missing, out, core)
+        self._last = (list(messages), out, core)
+        return list(out), list(core)
+
+    def _count_missing(
+        self, messages: Sequence[BaseMessage], missing: list[tuple[int, str]], out: list[int], core: list[Message]
+    ) -> None:
+        self.misses += len(missing)
+        batch = [messages[i] for i, _ in missing]
+        values = count_messages(batch, [core[i] for i, _ in missing], self._options)
+        fresh: list[tuple[str, tuple[str, int, Message]]] = []
+        for (index, mark), value in zip(missing, values):
+            out[index] = value
+            key = messages[index].id
+            if key is not None:
+                fresh.append((key, (mark, value, core[index])))
+        self._remember(fresh)
+
+    async def acounts_and_core(self, messages: Sequence[BaseMessage]) -> tuple[list[int], list[Message]]:
+        """``counts_and_core`` without blocking the event loop.
+
+        A few new messages under the built-in estimate are counted in place;
+        a custom counter (it may make a network call) or a long unseen history
+        is counted in a worker thread.
+        """
+        if self._options.token_counter is None and len(messages) - self._reused(messages) <= _INLINE_NEW_MESSAGES:
+            return self.counts_and_core(messages)
+        return await off_loop(self.counts_and_core, messages)
+
+    def _remember(self, fresh: list[tuple[str, tuple[str, int, Message]]]) -> None:
+        if not fresh:
+            return
+        with self._lock:
+            entries = self._entries
+            entries.update(fresh)
+            if len(entries) > self._max_entries:
+                # dicts keep insertion order: the first keys are the oldest.
+                for stale in list(entries)[: max(len(entries) // 4, len(entries) - self._max_entries)]:
+                    del entries[stale]

@@ -1,0 +1,303 @@
+"""The compaction pipeline every adapter shares: prepare, summarize, finish.
+
+A ``Compactor`` holds what a compaction needs (the summarizer, the fallback,
+the options) and runs the three steps over a LangChain message list:
+
+1. ``prepare``: convert and count (or take the adapter's cached counts), ask
+   the one trigger rule when the compaction is automatic, try clearing old tool
+   outputs first when the options say so, plan the cut and create the summary
+   flow. Pure; on async paths it runs off the event loop.
+2. ``compaction``: the summarizer calls (``core.engine.summarize``), then
+   ``finish``, as one flow an adapter drives sync or async (``core.effects``).
+3. ``finish``: lay the output out (``core.layout``) and map it back to the
+   caller's own objects: ``[leading system messages, summary, (bridge),
+   *kept]``, with the result's figures.
+
+The adapters differ only in where the output goes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast
+
+from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_event
+from langchain_core.messages import BaseMessage
+from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables.config import ensure_config, get_callback_manager_for_config
+
+from langchain_compaction._lc.convert import SUMMARY_MARK, bridge_message, summary_message, to_core, to_core_list
+from langchain_compaction._lc.counting import count_messages
+from langchain_compaction.core.clearing import ClearingPlan, plan_clearing
+from langchain_compaction.core.context import needs_compaction
+from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
+from langchain_compaction.core.engine import DriverReport, Summarizer, summarize
+from langchain_compaction.core.flow import SummaryFlow, compaction_flow
+from langchain_compaction.core.layout import clearing_result, compaction_result, compose_summary, layout
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.plan import Plan, plan_compaction
+from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.core.types import Message
+from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
+from langchain_compaction.summarizers.chat_model import as_summarizer
+
+logger = logging.getLogger("langchain_compaction")
+
+_T = TypeVar("_T")
+
+COMPACTION_EVENT = "langchain_compaction"
+"""Name of the LangChain custom event dispatched after each compaction.
+
+Its data is the ``CompactionRecord`` (``CompactionResult.to_dict()``).
+"""
+
+Trigger = Literal["auto", "force"]
+"""``auto``: only when the trigger rule says so (clearing first, if enabled); ``force``: now."""
+
+Output = tuple[CompactionResult, list[BaseMessage]]
+"""A finished compaction: its figures and the compacted list."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A compaction planned over a LangChain list, ready to be driven.
+
+    Attributes:
+        messages: The caller's list.
+        core: Its core form.
+        counts: Token count per message.
+        plan: The plan (``None`` when clearing old tool outputs is enough).
+        flow: The summary flow for the plan (``None`` likewise).
+        clearing: Which tool outputs to clear instead of summarizing, if that is enough.
+    """
+
+    messages: Sequence[BaseMessage]
+    core: list[Message]
+    counts: list[int]
+    plan: Plan | None
+    flow: SummaryFlow | None
+    clearing: ClearingPlan | None = None
+
+
+def _check_messages(messages: object) -> Sequence[BaseMessage]:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        msg = (
+            f"messages is a {type(messages).__name__}, not a list of messages; pass a list of "
+            "LangChain messages (convert_to_messages converts dicts, tuples and strings)"
+        )
+        raise InvalidMessagesError(msg)
+    return messages
+
+
+@dataclass(frozen=True, slots=True)
+class Compactor:
+    """What a compaction needs, and the three steps that make one.
+
+    Attributes:
+        summarizer: Writes the summaries.
+        fallback: Takes over when the summarizer fails, if given.
+        options: The options in force.
+    """
+
+    summarizer: Summarizer
+    fallback: Summarizer | None
+    options: CompactionOptions
+
+    @classmethod
+    def build(cls, model: Any, options: object, fallback: Any = None) -> Compactor:
+        """Accept what a user passes (a model, options or ``None``, a fallback) and check it.
+
+        Raises:
+            ConfigurationError: An argument is not what it should be.
+        """
+        if options is None:
+            options = CompactionOptions()
+        if not isinstance(options, CompactionOptions):
+            raise ConfigurationError("options", options, "pass CompactionOptions(context_window=...), or None")
+        backup = None if fallback is None else as_summarizer(fallback, field="fallback")
+        return cls(as_summarizer(model), backup, options)
+
+    def prepare(
+        self,
+        messages: Sequence[BaseMessage],
+        instructions: str = "",
+        *,
+        trigger: Trigger,
+        counts: Sequence[int] | None = None,
+        core: Sequence[Message] | None = None,
+        overhead: int = 0,
+    ) -> Job | None:
+        """Plan a compaction of ``messages``; ``None`` if there is nothing to do.
+
+        Args:
+            messages: The conversation.
+            instructions: Appended to the summary prompt.
+            trigger: ``"auto"`` asks the trigger rule first; ``"force"`` compacts now.
+            counts: Token counts per message, when the caller has them cached.
+            core: The core form of each message, when the caller has it cached.
+            overhead: Tokens the request carries besides the messages.
+
+        Returns:
+            The job, or ``None``.
+        """
+        if not isinstance(instructions, str):
+            raise ConfigurationError("custom_instructions", instructions, "pass a string ('' for none)")
+        messages = _check_messages(messages)
+        converted = list(core) if core is not None and len(core) == len(messages) else to_core_list(messages)
+        sizes = list(counts) if counts is not None else count_messages(messages, converted, self.options)
+        if trigger == "auto":
+            if not needs_compaction(converted, sizes, self.options, overhead):
+                return None
+            clearing = self._clearing(converted, sizes)
+            if clearing is not None:
+                return Job(messages, converted, sizes, None, None, clearing)
+        plan = plan_compaction(converted, sizes, self.options.keep_recent_tokens, force=trigger == "force")
+        if plan is None:
+            return None
+        flow = compaction_flow(
+            converted, plan, self.options, instructions.strip(), originals=tuple(messages), counts=sizes
+        )
+        return Job(messages, converted, sizes, plan, flow)
+
+    def _clearing(self, core: Sequence[Message], counts: Sequence[int]) -> ClearingPlan | None:
+        options, target = self.options, self.options.budget.clearing_target
+        if not options.clear_tool_outputs or target is None:
+            return None
+        return plan_clearing(
+            core,
+            counts,
+            keep_recent_tokens=options.keep_recent_tokens,
+            target_tokens=target,
+            keep_tool_uses=options.keep_tool_uses,
+            exclude_tools=options.clear_exclude_tools,
+            min_tokens=options.clear_min_tokens,
+        )
+
+    def compaction(self, job: Job, summarizer: Summarizer | None = None) -> Flow[Output]:
+        """Summarize ``job`` (with ``summarizer`` instead of the compactor's, if given), then finish.
+
+        Returns:
+            A flow for ``drive`` / ``adrive`` that returns the result and the compacted list.
+        """
+        report = None
+        if job.flow is not None:
+            report = yield from summarize(
+                job.flow, summarizer or self.summarizer, fallback=self.fallback, timeout=self.options.timeout
+            )
+        # Finishing counts what was written, with the user's counter if any:
+        # off the event loop on the async path.
+        output: Output = yield blocking(self.finish, job, report)
+        return output
+
+    def finish(self, job: Job, report: DriverReport | None) -> Output:
+        """The compacted list, as the caller's own objects around what was written, and its figures.
+
+        Args:
+            job: From ``prepare``.
+            report: From the driver (``None`` for a clearing).
+
+        Returns:
+            The result and the compacted list.
+        """
+        if job.clearing is not None:
+            return self._finish_clearing(job, job.clearing)
+        assert job.plan is not None  # a summary job ...
+        assert report is not None  # ... was driven
+        original = job.messages
+        shape = layout(job.core, job.plan, self.options)
+        written: list[BaseMessage] = [
+            summary_message(compose_summary(report.outcome.summary), last_message_id=original[-1].id)
+        ]
+        if shape.bridge:
+            written.append(bridge_message())
+        output = [*(original[i] for i in shape.head), *written, *(original[i] for i in shape.kept)]
+        written_tokens = sum(count_messages(written, [to_core(m) for m in written], self.options))
+        result = compaction_result(job.plan, shape, job.counts, written_tokens, report=report, options=self.options)
+        _log(result, self.options)
+        return result, output
+
+    def _finish_clearing(self, job: Job, clearing: ClearingPlan) -> Output:
+        output = list(job.messages)
+        for index, text in zip(clearing.indices, clearing.contents):
+            message = output[index]
+            mark = {"kind": "cleared", "tokens": job.counts[index]}
+            output[index] = message.model_copy(
+                update={"content": text, "additional_kwargs": {**message.additional_kwargs, SUMMARY_MARK: mark}}
+            )
+        replaced = [output[i] for i in clearing.indices]
+        placeholders = sum(count_messages(replaced, [to_core(m) for m in replaced], self.options))
+        result = clearing_result(clearing, job.counts, placeholders)
+        logger.info(
+            "cleared %d old tool outputs instead of summarizing: %d -> %d tokens",
+            result.tool_outputs_cleared,
+            result.original_tokens,
+            result.compacted_tokens,
+        )
+        return result, output
+
+
+def _log(result: CompactionResult, options: CompactionOptions) -> None:
+    if result.over_budget:
+        # The kept part alone is over the threshold (one huge recent message):
+        # nothing more can be summarized without touching what must be kept.
+        logger.warning(
+            "the compacted context is still over budget: %d tokens > %d (the kept messages alone are too large)",
+            result.compacted_tokens,
+            options.budget.threshold,
+        )
+    logger.info(
+        "compacted %d messages into a summary: %d -> %d tokens (cut at %d, %d summarizer call(s)%s)",
+        result.messages_removed,
+        result.original_tokens,
+        result.compacted_tokens,
+        result.cut_index,
+        result.summarizer_calls,
+        ", fallback used" if result.fallback_used else "",
+    )
+
+
+def _listening(config: RunnableConfig | None) -> bool:
+    # dispatch_custom_event raises outside a run (a hook called directly, as in
+    # a unit test of the hook); there is then no one to tell.
+    return get_callback_manager_for_config(ensure_config(config)).parent_run_id is not None
+
+
+def announce(result: CompactionResult, config: RunnableConfig | None = None) -> None:
+    """Dispatch ``COMPACTION_EVENT`` with the result, when a run is listening."""
+    if _listening(config):
+        dispatch_custom_event(COMPACTION_EVENT, result.to_dict(), config=config)
+
+
+async def aannounce(result: CompactionResult, config: RunnableConfig | None = None) -> None:
+    """The async twin of ``announce``."""
+    if _listening(config):
+        await adispatch_custom_event(COMPACTION_EVENT, result.to_dict(), config=config)
+
+
+def _in_run(
+    runnable: Runnable[Any, _T], flow: Callable[[RunnableConfig], Flow[_T]], value: Any, config: RunnableConfig | None
+) -> _T:
+    def run(_value: Any, config: RunnableConfig) -> _T:
+        return drive(flow(config))
+
+    # LangChain passes ``config`` to a function that names it (its stubs list
+    # only the run-manager forms).
+    return runnable._call_with_config(cast("Callable[[Any], _T]", run), value, config)
+
+
+async def _ain_run(
+    runnable: Runnable[Any, _T], flow: Callable[[RunnableConfig], Flow[_T]], value: Any, config: RunnableConfig | None
+) -> _T:
+    async def run(_value: Any, config: RunnableConfig) -> _T:
+        return await adrive(flow(config))
+
+    return await runnable._acall_with_config(cast("Callable[[Any], Awaitable[_T]]", run), value, config)
+
+
+def in_run(
+    runnable: Runnable[Any, _T], flow: Callable[[RunnableConfig], Flow[_T]], value: Any, config: RunnableConfig | None
+) -> Call[_T]:
+    """A step that runs ``flow(run_config)`` inside a traced run of ``runnable`` (callbacks see it)."""
+    return twin(_in_run, _ain_run, runnable, flow, value, config)

@@ -1,1 +1,0 @@
-"""Adapters from LangChain and LangGraph objects to the core."""

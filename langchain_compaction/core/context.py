@@ -1,0 +1,101 @@
+"""How big the context is, and whether it is time to compact: the one trigger rule.
+
+Every adapter, the command line and the public ``should_compact`` ask
+``needs_compaction``; nothing else compares a size with a threshold.
+
+The size is what the provider will bill when it can be known: the last reply's
+reported input + output tokens (``Message.reported_tokens``, from
+``usage_metadata``) plus the estimate of the messages after it. A reply is
+trusted only when it came after the last compaction: a reply kept from before
+still carries the old, larger figure. Each summary records the id of the
+conversation's last message when it was written (``Message.written_after``);
+a reply that does not come after that message is stale. Without a trusted
+reply, the size is the sum of the per-message counts plus ``overhead`` (what
+the request carries besides the messages: a system prompt and tool schemas
+kept outside the list).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.types import Message
+
+
+def usage_anchor(messages: Sequence[Message]) -> tuple[int, int] | None:
+    """The last reply's index and reported tokens, if they can be trusted.
+
+    Args:
+        messages: The conversation.
+
+    Returns:
+        ``(index, reported tokens)``, or ``None``.
+    """
+    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), None)
+    if last is None or messages[last].reported_tokens <= 0:
+        return None
+    # Summaries sit in the leading system block: look there only, so a turn
+    # stays O(new messages) on a long history.
+    lead = 0
+    while lead < last and messages[lead].role == "system":
+        lead += 1
+    summaries = [m for m in messages[:lead] if m.is_summary]
+    if summaries:
+        written_after = summaries[-1].written_after
+        # The reply is fresh only if the message the summary was written
+        # after comes before it (the tail after the reply is short).
+        if written_after is None or any(m.id == written_after for m in messages[last:]):
+            return None
+    return last, messages[last].reported_tokens
+
+
+def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead: int = 0) -> int:
+    """The context size the trigger compares with the threshold.
+
+    Args:
+        messages: The conversation.
+        counts: Token count per message.
+        overhead: Tokens sent besides the messages (already in reported usage).
+
+    Returns:
+        The context size in tokens.
+    """
+    anchor = usage_anchor(messages)
+    if anchor is None:
+        return sum(counts) + overhead
+    index, reported = anchor
+    return reported + sum(counts[index + 1 :])
+
+
+def over_threshold(messages: Sequence[Message], counts: Sequence[int], threshold: int, overhead: int = 0) -> bool:
+    """Whether the context is larger than ``threshold`` tokens.
+
+    Args:
+        messages: The conversation.
+        counts: Token count per message.
+        threshold: The size that must not be exceeded.
+        overhead: Tokens sent besides the messages.
+
+    Returns:
+        ``context_tokens(messages, counts, overhead) > threshold``.
+    """
+    return context_tokens(messages, counts, overhead) > threshold
+
+
+def needs_compaction(
+    messages: Sequence[Message], counts: Sequence[int], options: CompactionOptions, overhead: int = 0
+) -> bool:
+    """Whether automatic compaction should fire: the context is over the threshold.
+
+    Args:
+        messages: The conversation.
+        counts: Token count per message.
+        options: The options in force (``context_window=0`` turns it off).
+        overhead: Tokens sent besides the messages.
+
+    Returns:
+        True when ``context_tokens`` exceeds ``context_window - reserve_tokens``.
+    """
+    threshold = options.budget.threshold
+    return threshold is not None and over_threshold(messages, counts, threshold, overhead)

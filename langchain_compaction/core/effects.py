@@ -1,0 +1,110 @@
+"""Sync and async from one flow: the library's only pair of drivers.
+
+Everything in the library that has a sync and an async form (a summary call,
+a store write, a model call in the middleware, a lock around a rewrite) is
+written once, as a generator that yields ``Call`` values and receives their
+results. ``drive`` runs such a flow with blocking calls, ``adrive`` with
+awaited ones; nothing else in the package differs between the two paths.
+
+A ``Call`` carries both forms of one step: ``twin(f, af, ...)`` pairs a sync
+function with its async counterpart, and ``blocking(f, ...)`` runs ``f`` in
+place on the sync path and in a worker thread on the async one, so the event
+loop never waits on a token counter, a blocking summarizer or a large plan.
+An exception raised by a call is thrown into the flow at its ``yield``, so a
+flow handles failures where it makes the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Generic, ParamSpec, TypeVar
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[_T_co]):
+    """One step of a flow, in its sync and its async form.
+
+    Attributes:
+        run: Makes the step, blocking.
+        arun: Makes the step, awaited.
+    """
+
+    run: Callable[[], _T_co]
+    arun: Callable[[], Awaitable[_T_co]]
+
+
+Flow = Generator[Call[Any], Any, _T]
+"""A flow: yields calls, receives each result, returns its value."""
+
+
+async def off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """Run blocking ``function`` in a worker thread, with the caller's context.
+
+    Args:
+        function: What to run.
+        *args: Its arguments.
+        **kwargs: Its keyword arguments.
+
+    Returns:
+        What it returns.
+    """
+    return await asyncio.to_thread(function, *args, **kwargs)
+
+
+def twin(sync: Callable[..., _T], asynchronous: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> Call[_T]:
+    """A step made by ``sync(*args, **kwargs)``, or awaited as ``asynchronous(*args, **kwargs)``."""
+    return Call(functools.partial(sync, *args, **kwargs), functools.partial(asynchronous, *args, **kwargs))
+
+
+def blocking(function: Callable[..., _T], *args: Any, **kwargs: Any) -> Call[_T]:
+    """A step made by ``function`` in place, or in a worker thread on the async path."""
+    return Call(functools.partial(function, *args, **kwargs), functools.partial(off_loop, function, *args, **kwargs))
+
+
+def drive(flow: Flow[_T]) -> _T:
+    """Run ``flow`` with blocking calls; return what it returns.
+
+    Example:
+        >>> def flow():
+        ...     x = yield blocking(len, "abc")
+        ...     return x * 2
+        >>> drive(flow())
+        6
+    """
+    try:
+        step = next(flow)
+        while True:
+            try:
+                value = step.run()
+            except Exception as exc:
+                step = flow.throw(exc)
+            else:
+                step = flow.send(value)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    finally:
+        flow.close()
+
+
+async def adrive(flow: Flow[_T]) -> _T:
+    """Run ``flow`` with awaited calls; see ``drive``."""
+    try:
+        step = next(flow)
+        while True:
+            try:
+                value = await step.arun()
+            except Exception as exc:
+                step = flow.throw(exc)
+            else:
+                step = flow.send(value)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    finally:
+        flow.close()

@@ -1,0 +1,320 @@
+"""The summary flow: which requests a compaction sends, as a pure generator.
+
+``compaction_flow`` yields one ``SummaryRequest`` per summarizer call and
+receives each answer (a ``SummaryReply``) back; it never calls a model, so the
+sync and async drivers (``core.engine``) share every line of it.
+
+A region larger than the summarizer's input budget is summarized in chunks,
+each updating the running summary, so every compacted message is shown to the
+summarizer (LangChain's ``SummarizationMiddleware`` shows only the last 4,000
+tokens). A single oversize message is shortened in the transcript, head and
+tail kept, with a marker saying how much was cut. Each answer is checked
+(``review_summary``); a rejected one is asked for once more with the problem
+stated, then handed to the driver's fallback.
+
+The transcript blocks are built when the flow is created, not when it is first
+advanced: an async adapter creates it in a worker thread, and advancing it on
+the event loop then only renders prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, replace
+
+from langchain_compaction.core import prompts
+from langchain_compaction.core.layout import summary_body
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.plan import Plan
+from langchain_compaction.core.redact import apply_redactor, redact_message
+from langchain_compaction.core.tokens import estimate_tokens
+from langchain_compaction.core.transcript import Block, make_block, make_fence, render, render_previous_summary, shorten
+from langchain_compaction.core.types import FALLBACK_ATTEMPT, Message, SummaryReply, SummaryRequest
+
+# No message is shortened below this, however small the budget.
+_MIN_MESSAGE_TOKENS = 256
+
+SummaryFlow = Generator[SummaryRequest, SummaryReply, "Outcome"]
+"""What ``compaction_flow`` returns: requests out, replies in, the outcome at the end."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the flow produced.
+
+    Attributes:
+        summary: The final summary text (no header).
+        calls: Summarizer calls made.
+        chunks: Chunks the region was split into.
+        input_tokens: Estimated tokens sent over all calls (in the
+            cache-aligned mode, the prefix as sent).
+        shortened: Messages shortened in the transcript.
+        updated_previous: Whether a previous summary was updated.
+    """
+
+    summary: str
+    calls: int
+    chunks: int
+    input_tokens: int
+    shortened: int
+    updated_previous: bool
+
+
+def instructions_text(options: CompactionOptions, updating: bool) -> str:
+    """The instructions after the transcript: write a summary, or update one."""
+    if updating:
+        if options.update_prompt is not None:
+            return options.update_prompt
+        if options.summary_prompt is not None:
+            return prompts.UPDATE_PREFIX + "\n\n" + options.summary_prompt
+        return prompts.UPDATE_PROMPT
+    return options.summary_prompt or prompts.CHECKPOINT_PROMPT
+
+
+def review_summary(text: str, options: CompactionOptions) -> str:
+    """Why ``text`` cannot be used as the summary ("" when it can).
+
+    Args:
+        text: A summarizer's answer.
+        options: The options in force (budget, required sections).
+
+    Returns:
+        The problem, phrased for the summarizer, or ``""``.
+    """
+    budget = options.budget.summary_max
+    size = estimate_tokens(text)
+    if size > budget:
+        return f"it has about {size} tokens, more than the summary budget of {budget}; write it shorter"
+    if options.require_sections:
+        lines = {
+            line.strip().lstrip("#").strip().lower() for line in text.splitlines() if line.lstrip().startswith("#")
+        }
+        missing = [h for h in prompts.CHECKPOINT_SECTIONS if h.lstrip("#").strip().lower() not in lines]
+        if missing:
+            return "it lacks these headings: " + ", ".join(missing)
+    return ""
+
+
+def _chunks(blocks: Sequence[Block], room: int) -> list[list[Block]]:
+    """Split blocks greedily into chunks of at most ``room`` tokens each."""
+    chunks: list[list[Block]] = []
+    current: list[Block] = []
+    used = 0
+    for block in blocks:
+        if current and used + block.tokens > room:
+            chunks.append(current)
+            current, used = [], 0
+        current.append(block)
+        used += block.tokens
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """Everything about a compaction's requests that does not change between chunks."""
+
+    options: CompactionOptions
+    instructions: str
+    extra: str
+    system: str
+    system_tokens: int
+    fixed_prompt: int
+    budget: int
+    summary_cap: int
+    per_message: int
+    blocks: list[Block]
+    shown: dict[int, Message]
+    previous: str | None
+    prefix: tuple[object, ...]
+    prefix_tokens: int
+
+    @property
+    def fixed(self) -> int:
+        return self.system_tokens + self.fixed_prompt
+
+
+def _setup(
+    messages: Sequence[Message],
+    plan: Plan,
+    options: CompactionOptions,
+    instructions: str,
+    *,
+    originals: Sequence[object],
+    counts: Sequence[int],
+) -> _Setup:
+    system = options.system_prompt or prompts.SYSTEM_PROMPT
+    parts = [summary_body(messages[i].text) for i in plan.previous_summaries if messages[i].role == "system"]
+    previous = "\n\n".join(p for p in parts if p) or None
+    region = [i for i in plan.region if not messages[i].is_summary]
+    redactor = options.redact
+    # Everything the summarizer sees goes through the redactor; the caller's
+    # messages are not touched.
+    shown = {i: redact_message(messages[i], redactor) if redactor else messages[i] for i in region}
+    if redactor is not None and previous is not None:
+        previous = apply_redactor(redactor, previous)
+    extra = prompts.ADDITIONAL_INSTRUCTIONS + instructions if instructions else ""
+    budget = options.budget.summary_input
+    longest = max(estimate_tokens(instructions_text(options, True)), estimate_tokens(instructions_text(options, False)))
+    fixed_prompt = longest + estimate_tokens(extra) + 64
+    system_tokens = estimate_tokens(system)
+    fixed = system_tokens + fixed_prompt
+    # The running summary may take up to half of what is left; a larger one
+    # (a huge previous summary, a long-winded reply) is shortened in the
+    # request, head and tail kept, so no request exceeds the budget.
+    summary_cap = max((budget - fixed) // 2, _MIN_MESSAGE_TOKENS)
+    per_message = max((budget - fixed - summary_cap) // 2, _MIN_MESSAGE_TOKENS)
+    prefix: tuple[object, ...] = ()
+    prefix_tokens = 0
+    if _cache_aligned(options, originals, counts, plan, budget):
+        prefix = tuple(originals[: plan.cut])
+        prefix_tokens = sum(counts[: plan.cut]) + estimate_tokens(prompts.CACHE_ALIGNED_PROMPT + extra)
+    return _Setup(
+        options=options,
+        instructions=instructions,
+        extra=extra,
+        system=system,
+        system_tokens=system_tokens,
+        fixed_prompt=fixed_prompt,
+        budget=budget,
+        summary_cap=summary_cap,
+        per_message=per_message,
+        blocks=[make_block(shown[i], i, max_tokens=per_message) for i in region],
+        shown=shown,
+        previous=previous,
+        prefix=prefix,
+        prefix_tokens=prefix_tokens,
+    )
+
+
+def _cache_aligned(
+    options: CompactionOptions, originals: Sequence[object], counts: Sequence[int], plan: Plan, budget: int
+) -> bool:
+    if options.summary_mode != "cache_aligned" or len(originals) < plan.cut or options.redact is not None:
+        # Redaction cannot apply to messages sent unchanged: use the transcript.
+        return False
+    return sum(counts[: plan.cut]) <= budget
+
+
+def _request(
+    setup: _Setup, chunk: Sequence[Block], shown: str | None, number: int, planned: int
+) -> tuple[SummaryRequest, int]:
+    """The request for one chunk, and what it costs (from pieces already estimated)."""
+    texts = [b.body for b in chunk] + [b.header for b in chunk] + [shown or "", setup.instructions]
+    fence = make_fence(texts)
+    pieces: list[str] = []
+    if shown is not None:
+        pieces.append(render_previous_summary(shown, fence))
+    if chunk:
+        pieces.append(render(chunk, fence))
+    prompt = "\n\n".join(pieces) + "\n\n" + instructions_text(setup.options, shown is not None) + setup.extra
+    request = SummaryRequest(
+        system=setup.system,
+        prompt=prompt,
+        messages=tuple(setup.shown[b.index] for b in chunk),
+        previous_summary=shown,
+        instructions=setup.instructions,
+        chunk_index=number,
+        chunk_count=number + max(planned, 1),
+        indices=tuple(b.index for b in chunk),
+        max_tokens=setup.options.budget.summary_max,
+    )
+    if number == 0 and setup.prefix:
+        # The prefix fits one request: offer the caller's own messages too. A
+        # summarizer that sends them covers the whole region in this one call
+        # (and says so); one that cannot (a plain function, the extractive
+        # one) uses the transcript, chunk by chunk.
+        request = replace(request, prefix=setup.prefix, prefix_prompt=prompts.CACHE_ALIGNED_PROMPT + setup.extra)
+    cost = setup.fixed + sum(b.tokens for b in chunk) + estimate_tokens(shown or "")
+    return request, cost
+
+
+@dataclass(slots=True)
+class _Tally:
+    calls: int = 0
+    sent: int = 0
+
+
+def _answer(
+    setup: _Setup, request: SummaryRequest, cost: int, tally: _Tally
+) -> Generator[SummaryRequest, SummaryReply, tuple[str, bool]]:
+    """Ask for one chunk's summary; return it and whether it covered the whole region."""
+    tally.calls += 1
+    reply = yield request
+    covered = reply.covers_prefix and bool(request.prefix)
+    # What was sent: the prefix as it is, or the transcript.
+    tally.sent += setup.prefix_tokens if covered else cost
+    problem = review_summary(reply.text, setup.options)
+    if not problem:
+        return reply.text, covered
+    # Checked summaries: ask once more with the problem stated (from the
+    # transcript), then hand the request to the driver's fallback (or raise).
+    note = prompts.RETRY_NOTE.format(problem=problem)
+    tally.calls += 1
+    tally.sent += cost + estimate_tokens(note)
+    reply = yield replace(request, prompt=request.prompt + note, attempt=1)
+    problem = review_summary(reply.text, setup.options)
+    if problem:
+        tally.calls += 1
+        reply = yield replace(request, attempt=FALLBACK_ATTEMPT, problem=problem)
+    # The accepted answer did not come from the prefix: the rest of the
+    # region still needs its chunks.
+    return reply.text, False
+
+
+def compaction_flow(
+    messages: Sequence[Message],
+    plan: Plan,
+    options: CompactionOptions,
+    instructions: str = "",
+    *,
+    originals: Sequence[object] = (),
+    counts: Sequence[int] = (),
+) -> SummaryFlow:
+    """The summary requests for ``plan``, as a generator that receives each reply.
+
+    Args:
+        messages: The conversation.
+        plan: From ``plan_compaction``.
+        options: The options in force.
+        instructions: Custom instructions appended to every request.
+        originals: The caller's own messages (opaque), for the cache-aligned
+            mode.
+        counts: Token count per message, for the cache-aligned mode's budget.
+
+    Returns:
+        The flow; it yields one ``SummaryRequest`` per summarizer call and
+        returns the ``Outcome``.
+    """
+    return _run(_setup(messages, plan, options, instructions, originals=originals, counts=counts))
+
+
+def _run(setup: _Setup) -> SummaryFlow:
+    running = setup.previous
+    tally = _Tally()
+    remaining = setup.blocks
+    number = 0
+    while True:
+        shown = shorten(running, setup.summary_cap) if running is not None else None
+        # Room for messages is what the running summary, as shown, leaves.
+        room = max(setup.budget - setup.fixed - estimate_tokens(shown or ""), setup.per_message + 64)
+        planned = _chunks(remaining, room)
+        chunk = planned[0] if planned else []
+        remaining = remaining[len(chunk) :]
+        request, cost = _request(setup, chunk, shown, number, len(planned))
+        text, covered = yield from _answer(setup, request, cost, tally)
+        running = text.strip()
+        number += 1
+        if covered:
+            remaining = []  # the prefix covered every message of the region
+        if not remaining:
+            break
+    return Outcome(
+        summary=running,
+        calls=tally.calls,
+        chunks=number,
+        input_tokens=tally.sent,
+        shortened=sum(1 for b in setup.blocks if b.shortened),
+        updated_previous=setup.previous is not None,
+    )

@@ -1,0 +1,128 @@
+"""What one compaction keeps and what it summarizes.
+
+``plan_compaction`` reads the conversation in three parts: the leading system
+block (the application's prompt, kept; earlier summaries in it, updated), the
+region a provider-side compaction block fences off (kept verbatim: the
+provider reads the history from that block on), and the rest, which the budget
+cut splits into summarized and kept messages (``core.cut``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from langchain_compaction.core.cut import find_cut, forced_cut, valid_boundaries
+from langchain_compaction.core.types import Message
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one compaction keeps and summarizes.
+
+    Attributes:
+        keep_head: Indices of leading system messages kept verbatim.
+        start: First index of the region after the leading system block.
+        cut: First kept message after the summary.
+        previous_summaries: Indices of earlier summaries to update.
+        forced: Whether the cut was forced (nothing was over the keep budget).
+        provider_prefix: Messages kept verbatim between the summary and the
+            recent ones: everything up to the last provider-side compaction
+            block, which the summary must not reach across.
+    """
+
+    keep_head: tuple[int, ...]
+    start: int
+    cut: int
+    previous_summaries: tuple[int, ...]
+    forced: bool
+    provider_prefix: tuple[int, ...] = ()
+
+    @property
+    def removed(self) -> int:
+        """Messages the summary replaces."""
+        return self.cut - self.start + sum(1 for i in self.previous_summaries if i < self.start)
+
+    @property
+    def region(self) -> range:
+        """The indices between the start and the cut (earlier summaries among them are updated)."""
+        return range(self.start, self.cut)
+
+
+def leading_block(messages: Sequence[Message]) -> int:
+    """The length of the leading run of system messages (summaries included)."""
+    index = 0
+    while index < len(messages) and messages[index].role == "system":
+        index += 1
+    return index
+
+
+def _head(messages: Sequence[Message]) -> tuple[tuple[int, ...], list[int], int]:
+    """The kept system prompt, the earlier summaries before the region, and where it starts."""
+    start = leading_block(messages)
+    head = tuple(i for i in range(start) if not messages[i].is_summary)
+    earlier = [i for i in range(start) if messages[i].is_summary]
+    # The user turn an earlier compaction put after its summary belongs to
+    # that output: it is replaced with it and counts as no message.
+    while start < len(messages) and messages[start].is_summary and messages[start].role != "system":
+        earlier.append(start)
+        start += 1
+    return head, earlier, start
+
+
+def _after_provider_block(messages: Sequence[Message], start: int, flags: Sequence[bool]) -> int:
+    """Where the region starts when a provider compaction block fences off what precedes it."""
+    blocks = [i for i in range(start, len(messages)) if messages[i].has_compaction_block]
+    if not blocks:
+        return start
+    # The first valid boundary after the block, so a tool call the block's
+    # message makes keeps its results.
+    return next(c for c in range(blocks[-1] + 1, len(messages) + 1) if flags[c])
+
+
+def plan_compaction(
+    messages: Sequence[Message],
+    counts: Sequence[int],
+    keep_recent_tokens: int,
+    *,
+    force: bool = True,
+) -> Plan | None:
+    """Decide the cut for one compaction.
+
+    Leading system messages (the application's prompt) are never summarized;
+    earlier summaries among them are updated, not kept. The cut follows
+    ``find_cut``; when nothing is over the keep budget and ``force`` is set (a
+    manual compaction, as pi's ``Compact`` does), the cut keeps only the last
+    valid message.
+
+    Args:
+        messages: The conversation.
+        counts: Token count per message.
+        keep_recent_tokens: Recent tokens to keep.
+        force: Whether to force a cut when everything fits the keep budget.
+
+    Returns:
+        The plan, or ``None`` when there is nothing to compact.
+    """
+    head, earlier, start = _head(messages)
+    flags = valid_boundaries(messages)
+    region_start = _after_provider_block(messages, start, flags)
+    # An earlier summary counts as one summarized message, as in pi, where the
+    # summary was simply the first message of the list.
+    credit = sum(1 for i in earlier if messages[i].role == "system")
+    cut = find_cut(messages, counts, keep_recent_tokens, start=region_start, credit=credit, valid=flags)
+    forced = False
+    if cut == 0 and force:
+        cut = forced_cut(messages, start=region_start, credit=credit, valid=flags)
+        forced = cut > 0
+    if cut <= region_start:
+        return None
+    inside = [i for i in range(region_start, cut) if messages[i].is_summary]
+    return Plan(
+        keep_head=head,
+        start=region_start,
+        cut=cut,
+        previous_summaries=(*earlier, *inside),
+        forced=forced,
+        provider_prefix=tuple(range(start, region_start)),
+    )

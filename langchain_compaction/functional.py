@@ -1,0 +1,216 @@
+"""Compaction as plain functions over a LangChain message list.
+
+``compact`` / ``acompact`` compact now; ``auto_compact`` / ``aauto_compact``
+compact only when the conversation is over the threshold (the step the
+adapters take before each model call); ``should_compact`` answers that
+question alone; ``find_cut_point`` says where the cut would fall. The output is
+``[leading system messages, summary, (a one-line user turn when the kept part
+does not start with one), *kept]``, where every message but the summary and
+that user turn is the caller's object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
+from langchain_compaction._lc.convert import to_core_list
+from langchain_compaction._lc.counting import counts_and_core
+from langchain_compaction._lc.pipeline import Compactor, Trigger
+from langchain_compaction.core.context import needs_compaction, over_threshold
+from langchain_compaction.core.effects import Flow, adrive, blocking, drive
+from langchain_compaction.core.options import DEFAULT_KEEP_RECENT_TOKENS, CompactionOptions
+from langchain_compaction.core.plan import plan_compaction
+from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.core.tokens import estimate_message
+from langchain_compaction.errors import ConfigurationError
+
+__all__ = ["aauto_compact", "acompact", "auto_compact", "compact", "find_cut_point", "should_compact"]
+
+
+def should_compact(
+    messages: Sequence[BaseMessage],
+    context_window: int | None = None,
+    reserve_tokens: int | None = None,
+    *,
+    options: CompactionOptions | None = None,
+) -> bool:
+    """Whether automatic compaction should fire: exactly what the adapters decide.
+
+    Called as pi's ``ShouldCompact(messages, window, reserve)``, it compares
+    the context with ``context_window - reserve_tokens`` (false when either is
+    0 or less), counting with the built-in estimate. Called with ``options=``,
+    it counts with the options' ``token_counter``, as the node, the middleware
+    and chat memory do. Either way the context size is anchored on the last
+    reply's reported usage when it can be trusted (see ``core.context``).
+
+    Args:
+        messages: The conversation.
+        context_window: The model's window.
+        reserve_tokens: Tokens kept free for the reply.
+        options: The options in force, instead of the two numbers.
+
+    Returns:
+        True when the context exceeds the threshold.
+
+    Example:
+        >>> from langchain_core.messages import HumanMessage
+        >>> should_compact([HumanMessage("a" * 4_000)], 1_000, 200)
+        True
+        >>> should_compact([HumanMessage("a" * 4_000)], options=CompactionOptions(context_window=200_000))
+        False
+    """
+    if options is None:
+        if context_window is None or reserve_tokens is None:
+            msg = "pass context_window and reserve_tokens, or options=CompactionOptions(...)"
+            raise ConfigurationError("options", None, msg)
+        if context_window <= 0 or reserve_tokens <= 0:
+            return False
+        counts, core = counts_and_core(messages, CompactionOptions())
+        return over_threshold(core, counts, context_window - reserve_tokens)
+    if context_window is not None or reserve_tokens is not None:
+        raise ConfigurationError("options", options, "pass either options= or context_window and reserve_tokens")
+    counts, core = counts_and_core(messages, _required(options))
+    return needs_compaction(core, counts, options)
+
+
+def find_cut_point(messages: Sequence[BaseMessage], keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS) -> int:
+    """The index that separates summarized messages from kept ones.
+
+    Walks back from the end until ``keep_recent_tokens`` is filled, keeps the
+    last message even when it alone exceeds the budget, and never cuts on a
+    tool result or between a tool call and its results. Leading system
+    messages are never summarized.
+
+    Args:
+        messages: The conversation.
+        keep_recent_tokens: The keep budget; 0 means the default (20,000),
+            as in pi's compaction.
+
+    Returns:
+        The cut index, or 0 when everything fits, when fewer than two messages
+        would be summarized, or when no valid cut exists.
+
+    Raises:
+        ConfigurationError: ``keep_recent_tokens`` is negative.
+    """
+    if keep_recent_tokens < 0:
+        raise ConfigurationError(
+            "keep_recent_tokens", keep_recent_tokens, "pass a positive budget, or 0 for the default 20000"
+        )
+    keep = keep_recent_tokens or DEFAULT_KEEP_RECENT_TOKENS
+    core = to_core_list(messages)
+    # The same plan compact() makes (earlier summaries, their user turn and
+    # provider compaction blocks included), without forcing.
+    plan = plan_compaction(core, [estimate_message(m) for m in core], keep, force=False)
+    return 0 if plan is None else plan.cut
+
+
+def _compaction(
+    model: Any, messages: Sequence[BaseMessage], options: object, fallback: Any, instructions: str, *, trigger: Trigger
+) -> Flow[tuple[CompactionResult | None, list[BaseMessage]]]:
+    compactor = Compactor.build(model, options, fallback)
+    job = yield blocking(compactor.prepare, messages, instructions, trigger=trigger)
+    if job is None:
+        return None, messages if isinstance(messages, list) else list(messages)
+    return (yield from compactor.compaction(job))
+
+
+def compact(
+    model: Any,
+    messages: Sequence[BaseMessage],
+    options: CompactionOptions | None = None,
+    custom_instructions: str = "",
+    *,
+    fallback: Any = None,
+) -> tuple[CompactionResult | None, list[BaseMessage]]:
+    """Summarize the older messages and keep the recent ones.
+
+    Like pi's ``Compact``, this always compacts when called: when nothing is
+    over the keep budget it forces a cut that keeps only the last message (use
+    ``auto_compact``, or ``should_compact`` first, for automatic compaction).
+
+    Args:
+        model: A chat model, Runnable, function from prompt to text, or
+            summarizer (``ExtractiveSummarizer()`` works offline).
+        messages: The conversation; it is never modified.
+        options: Budgets and prompts (``None`` for the defaults).
+        custom_instructions: Appended to the summary prompt as additional
+            instructions, e.g. ``"keep the API design decisions"``.
+        fallback: A summarizer used if ``model`` fails; the result then says
+            ``fallback_used=True``.
+
+    Returns:
+        ``(result, new_messages)``, or ``(None, messages)`` when there is
+        nothing to compact.
+
+    Raises:
+        SummarizationError: The summary failed (chained to the cause); the
+            caller's list is untouched.
+        InvalidMessagesError: ``messages`` holds something that is not a message.
+
+    Example:
+        >>> from langchain_core.messages import AIMessage, HumanMessage
+        >>> msgs = [HumanMessage("fix bug 1"), AIMessage("done"), HumanMessage("thanks")]
+        >>> result, out = compact(lambda prompt: "## Goal\\nFix bug 1", msgs)
+        >>> result.messages_removed, out[-1] is msgs[-1]
+        (2, True)
+    """
+    return drive(_compaction(model, messages, options, fallback, custom_instructions, trigger="force"))
+
+
+async def acompact(
+    model: Any,
+    messages: Sequence[BaseMessage],
+    options: CompactionOptions | None = None,
+    custom_instructions: str = "",
+    *,
+    fallback: Any = None,
+) -> tuple[CompactionResult | None, list[BaseMessage]]:
+    """The async twin of ``compact``: the same flow, awaiting the model, never blocking the loop."""
+    return await adrive(_compaction(model, messages, options, fallback, custom_instructions, trigger="force"))
+
+
+def auto_compact(
+    model: Any,
+    messages: Sequence[BaseMessage],
+    options: CompactionOptions,
+    *,
+    fallback: Any = None,
+) -> tuple[CompactionResult | None, list[BaseMessage]]:
+    """Compact only when the conversation is over the threshold.
+
+    The automatic step the adapters take before each model call: nothing
+    when ``should_compact(messages, options=options)`` is false; else, with
+    ``clear_tool_outputs``, clearing old tool outputs when that is enough;
+    else a summary, with the budget cut.
+
+    Args:
+        model: Writes the summary (see ``compact``).
+        messages: The conversation; it is never modified.
+        options: Budgets; ``context_window`` must be set for anything to happen.
+        fallback: A summarizer used if ``model`` fails.
+
+    Returns:
+        ``(result, new_messages)``, or ``(None, messages)`` when nothing was needed.
+    """
+    return drive(_compaction(model, messages, _required(options), fallback, "", trigger="auto"))
+
+
+async def aauto_compact(
+    model: Any,
+    messages: Sequence[BaseMessage],
+    options: CompactionOptions,
+    *,
+    fallback: Any = None,
+) -> tuple[CompactionResult | None, list[BaseMessage]]:
+    """The async twin of ``auto_compact``."""
+    return await adrive(_compaction(model, messages, _required(options), fallback, "", trigger="auto"))
+
+
+def _required(options: object) -> CompactionOptions:
+    if not isinstance(options, CompactionOptions):
+        raise ConfigurationError("options", options, "pass CompactionOptions(context_window=...)")
+    return options

@@ -1,0 +1,500 @@
+"""Compacting chat memory: a ``BaseChatMessageHistory`` that wraps another one.
+
+``CompactingChatMessageHistory(inner, model, options)`` reads and appends
+through ``inner`` and, when the trigger rule says the history no longer fits
+``options.context_window - options.reserve_tokens``, replaces the older part
+with a summary (the same pipeline as ``compact``). Afterwards ``inner`` holds
+the leading system messages, the summary, the bridge user turn when the recent
+messages do not start with one (``CompactionOptions.ensure_user_turn``), and
+the recent messages, in order, with their ids; the next compaction updates
+that summary instead of nesting it and replaces the bridge.
+
+Nothing is lost:
+
+1. The summary is made from a snapshot before anything is written. If the
+   model fails, times out or returns nothing, ``inner`` is untouched and a
+   ``CompactionError`` surfaces (with ``on_error="warn"`` it is logged, the
+   history keeps growing, and the next add tries again).
+2. Under the lock, the store is re-read; messages appended since the snapshot
+   are kept after the recent ones. If the snapshot is no longer a prefix of
+   the store (it was cleared, or compacted by another process), the summary is
+   discarded and nothing changes.
+3. ``archive`` (optional) receives every compacted original before it leaves
+   the store, exactly once; never a summary or a bridge, which this library
+   wrote. Each summary records how long the archive was after its compaction,
+   so a retry after a failed rewrite (or a crash) skips the originals already
+   archived. Only the first compaction of a session has no counter to go by;
+   a failed rewrite there is still archived once (the process remembers), but
+   a process crash between its archive write and its rewrite archives that
+   first batch again on retry. The archive must be a history dedicated to
+   this session and written only by this wrapper.
+4. The store is rewritten with the strongest method it offers
+   (``history.stores``). A store with no atomic rewrite gets ``clear()`` then
+   ``add_messages()``, journaled: if a write fails, the pending rewrite is kept
+   in the process and the next call (any method) finishes it, keeping messages
+   appended meanwhile. To survive a process crash between the clear and the
+   add, pass ``journal=`` (a history on durable storage, e.g. the same store
+   under another session id): the rewrite is written there first and the next
+   wrapper to open the session finishes it. Without a journal such a crash
+   loses the history of that session.
+
+Concurrency: every wrapper over the same session in one process shares an
+in-process lock (threads and asyncio tasks). Writers in several processes
+need a cross-process ``lock=`` (``FileLock`` or ``PostgresAdvisoryLock``);
+writers that bypass the wrapper can race the rewrite. Only one compaction
+per session runs at a time in a process; the model is called without any
+lock held, so writers are blocked only for the re-read and the rewrite.
+
+Every method is one line over a flow (``core.effects``) driven sync or async,
+so the two APIs cannot drift apart.
+
+Upstream deprecates ``BaseChatMessageHistory`` in favour of LangGraph
+persistence (subclasses do not warn, and neither does this class). For a new
+LangGraph application prefer the LangGraph compaction node; use this wrapper
+where a chat-history store is already the memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import weakref
+from collections.abc import Hashable, Sequence
+from typing import Any, Literal
+
+from langchain_core.chat_history import BaseChatMessageHistory
+from langchain_core.messages import BaseMessage
+
+from langchain_compaction._lc.pipeline import Compactor
+from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.plan import Plan
+from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
+from langchain_compaction.history import stores
+from langchain_compaction.history.journal import JOURNAL_MARK, Commit, Rewrite, archive_memo
+from langchain_compaction.history.locks import CompactionLock, FileLock, InProcessLock, PostgresAdvisoryLock
+
+__all__ = [
+    "JOURNAL_MARK",
+    "CompactingChatMessageHistory",
+    "CompactionLock",
+    "FileLock",
+    "InProcessLock",
+    "OnError",
+    "PostgresAdvisoryLock",
+]
+
+logger = logging.getLogger("langchain_compaction")
+
+OnError = Literal["raise", "warn"]
+"""What an automatic compaction does when it fails: raise, or log and go on."""
+
+
+class _SessionState:
+    """What every wrapper over one session in this process shares."""
+
+    def __init__(self) -> None:
+        self.lock = InProcessLock()
+        # One compaction at a time; a plain Lock so an async task may poll it.
+        self.flight = threading.Lock()
+        self.pending: Rewrite | None = None
+        self.archive_memo: tuple[str, ...] | None = None
+
+
+_SESSIONS: weakref.WeakValueDictionary[Hashable, _SessionState] = weakref.WeakValueDictionary()
+_SESSIONS_GUARD = threading.Lock()
+
+
+def _session_state(inner: BaseChatMessageHistory) -> _SessionState:
+    key = stores.session_key(inner)
+    with _SESSIONS_GUARD:
+        state = _SESSIONS.get(key)
+        if state is None:
+            state = _SESSIONS[key] = _SessionState()
+        return state
+
+
+# -- calls that hold locks around a flow ------------------------------------------------
+
+
+def _hold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock.hold())
+        return drive(flow)
+
+
+async def _ahold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
+    async with contextlib.AsyncExitStack() as stack:
+        for lock in locks:
+            await stack.enter_async_context(lock.ahold())
+        return await adrive(flow)
+
+
+def _take(flight: threading.Lock, wait: bool) -> bool:
+    return flight.acquire(blocking=wait)
+
+
+async def _atake(flight: threading.Lock, wait: bool) -> bool:
+    # A blocking acquire would stall the event loop: poll it instead.
+    delay = 0.001
+    while not flight.acquire(blocking=False):
+        if not wait:
+            return False
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return True
+
+
+def _check_history(field: str, value: object) -> None:
+    if value is not None and not isinstance(value, BaseChatMessageHistory):
+        raise ConfigurationError(
+            field,
+            value,
+            "pass a BaseChatMessageHistory, e.g. SQLChatMessageHistory(session_id=..., connection=...)",
+        )
+
+
+def _check_arguments(inner: object, archive: object, journal: object, on_error: object, lock: object) -> None:
+    if inner is None:
+        raise ConfigurationError("inner", inner, "pass the BaseChatMessageHistory that stores the messages")
+    for field, value in (("inner", inner), ("archive", archive), ("journal", journal)):
+        _check_history(field, value)
+    for field, other in (("archive", archive), ("journal", journal)):
+        if other is not None and (
+            other is inner or stores.session_key(other) == stores.session_key(inner)  # type: ignore[arg-type]
+        ):
+            raise ConfigurationError(field, other, "pass a separate history, not the inner store itself")
+    if on_error not in ("raise", "warn"):
+        raise ConfigurationError("on_error", on_error, "pass 'raise' or 'warn'")
+    if lock is not None and not isinstance(lock, CompactionLock):
+        raise ConfigurationError("lock", lock, "pass an object with hold() and ahold(), e.g. FileLock(path)")
+
+
+class CompactingChatMessageHistory(BaseChatMessageHistory):
+    """A chat history that compacts itself when it outgrows the window.
+
+    Args:
+        inner: The store that keeps the messages (any ``BaseChatMessageHistory``).
+        model: Writes the summaries: a chat model, Runnable, function from
+            prompt text to text, or summarizer.
+        options: Budgets and prompts; ``context_window`` must be set for
+            automatic compaction (0 turns it off; ``compact()`` still works).
+            ``clear_tool_outputs`` cannot be used here: chat memory always
+            summarizes, so its archive receives every original.
+        archive: A history that receives every compacted original, exactly
+            once, before it leaves ``inner``; dedicated to this session.
+        fallback: A summarizer used when ``model`` fails.
+        on_error: ``"raise"`` (default): a failed automatic compaction raises
+            ``CompactionError`` from ``add_messages`` (the messages are stored
+            all the same). ``"warn"``: it is logged and retried on the next add.
+        lock: A cross-process lock (``FileLock``, ``PostgresAdvisoryLock``)
+            for several processes writing one session; the in-process lock is
+            always taken.
+        journal: A history on durable storage that holds a rewrite in progress,
+            for stores without an atomic rewrite (see the module docstring).
+
+    Raises:
+        ConfigurationError: An argument is invalid.
+
+    Example:
+        >>> from langchain_core.messages import AIMessage, HumanMessage
+        >>> from langchain_core.chat_history import BaseChatMessageHistory
+        >>> class ListHistory(BaseChatMessageHistory):
+        ...     def __init__(self):
+        ...         self.messages = []
+        ...     def add_messages(self, messages):
+        ...         self.messages.extend(messages)
+        ...     def clear(self):
+        ...         self.messages = []
+        >>> history = CompactingChatMessageHistory(
+        ...     ListHistory(),
+        ...     lambda prompt: "## Goal\\n- chat",
+        ...     CompactionOptions(context_window=2000, reserve_tokens=500, keep_recent_tokens=300),
+        ... )
+        >>> for i in range(40):
+        ...     history.add_messages([HumanMessage(f"question {i} " * 10), AIMessage(f"answer {i} " * 10)])
+        >>> history.messages[0].additional_kwargs["langchain_compaction"]["kind"]
+        'summary'
+    """
+
+    def __init__(
+        self,
+        inner: BaseChatMessageHistory,
+        model: Any,
+        options: CompactionOptions | None = None,
+        *,
+        archive: BaseChatMessageHistory | None = None,
+        fallback: Any = None,
+        on_error: OnError = "raise",
+        lock: CompactionLock | None = None,
+        journal: BaseChatMessageHistory | None = None,
+    ) -> None:
+        super().__init__()
+        _check_arguments(inner, archive, journal, on_error, lock)
+        self._compactor = Compactor.build(model, options, fallback)
+        if self._compactor.options.clear_tool_outputs:
+            raise ConfigurationError(
+                "options",
+                self._compactor.options,
+                "clear_tool_outputs=True is not available in chat memory: it always summarizes, so its archive "
+                "receives every original; pass options with clear_tool_outputs=False",
+            )
+        self.inner = inner
+        self.archive = archive
+        self.journal = journal
+        self.on_error: OnError = on_error
+        self.lock = lock
+        self._strategy: stores.Strategy = stores.strategy(inner)
+        self._state = _session_state(inner)
+
+    @property
+    def options(self) -> CompactionOptions:
+        """The options in force."""
+        return self._compactor.options
+
+    # -- the public API: one line each over the flows -----------------------------
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        """The messages of ``inner`` (an interrupted rewrite finished first)."""
+        return drive(self._read_flow())
+
+    async def aget_messages(self) -> list[BaseMessage]:
+        """Await the messages of ``inner``; see ``messages``."""
+        return await adrive(self._read_flow())
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """Append to ``inner``, then compact if the history no longer fits.
+
+        Raises:
+            StoreError: ``inner`` failed to store the messages.
+            CompactionError: The automatic compaction failed (``on_error="raise"``);
+                the messages were stored and the store is otherwise unchanged.
+        """
+        drive(self._add_flow(messages))
+
+    async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """Await the append to ``inner``, then compact; see ``add_messages``."""
+        await adrive(self._add_flow(messages))
+
+    def clear(self) -> None:
+        """Clear ``inner`` (and any interrupted rewrite); the archive is kept."""
+        drive(self._clear_flow())
+
+    async def aclear(self) -> None:
+        """Await ``inner.aclear()``; see ``clear``."""
+        await adrive(self._clear_flow())
+
+    def compact(self, custom_instructions: str = "") -> CompactionResult | None:
+        """Compact now, whatever the size (waits for a running compaction).
+
+        Args:
+            custom_instructions: Added to the summary prompt.
+
+        Returns:
+            The result, or ``None`` if there was nothing to compact.
+
+        Raises:
+            CompactionError: The summary or the rewrite failed (whatever
+                ``on_error`` says); the store was left as it was.
+        """
+        return drive(self._compaction(force=True, instructions=custom_instructions, wait=True))
+
+    async def acompact(self, custom_instructions: str = "") -> CompactionResult | None:
+        """The async twin of ``compact``."""
+        return await adrive(self._compaction(force=True, instructions=custom_instructions, wait=True))
+
+    def repair(self) -> bool:
+        """Finish an interrupted rewrite now; ``True`` if one was pending.
+
+        Every other method does this first, so calling it is never required.
+
+        Raises:
+            StoreError: The store still fails; the rewrite stays pending.
+        """
+        return drive(self._repair_flow())
+
+    def __repr__(self) -> str:
+        return f"CompactingChatMessageHistory(inner={type(self.inner).__name__}, rewrite={self._strategy!r})"
+
+    # -- store calls and locks ------------------------------------------------------
+
+    def _io(self, call: Call[Any], operation: str, store: BaseChatMessageHistory | None = None) -> Flow[Any]:
+        """Make one store call; a failure becomes a ``StoreError`` naming the store and the operation."""
+        try:
+            return (yield call)
+        except CompactionError:
+            raise
+        except Exception as exc:
+            target = store or self.inner
+            where, _, method = operation.rpartition(":")
+            msg = (
+                f"{type(target).__name__}.{method} failed ({where or 'store'}): {type(exc).__name__}: {exc}. "
+                "No message was lost: a compaction leaves the store as it was or finishes the rewrite on the next call"
+            )
+            raise StoreError(msg, operation=operation) from exc
+
+    @property
+    def _may_be_torn(self) -> bool:
+        # A journaled rewrite may be half done; so may one that an earlier
+        # process, whatever its store class, left in the journal.
+        return self._strategy == "journal" or self.journal is not None
+
+    def _locked(self, flow: Flow[Any], *, write: bool) -> Call[Any]:
+        """``flow`` under the in-process lock, and the cross-process one when needed."""
+        locks: list[CompactionLock] = [self._state.lock]
+        # Atomic rewrites never show a half-written store, so reads skip the
+        # cross-process lock; the journaled rewrite does show one.
+        if self.lock is not None and (write or self._may_be_torn):
+            locks.append(self.lock)
+        return twin(_hold, _ahold, locks, flow)
+
+    # -- the flows ----------------------------------------------------------------
+
+    def _read_flow(self) -> Flow[list[BaseMessage]]:
+        messages: list[BaseMessage] = yield self._locked(self._repaired(), write=False)
+        return messages
+
+    def _add_flow(self, messages: Sequence[BaseMessage]) -> Flow[None]:
+        batch = list(messages)
+        for index, message in enumerate(batch):
+            if not isinstance(message, BaseMessage):
+                raise ConfigurationError(
+                    f"messages[{index}]", message, "pass BaseMessage objects (e.g. HumanMessage('hi'))"
+                )
+        if not batch:
+            return
+        yield self._locked(self._append(batch), write=True)
+        if self.options.budget.threshold is None:
+            return
+        try:
+            yield from self._compaction(force=False, instructions="", wait=False)
+        except CompactionError as exc:
+            if self.on_error == "raise":
+                raise
+            logger.warning("automatic compaction failed; the history keeps growing and the next add retries: %s", exc)
+
+    def _append(self, batch: list[BaseMessage]) -> Flow[None]:
+        if self._may_be_torn:
+            yield from self._repaired()
+        yield from self._io(stores.append(self.inner, batch), "add_messages")
+
+    def _clear_flow(self) -> Flow[None]:
+        yield self._locked(self._clear(), write=True)
+
+    def _clear(self) -> Flow[None]:
+        yield from self._drop_pending()
+        yield from self._io(stores.clear(self.inner), "clear")
+
+    def _repair_flow(self) -> Flow[bool]:
+        repaired: bool = yield self._locked(self._repair(), write=True)
+        return repaired
+
+    def _repair(self) -> Flow[bool]:
+        if not self._may_be_torn or (yield from self._load_pending()) is None:
+            return False
+        yield from self._repaired()
+        if self._state.pending is not None:
+            msg = "the interrupted compaction rewrite could not be finished; it stays pending"
+            raise StoreError(msg, operation="repair")
+        return True
+
+    # -- the rewrite, journaled where the store has no atomic one ----------------------
+
+    def _load_pending(self) -> Flow[Rewrite | None]:
+        if self._state.pending is not None or self.journal is None:
+            return self._state.pending
+        entries = yield from self._io(stores.read(self.journal), "journal:read", self.journal)
+        return Rewrite.from_journal(entries)
+
+    def _drop_pending(self) -> Flow[None]:
+        self._state.pending = None
+        if self.journal is None:
+            return
+        try:
+            yield from self._io(stores.clear(self.journal), "journal:clear", self.journal)
+        except StoreError as exc:
+            # Harmless: the journal now describes a finished rewrite, and the
+            # next read finds the store already holds its target.
+            logger.warning("%s", exc)
+
+    def _rewrite(self, current: Sequence[BaseMessage], target: Sequence[BaseMessage]) -> Flow[None]:
+        if self._strategy != "journal":
+            yield from self._io(stores.replace_all(self._strategy, self.inner, target), "rewrite")
+            return
+        pending = Rewrite.of(current, target)
+        if self.journal is not None:
+            yield from self._io(stores.clear(self.journal), "journal:clear", self.journal)
+            entries = [pending.marker(), *target]
+            yield from self._io(stores.append(self.journal, entries), "journal:add_messages", self.journal)
+        self._state.pending = pending  # from here on the next call can finish it
+        yield from self._io(stores.clear(self.inner), "clear")
+        yield from self._io(stores.append(self.inner, target), "add_messages")
+        yield from self._drop_pending()
+
+    def _repaired(self) -> Flow[list[BaseMessage]]:
+        """The store's messages, after finishing an interrupted rewrite."""
+        pending = (yield from self._load_pending()) if self._may_be_torn else None
+        current: list[BaseMessage] = yield from self._io(stores.read(self.inner), "read")
+        if pending is None:
+            return current
+        target, write = pending.reconcile(current)
+        try:
+            if write:
+                yield from self._rewrite(current, target)
+            if not write or self._strategy != "journal":  # a journaled rewrite drops it itself
+                yield from self._drop_pending()
+        except StoreError as exc:
+            # Still pending: report the full history, try again next call.
+            logger.warning("could not finish an interrupted compaction rewrite yet: %s", exc)
+        return target
+
+    # -- compaction ---------------------------------------------------------------------
+
+    def _archive(self, commit: Commit) -> Flow[int | None]:
+        archive = self.archive
+        if archive is None:
+            return None
+        existing = len((yield from self._io(stores.read(archive), "archive:read", archive)))
+        batch = commit.originals[commit.already_archived(existing, self._state.archive_memo) :]
+        if batch:
+            yield from self._io(stores.append(archive, batch), "archive:add_messages", archive)
+        self._state.archive_memo = archive_memo(commit.originals)
+        return existing + len(batch)
+
+    def _commit(self, plan: Plan, output: list[BaseMessage], snapshot: list[BaseMessage]) -> Flow[bool]:
+        """Write a finished compaction, under the lock; ``False`` if the history changed under it."""
+        current = yield from self._repaired()
+        commit = Commit.build(plan, output, snapshot, current)
+        if commit is None:
+            logger.warning(
+                "the history changed under a compaction (cleared, or compacted by another writer); "
+                "its summary was discarded and the store left as it was"
+            )
+            return False
+        total = yield from self._archive(commit)
+        yield from self._rewrite(current, commit.with_counter(total))
+        self._state.archive_memo = None
+        return True
+
+    def _compaction(self, *, force: bool, instructions: str, wait: bool) -> Flow[CompactionResult | None]:
+        flight = self._state.flight
+        if not (yield twin(_take, _atake, flight, wait)):
+            return None  # another compaction of this session is running
+        try:
+            snapshot = yield self._locked(self._repaired(), write=self._may_be_torn)
+            trigger = "force" if force else "auto"
+            job = yield blocking(self._compactor.prepare, snapshot, instructions, trigger=trigger)
+            if job is None:
+                return None
+            # The model is called with no lock held: writers go on meanwhile.
+            assert job.plan is not None  # chat memory never clears tool outputs (see __init__)
+            result, output = yield from self._compactor.compaction(job)
+            committed = yield self._locked(self._commit(job.plan, output, snapshot), write=True)
+            return result if committed else None
+        finally:
+            flight.release()

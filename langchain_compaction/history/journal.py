@@ -1,0 +1,180 @@
+"""Pure helpers of chat memory: a rewrite in progress, what a compaction commits, the archive counter.
+
+Nothing here touches a store. ``Rewrite`` records a rewrite that was started
+(the list it started from and the list it must leave), so any later call can
+tell from the store alone whether it finished, and finish it keeping whatever
+was appended meanwhile; it is also what the optional journal holds. ``Commit``
+is what a finished compaction writes, worked out under the lock from the
+snapshot it summarized and the store as it is now.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from langchain_core.messages import BaseMessage, SystemMessage, message_to_dict
+
+from langchain_compaction._lc.convert import SUMMARY_MARK, fingerprint, is_compaction_message
+from langchain_compaction.core.plan import Plan
+
+JOURNAL_MARK = "langchain_compaction_journal"
+"""Key in ``additional_kwargs`` of the journal's marker message."""
+
+_JOURNAL_VERSION = 2
+
+
+def _digest(messages: Sequence[BaseMessage], version: int = _JOURNAL_VERSION) -> str:
+    digest = hashlib.sha256()
+    for message in messages:
+        if version >= 2:
+            key = fingerprint(message)
+        else:
+            # Journals written by 0.1.0 digested each message's full dict.
+            key = json.dumps(message_to_dict(message), sort_keys=True, ensure_ascii=False, default=str)
+        digest.update(key.encode("utf-8"))
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def same_message(a: BaseMessage, b: BaseMessage) -> bool:
+    """Whether ``a`` and ``b`` are one message (the same object, or the same after a store round trip)."""
+    return a is b or fingerprint(a) == fingerprint(b)
+
+
+def starts_with(messages: Sequence[BaseMessage], prefix: Sequence[BaseMessage]) -> bool:
+    """Whether ``messages`` begins with ``prefix``."""
+    return len(messages) >= len(prefix) and all(same_message(a, b) for a, b in zip(messages, prefix))
+
+
+def _common_prefix(messages: Sequence[BaseMessage], target: Sequence[BaseMessage]) -> int:
+    count = 0
+    for a, b in zip(messages, target):
+        if not same_message(a, b):
+            break
+        count += 1
+    return count
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """A rewrite that was started: the list it started from and its target.
+
+    ``reconcile`` tells, from what the store holds now, what it must hold:
+    the target plus anything appended after the rewrite began.
+    """
+
+    base_count: int
+    base_digest: str
+    target: tuple[BaseMessage, ...]
+    version: int = _JOURNAL_VERSION
+
+    @classmethod
+    def of(cls, base: Sequence[BaseMessage], target: Sequence[BaseMessage]) -> Rewrite:
+        """The rewrite of the store's ``base`` into ``target``."""
+        return cls(len(base), _digest(base), tuple(target))
+
+    def reconcile(self, current: Sequence[BaseMessage]) -> tuple[list[BaseMessage], bool]:
+        """``(what the store must hold, whether it must be written)``."""
+        n = self.base_count
+        if len(current) >= n and _digest(current[:n], self.version) == self.base_digest:
+            # The store was never cleared: the rewrite did not start.
+            return [*self.target, *current[n:]], True
+        done = _common_prefix(current, self.target)
+        return [*self.target, *current[done:]], done < len(self.target)
+
+    def marker(self) -> SystemMessage:
+        """The journal's first message: what the rest of the journal is."""
+        meta = {
+            "version": self.version,
+            "base_count": self.base_count,
+            "base_fingerprint": self.base_digest,
+            "count": len(self.target),
+        }
+        return SystemMessage(content="langchain-compaction rewrite journal", additional_kwargs={JOURNAL_MARK: meta})
+
+    @classmethod
+    def from_journal(cls, messages: Sequence[BaseMessage]) -> Rewrite | None:
+        """The pending rewrite a journal holds; ``None`` if empty or torn."""
+        if not messages:
+            return None
+        meta = messages[0].additional_kwargs.get(JOURNAL_MARK)
+        if not isinstance(meta, dict) or meta.get("count") != len(messages) - 1:
+            # Torn while it was written: the store was not touched yet.
+            return None
+        version = int(meta.get("version", 1))
+        return cls(int(meta["base_count"]), str(meta["base_fingerprint"]), tuple(messages[1:]), version)
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """What a finished compaction writes, worked out under the lock.
+
+    Attributes:
+        messages: The store's new content.
+        summary_index: Where the summary is in it.
+        originals: The caller's messages the summary replaced (for the archive).
+        previous_total: The archive length an earlier summary recorded, if any.
+    """
+
+    messages: list[BaseMessage]
+    summary_index: int
+    originals: list[BaseMessage]
+    previous_total: int | None
+
+    @classmethod
+    def build(
+        cls, plan: Plan, output: list[BaseMessage], snapshot: Sequence[BaseMessage], current: Sequence[BaseMessage]
+    ) -> Commit | None:
+        """The new list: the compacted snapshot, then whatever was appended since.
+
+        Returns:
+            ``None`` when the snapshot is no longer a prefix of the store (it
+            was cleared, or compacted by another writer).
+        """
+        if not starts_with(current, snapshot):
+            return None
+        # What this library wrote (an earlier summary, its bridge) is replaced,
+        # not archived: the archive holds the caller's originals only.
+        originals = [snapshot[i] for i in plan.region if not is_compaction_message(snapshot[i])]
+        known = [c for c in (archive_counter(snapshot[i]) for i in plan.previous_summaries) if c is not None]
+        return cls(
+            messages=[*output, *current[len(snapshot) :]],
+            summary_index=len(plan.keep_head),
+            originals=originals,
+            previous_total=max(known) if known else None,
+        )
+
+    def with_counter(self, total: int | None) -> list[BaseMessage]:
+        """The messages, with the summary recording the archive's length ``total``."""
+        if total is None:
+            return self.messages
+        summary = self.messages[self.summary_index]
+        meta = {**(summary.additional_kwargs.get(SUMMARY_MARK) or {}), "archived": total}
+        marked = summary.model_copy(update={"additional_kwargs": {**summary.additional_kwargs, SUMMARY_MARK: meta}})
+        messages = list(self.messages)
+        messages[self.summary_index] = marked
+        return messages
+
+    def already_archived(self, existing: int, memo: tuple[str, ...] | None) -> int:
+        """How many of ``originals`` an earlier, failed attempt archived."""
+        originals = self.originals
+        if self.previous_total is not None:
+            return max(0, min(existing - self.previous_total, len(originals)))
+        if memo and len(memo) <= len(originals) and archive_memo(originals[: len(memo)]) == memo:
+            return len(memo)
+        return 0
+
+
+def archive_counter(message: BaseMessage) -> int | None:
+    """The archive length a summary recorded after its compaction, if any."""
+    meta = message.additional_kwargs.get(SUMMARY_MARK)
+    value = meta.get("archived") if isinstance(meta, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def archive_memo(messages: Sequence[BaseMessage]) -> tuple[str, ...]:
+    """What the process remembers of an archived batch (for a retry without a counter)."""
+    return tuple(fingerprint(m) for m in messages)

@@ -1,0 +1,39 @@
+"""Token estimates that need no tokenizer, for LangChain messages.
+
+``estimate_tokens`` prices a piece of text by character class (prose at about
+four characters per token; code, JSON, CJK text and base64 charged more, so
+they are not undercounted); ``estimate_message_tokens`` adds up everything a
+provider bills for a list of messages. They are the library's built-in count,
+used wherever ``CompactionOptions.token_counter`` is not set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from langchain_core.messages import BaseMessage
+
+from langchain_compaction._lc.convert import to_core_list
+from langchain_compaction.core.tokens import estimate_message, estimate_tokens
+
+__all__ = ["estimate_message_tokens", "estimate_tokens"]
+
+
+def estimate_message_tokens(messages: Sequence[BaseMessage]) -> int:
+    """Estimate the tokens of a message list with the built-in estimate.
+
+    Counts text, reasoning, tool-call names and arguments, tool results,
+    structured blocks, a fixed cost per image and a per-message overhead.
+
+    Args:
+        messages: LangChain messages.
+
+    Returns:
+        The estimated total.
+
+    Example:
+        >>> from langchain_core.messages import HumanMessage
+        >>> estimate_message_tokens([HumanMessage("a" * 400)])
+        104
+    """
+    return sum(estimate_message(m) for m in to_core_list(messages))
