@@ -88,11 +88,11 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from langchain_compaction._lc.convert import json_text
-from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache
+from langchain_compaction._lc.convert import json_text, to_core
+from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages
 from langchain_compaction._lc.pipeline import COMPACTION_EVENT, Compactor, Trigger, aannounce, announce
 from langchain_compaction.core.context import needs_compaction
-from langchain_compaction.core.effects import Flow, adrive, blocking, drive, twin
+from langchain_compaction.core.effects import Flow, adrive, blocking, drive, inline, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.tokens import estimate_tokens
@@ -257,7 +257,10 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *compacted]}
 
     def _call_flow(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> Flow[_CallResult]:
-        overhead = self._overhead(request)
+        # A user's counter (the system prompt is counted with it) may make a
+        # network call: off the event loop, then.
+        measure = blocking if self.options.token_counter is not None else inline
+        overhead = yield measure(self._overhead, request)
         messages: list[BaseMessage] = list(request.messages)
         compacted = yield from self._compaction(messages, overhead, "auto")
         try:
@@ -306,14 +309,14 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         return ExtendedModelResponse(model_response=response, command=Command(update=update))
 
     def _check_overhead(self, overhead: int) -> None:
-        options = self.options
-        room = options.budget.threshold
-        if room is not None and overhead + options.keep_recent_tokens >= room:
+        budget = self.options.budget
+        room = budget.threshold
+        if room is not None and overhead + budget.keep >= room:
             logger.warning(
                 "the system prompt and tool schemas take %d tokens; with keep_recent_tokens=%d that is over "
                 "context_window - reserve_tokens = %d, so nearly every turn will compact; lower keep_recent_tokens",
                 overhead,
-                options.keep_recent_tokens,
+                budget.keep,
                 room,
             )
 
@@ -329,7 +332,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             if last is not None and last[0] is system:
                 total = last[1]
             else:
-                total = self._cache.counts([system])[0]
+                total = count_messages([system], [to_core(system)], self.options)[0]
                 self._system_tokens = (system, total)
         for tool in request.tools:
             if isinstance(tool, BaseTool):

@@ -61,6 +61,10 @@ def json_text(value: Any) -> str:
         return str(value)
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+
+
 def fingerprint(message: BaseMessage) -> str:
     """A stable digest of everything that makes ``message`` this message.
 
@@ -74,23 +78,23 @@ def fingerprint(message: BaseMessage) -> str:
     Returns:
         A 32-character hex digest.
     """
-    # Runs once per message per turn on a cold cache, so structured values go
-    # through ``repr`` (their values are JSON-like: equal reprs, equal values).
+    # Structured values go through key-sorted JSON, so a store that reorders
+    # keys (JSONB, a sorted dump) gives the same identity back.
     content = message.content
-    body = content if type(content) is str else repr(content)
+    body = content if type(content) is str else _canonical(content)
     extra = ""
     if isinstance(message, AIMessage):
         if message.tool_calls or message.invalid_tool_calls:
-            extra = repr(message.tool_calls) + repr(message.invalid_tool_calls)
+            extra = _canonical([message.tool_calls, message.invalid_tool_calls])
         if message.usage_metadata:
-            extra += repr(message.usage_metadata)
+            extra += _canonical(message.usage_metadata)
     elif isinstance(message, ToolMessage):
         extra = f"{message.tool_call_id}\x00{message.status}"
     elif isinstance(message, ChatMessage):
         extra = message.role
     mark = message.additional_kwargs.get(SUMMARY_MARK)
     if mark:
-        extra += repr(mark)
+        extra += _canonical(mark)
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{message.type}\x00{message.id}\x00{message.name}\x00{extra}\x00".encode("utf-8", "surrogatepass"))
     digest.update(body.encode("utf-8", "surrogatepass"))

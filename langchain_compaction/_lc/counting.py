@@ -139,9 +139,9 @@ class TokenCountCache:
         """
         return self.counts_and_core(messages)[0]
 
-    def _reused(self, messages: Sequence[BaseMessage]) -> int:
-        """How many leading messages are the very objects of the previous call."""
-        last = self._last[0]
+    @staticmethod
+    def _reused(messages: Sequence[BaseMessage], last: Sequence[BaseMessage]) -> int:
+        """How many leading messages are the very objects of ``last`` (the previous call's)."""
         known = len(last)
         if len(messages) >= known and all(map(operator.is_, messages[:known], last)):
             return known  # the common case: the same history plus new messages
@@ -157,8 +157,9 @@ class TokenCountCache:
         Returns:
             One count and one core message per message, in order.
         """
-        reused = self._reused(messages)
-        _, last_counts, last_core = self._last
+        # One read of the previous call: another thread may swap it meanwhile.
+        last, last_counts, last_core = self._last
+        reused = self._reused(messages, last)
         out, core = last_counts[:reused], last_core[:reused]
         missing: list[tuple[int, str]] = []
         entries = self._entries
@@ -200,7 +201,8 @@ class TokenCountCache:
         a custom counter (it may make a network call) or a long unseen history
         is counted in a worker thread.
         """
-        if self._options.token_counter is None and len(messages) - self._reused(messages) <= _INLINE_NEW_MESSAGES:
+        new = len(messages) - self._reused(messages, self._last[0])
+        if self._options.token_counter is None and new <= _INLINE_NEW_MESSAGES:
             return self.counts_and_core(messages)
         return await off_loop(self.counts_and_core, messages)
 

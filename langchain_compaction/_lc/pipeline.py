@@ -153,7 +153,7 @@ class Compactor:
             clearing = self._clearing(converted, sizes)
             if clearing is not None:
                 return Job(messages, converted, sizes, None, None, clearing)
-        plan = plan_compaction(converted, sizes, self.options.keep_recent_tokens, force=trigger == "force")
+        plan = plan_compaction(converted, sizes, self.options.budget.keep, force=trigger == "force")
         if plan is None:
             return None
         flow = compaction_flow(
@@ -162,14 +162,14 @@ class Compactor:
         return Job(messages, converted, sizes, plan, flow)
 
     def _clearing(self, core: Sequence[Message], counts: Sequence[int]) -> ClearingPlan | None:
-        options, target = self.options, self.options.budget.clearing_target
-        if not options.clear_tool_outputs or target is None:
+        options, budget = self.options, self.options.budget
+        if not options.clear_tool_outputs or budget.clearing_target is None:
             return None
         return plan_clearing(
             core,
             counts,
-            keep_recent_tokens=options.keep_recent_tokens,
-            target_tokens=target,
+            keep_recent_tokens=budget.keep,
+            target_tokens=budget.clearing_target,
             keep_tool_uses=options.keep_tool_uses,
             exclude_tools=options.clear_exclude_tools,
             min_tokens=options.clear_min_tokens,

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.plan import leading_block
 from langchain_compaction.core.types import Message
 
 
@@ -37,10 +38,7 @@ def usage_anchor(messages: Sequence[Message]) -> tuple[int, int] | None:
         return None
     # Summaries sit in the leading system block: look there only, so a turn
     # stays O(new messages) on a long history.
-    lead = 0
-    while lead < last and messages[lead].role == "system":
-        lead += 1
-    summaries = [m for m in messages[:lead] if m.is_summary]
+    summaries = [m for m in messages[: min(leading_block(messages), last)] if m.is_summary]
     if summaries:
         written_after = summaries[-1].written_after
         # The reply is fresh only if the message the summary was written

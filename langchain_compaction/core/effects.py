@@ -4,7 +4,9 @@ Everything in the library that has a sync and an async form (a summary call,
 a store write, a model call in the middleware, a lock around a rewrite) is
 written once, as a generator that yields ``Call`` values and receives their
 results. ``drive`` runs such a flow with blocking calls, ``adrive`` with
-awaited ones; nothing else in the package differs between the two paths.
+awaited ones. What still differs between the paths is only the smallest
+primitive: a lock taken by blocking or by polling (``history``), a sync method
+or its ``a``-prefixed twin.
 
 A ``Call`` carries both forms of one step: ``twin(f, af, ...)`` pairs a sync
 function with its async counterpart, and ``blocking(f, ...)`` runs ``f`` in
@@ -61,6 +63,15 @@ async def off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwar
 def twin(sync: Callable[..., _T], asynchronous: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> Call[_T]:
     """A step made by ``sync(*args, **kwargs)``, or awaited as ``asynchronous(*args, **kwargs)``."""
     return Call(functools.partial(sync, *args, **kwargs), functools.partial(asynchronous, *args, **kwargs))
+
+
+async def _now(function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    return function(*args, **kwargs)
+
+
+def inline(function: Callable[..., _T], *args: Any, **kwargs: Any) -> Call[_T]:
+    """A step made by ``function`` in place on both paths (it is quick and never blocks)."""
+    return Call(functools.partial(function, *args, **kwargs), functools.partial(_now, function, *args, **kwargs))
 
 
 def blocking(function: Callable[..., _T], *args: Any, **kwargs: Any) -> Call[_T]:

@@ -3,8 +3,7 @@
 ``summarize`` turns a ``compaction_flow`` (``core.flow``) into calls
 (``core.effects``): it hands each request to the summarizer (or, once it
 failed, to the fallback), enforces the timeout, checks that the answer is
-usable text, and sends it back. ``run_flow`` and ``arun_flow`` drive it with
-blocking or awaited calls.
+usable text, and sends it back; ``drive`` or ``adrive`` makes the calls.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from langchain_compaction.core.effects import Flow, adrive, drive, twin
+from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.core.flow import Outcome, SummaryFlow
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import (
@@ -93,13 +92,11 @@ def _reply(value: object, request: SummaryRequest) -> SummaryReply:
 def _wrap(exc: Exception, request: SummaryRequest) -> CompactionError:
     if isinstance(exc, CompactionError):
         return exc
-    error = SummarizationError(
+    return SummarizationError(
         f"compaction summarisation failed: {type(exc).__name__}: {exc}",
         chunk_index=request.chunk_index,
         chunk_count=request.chunk_count,
     )
-    error.__cause__ = exc
-    return error
 
 
 def _call_with_timeout(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> object:
@@ -205,11 +202,7 @@ class _Driver:
 
 
 def _advance(flow: SummaryFlow, reply: SummaryReply | None) -> SummaryRequest:
-    """The flow's next request, with a failure inside it wrapped.
-
-    A user's ``redact`` hook that raises becomes a ``SummarizationError``
-    like any summary failure, chained to the cause.
-    """
+    """The flow's next request; a failure inside the flow becomes a ``SummarizationError`` chained to it."""
     try:
         return next(flow) if reply is None else flow.send(reply)
     except (StopIteration, CompactionError):
@@ -253,17 +246,3 @@ def summarize(
         return driver.report(stop.value)
     finally:
         flow.close()
-
-
-def run_flow(
-    flow: SummaryFlow, summarizer: Summarizer, *, fallback: Summarizer | None = None, timeout: float | None = None
-) -> DriverReport:
-    """Drive ``summarize(flow, ...)`` with blocking summarizer calls."""
-    return drive(summarize(flow, summarizer, fallback=fallback, timeout=timeout))
-
-
-async def arun_flow(
-    flow: SummaryFlow, summarizer: Summarizer, *, fallback: Summarizer | None = None, timeout: float | None = None
-) -> DriverReport:
-    """Drive ``summarize(flow, ...)`` with awaited summarizer calls."""
-    return await adrive(summarize(flow, summarizer, fallback=fallback, timeout=timeout))

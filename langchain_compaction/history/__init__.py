@@ -75,7 +75,14 @@ from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
 from langchain_compaction.history import stores
 from langchain_compaction.history.journal import JOURNAL_MARK, Commit, Rewrite, archive_memo
-from langchain_compaction.history.locks import CompactionLock, FileLock, InProcessLock, PostgresAdvisoryLock
+from langchain_compaction.history.locks import (
+    POLL_START,
+    CompactionLock,
+    FileLock,
+    InProcessLock,
+    PostgresAdvisoryLock,
+    backoff,
+)
 
 __all__ = [
     "JOURNAL_MARK",
@@ -93,18 +100,69 @@ OnError = Literal["raise", "warn"]
 """What an automatic compaction does when it fails: raise, or log and go on."""
 
 
+class _Flight:
+    """One compaction of a session at a time in this process (threads and tasks).
+
+    A plain lock an async task can poll. A blocking wait for it on the thread of
+    an event loop whose task holds it would never end, so it raises instead.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._task_thread: int | None = None
+
+    def take(self, wait: bool) -> bool:
+        if wait and self._task_thread == threading.get_ident():
+            msg = (
+                "compact() was called on the event loop's thread while an acompact() or aadd_messages() of the "
+                "same session is compacting; waiting here would deadlock the loop: use acompact() in async code"
+            )
+            raise CompactionError(msg)
+        return self._lock.acquire(blocking=wait)
+
+    async def atake(self, wait: bool) -> bool:
+        delay = POLL_START
+        while not self._lock.acquire(blocking=False):
+            if not wait:
+                return False
+            delay = await backoff(delay)
+        self._task_thread = threading.get_ident()
+        return True
+
+    def release(self) -> None:
+        self._task_thread = None
+        self._lock.release()
+
+
 class _SessionState:
     """What every wrapper over one session in this process shares."""
 
     def __init__(self) -> None:
         self.lock = InProcessLock()
-        # One compaction at a time; a plain Lock so an async task may poll it.
-        self.flight = threading.Lock()
-        self.pending: Rewrite | None = None
+        self.flight = _Flight()
+        self._pending: Rewrite | None = None
         self.archive_memo: tuple[str, ...] | None = None
+
+    @property
+    def pending(self) -> Rewrite | None:
+        """A rewrite that was started and not finished (what the next call finishes)."""
+        return self._pending
+
+    @pending.setter
+    def pending(self, value: Rewrite | None) -> None:
+        # While a rewrite is pending this state must outlive every wrapper
+        # (RunnableWithMessageHistory makes a new one per call): the next
+        # wrapper over the session finishes it from here.
+        self._pending = value
+        with _SESSIONS_GUARD:
+            if value is None:
+                _UNFINISHED.discard(self)
+            else:
+                _UNFINISHED.add(self)
 
 
 _SESSIONS: weakref.WeakValueDictionary[Hashable, _SessionState] = weakref.WeakValueDictionary()
+_UNFINISHED: set[_SessionState] = set()
 _SESSIONS_GUARD = threading.Lock()
 
 
@@ -131,22 +189,17 @@ async def _ahold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
     async with contextlib.AsyncExitStack() as stack:
         for lock in locks:
             await stack.enter_async_context(lock.ahold())
-        return await adrive(flow)
-
-
-def _take(flight: threading.Lock, wait: bool) -> bool:
-    return flight.acquire(blocking=wait)
-
-
-async def _atake(flight: threading.Lock, wait: bool) -> bool:
-    # A blocking acquire would stall the event loop: poll it instead.
-    delay = 0.001
-    while not flight.acquire(blocking=False):
-        if not wait:
-            return False
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.05)
-    return True
+        task = asyncio.ensure_future(adrive(flow))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # A store write may be running in a worker thread (threads cannot
+            # be cancelled): hold the locks until the flow has ended, so no
+            # other writer gets in under a write still landing.
+            while not task.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({task})
+            raise
 
 
 def _check_history(field: str, value: object) -> None:
@@ -483,7 +536,7 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
 
     def _compaction(self, *, force: bool, instructions: str, wait: bool) -> Flow[CompactionResult | None]:
         flight = self._state.flight
-        if not (yield twin(_take, _atake, flight, wait)):
+        if not (yield twin(flight.take, flight.atake, wait)):
             return None  # another compaction of this session is running
         try:
             snapshot = yield self._locked(self._repaired(), write=self._may_be_torn)

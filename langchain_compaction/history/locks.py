@@ -33,13 +33,14 @@ __all__ = ["CompactionLock", "FileLock", "InProcessLock", "PostgresAdvisoryLock"
 
 # Polling bounds for the async paths: a blocking acquire would stall the event
 # loop, so they try without blocking and sleep between attempts.
-_POLL_START = 0.0005
-_POLL_MAX = 0.02
+POLL_START = 0.0005
+POLL_MAX = 0.02
 
 
-async def _backoff(delay: float) -> float:
+async def backoff(delay: float) -> float:
+    """Sleep ``delay`` seconds; the next, doubled delay (at most ``POLL_MAX``)."""
     await asyncio.sleep(delay)
-    return min(delay * 2, _POLL_MAX)
+    return min(delay * 2, POLL_MAX)
 
 
 @runtime_checkable
@@ -124,9 +125,9 @@ class InProcessLock:
     async def ahold(self) -> AsyncIterator[None]:
         """Hold the lock from a task (not reentrant within one task)."""
         async with self._loop_lock():
-            delay = _POLL_START
+            delay = POLL_START
             while not self._rlock.acquire(blocking=False):
-                delay = await _backoff(delay)
+                delay = await backoff(delay)
             self._task_thread = threading.get_ident()
             try:
                 yield
@@ -189,13 +190,13 @@ class FileLock:
         import fcntl
 
         with self._opened() as fd:
-            delay = _POLL_START
+            delay = POLL_START
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
-                    delay = await _backoff(delay)
+                    delay = await backoff(delay)
             yield
 
     def __repr__(self) -> str:
