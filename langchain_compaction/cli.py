@@ -146,7 +146,7 @@ def _inspect_report(
         by_role[core_message.role] += count
         by_type[message.type] += count
         number[message.type] += 1
-    plan = plan_compaction(core, counts, options.keep_recent_tokens, force=False)
+    plan = plan_compaction(core, counts, options.budget.keep, force=False)
     # What a compaction would replace: the region before the cut and earlier
     # summaries; the leading system prompt and the provider's prefix stay.
     summarized = [] if plan is None else [*(i for i in plan.previous_summaries if i < plan.start), *plan.region]
@@ -163,6 +163,7 @@ def _inspect_report(
         "threshold": options.budget.threshold,
         "would_compact": needs_compaction(core, counts, options),
         "cut_index": plan.cut if plan else 0,
+        "keep_budget": options.budget.keep,
         "summarized": {"messages": len(summarized), "tokens": t_summarized},
         "kept": {"messages": len(messages) - len(summarized), "tokens": total - t_summarized},
     }
@@ -178,15 +179,13 @@ def _print_inspect(
     print(_table(rows, ["type", "messages", "tokens", "share"], style), file=out)
     if report["threshold"] is not None:
         verdict = style.yellow("would compact") if report["would_compact"] else style.green("fits")
-        print(
-            f"\nwindow {args.context_window:,} - reserve {args.reserve_tokens:,} = {report['threshold']:,}: {verdict}",
-            file=out,
-        )
+        reserve = args.context_window - report["threshold"]
+        print(f"\nwindow {args.context_window:,} - reserve {reserve:,} = {report['threshold']:,}: {verdict}", file=out)
     else:
         print("\nno --context-window given: automatic compaction is off; the cut below is for a manual one", file=out)
     cut, summarized, kept = report["cut_index"], report["summarized"], report["kept"]
     if not cut:
-        print(f"no cut: everything fits the keep budget of {args.keep_recent_tokens:,} tokens", file=out)
+        print(f"no cut: everything fits the keep budget of {report['keep_budget']:,} tokens", file=out)
         return
     print(
         f"cut at message {cut}: summarize {summarized['messages']} (~{summarized['tokens']:,} tokens), "
@@ -228,20 +227,50 @@ def _print_result(result: CompactionResult | None, out: TextIO, style: _Style) -
     print(_table(rows, ["compaction", "value"], style), file=out)
 
 
+def _writable(path: str | None) -> None:
+    """Check the output path before any work is done: one clear line, not a traceback afterwards."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigurationError("--output", path, "it is a directory; name a file")
+    if not target.parent.is_dir():
+        raise ConfigurationError("--output", path, f"the folder {str(target.parent)!r} does not exist; create it first")
+    if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ConfigurationError("--output", path, "it cannot be written (permission denied)")
+
+
+def _what_happened(result: CompactionResult | None, args: argparse.Namespace) -> str:
+    if result is not None:
+        kind = "a manual compaction (forced cut)" if result.forced else "a compaction"
+        why = "--force" if args.force else "no --context-window" if not args.context_window else "over the threshold"
+        return f"{kind} ({why})"
+    if args.context_window and not args.force:
+        return "nothing done: the conversation fits the window (pass --force to compact anyway)"
+    return "nothing to compact"
+
+
 def _compact(args: argparse.Namespace, out: TextIO) -> int:
     from langchain_compaction.formats import dump_conversation
-    from langchain_compaction.functional import compact
+    from langchain_compaction.functional import auto_compact, compact
     from langchain_compaction.summarizers.chat_model import as_summarizer
 
+    _writable(args.output)
     messages, conversation = _read(args.file)
     options = _options(args)
     summarizer = _Progress(as_summarizer(_model(args)), sys.stderr, args.json)
-    result, compacted = compact(summarizer, messages, options, args.instructions or "")
+    # With a window, compact only when over it (as the adapters do); without
+    # one, or with --force, compact now.
+    if args.context_window and not args.force:
+        result, compacted = auto_compact(summarizer, messages, options)
+    else:
+        result, compacted = compact(summarizer, messages, options, args.instructions or "")
+    happened = _what_happened(result, args)
     text = dump_conversation(compacted, conversation.format, jsonl=conversation.jsonl)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
     if args.json:
-        payload = {"result": result.to_dict() if result else None, "output": args.output}
+        payload = {"result": result.to_dict() if result else None, "what": happened, "output": args.output}
         if not args.output:
             payload["messages"] = json.loads(dump_conversation(compacted, "langchain"))
         print(json.dumps(payload, indent=2, ensure_ascii=False), file=out)
@@ -249,6 +278,7 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
     # With the conversation on stdout, the figures go to stderr so a pipe
     # receives a clean file.
     report = out if args.output else sys.stderr
+    print(happened, file=report)
     _print_result(result, report, _Style(report))
     if args.output:
         print(f"wrote {len(compacted)} messages to {args.output}", file=out)
@@ -271,32 +301,57 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def budgets(p: argparse.ArgumentParser, window: int, reserve: int, keep: int) -> None:
-        p.add_argument("--context-window", type=int, default=window, help="model window in tokens (0 = unknown)")
-        p.add_argument("--reserve-tokens", type=int, default=reserve, help="tokens kept free for the reply")
-        p.add_argument("--keep-recent-tokens", type=int, default=keep, help="recent tokens kept verbatim")
+    def budgets(p: argparse.ArgumentParser, window: int) -> None:
+        p.add_argument(
+            "--context-window",
+            type=int,
+            default=window,
+            help="model window in tokens; 0: unknown (default: %(default)s)",
+        )
+        p.add_argument(
+            "--reserve-tokens",
+            type=int,
+            default=None,
+            help="tokens kept free for the reply (default: 16384, or the window / 8 when smaller)",
+        )
+        p.add_argument(
+            "--keep-recent-tokens",
+            type=int,
+            default=None,
+            help="recent tokens kept verbatim (default: 20000, or less in a small window)",
+        )
 
-    demo = sub.add_parser("demo", help="compact the bundled real transcripts offline, several times")
-    budgets(demo, 24_000, 4_000, 6_000)
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text)
+
+    demo = command("demo", "replay a real agent session shipped with the package, compacting it offline")
+    budgets(demo, 8_000)
     demo.set_defaults(run=_demo)
 
-    inspect = sub.add_parser("inspect", help="show tokens by role and type, and where the cut falls")
+    inspect = command("inspect", "show tokens by role and type, whether it would compact, and where the cut falls")
     inspect.add_argument(
         "file", help="conversation file (LangChain, OpenAI, Anthropic JSON, or JSON Lines); - for stdin"
     )
-    budgets(inspect, 0, 16384, 20000)
+    budgets(inspect, 0)
     inspect.add_argument("--json", action="store_true", help="print JSON for machines")
     inspect.set_defaults(run=_inspect)
 
-    comp = sub.add_parser("compact", help="write the compacted conversation in the input's format")
+    comp = command("compact", "write the compacted conversation in the input's format")
     comp.add_argument("file", help="conversation file; - for stdin")
-    comp.add_argument("-o", "--output", help="where to write the compacted conversation (default: stdout)")
+    comp.add_argument("-o", "--output", help="where to write the compacted conversation (default: standard output)")
     source = comp.add_mutually_exclusive_group()
-    source.add_argument("--model", help="summarize with provider:model (needs its package and API key)")
+    source.add_argument(
+        "--model", help="summarize with provider:model (needs its package and API key; default: offline)"
+    )
     source.add_argument("--offline", action="store_true", help="use the offline extractive summarizer (default)")
-    comp.add_argument("--instructions", help="custom instructions for the summary")
-    comp.add_argument("--summary-input-tokens", type=int, default=None, help="largest summarizer request")
-    budgets(comp, 0, 16384, 20000)
+    comp.add_argument("--instructions", help="custom instructions for the summary (default: none)")
+    comp.add_argument(
+        "--summary-input-tokens", type=int, default=None, help="largest summarizer request (default: the threshold)"
+    )
+    comp.add_argument(
+        "--force", action="store_true", help="with --context-window: compact even when the conversation fits"
+    )
+    budgets(comp, 0)
     comp.add_argument("--json", action="store_true", help="print JSON for machines")
     comp.set_defaults(run=_compact)
     return parser

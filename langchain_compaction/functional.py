@@ -96,11 +96,7 @@ def find_cut_point(messages: Sequence[BaseMessage], keep_recent_tokens: int = DE
     Raises:
         ConfigurationError: ``keep_recent_tokens`` is negative.
     """
-    if keep_recent_tokens < 0:
-        raise ConfigurationError(
-            "keep_recent_tokens", keep_recent_tokens, "pass a positive budget, or 0 for the default 20000"
-        )
-    keep = keep_recent_tokens or DEFAULT_KEEP_RECENT_TOKENS
+    keep = CompactionOptions(keep_recent_tokens=keep_recent_tokens).budget.keep
     core = to_core_list(messages)
     # The same plan compact() makes (earlier summaries, their user turn and
     # provider compaction blocks included), without forcing.

@@ -1,10 +1,22 @@
 """Compaction options, validated at construction, and the budgets derived from them.
 
-The defaults are those of pi's compaction (through its Go port,
-``../shared/seed/compaction.go``): reserve 16,384 tokens for the reply, keep
-the most recent 20,000 tokens. Every other budget (the summary's size, the
-largest summarizer request, the clearing target) is derived from the options
-in one place, ``CompactionOptions.budget``; nothing else computes one.
+Every budget is derived from the options in one place, ``CompactionOptions.budget``
+(``derive_budget``); nothing else computes one. The rule, for a window ``W``:
+
+- reserve (kept free for the reply): 16,384 tokens, pi's default, or ``W // 8``
+  when that is smaller (a 24,000-token window reserves 3,000);
+- threshold: automatic compaction fires above ``W - reserve``;
+- landing: after a compaction the context should be at most half the
+  threshold, so the next turns do not compact again at once;
+- keep (recent tokens kept verbatim): 20,000, pi's default, or three fifths of
+  the landing when that is smaller;
+- summary: two thirds of what the landing leaves after the keep, between 256
+  and 8,192 tokens (the rest is room for the system prompt);
+- clearing old tool outputs aims at the landing.
+
+A value the user sets is kept as set (``None`` means derived); a set
+combination that leaves no room raises ``ConfigurationError`` at construction.
+With the window unknown (0) automatic compaction is off and pi's defaults apply.
 """
 
 from __future__ import annotations
@@ -23,6 +35,12 @@ DEFAULT_KEEP_RECENT_TOKENS = 20000
 
 DEFAULT_SUMMARY_INPUT_TOKENS = 100_000
 """Largest summarizer request when the context window is unknown."""
+
+DEFAULT_SUMMARY_MAX_TOKENS = 8192
+"""The largest summary budget derived (and the budget when the window is unknown)."""
+
+MIN_SUMMARY_TOKENS = 256
+"""The smallest summary budget derived: a checkpoint needs a few lines per section."""
 
 TokenCounterFn = Callable[[Sequence[Any]], int]
 """Counts the tokens of a list of messages, e.g. ``count_tokens_approximately``.
@@ -44,6 +62,8 @@ class Budget:
         keep: Recent tokens kept verbatim.
         threshold: Automatic compaction fires above this many tokens;
             ``None`` when the window is unknown (automatic compaction off).
+        landing: Where a compaction aims to bring the context (half the
+            threshold; ``None`` without a window).
         summary_max: The most tokens a summary may take.
         summary_input: The largest summarizer request.
         clearing_target: Where clearing old tool outputs aims to bring the
@@ -54,6 +74,7 @@ class Budget:
     reserve: int
     keep: int
     threshold: int | None
+    landing: int | None
     summary_max: int
     summary_input: int
     clearing_target: int | None
@@ -88,10 +109,12 @@ class CompactionOptions:
     Attributes:
         context_window: The model's context window in tokens; 0 means unknown,
             which turns automatic compaction off.
-        reserve_tokens: Tokens kept free for the reply (default 16,384; 0 means
-            the default, as in pi's options).
-        keep_recent_tokens: Tokens of the most recent messages kept verbatim
-            (default 20,000; 0 means the default).
+        reserve_tokens: Tokens kept free for the reply; ``None`` (or 0, as in
+            pi's options) derives it: 16,384, or ``context_window // 8`` when
+            that is smaller.
+        keep_recent_tokens: Tokens of the most recent messages kept verbatim;
+            ``None`` (or 0) derives it: 20,000, or less in a small window so
+            that a compaction lands at most at half the threshold.
         summary_prompt: Replaces the default checkpoint prompt.
         update_prompt: Replaces the default prompt used to update a previous
             summary; when only ``summary_prompt`` is given, updates use it too.
@@ -111,9 +134,9 @@ class CompactionOptions:
             ``redact_secrets`` is a ready one. Off by default.
         summary_max_tokens: The most tokens a summary may take; a longer one
             is asked for once more, shorter, then left to ``fallback=`` (or
-            raises). ``None`` derives it: half of what the window leaves after
-            the reserve and the kept messages, between 1,024 and 8,192 (8,192
-            when the window is unknown).
+            raises). ``None`` derives it: two thirds of what half the
+            threshold leaves after the kept messages, between 256 and 8,192
+            (8,192 when the window is unknown).
         require_sections: Also reject a summary that lacks any checkpoint
             heading (Goal, Constraints & Preferences, Progress, Done, In
             Progress, Blocked, Key Decisions, Next Steps, Critical Context).
@@ -142,16 +165,17 @@ class CompactionOptions:
             API rejects a conversation whose first turn is not the user's.
 
     Example:
-        >>> opts = CompactionOptions(context_window=200_000)
-        >>> opts.reserve_tokens, opts.keep_recent_tokens, opts.budget.threshold
-        (16384, 20000, 183616)
-        >>> CompactionOptions(context_window=200_000, reserve_tokens=0).reserve_tokens
-        16384
+        >>> budget = CompactionOptions(context_window=200_000).budget
+        >>> budget.reserve, budget.keep, budget.threshold, budget.summary_max
+        (16384, 20000, 183616, 8192)
+        >>> budget = CompactionOptions(context_window=24_000).budget
+        >>> budget.reserve, budget.keep, budget.threshold, budget.landing, budget.summary_max
+        (3000, 6300, 21000, 10500, 2800)
     """
 
     context_window: int = 0
-    reserve_tokens: int = DEFAULT_RESERVE_TOKENS
-    keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS
+    reserve_tokens: int | None = None
+    keep_recent_tokens: int | None = None
     summary_prompt: str | None = None
     update_prompt: str | None = None
     system_prompt: str | None = None
@@ -189,38 +213,31 @@ class CompactionOptions:
 
     def _check_budgets(self) -> None:
         _check_int("context_window", self.context_window, minimum=0, advice="pass the model's window, or 0 if unknown")
-        _check_int(
-            "reserve_tokens", self.reserve_tokens, minimum=0, advice=f"pass 0 or more (0: {DEFAULT_RESERVE_TOKENS})"
-        )
-        _check_int(
-            "keep_recent_tokens",
-            self.keep_recent_tokens,
-            minimum=0,
-            advice=f"pass 0 or more (0: {DEFAULT_KEEP_RECENT_TOKENS})",
-        )
-        # As in pi's options, a zero reserve or keep budget means the default.
-        if self.reserve_tokens == 0:
-            object.__setattr__(self, "reserve_tokens", DEFAULT_RESERVE_TOKENS)
-        if self.keep_recent_tokens == 0:
-            object.__setattr__(self, "keep_recent_tokens", DEFAULT_KEEP_RECENT_TOKENS)
+        for name in ("reserve_tokens", "keep_recent_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(name, value, minimum=0, advice="pass a positive number, or None (or 0) to derive it")
+                if value == 0:  # as in pi's options, zero means the default
+                    object.__setattr__(self, name, None)
         window = self.context_window
         if not window:
             return
-        if self.reserve_tokens >= window:
+        if self.reserve_tokens is not None and self.reserve_tokens >= window:
             raise ConfigurationError(
                 "reserve_tokens",
                 self.reserve_tokens,
                 f"it must be smaller than context_window={window}; "
-                f"pass a reserve that leaves room for the conversation, e.g. reserve_tokens={window // 8}",
+                f"pass a reserve that leaves room for the conversation, e.g. reserve_tokens={window // 8}, or None",
             )
-        room = window - self.reserve_tokens
-        if self.keep_recent_tokens >= room:
+        threshold = derive_budget(self).threshold
+        assert threshold is not None  # the window is known
+        if self.keep_recent_tokens is not None and self.keep_recent_tokens >= threshold:
             raise ConfigurationError(
                 "keep_recent_tokens",
                 self.keep_recent_tokens,
                 f"keeping that much leaves no room: compaction fires above "
-                f"context_window - reserve_tokens = {room} tokens; "
-                f"pass keep_recent_tokens below {room}, e.g. {room // 2}",
+                f"context_window - reserve_tokens = {threshold} tokens; "
+                f"pass keep_recent_tokens below {threshold}, e.g. {threshold * 3 // 10}, or None to derive it",
             )
 
     def _check_optional_budgets(self) -> None:
@@ -239,20 +256,33 @@ class CompactionOptions:
 
     @property
     def budget(self) -> Budget:
-        """Every budget in force (the one place budgets are derived)."""
-        window, reserve, keep = self.context_window, self.reserve_tokens, self.keep_recent_tokens
-        threshold = window - reserve if window else None
-        if self.summary_max_tokens is not None:
-            summary_max = self.summary_max_tokens
-        elif threshold is not None:
-            summary_max = min(max((threshold - keep) // 2, 1024), 8192)
-        else:
-            summary_max = 8192
-        if self.summary_input_tokens is not None:
-            summary_input = self.summary_input_tokens
-        else:
-            summary_input = max(threshold, 1000) if threshold is not None else DEFAULT_SUMMARY_INPUT_TOKENS
-        # Clearing aims halfway between the keep budget and the threshold, so
-        # the next turns do not clear (and rewrite the history) again at once.
-        clearing = keep + (threshold - keep) // 2 if threshold is not None else None
-        return Budget(window, reserve, keep, threshold, summary_max, summary_input, clearing)
+        """Every budget in force (see ``derive_budget``)."""
+        return derive_budget(self)
+
+
+def derive_budget(options: CompactionOptions) -> Budget:
+    """Every budget in force for ``options``: the one place budgets are derived (see the module docstring).
+
+    Args:
+        options: The options.
+
+    Returns:
+        The budgets.
+    """
+    window = options.context_window
+    reserve = options.reserve_tokens
+    if reserve is None:
+        reserve = min(DEFAULT_RESERVE_TOKENS, window // 8) if window else DEFAULT_RESERVE_TOKENS
+    threshold = window - reserve if window else None
+    landing = threshold // 2 if threshold is not None else None
+    keep = options.keep_recent_tokens
+    if keep is None:
+        keep = min(DEFAULT_KEEP_RECENT_TOKENS, landing * 3 // 5) if landing is not None else DEFAULT_KEEP_RECENT_TOKENS
+    summary_max = options.summary_max_tokens
+    if summary_max is None:
+        room = (landing - keep) * 2 // 3 if landing is not None else DEFAULT_SUMMARY_MAX_TOKENS
+        summary_max = min(max(room, MIN_SUMMARY_TOKENS), DEFAULT_SUMMARY_MAX_TOKENS)
+    summary_input = options.summary_input_tokens
+    if summary_input is None:
+        summary_input = max(threshold, 1000) if threshold is not None else DEFAULT_SUMMARY_INPUT_TOKENS
+    return Budget(window, reserve, keep, threshold, landing, summary_max, summary_input, landing)

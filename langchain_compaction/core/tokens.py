@@ -14,7 +14,6 @@ tokenizers (``bench/estimate_accuracy.py`` measures it).
 from __future__ import annotations
 
 import re
-from typing import Protocol
 
 from langchain_compaction.core.types import Message
 
@@ -111,18 +110,6 @@ def estimate_tokens(text: str) -> int:
         # Re-price dense runs: they were charged at letter/digit rates above.
         tokens += dense * (_DENSE_RUN_WEIGHT - 0.3)
     return int(tokens)
-
-
-class TokenCounter(Protocol):
-    """Counts the tokens of one internal message (the core's seam).
-
-    The LangChain adapters accept any callable over a list of LangChain
-    messages (for example ``count_tokens_approximately``) and wrap it into this.
-    """
-
-    def __call__(self, message: Message, /) -> int:
-        """Return the token count of ``message``."""
-        ...
 
 
 def estimate_message(message: Message) -> int:

@@ -84,14 +84,11 @@ def test_sections_are_checked_only_when_asked():
 
 def test_default_budget_follows_the_window():
     assert CompactionOptions().budget.summary_max == 8192
-    assert (
-        CompactionOptions(context_window=24_000, reserve_tokens=4_000, keep_recent_tokens=6_000).budget.summary_max
-        == 7000
-    )
-    assert (
-        CompactionOptions(context_window=8_000, reserve_tokens=2_000, keep_recent_tokens=5_000).budget.summary_max
-        == 1024
-    )
+    # Two thirds of what half the threshold leaves after the keep budget, 256 to 8,192.
+    budget = CompactionOptions(context_window=24_000, reserve_tokens=4_000, keep_recent_tokens=6_000).budget
+    assert (budget.landing, budget.summary_max) == (10_000, 2_666)
+    budget = CompactionOptions(context_window=8_000, reserve_tokens=2_000, keep_recent_tokens=5_000).budget
+    assert budget.summary_max == 256  # the keep budget is over the landing: the floor
     assert CompactionOptions(summary_max_tokens=300).budget.summary_max == 300
 
 

@@ -28,7 +28,7 @@ def run(*argv: str) -> tuple[int, str]:
 def test_demo_compacts_several_times_and_prints_the_figures():
     code, text = run("demo")
     assert code == 0
-    assert "6 real agent transcripts" in text
+    assert "replaying 101 messages of a real OpenHands run" in text
     rows = [line for line in text.splitlines() if line[:3].strip().isdigit()]
     assert len(rows) >= 3, text
     assert "compactions; final context:" in text
@@ -138,3 +138,83 @@ def test_inspect_agrees_with_compact_on_what_is_summarized(tmp_path):
     result = json.loads(out)["result"]
     assert report["summarized"]["messages"] == result["messages_removed"]
     assert report["kept"]["messages"] == result["messages_kept"]
+
+
+def test_demo_replays_the_transcript_shipped_inside_the_package():
+    from importlib import resources
+
+    from langchain_compaction.demo import TRANSCRIPT, demo_session
+
+    shipped = resources.files("langchain_compaction") / "data" / TRANSCRIPT
+    assert shipped.is_file()
+    assert (resources.files("langchain_compaction") / "data" / "LICENSE-openhands.txt").is_file()
+    session = demo_session()
+    assert len(session) == 101
+    assert session[0].type == "system"
+
+
+def test_demo_never_cuts_a_summary_line_mid_word():
+    from langchain_compaction import CompactionOptions
+    from langchain_compaction.demo import _replay, demo_session
+
+    code, text = run("demo")
+    assert code == 0
+    printed = text.split("the summary message", 1)[1].splitlines()[1:]
+    logical: list[str] = []
+    for line in printed:
+        if line.startswith("      ") and logical:  # a wrapped continuation
+            logical[-1] += " " + line.strip()
+        else:
+            logical.append(line.strip())
+    state = _replay(demo_session(), CompactionOptions(context_window=8_000), io.StringIO())
+    summary = next(m for m in state if m.id and m.id.startswith("compaction-summary"))
+    lines = [" ".join(line.split()) for line in str(summary.content).splitlines()]
+    # Every printed line is a whole line of the summary, rejoined: nothing was cut.
+    shown = [line for line in logical if not line.startswith("[... ")]
+    assert shown == lines[: len(shown)]
+    assert len(shown) == min(30, len(lines))
+
+
+def test_compact_checks_the_output_path_before_any_work(tmp_path, capsys, ponyc):
+    code, out = run("compact", ponyc, "-o", str(tmp_path / "no" / "such" / "dir" / "out.json"))
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "does not exist" in err
+    assert "summarizing" not in err
+    assert out == ""
+
+
+def test_with_a_window_compact_does_what_inspect_says(tmp_path, ponyc):
+    _, text = run("inspect", ponyc, "--context-window", "200000", "--json")
+    assert json.loads(text)["would_compact"] is False
+    code, out = run("compact", ponyc, "--context-window", "200000", "--json")
+    payload = json.loads(out)
+    assert code == 0
+    assert payload["result"] is None
+    assert "fits the window" in payload["what"]
+    assert len(payload["messages"]) == 101
+    # --force makes the manual cut; a window the conversation exceeds compacts on its own.
+    forced = json.loads(run("compact", ponyc, "--context-window", "200000", "--force", "--json")[1])
+    assert forced["result"]["messages_removed"] > 0
+    assert "--force" in forced["what"]
+    over = json.loads(run("compact", ponyc, "--context-window", "16000", "--json")[1])
+    assert over["result"] is not None
+    assert "over the threshold" in over["what"]
+
+
+def test_inspect_fits_a_small_window_with_derived_budgets(ponyc):
+    code, text = run("inspect", ponyc, "--context-window", "24000", "--json")
+    assert code == 0
+    report = json.loads(text)
+    assert report["threshold"] == 21_000  # 24,000 less the derived reserve of 3,000
+    assert report["keep_budget"] == 6_300
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["compact", "--help"])
+    text = capsys.readouterr().out
+    assert "(default: 0)" in text
+    assert "16384" in text
+    assert "20000" in text

@@ -172,7 +172,11 @@ def anthropic_payload(messages: Sequence[BaseMessage]) -> dict[str, Any]:
 
 def test_option_defaults_are_the_references() -> None:
     options = CompactionOptions()
-    assert (options.context_window, options.reserve_tokens, options.keep_recent_tokens) == (0, 16384, 20000)
+    assert (options.context_window, options.reserve_tokens, options.keep_recent_tokens) == (0, None, None)
+    # Derived, pi's defaults hold without a window and in a large one.
+    assert (options.budget.reserve, options.budget.keep) == (16384, 20000)
+    large = CompactionOptions(context_window=200_000).budget
+    assert (large.reserve, large.keep) == (16384, 20000)
     assert options.summary_prompt is None
     assert options.token_counter is None
 
@@ -187,7 +191,11 @@ def test_option_defaults_are_the_references() -> None:
         ({"reserve_tokens": True}, "reserve_tokens", True),
         ({"context_window": 10_000, "reserve_tokens": 10_000}, "reserve_tokens", 10_000),
         ({"context_window": 10_000, "reserve_tokens": 20_000}, "reserve_tokens", 20_000),
-        ({"context_window": 30_000}, "keep_recent_tokens", 20_000),  # 30000 - 16384 leaves 13616
+        (
+            {"context_window": 30_000, "reserve_tokens": 16_384, "keep_recent_tokens": 20_000},
+            "keep_recent_tokens",
+            20_000,
+        ),
         (
             {"context_window": 100_000, "reserve_tokens": 10_000, "keep_recent_tokens": 90_000},
             "keep_recent_tokens",
@@ -220,8 +228,29 @@ def test_invalid_options_raise_configuration_error(kwargs: dict[str, Any], field
 
 def test_keep_leaving_no_room_suggests_a_value() -> None:
     with pytest.raises(ConfigurationError) as info:
-        CompactionOptions(context_window=30_000)
+        CompactionOptions(context_window=30_000, reserve_tokens=16_384, keep_recent_tokens=20_000)
     assert "13616" in str(info.value)
+
+
+@pytest.mark.parametrize("window", [4_000, 8_000, 24_000, 32_000, 128_000, 200_000])
+def test_a_window_alone_gets_budgets_that_fit_it(window: int) -> None:
+    # One rule derives every budget from the window: a compaction lands at half
+    # the threshold, with room for the system prompt.
+    budget = CompactionOptions(context_window=window).budget
+    assert budget.threshold == window - budget.reserve
+    assert budget.landing == budget.threshold // 2
+    assert budget.keep + budget.summary_max < budget.landing
+    assert budget.clearing_target == budget.landing
+    if window >= 131_072:
+        assert (budget.reserve, budget.keep, budget.summary_max) == (16_384, 20_000, 8_192)
+
+
+def test_replace_rederives_the_budgets() -> None:
+    from dataclasses import replace
+
+    options = replace(CompactionOptions(), context_window=24_000)
+    assert options.budget == CompactionOptions(context_window=24_000).budget
+    assert options.budget.reserve == 3_000
 
 
 def test_valid_window_options_are_accepted() -> None:

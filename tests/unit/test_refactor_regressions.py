@@ -69,7 +69,8 @@ def test_clearing_protects_every_result_when_there_are_fewer_than_keep_tool_uses
 
 def test_a_zero_reserve_means_the_default_and_every_adapter_compacts() -> None:
     options = CompactionOptions(context_window=20_000, reserve_tokens=0, keep_recent_tokens=1_000)
-    assert options.reserve_tokens == 16_384
+    assert options.reserve_tokens is None  # derived, like an option left out
+    assert options.budget.reserve == 20_000 // 8
     history = chat(40)  # 80 messages, about 10x the window
     assert estimate_message_tokens(history) > 10 * 20_000 // 2
     summarize = ExtractiveSummarizer()
