@@ -17,6 +17,7 @@ force a compaction through the same run.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,8 @@ __all__ = [
     "parse_compact_command",
     "route_after_compaction",
 ]
+
+logger = logging.getLogger("langchain_compaction")
 
 COMPACT_COMMAND = "/compact"
 """The chat command that forces a compaction when ``enable_compact_command`` is set."""
@@ -235,6 +238,7 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         self.enable_compact_command = bool(enable_compact_command)
         self.name = name
         self._cache = TokenCountCache(self._compactor.options, max_entries=cache_size)
+        self._warned_no_window = False
 
     @property
     def options(self) -> CompactionOptions:
@@ -265,8 +269,19 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
             if parsed is not None:
                 return _Turn(messages[:-1], parsed, forced=True, command=messages[-1])
         if self.options.budget.threshold is None:
+            self._say_no_window(len(messages))
             return None  # automatic compaction is off: do not even count
         return _Turn(messages)
+
+    def _say_no_window(self, size: int) -> None:
+        if self._warned_no_window or not size:
+            return
+        self._warned_no_window = True
+        logger.warning(
+            "CompactionNode %r has no context_window, so it never compacts on its own (only /compact and "
+            "compact_thread do); pass CompactionOptions(context_window=<the model's window>), e.g. 200_000 for Claude",
+            self.name,
+        )
 
     def _due(self, turn: _Turn, counts: list[int], core: list[Any]) -> bool:
         return turn.forced or needs_compaction(core, counts, self.options)

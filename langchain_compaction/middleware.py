@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Annotated, Any, TypeAlias, cast
 
 from typing_extensions import NotRequired
@@ -134,7 +135,11 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
     rejects the request as too long (``ContextOverflowError``), the middleware
     compacts with a forced cut and retries once.
 
-    With ``context_window=0`` (unknown) it never compacts ahead of time and only
+    Without ``context_window`` (0, unknown) it reads the window from the agent
+    model's profile (``model.profile["max_input_tokens"]``: 200,000 for current
+    Claude models) at its first call, and every unset budget follows from it.
+    When neither is known it says so once (a warning on the
+    ``langchain_compaction`` logger), never compacts ahead of time, and only
     recovers from overflows.
 
     Args:
@@ -195,6 +200,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         self._on_compaction = on_compaction
         self._cache = TokenCountCache(self._compactor.options, max_entries=cache_size)
         self._tool_tokens: dict[tuple[str, str], int] = {}
+        self._window_checked = self._compactor.options.context_window > 0
         self._system_tokens: tuple[BaseMessage, int] | None = None
 
     @property
@@ -256,7 +262,27 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             return None
         return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *compacted]}
 
+    def _learn_window(self, model: object) -> None:
+        """Take the window from the agent model's profile when the options give none (once)."""
+        if self._window_checked:
+            return
+        self._window_checked = True
+        profile = getattr(model, "profile", None)
+        window = profile.get("max_input_tokens") if isinstance(profile, Mapping) else None
+        if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+            options = replace(self._compactor.options, context_window=window)
+            self._compactor = replace(self._compactor, options=options)
+            logger.info("CompactionMiddleware: context window %d tokens, from the model's profile", window)
+            return
+        logger.warning(
+            "CompactionMiddleware: no context_window was given and the model (%s) has no max_input_tokens in its "
+            "profile, so nothing is compacted ahead of time (only a 'prompt is too long' error is recovered); "
+            "pass CompactionOptions(context_window=...)",
+            type(model).__name__,
+        )
+
     def _call_flow(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> Flow[_CallResult]:
+        self._learn_window(request.model)
         # A user's counter (the system prompt is counted with it) may make a
         # network call: off the event loop, then.
         measure = blocking if self.options.token_counter is not None else inline

@@ -27,7 +27,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from langchain_compaction.core.prompts import SUMMARY_HEADER
+from langchain_compaction.core.prompts import LANGCHAIN_SUMMARY_PREFIX, SUMMARY_HEADER
 from langchain_compaction.core.types import Message, Part, Role, ToolCall
 from langchain_compaction.errors import InvalidMessagesError
 
@@ -101,6 +101,23 @@ def fingerprint(message: BaseMessage) -> str:
     return digest.hexdigest()
 
 
+def _attachment(block: dict[str, Any], kind: str) -> str:
+    """What the summarizer is told about an attachment: its kind, media type and URL (never inline data)."""
+    raw = block.get("source")
+    source: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    media = block.get("mime_type") or block.get("media_type") or source.get("media_type")
+    image_url = block.get("image_url")
+    candidates = (
+        block.get("url"),
+        image_url.get("url") if isinstance(image_url, dict) else image_url,
+        source.get("url"),
+        block.get("file_url"),
+    )
+    # A link the agent can refer to later; a data: URL is the payload itself.
+    url = next((u for u in candidates if isinstance(u, str) and u.startswith(("http://", "https://"))), None)
+    return " ".join(p for p in (kind, media, url) if p)
+
+
 def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
     if isinstance(block, str):
         return Part("text", block)
@@ -115,11 +132,7 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
             text = " ".join(str(s.get("text", "")) for s in block["summary"] if isinstance(s, dict))
         return Part("reasoning", str(text)) if text else None
     if kind in _IMAGE_BLOCKS:
-        media = block.get("mime_type") or block.get("media_type")
-        source = block.get("source")
-        if not media and isinstance(source, dict):
-            media = source.get("media_type")
-        return Part("image", f"{kind}{f' {media}' if media else ''}")
+        return Part("image", _attachment(block, str(kind)))
     if kind in _TOOL_USE_BLOCKS and str(block.get("id")) in skip_ids:
         return None  # the same call is in ``tool_calls``; count it once
     if kind == "compaction":
@@ -158,6 +171,16 @@ def is_bridge_message(message: BaseMessage) -> bool:
         return False
     mark = message.additional_kwargs.get(SUMMARY_MARK)
     return isinstance(mark, dict) and mark.get("kind") == "bridge"
+
+
+def is_langchain_summary(message: BaseMessage) -> bool:
+    """Whether ``message`` is the summary LangChain's ``SummarizationMiddleware`` wrote (a user turn)."""
+    if not isinstance(message, HumanMessage):
+        return False
+    if message.additional_kwargs.get("lc_source") == "summarization":
+        return True
+    content = message.content
+    return isinstance(content, str) and content.startswith(LANGCHAIN_SUMMARY_PREFIX)
 
 
 def is_compaction_message(message: BaseMessage) -> bool:
@@ -233,6 +256,10 @@ def to_core(message: object, index: int = 0) -> Message:
         if is_bridge_message(message):
             # Part of the previous compaction's output: replaced, never summarized.
             return Message("user", (Part("text", BRIDGE_TEXT),), is_summary=True, label="bridge", id=message.id)
+        if is_langchain_summary(message):
+            # Users migrate from LangChain's middleware: its summary is updated, not read as the user's goal.
+            label = "langchain summary"
+            return Message("user", _parts(message.content), is_summary=True, label=label, id=message.id)
         return Message("user", _parts(message.content), name=message.name, id=message.id)
     if isinstance(message, ToolMessage):
         return Message(

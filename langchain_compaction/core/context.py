@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from langchain_compaction.core.options import CompactionOptions
-from langchain_compaction.core.plan import leading_block
+from langchain_compaction.core.plan import leading_block, summary_block
 from langchain_compaction.core.types import Message
 
 
@@ -38,7 +38,7 @@ def usage_anchor(messages: Sequence[Message]) -> tuple[int, int] | None:
         return None
     # Summaries sit in the leading system block: look there only, so a turn
     # stays O(new messages) on a long history.
-    summaries = [m for m in messages[: min(leading_block(messages), last)] if m.is_summary]
+    summaries = [m for m in messages[: min(summary_block(messages), last)] if m.carries_summary]
     if summaries:
         written_after = summaries[-1].written_after
         # The reply is fresh only if the message the summary was written
@@ -60,10 +60,15 @@ def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead:
         The context size in tokens.
     """
     anchor = usage_anchor(messages)
-    if anchor is None:
-        return sum(counts) + overhead
-    index, reported = anchor
-    return reported + sum(counts[index + 1 :])
+    if anchor is not None:
+        index, reported = anchor
+        return reported + sum(counts[index + 1 :])
+    # A provider-side compaction block (Claude's ``compaction`` content) drops
+    # everything before it from what the provider reads: only the system
+    # prompt and what follows the last block are billed.
+    lead = leading_block(messages)
+    block = next((i for i in range(len(messages) - 1, lead - 1, -1) if messages[i].has_compaction_block), lead)
+    return sum(counts[:lead]) + sum(counts[block:]) + overhead
 
 
 def over_threshold(messages: Sequence[Message], counts: Sequence[int], threshold: int, overhead: int = 0) -> bool:

@@ -145,7 +145,7 @@ def _setup(
     counts: Sequence[int],
 ) -> _Setup:
     system = options.system_prompt or prompts.SYSTEM_PROMPT
-    parts = [summary_body(messages[i].text) for i in plan.previous_summaries if messages[i].role == "system"]
+    parts = [summary_body(messages[i].text) for i in plan.previous_summaries if messages[i].carries_summary]
     previous = "\n\n".join(p for p in parts if p) or None
     region = [i for i in plan.region if not messages[i].is_summary]
     redactor = options.redact

@@ -60,7 +60,7 @@ def summary_body(content: str) -> str:
         What ``compose_summary`` was given as ``summary`` (and sections, if any).
     """
     body = content.strip()
-    for line in (prompts.SUMMARY_HEADER, prompts.SUMMARY_NOTICE):
+    for line in (prompts.SUMMARY_HEADER, prompts.SUMMARY_NOTICE, prompts.LANGCHAIN_SUMMARY_PREFIX):
         if body.startswith(line):
             body = body[len(line) :].lstrip()
     return body

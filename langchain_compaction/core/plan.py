@@ -57,13 +57,22 @@ def leading_block(messages: Sequence[Message]) -> int:
     return index
 
 
+def summary_block(messages: Sequence[Message]) -> int:
+    """The length of the leading block plus the summaries written as user turns right after it."""
+    index = leading_block(messages)
+    while index < len(messages) and messages[index].is_summary:
+        index += 1
+    return index
+
+
 def _head(messages: Sequence[Message]) -> tuple[tuple[int, ...], list[int], int]:
     """The kept system prompt, the earlier summaries before the region, and where it starts."""
     start = leading_block(messages)
     head = tuple(i for i in range(start) if not messages[i].is_summary)
     earlier = [i for i in range(start) if messages[i].is_summary]
     # The user turn an earlier compaction put after its summary belongs to
-    # that output: it is replaced with it and counts as no message.
+    # that output (replaced with it, counting as no message); a summary another
+    # compactor wrote as a user turn (LangChain's) is an earlier summary too.
     while start < len(messages) and messages[start].is_summary and messages[start].role != "system":
         earlier.append(start)
         start += 1
@@ -109,7 +118,7 @@ def plan_compaction(
     region_start = _after_provider_block(messages, start, flags)
     # An earlier summary counts as one summarized message, as in pi, where the
     # summary was simply the first message of the list.
-    credit = sum(1 for i in earlier if messages[i].role == "system")
+    credit = sum(1 for i in earlier if messages[i].carries_summary)
     cut = find_cut(messages, counts, keep_recent_tokens, start=region_start, credit=credit, valid=flags)
     forced = False
     if cut == 0 and force:

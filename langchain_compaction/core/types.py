@@ -64,8 +64,9 @@ class Message:
         tool_calls: Tool calls an assistant message makes.
         tool_call_id: For a tool result, the id of the call it answers.
         name: The tool name of a tool result, or the author name, if known.
-        is_summary: True for what this library wrote earlier: a summary, or
-            the user turn it put after one (``label == "bridge"``).
+        is_summary: True for an earlier summary (this library's, or another
+            compactor's such as LangChain's ``SummarizationMiddleware``), and
+            for the user turn this library put after one (``label == "bridge"``).
         is_error: True for a tool result that reports a failure.
         label: The original type name when ``role`` is ``other``; ``"bridge"``
             for the user turn after a summary.
@@ -92,6 +93,11 @@ class Message:
     def text(self) -> str:
         """The message's readable text: text and reasoning parts joined."""
         return "\n".join(p.text for p in self.parts if p.kind in ("text", "reasoning"))
+
+    @property
+    def carries_summary(self) -> bool:
+        """Whether the message holds an earlier summary's text (a summary, not its bridge)."""
+        return self.is_summary and self.label != "bridge"
 
     @property
     def has_compaction_block(self) -> bool:

@@ -757,3 +757,43 @@ def test_300_turn_agent_session_stays_valid_and_bounded(turns: int) -> None:
     # Every model call fit the window, counting what the provider bills on top.
     billed = [estimate_message_tokens(request) + model.overhead_tokens for request in model.seen]
     assert max(billed) <= options.context_window
+
+
+def test_the_documented_system_prompt_pattern_keeps_the_prompt_after_every_compaction():
+    # The README's pattern: prepend the prompt on every call. The trap it
+    # replaces (prepend only "if the first message is not a SystemMessage")
+    # loses the prompt once the summary, a system message, comes first.
+    from langchain_core.messages import SystemMessage
+
+    prompt = SystemMessage("You are a careful coding assistant.")
+    requests: dict[str, list[list]] = {"pattern": [], "trap": []}
+
+    def build(kind: str):
+        def call_model(state: MessagesState):
+            messages = state["messages"]
+            if kind == "pattern":
+                request = [prompt, *messages]
+            else:
+                request = messages if isinstance(messages[0], SystemMessage) else [prompt, *messages]
+            requests[kind].append(request)
+            return {"messages": [AIMessage(f"answer {len(messages)} " * 60)]}
+
+        builder = StateGraph(MessagesState)
+        options = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=1_000)
+        builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- answer", options))
+        builder.add_node("model", call_model)
+        builder.add_edge(START, "compact")
+        builder.add_edge("compact", "model")
+        return builder.compile(checkpointer=InMemorySaver())
+
+    for kind in requests:
+        graph = build(kind)
+        config = {"configurable": {"thread_id": kind}}
+        for turn in range(20):
+            graph.invoke({"messages": [HumanMessage(f"question {turn} " * 60)]}, config)
+    with_prompt = {kind: sum(1 for r in rs if r[0] is prompt) for kind, rs in requests.items()}
+    assert with_prompt["pattern"] == 20
+    assert with_prompt["trap"] < 20  # the trap is real: the summary displaced the prompt
+    for request in requests["pattern"]:
+        systems = [i for i, m in enumerate(request) if isinstance(m, SystemMessage)]
+        assert systems == list(range(len(systems)))  # leading and consecutive: a valid request

@@ -19,7 +19,8 @@ def test_readme_has_snippets():
 def test_snippet_runs(number, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    code = compile(BLOCKS[number], f"README.md snippet {number + 1}", "exec")
+    # As a user would paste it: no future import of this test module leaks in.
+    code = compile(BLOCKS[number], f"README.md snippet {number + 1}", "exec", dont_inherit=True)
     exec(code, {"__name__": f"readme_snippet_{number + 1}"})
 
 

@@ -62,3 +62,25 @@ def test_a_second_compaction_keeps_the_block_and_updates_the_summary():
     assert sum(1 for m in out if is_summary_message(m)) == 1
     assert any(m is messages[2] for m in out)  # the server's block is still there, same object
     assert "## Goal\n- first" in "".join(prompts)
+
+
+def test_what_precedes_a_server_block_is_not_counted_without_usage():
+    # Claude drops everything before its compaction block: the trigger must not
+    # count it when replies carry no usage_metadata (120 turns, ~20k billed).
+    from langchain_compaction import CompactionNode, should_compact
+    from langchain_compaction.tokens import estimate_message_tokens
+
+    before = [HumanMessage(f"old {i} " + "detail " * 1_000, id=f"old{i}") for i in range(60)]
+    block = {"type": "compaction", "content": "SERVER-SUMMARY of the old turns"}
+    after = [AIMessage(content=[block, {"type": "text", "text": "Continuing."}], id="blk")]
+    for turn in range(40):
+        after += [HumanMessage(f"step {turn} " * 20, id=f"h{turn}"), AIMessage(f"done {turn} " * 20, id=f"a{turn}")]
+    messages = [SystemMessage("You are an agent.", id="sys"), *before, *after]
+    billed = estimate_message_tokens([messages[0], *after])
+    assert estimate_message_tokens(messages) > 100_000 > 20_000 > billed
+    options = CompactionOptions(context_window=40_000)
+    assert should_compact(messages, options=options) is False
+    assert CompactionNode(lambda p: "## Goal\n- x", options).invoke({"messages": messages}) == {}
+    # Once what follows the block outgrows the window, it compacts.
+    grown = [*messages, *(HumanMessage("more " * 400, id=f"m{i}") for i in range(80))]
+    assert should_compact(grown, options=options) is True

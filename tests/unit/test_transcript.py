@@ -146,3 +146,26 @@ def test_system_message_in_the_middle_is_labelled_system() -> None:
 def test_tool_call_without_id_is_shown_with_a_dash() -> None:
     message = Message("assistant", tool_calls=(ToolCall(None, "ls", "{}"),))
     assert message_body(message) == "(tool call ls, id -) {}"
+
+
+def test_image_urls_reach_the_summarizer_but_never_inline_data() -> None:
+    # The agent must be able to refer to an image later: its URL is shown (as
+    # LangChain's own summarization tests expect); a base64 payload never is.
+    from langchain_core.messages import HumanMessage
+
+    payload = "iVBORw0KGgoAAAANSUhEUg" * 200
+    message = HumanMessage(
+        content=[
+            {"type": "text", "text": "What is in these?"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+            {"type": "image", "url": "https://cdn.example.org/chart.jpg", "mime_type": "image/jpeg"},
+            {"type": "image", "source": {"type": "url", "url": "https://example.net/scan.webp"}},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{payload}"}},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": payload}},
+        ]
+    )
+    body = message_body(to_core(message))
+    for url in ("https://example.com/cat.png", "https://cdn.example.org/chart.jpg", "https://example.net/scan.webp"):
+        assert url in body
+    assert payload[:40] not in body
+    assert body.count("(attachment:") == 5
