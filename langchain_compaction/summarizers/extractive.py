@@ -15,13 +15,16 @@ section first, so the newest facts win.
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from langchain_compaction.core.effects import off_loop
 from langchain_compaction.core.tokens import estimate_tokens
+from langchain_compaction.core.transcript import shorten
 from langchain_compaction.core.types import Message, SummaryRequest
 
 __all__ = ["ExtractiveSummarizer"]
@@ -173,34 +176,30 @@ class _Item:
 
 @dataclass(slots=True)
 class _Summary:
-    sections: dict[str, list[_Item]] = field(default_factory=lambda: {s: [] for s in _SECTIONS})
-    seen: set[tuple[str, str]] = field(default_factory=set)
+    # Per section, items by their normalized text, oldest first (dicts keep
+    # insertion order): adding, moving and dropping an item are O(1).
+    sections: dict[str, dict[str, _Item]] = field(default_factory=lambda: {s: {} for s in _SECTIONS})
     order: int = 0
 
     def add(self, section: str, text: str, *, precious: bool = False) -> None:
         text = text.strip()
         if not text or text.lower() in _EMPTY:
             return
-        key = (section, _WS.sub(" ", text).lower())
-        if key in self.seen:
-            # A repeated fact is news again: move it to the newest position.
-            items = self.sections[section]
-            for item in items:
-                if _WS.sub(" ", item.text).lower() == key[1]:
-                    items.remove(item)
-                    break
-        self.seen.add(key)
+        key = _WS.sub(" ", text).lower()
+        items = self.sections[section]
+        # A repeated fact is news again: it moves to the newest position.
+        items.pop(key, None)
         self.order += 1
-        self.sections[section].append(_Item(text, self.order, precious))
+        items[key] = _Item(text, self.order, precious)
 
     def render(self) -> str:
         def items(section: str, prefix: str = "- ") -> str:
-            entries = self.sections[section]
+            entries = self.sections[section].values()
             if not entries:
                 return "- (none)"
             return "\n".join(f"{prefix}{e.text}" for e in entries)
 
-        steps = self.sections["Next Steps"]
+        steps = list(self.sections["Next Steps"].values())
         next_steps = "\n".join(f"{i}. {e.text}" for i, e in enumerate(steps, 1)) if steps else "1. (none)"
         return (
             f"## Goal\n{items('Goal')}\n\n"
@@ -214,30 +213,55 @@ class _Summary:
         )
 
     def trim(self, max_tokens: int) -> str:
+        """Drop items until the summary fits ``max_tokens``: O(n log n) in the items.
+
+        The item dropped is always the oldest of the section that weighs most,
+        weighted by how much its facts are worth keeping: sections stay
+        balanced, constraints and errors outlive chatter, and within each
+        section the newest facts win (what the user said and error lines go
+        after every other item of their section).
+        """
         # Each item costs its text plus the bullet and line break; the fixed
         # part is the headings and the "(none)" placeholders.
-        cost = {s: [estimate_tokens(i.text) + 2 for i in self.sections[s]] for s in _SECTIONS}
-        total = sum(sum(c) for c in cost.values()) + 60
-        while total > max_tokens:
-            # Drop the oldest item of the section that weighs most, weighted by
-            # how much its facts are worth keeping: sections stay balanced,
-            # constraints and errors outlive chatter, and within each section
-            # the newest facts win.
-            heaviest = max(
-                (s for s in _SECTIONS if self.sections[s]),
-                key=lambda s: sum(cost[s]) * _SECTION_WEIGHT[s],
-                default=None,
-            )
-            if heaviest is None:
-                break
-            items = self.sections[heaviest]
-            # What the user said and error lines go last: the oldest of the
-            # other items goes first.
-            oldest = min(range(len(items)), key=lambda i: (items[i].precious, items[i].order))
-            del items[oldest]
-            total -= cost[heaviest].pop(oldest)
-        text = self.render()
-        return text if estimate_tokens(text) <= max_tokens else text[: max_tokens * 3]
+        queues: dict[str, deque[tuple[str, int]]] = {}
+        weight: dict[str, int] = {}
+        for section in _SECTIONS:
+            ranked = sorted(self.sections[section].items(), key=lambda kv: (kv[1].precious, kv[1].order))
+            queues[section] = deque((key, estimate_tokens(item.text) + 2) for key, item in ranked)
+            weight[section] = sum(cost for _, cost in queues[section])
+        total = sum(weight.values()) + 60
+        heap = [(-weight[s] * _SECTION_WEIGHT[s], n, s) for n, s in enumerate(_SECTIONS) if queues[s]]
+        heapq.heapify(heap)
+        while total > max_tokens and heap:
+            _, number, section = heapq.heappop(heap)
+            key, cost = queues[section].popleft()
+            del self.sections[section][key]
+            weight[section] -= cost
+            total -= cost
+            if queues[section]:
+                heapq.heappush(heap, (-weight[section] * _SECTION_WEIGHT[section], number, section))
+        return _fit(self.render(), max_tokens)
+
+
+_CUT = " [...]"
+
+
+def _fit(text: str, max_tokens: int) -> str:
+    """``text`` within ``max_tokens``: as it is, else head and tail with a marker, else cut at a word, marked."""
+    if estimate_tokens(text) <= max_tokens:
+        return text
+    short = shorten(text, max_tokens)
+    if estimate_tokens(short) <= max_tokens:
+        return short
+    # A budget too small even for the headings: whole words while they fit.
+    words = text.split(" ")
+    kept: list[str] = []
+    room = max_tokens - estimate_tokens(_CUT)
+    for word in words:
+        if estimate_tokens(" ".join([*kept, word])) > room:
+            break
+        kept.append(word)
+    return " ".join(kept) + _CUT
 
 
 # How readily a section gives up items when the summary is over budget

@@ -241,3 +241,47 @@ def test_ci_removes_its_virtual_environment() -> None:
     script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert "trap" in script
     assert 'rm -rf "$scratch"' in script
+
+
+# 12/4 (setups). Sync summarizers run off the event loop -------------------------------------
+
+
+class LoopCheckingExtractive(ExtractiveSummarizer):
+    """The offline summarizer, noting whether it ran on an event loop's thread."""
+
+    def summarize(self, request):  # type: ignore[no-untyped-def]
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            RAN["off the loop"] = RAN.get("off the loop", 0) + 1
+        else:
+            RAN["on the loop"] = RAN.get("on the loop", 0) + 1
+        return super().summarize(request)
+
+
+RAN: dict[str, int] = {}
+
+
+async def test_sync_summarizers_run_off_the_event_loop() -> None:
+    RAN.clear()
+    on_loop: list[str] = []
+
+    def plain(prompt: str) -> str:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append("plain")
+        except RuntimeError:
+            pass
+        return "## Goal\n- answer"
+
+    options = CompactionOptions(context_window=20_000, reserve_tokens=4_000, keep_recent_tokens=2_000)
+    history = chat(20, size=200)
+    for summarizer in (LoopCheckingExtractive(), plain):
+        await CompactionNode(summarizer, options).ainvoke({"messages": history})
+        await CompactionMiddleware(summarizer, options).abefore_model({"messages": history}, None)  # type: ignore[arg-type]
+        await acompact(summarizer, history, options)
+        memory = CompactingChatMessageHistory(InMemoryChatMessageHistory(), summarizer, options)
+        await memory.aadd_messages(history)
+    assert RAN.get("off the loop", 0) >= 4
+    assert RAN.get("on the loop", 0) == 0
+    assert on_loop == []
