@@ -56,33 +56,31 @@ where a chat-history store is already the memory.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import threading
-import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage
 
 from langchain_compaction._lc.pipeline import Compactor
+from langchain_compaction.core.context import needs_compaction
 from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Plan
 from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.core.types import Message
 from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
 from langchain_compaction.history import stores
 from langchain_compaction.history.journal import JOURNAL_MARK, Commit, Rewrite, archive_memo
 from langchain_compaction.history.locks import (
-    POLL_START,
     CompactionLock,
     FileLock,
     InProcessLock,
+    LeaseLock,
     PostgresAdvisoryLock,
-    backoff,
 )
+from langchain_compaction.history.session import ahold, aleased, hold, leased, session_state
 
 __all__ = [
     "JOURNAL_MARK",
@@ -98,108 +96,6 @@ logger = logging.getLogger("langchain_compaction")
 
 OnError = Literal["raise", "warn"]
 """What an automatic compaction does when it fails: raise, or log and go on."""
-
-
-class _Flight:
-    """One compaction of a session at a time in this process (threads and tasks).
-
-    A plain lock an async task can poll. A blocking wait for it on the thread of
-    an event loop whose task holds it would never end, so it raises instead.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._task_thread: int | None = None
-
-    def take(self, wait: bool) -> bool:
-        if wait and self._task_thread == threading.get_ident():
-            msg = (
-                "compact() was called on the event loop's thread while an acompact() or aadd_messages() of the "
-                "same session is compacting; waiting here would deadlock the loop: use acompact() in async code"
-            )
-            raise CompactionError(msg)
-        return self._lock.acquire(blocking=wait)
-
-    async def atake(self, wait: bool) -> bool:
-        delay = POLL_START
-        while not self._lock.acquire(blocking=False):
-            if not wait:
-                return False
-            delay = await backoff(delay)
-        self._task_thread = threading.get_ident()
-        return True
-
-    def release(self) -> None:
-        self._task_thread = None
-        self._lock.release()
-
-
-class _SessionState:
-    """What every wrapper over one session in this process shares."""
-
-    def __init__(self) -> None:
-        self.lock = InProcessLock()
-        self.flight = _Flight()
-        self._pending: Rewrite | None = None
-        self.archive_memo: tuple[str, ...] | None = None
-
-    @property
-    def pending(self) -> Rewrite | None:
-        """A rewrite that was started and not finished (what the next call finishes)."""
-        return self._pending
-
-    @pending.setter
-    def pending(self, value: Rewrite | None) -> None:
-        # While a rewrite is pending this state must outlive every wrapper
-        # (RunnableWithMessageHistory makes a new one per call): the next
-        # wrapper over the session finishes it from here.
-        self._pending = value
-        with _SESSIONS_GUARD:
-            if value is None:
-                _UNFINISHED.discard(self)
-            else:
-                _UNFINISHED.add(self)
-
-
-_SESSIONS: weakref.WeakValueDictionary[Hashable, _SessionState] = weakref.WeakValueDictionary()
-_UNFINISHED: set[_SessionState] = set()
-_SESSIONS_GUARD = threading.Lock()
-
-
-def _session_state(inner: BaseChatMessageHistory) -> _SessionState:
-    key = stores.session_key(inner)
-    with _SESSIONS_GUARD:
-        state = _SESSIONS.get(key)
-        if state is None:
-            state = _SESSIONS[key] = _SessionState()
-        return state
-
-
-# -- calls that hold locks around a flow ------------------------------------------------
-
-
-def _hold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
-    with contextlib.ExitStack() as stack:
-        for lock in locks:
-            stack.enter_context(lock.hold())
-        return drive(flow)
-
-
-async def _ahold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
-    async with contextlib.AsyncExitStack() as stack:
-        for lock in locks:
-            await stack.enter_async_context(lock.ahold())
-        task = asyncio.ensure_future(adrive(flow))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # A store write may be running in a worker thread (threads cannot
-            # be cancelled): hold the locks until the flow has ended, so no
-            # other writer gets in under a write still landing.
-            while not task.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait({task})
-            raise
 
 
 def _check_history(field: str, value: object) -> None:
@@ -302,7 +198,7 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         self.on_error: OnError = on_error
         self.lock = lock
         self._strategy: stores.Strategy = stores.strategy(inner)
-        self._state = _session_state(inner)
+        self._state = session_state(inner)
 
     @property
     def options(self) -> CompactionOptions:
@@ -404,7 +300,7 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         # cross-process lock; the journaled rewrite does show one.
         if self.lock is not None and (write or self._may_be_torn):
             locks.append(self.lock)
-        return twin(_hold, _ahold, locks, flow)
+        return twin(hold, ahold, locks, flow)
 
     # -- the flows ----------------------------------------------------------------
 
@@ -434,7 +330,7 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
     def _append(self, batch: list[BaseMessage]) -> Flow[None]:
         if self._may_be_torn:
             yield from self._repaired()
-        yield from self._io(stores.append(self.inner, batch), "add_messages")
+        yield from self._io(stores.append(self.inner, batch, self._strategy), "add_messages")
 
     def _clear_flow(self) -> Flow[None]:
         yield self._locked(self._clear(), write=True)
@@ -476,6 +372,7 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
             logger.warning("%s", exc)
 
     def _rewrite(self, current: Sequence[BaseMessage], target: Sequence[BaseMessage]) -> Flow[None]:
+        self._state.counted.forget()
         if self._strategy != "journal":
             yield from self._io(stores.replace_all(self._strategy, self.inner, target), "rewrite")
             return
@@ -492,7 +389,7 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
     def _repaired(self) -> Flow[list[BaseMessage]]:
         """The store's messages, after finishing an interrupted rewrite."""
         pending = (yield from self._load_pending()) if self._may_be_torn else None
-        current: list[BaseMessage] = yield from self._io(stores.read(self.inner), "read")
+        current: list[BaseMessage] = yield from self._io(stores.read(self.inner, self._strategy), "read")
         if pending is None:
             return current
         target, write = pending.reconcile(current)
@@ -537,17 +434,40 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
     def _compaction(self, *, force: bool, instructions: str, wait: bool) -> Flow[CompactionResult | None]:
         flight = self._state.flight
         if not (yield twin(flight.take, flight.atake, wait)):
-            return None  # another compaction of this session is running
+            return None  # another compaction of this session is running in this process
         try:
-            snapshot = yield self._locked(self._repaired(), write=self._may_be_torn)
-            trigger = "force" if force else "auto"
-            job = yield blocking(self._compactor.prepare, snapshot, instructions, trigger=trigger)
-            if job is None:
+            if not force and not (yield self._locked(self._due(), write=self._may_be_torn)):
                 return None
-            # The model is called with no lock held: writers go on meanwhile.
-            assert job.plan is not None  # chat memory never clears tool outputs (see __init__)
-            result, output = yield from self._compactor.compaction(job)
-            committed = yield self._locked(self._commit(job.plan, output, snapshot), write=True)
-            return result if committed else None
+            # Across processes, the lease decides who summarizes; without it
+            # (or when another process holds it) this writer leaves it be.
+            lease = self.lock if isinstance(self.lock, LeaseLock) else None
+            result: CompactionResult | None = yield twin(
+                leased, aleased, lease, wait, self._summarize_and_commit(force, instructions)
+            )
+            return result
         finally:
             flight.release()
+
+    def _counted(self, snapshot: list[BaseMessage]) -> Call[tuple[list[int], list[Message]]]:
+        return blocking(self._state.counted.counts_and_core, snapshot, self.options)
+
+    def _due(self) -> Flow[bool]:
+        """Whether the history is over the threshold now (one read; only new messages are counted)."""
+        snapshot = yield from self._repaired()
+        counts, core = yield self._counted(snapshot)
+        return needs_compaction(core, counts, self.options)
+
+    def _summarize_and_commit(self, force: bool, instructions: str) -> Flow[CompactionResult | None]:
+        # Read again: another writer may have compacted while this one waited
+        # for the lease. The summary reads every message afresh (converted and
+        # counted now), whatever the trigger's running counts assumed.
+        snapshot = yield self._locked(self._repaired(), write=self._may_be_torn)
+        trigger = "force" if force else "auto"
+        job = yield blocking(self._compactor.prepare, snapshot, instructions, trigger=trigger)
+        if job is None:
+            return None
+        # The model is called with no write lock held: writers go on meanwhile.
+        assert job.plan is not None  # chat memory never clears tool outputs (see __init__)
+        result, output = yield from self._compactor.compaction(job)
+        committed = yield self._locked(self._commit(job.plan, output, snapshot), write=True)
+        return result if committed else None

@@ -6,13 +6,21 @@ several processes share one database, pass a cross-process lock as ``lock=``
 as well; it is taken inside the in-process one around every write:
 
 ```
-CompactionLock            the protocol: hold() / ahold()
+CompactionLock            the protocol: hold() / ahold()       (required)
+                          and lease(wait) / alease(wait)       (optional)
 ├── InProcessLock         threads and asyncio tasks of one process (default)
 ├── FileLock              processes on one machine (fcntl.flock on a lock file)
 └── PostgresAdvisoryLock  processes anywhere that reach one PostgreSQL server
 ```
 
-None of them is reentrant across processes; the wrapper never nests them.
+``hold`` is the write lock: held only while the store is read and rewritten.
+``lease`` is a second, separate lock that says who summarizes: a writer that
+finds the history over budget tries it without waiting, and only the one that
+gets it calls the model, with the write lock free all the while (writers go on
+appending). A custom lock without ``lease`` still keeps the store consistent,
+but every writer that sees the history over budget may summarize it (the
+surplus summaries are discarded). None of them is reentrant across processes;
+the wrapper never nests a lock in itself.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import hashlib
 import os
 import threading
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -41,6 +49,19 @@ async def backoff(delay: float) -> float:
     """Sleep ``delay`` seconds; the next, doubled delay (at most ``POLL_MAX``)."""
     await asyncio.sleep(delay)
     return min(delay * 2, POLL_MAX)
+
+
+@runtime_checkable
+class LeaseLock(Protocol):
+    """A lock that can also grant the lease of who summarizes (see the module docstring)."""
+
+    def lease(self, wait: bool = False) -> AbstractContextManager[bool]:
+        """Try the lease (or wait for it); yield whether it is held."""
+        ...
+
+    def alease(self, wait: bool = False) -> AbstractAsyncContextManager[bool]:
+        """The async twin of ``lease``: never blocks the event loop."""
+        ...
 
 
 @runtime_checkable
@@ -94,6 +115,7 @@ class InProcessLock:
         )
         # The thread whose event loop has a task holding the lock, if any.
         self._task_thread: int | None = None
+        self._lease = threading.Lock()
 
     @contextmanager
     def hold(self) -> Iterator[None]:
@@ -135,6 +157,36 @@ class InProcessLock:
                 self._task_thread = None
                 self._rlock.release()
 
+    @contextmanager
+    def lease(self, wait: bool = False) -> Iterator[bool]:
+        """Try the lease (a second lock), or wait for it; yield whether it is held."""
+        held = self._lease.acquire(blocking=wait)
+        try:
+            yield held
+        finally:
+            if held:
+                self._lease.release()
+
+    @asynccontextmanager
+    async def alease(self, wait: bool = False) -> AsyncIterator[bool]:
+        """The async twin of ``lease``, polling while it waits."""
+        held = await poll(lambda: self._lease.acquire(blocking=False), wait)
+        try:
+            yield held
+        finally:
+            if held:
+                self._lease.release()
+
+
+async def poll(attempt: Callable[[], bool], wait: bool) -> bool:
+    """``attempt()`` until it succeeds (or once, without ``wait``), sleeping between tries."""
+    delay = POLL_START
+    while not attempt():
+        if not wait:
+            return False
+        delay = await backoff(delay)
+    return True
+
 
 class FileLock:
     """A cross-process lock on one machine: ``fcntl.flock`` on a lock file.
@@ -163,41 +215,65 @@ class FileLock:
             ) from exc
         self.path = Path(path)
 
+    @property
+    def lease_path(self) -> Path:
+        """The second lock file, whose holder is the one writer that summarizes."""
+        return self.path.with_name(self.path.name + ".lease")
+
+    @staticmethod
     @contextmanager
-    def _opened(self) -> Iterator[int]:
-        """The lock file's descriptor; unlocked and closed on exit, whatever happened."""
+    def _opened(path: Path) -> Iterator[int]:
+        """A lock file's descriptor; unlocked and closed on exit, whatever happened."""
         import fcntl
 
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             yield fd
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)  # a no-op when it was never locked
             os.close(fd)
 
+    @staticmethod
+    def _try(fd: int) -> bool:
+        import fcntl
+
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
     @contextmanager
     def hold(self) -> Iterator[None]:
         """Block until no other holder has the file locked."""
         import fcntl
 
-        with self._opened() as fd:
+        with self._opened(self.path) as fd:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
 
     @asynccontextmanager
     async def ahold(self) -> AsyncIterator[None]:
         """Await the file lock, polling so the event loop is never blocked."""
+        with self._opened(self.path) as fd:
+            await poll(lambda: self._try(fd), wait=True)
+            yield
+
+    @contextmanager
+    def lease(self, wait: bool = False) -> Iterator[bool]:
+        """Try the lease file's lock (or wait for it); yield whether it is held."""
         import fcntl
 
-        with self._opened() as fd:
-            delay = POLL_START
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    delay = await backoff(delay)
-            yield
+        with self._opened(self.lease_path) as fd:
+            if wait:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield wait or self._try(fd)
+
+    @asynccontextmanager
+    async def alease(self, wait: bool = False) -> AsyncIterator[bool]:
+        """The async twin of ``lease``, polling while it waits."""
+        with self._opened(self.lease_path) as fd:
+            yield await poll(lambda: self._try(fd), wait)
 
     def __repr__(self) -> str:
         return f"FileLock({str(self.path)!r})"
@@ -238,6 +314,7 @@ class PostgresAdvisoryLock:
         self.conninfo = conninfo
         self.name = name
         self.key = advisory_key(name)
+        self.lease_key = advisory_key(f"{name}\x00lease")
 
     @staticmethod
     def _psycopg() -> Any:
@@ -269,6 +346,41 @@ class PostgresAdvisoryLock:
                 yield
             finally:
                 await conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+
+    @contextmanager
+    def lease(self, wait: bool = False) -> Iterator[bool]:
+        """Try the lease (a second advisory key), or wait for it; yield whether it is held."""
+        psycopg = self._psycopg()
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            if wait:
+                conn.execute("SELECT pg_advisory_lock(%s)", (self.lease_key,))
+                held = True
+            else:
+                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.lease_key,)).fetchone()
+                held = bool(row and row[0])
+            try:
+                yield held
+            finally:
+                if held:
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (self.lease_key,))
+
+    @asynccontextmanager
+    async def alease(self, wait: bool = False) -> AsyncIterator[bool]:
+        """The async twin of ``lease`` (the server waits; the event loop does not)."""
+        psycopg = self._psycopg()
+        async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
+            if wait:
+                await conn.execute("SELECT pg_advisory_lock(%s)", (self.lease_key,))
+                held = True
+            else:
+                cursor = await conn.execute("SELECT pg_try_advisory_lock(%s)", (self.lease_key,))
+                row = await cursor.fetchone()
+                held = bool(row and row[0])
+            try:
+                yield held
+            finally:
+                if held:
+                    await conn.execute("SELECT pg_advisory_unlock(%s)", (self.lease_key,))
 
     def __repr__(self) -> str:
         return f"PostgresAdvisoryLock(name={self.name!r}, key={self.key})"

@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import uuid
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
-from langchain_core.messages import BaseMessage, message_to_dict, messages_to_dict
+from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict, messages_to_dict
 
 from langchain_compaction.core.effects import Call, blocking, twin
 
@@ -48,6 +49,9 @@ _STORE_METHODS = (
     "clear",
     "aclear",
 )
+# Reads of a file another writer is rewriting in place: about 0.1 s in all.
+_FILE_READ_ATTEMPTS = 10
+
 _STOCK: dict[Strategy, tuple[str, str]] = {
     "file": ("langchain_community.chat_message_histories.file", "FileChatMessageHistory"),
     "sql": ("langchain_community.chat_message_histories.sql", "SQLChatMessageHistory"),
@@ -114,13 +118,19 @@ async def _aread(store: BaseChatMessageHistory) -> list[BaseMessage]:
     return list(await store.aget_messages())
 
 
-def read(store: BaseChatMessageHistory) -> Call[list[BaseMessage]]:
-    """Read every message of ``store``."""
+def read(store: BaseChatMessageHistory, kind: Strategy = "journal") -> Call[list[BaseMessage]]:
+    """Read every message of ``store`` (a ``kind`` store the way that kind allows)."""
+    if kind == "file":
+        return blocking(_file_read, store)
     return twin(_read, _aread, store)
 
 
-def append(store: BaseChatMessageHistory, messages: Sequence[BaseMessage]) -> Call[None]:
-    """Append ``messages`` to ``store`` with its own method."""
+def append(store: BaseChatMessageHistory, messages: Sequence[BaseMessage], kind: Strategy = "journal") -> Call[None]:
+    """Append ``messages`` to ``store``: its own method, or, for a file, an atomic replace."""
+    if kind == "file":
+        # FileChatMessageHistory appends by truncating and rewriting the file
+        # in place, so a reader in another process can find it half written.
+        return blocking(_file_append, store, list(messages))
     return twin(store.add_messages, store.aadd_messages, list(messages))
 
 
@@ -134,6 +144,25 @@ def clear(store: BaseChatMessageHistory) -> Call[None]:
 
 def _memory_replace(store: Any, messages: Sequence[BaseMessage]) -> None:
     store.messages = list(messages)  # one assignment: readers see old or new
+
+
+def _file_read(store: Any) -> list[BaseMessage]:
+    # Wrappers write the file atomically; a writer that does not (the stock
+    # class used directly, in another process) can leave it half written for
+    # a moment: read again rather than fail.
+    path = Path(store.file_path)
+    for attempt in range(_FILE_READ_ATTEMPTS):
+        try:
+            return messages_from_dict(json.loads(path.read_text(encoding=store.encoding)))
+        except json.JSONDecodeError:
+            if attempt == _FILE_READ_ATTEMPTS - 1:
+                raise
+            time.sleep(0.002 * (attempt + 1))
+    raise AssertionError  # pragma: no cover - the loop returns or raises
+
+
+def _file_append(store: Any, messages: Sequence[BaseMessage]) -> None:
+    _file_replace(store, [*_file_read(store), *messages])
 
 
 def _file_replace(store: Any, messages: Sequence[BaseMessage]) -> None:

@@ -1,0 +1,148 @@
+"""What every chat-memory wrapper over one session in this process shares, and its locks.
+
+Wrappers over the same store session (``stores.session_key``) share one
+``SessionState``: the in-process lock, the flight (one compaction at a time),
+a rewrite left unfinished, the archive memo and the counts of the stored
+history. The calls here hold locks around a flow (``core.effects``): the
+write lock (``hold``) and the lease of who summarizes (``lease``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import weakref
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from langchain_core.chat_history import BaseChatMessageHistory
+
+from langchain_compaction._lc.counting import StoredCounts
+from langchain_compaction.core.effects import Flow, adrive, drive
+from langchain_compaction.errors import CompactionError
+from langchain_compaction.history import stores
+from langchain_compaction.history.journal import Rewrite
+from langchain_compaction.history.locks import CompactionLock, InProcessLock, LeaseLock, poll
+
+
+class Flight:
+    """One compaction of a session at a time in this process (threads and tasks).
+
+    A plain lock an async task can poll. A blocking wait for it on the thread of
+    an event loop whose task holds it would never end, so it raises instead.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._task_thread: int | None = None
+
+    def take(self, wait: bool) -> bool:
+        """Take the flight (or wait for it); whether it was taken."""
+        if wait and self._task_thread == threading.get_ident():
+            msg = (
+                "compact() was called on the event loop's thread while an acompact() or aadd_messages() of the "
+                "same session is compacting; waiting here would deadlock the loop: use acompact() in async code"
+            )
+            raise CompactionError(msg)
+        return self._lock.acquire(blocking=wait)
+
+    async def atake(self, wait: bool) -> bool:
+        """The async twin of ``take``, polling while it waits."""
+        if not await poll(lambda: self._lock.acquire(blocking=False), wait):
+            return False
+        self._task_thread = threading.get_ident()
+        return True
+
+    def release(self) -> None:
+        """Let the next compaction of the session go."""
+        self._task_thread = None
+        self._lock.release()
+
+
+class SessionState:
+    """What every wrapper over one session in this process shares."""
+
+    def __init__(self) -> None:
+        self.lock = InProcessLock()
+        self.flight = Flight()
+        self._pending: Rewrite | None = None
+        self.archive_memo: tuple[str, ...] | None = None
+        self.counted = StoredCounts()
+
+    @property
+    def pending(self) -> Rewrite | None:
+        """A rewrite that was started and not finished (what the next call finishes)."""
+        return self._pending
+
+    @pending.setter
+    def pending(self, value: Rewrite | None) -> None:
+        # While a rewrite is pending this state must outlive every wrapper
+        # (RunnableWithMessageHistory makes a new one per call): the next
+        # wrapper over the session finishes it from here.
+        self._pending = value
+        with _SESSIONS_GUARD:
+            if value is None:
+                _UNFINISHED.discard(self)
+            else:
+                _UNFINISHED.add(self)
+
+
+_SESSIONS: weakref.WeakValueDictionary[Hashable, SessionState] = weakref.WeakValueDictionary()
+_UNFINISHED: set[SessionState] = set()
+_SESSIONS_GUARD = threading.Lock()
+
+
+def session_state(inner: BaseChatMessageHistory) -> SessionState:
+    """The state every wrapper over ``inner``'s session in this process shares."""
+    key = stores.session_key(inner)
+    with _SESSIONS_GUARD:
+        state = _SESSIONS.get(key)
+        if state is None:
+            state = _SESSIONS[key] = SessionState()
+        return state
+
+
+# -- calls that hold locks around a flow ------------------------------------------------
+
+
+def hold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
+    """Drive ``flow`` holding each of ``locks``' write lock, in order."""
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock.hold())
+        return drive(flow)
+
+
+async def ahold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
+    """The async twin of ``hold``; a cancelled caller keeps the locks until the flow has ended."""
+    async with contextlib.AsyncExitStack() as stack:
+        for lock in locks:
+            await stack.enter_async_context(lock.ahold())
+        task = asyncio.ensure_future(adrive(flow))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # A store write may be running in a worker thread (threads cannot
+            # be cancelled): hold the locks until the flow has ended, so no
+            # other writer gets in under a write still landing.
+            while not task.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({task})
+            raise
+
+
+def leased(lock: LeaseLock | None, wait: bool, flow: Flow[Any]) -> Any:
+    """Drive ``flow`` holding ``lock``'s lease (``None``: without one); ``None`` if another holds it."""
+    if lock is None:
+        return drive(flow)
+    with lock.lease(wait) as held:
+        return drive(flow) if held else None
+
+
+async def aleased(lock: LeaseLock | None, wait: bool, flow: Flow[Any]) -> Any:
+    """The async twin of ``leased``."""
+    if lock is None:
+        return await adrive(flow)
+    async with lock.alease(wait) as held:
+        return await adrive(flow) if held else None
