@@ -27,6 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from langchain_anthropic import ChatAnthropic
+from langchain_anthropic.chat_models import convert_to_anthropic_tool
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
@@ -110,6 +111,86 @@ def run(mode: str, session: list[BaseMessage], options: CompactionOptions) -> Mo
     return out
 
 
+class ToolRecording(Recording):
+    """The agent's own model: binds tools as a real one does; every request it gets is recorded."""
+
+    def bind_tools(self, tools, **kwargs):
+        return self.bind(tools=[convert_to_anthropic_tool(t) for t in tools])
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+        self.inputs.append((list(messages), kwargs.get("tools") or []))
+        return GenericFakeChatModel._generate(self, messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+def _agent_pieces(messages: list[BaseMessage], tools: list) -> list[str]:
+    """A request with tools as ChatAnthropic sends it: tools, then system, then the messages."""
+    payload = CHAT._get_request_payload(messages, tools=tools)
+    return [json.dumps(payload.get("tools")), json.dumps(payload.get("system"))] + [
+        json.dumps(m) for m in payload["messages"]
+    ]
+
+
+def run_agent(mode: str, turns: int = 60) -> ModeRun:
+    """create_agent with a system prompt, three tools and the middleware; the summarizer is the agent's model."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import tool
+
+    from langchain_compaction import CompactionMiddleware
+
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file of the repository."""
+        return path
+
+    @tool
+    def run_tests(selection: str) -> str:
+        """Run the test suite, or a selection of it."""
+        return selection
+
+    @tool
+    def edit_file(path: str, old: str, new: str) -> str:
+        """Replace text in a file."""
+        return path
+
+    replies = [AIMessage(SUMMARY if i % 7 == 6 else f"Step {i}: done. " + "details " * 300) for i in range(10_000)]
+    model = ToolRecording(messages=iter(replies), inputs=[])
+    options = CompactionOptions(context_window=24_000, summary_mode=mode)  # type: ignore[arg-type]
+    middleware = CompactionMiddleware(model, options)
+    agent = create_agent(
+        model, tools=[read_file, run_tests, edit_file], system_prompt=SYSTEM_PROMPT, middleware=[middleware]
+    )
+    out = ModeRun(f"agent/{mode}")
+    state: list[BaseMessage] = []
+    for turn in range(turns):
+        seen = len(model.inputs)
+        state = agent.invoke({"messages": [*state, HumanMessage(f"Turn {turn}: " + "please continue " * 200)]})[
+            "messages"
+        ]
+        summaries = [(m, t) for m, t in model.inputs[seen:] if _is_summary_request(m)]
+        if not summaries:
+            continue
+        previous = next(r for r in reversed(model.inputs[:seen]) if not _is_summary_request(r[0]))
+        before = _agent_pieces(*previous)
+        out.compactions += 1
+        out.summaries += 1
+        for messages, tools in summaries:
+            shared, total = _shared_prefix_tokens(before, _agent_pieces(messages, tools))
+            out.sent += total
+            out.cached += shared
+            out.cost += (total - shared) + shared * READ_PRICE
+    return out
+
+
+def _is_summary_request(messages: list[BaseMessage]) -> bool:
+    last = messages[-1].content if messages else ""
+    text = last if isinstance(last, str) else json.dumps(last)
+    return "checkpoint summary" in text or "context checkpoint" in text
+
+
+SYSTEM_PROMPT = "You are a careful coding agent. Read before you edit; run the tests after every change. " * 20
+
+
 def workloads() -> list[tuple[str, list[BaseMessage], CompactionOptions]]:
     session, _ = coding_session(600)
     transcripts: list[BaseMessage] = [SystemMessage("You are a careful software agent.")]
@@ -148,6 +229,18 @@ def main() -> None:
                 f"| {r.cost:,.0f} | {r.agent_rewrite:,} |",
                 flush=True,
             )
+    for mode in ("transcript", "cache_aligned"):
+        # create_agent: the agent's requests carry a system prompt and tools; a
+        # cache-aligned summary request sends them too. The saving holds only
+        # when the summarizer is the agent's own model (a cache is per model).
+        r = run_agent(mode)
+        results[f"create_agent, summarizer = the agent's model/{mode}"] = r.__dict__
+        share = r.cached / r.sent if r.sent else 0.0
+        print(
+            f"| create_agent, 60 turns, summarizer = the agent's model | {mode} | {r.compactions} ({r.summaries}) "
+            f"| {r.sent:,} | {r.cached:,} ({share:.0%}) | {r.cost:,.0f} | |",
+            flush=True,
+        )
     (Path(__file__).resolve().parent / "cost.json").write_text(json.dumps(results, indent=2) + "\n")
 
 

@@ -97,6 +97,7 @@ from langchain_compaction.core.effects import Flow, adrive, blocking, drive, inl
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.tokens import estimate_tokens
+from langchain_compaction.core.types import NO_PREAMBLE, Preamble
 from langchain_compaction.errors import ConfigurationError
 
 __all__ = ["COMPACTION_EVENT", "OVERHEAD_KEY", "CompactionAgentState", "CompactionMiddleware"]
@@ -201,6 +202,9 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         self._cache = TokenCountCache(self._compactor.options, max_entries=cache_size)
         self._tool_tokens: dict[tuple[str, str], int] = {}
         self._window_checked = self._compactor.options.context_window > 0
+        # What the last model request carried besides the messages (its system
+        # prompt and tools), for a cache-aligned summary made in before_model.
+        self._preamble = NO_PREAMBLE
         self._system_tokens: tuple[BaseMessage, int] | None = None
 
     @property
@@ -243,9 +247,15 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         counts, core = yield twin(self._cache.counts_and_core, self._cache.acounts_and_core, messages)
         if trigger == "auto" and not needs_compaction(core, counts, self.options, overhead):
             return None
-        prepare = self._compactor.prepare
         job = yield blocking(
-            prepare, messages, self._instructions, trigger=trigger, counts=counts, core=core, overhead=overhead
+            self._compactor.prepare,
+            messages,
+            self._instructions,
+            trigger=trigger,
+            counts=counts,
+            core=core,
+            overhead=overhead,
+            preamble=self._preamble,
         )
         if job is None:
             return None
@@ -287,6 +297,8 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         # network call: off the event loop, then.
         measure = blocking if self.options.token_counter is not None else inline
         overhead = yield measure(self._overhead, request)
+        system = () if request.system_message is None else (request.system_message,)
+        self._preamble = Preamble(system, tuple(request.tools), overhead)
         messages: list[BaseMessage] = list(request.messages)
         compacted = yield from self._compaction(messages, overhead, "auto")
         try:

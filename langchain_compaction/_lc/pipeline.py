@@ -39,7 +39,7 @@ from langchain_compaction.core.layout import clearing_result, compaction_result,
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Plan, plan_compaction
 from langchain_compaction.core.result import CompactionResult
-from langchain_compaction.core.types import Message
+from langchain_compaction.core.types import NO_PREAMBLE, Message, Preamble
 from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
 from langchain_compaction.summarizers.chat_model import as_summarizer
 
@@ -128,6 +128,7 @@ class Compactor:
         counts: Sequence[int] | None = None,
         core: Sequence[Message] | None = None,
         overhead: int = 0,
+        preamble: Preamble = NO_PREAMBLE,
     ) -> Job | None:
         """Plan a compaction of ``messages``; ``None`` if there is nothing to do.
 
@@ -138,6 +139,8 @@ class Compactor:
             counts: Token counts per message, when the caller has them cached.
             core: The core form of each message, when the caller has it cached.
             overhead: Tokens the request carries besides the messages.
+            preamble: What the request carries besides the messages, for a
+                cache-aligned summary request.
 
         Returns:
             The job, or ``None``.
@@ -157,7 +160,13 @@ class Compactor:
         if plan is None:
             return None
         flow = compaction_flow(
-            converted, plan, self.options, instructions.strip(), originals=tuple(messages), counts=sizes
+            converted,
+            plan,
+            self.options,
+            instructions.strip(),
+            originals=tuple(messages),
+            counts=sizes,
+            preamble=preamble,
         )
         return Job(messages, converted, sizes, plan, flow)
 

@@ -263,8 +263,9 @@ class AnthropicSummarizer:
         params: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": messages}
         if system is not None:
             params["system"] = system
-        if self.tools:
-            params["tools"] = self.tools
+        tools = wire.convert_tools(request.prefix_tools) if request.prefix_tools else self.tools
+        if tools:
+            params["tools"] = tools
         return params
 
     def _params(self, request: SummaryRequest) -> tuple[dict[str, Any], bool]:

@@ -29,7 +29,14 @@ from langchain_compaction.core.plan import Plan
 from langchain_compaction.core.redact import apply_redactor, redact_message
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.transcript import Block, make_block, make_fence, render, render_previous_summary, shorten
-from langchain_compaction.core.types import FALLBACK_ATTEMPT, Message, SummaryReply, SummaryRequest
+from langchain_compaction.core.types import (
+    FALLBACK_ATTEMPT,
+    NO_PREAMBLE,
+    Message,
+    Preamble,
+    SummaryReply,
+    SummaryRequest,
+)
 
 # No message is shortened below this, however small the budget.
 _MIN_MESSAGE_TOKENS = 256
@@ -128,6 +135,7 @@ class _Setup:
     shown: dict[int, Message]
     previous: str | None
     prefix: tuple[object, ...]
+    prefix_tools: tuple[object, ...]
     prefix_tokens: int
 
     @property
@@ -143,6 +151,7 @@ def _setup(
     *,
     originals: Sequence[object],
     counts: Sequence[int],
+    preamble: Preamble,
 ) -> _Setup:
     system = options.system_prompt or prompts.SYSTEM_PROMPT
     parts = [summary_body(messages[i].text) for i in plan.previous_summaries if messages[i].carries_summary]
@@ -167,9 +176,12 @@ def _setup(
     per_message = max((budget - fixed - summary_cap) // 2, _MIN_MESSAGE_TOKENS)
     prefix: tuple[object, ...] = ()
     prefix_tokens = 0
-    if _cache_aligned(options, originals, counts, plan, budget):
-        prefix = tuple(originals[: plan.cut])
-        prefix_tokens = sum(counts[: plan.cut]) + estimate_tokens(prompts.CACHE_ALIGNED_PROMPT + extra)
+    if _cache_aligned(options, originals, counts, plan, budget - preamble.tokens):
+        # The agent's own request, as far as the cut: what it sends besides
+        # the conversation (system prompt, tools), then its messages.
+        prefix = (*preamble.messages, *originals[: plan.cut])
+        prompt_tokens = estimate_tokens(prompts.CACHE_ALIGNED_PROMPT + extra)
+        prefix_tokens = preamble.tokens + sum(counts[: plan.cut]) + prompt_tokens
     return _Setup(
         options=options,
         instructions=instructions,
@@ -184,6 +196,7 @@ def _setup(
         shown=shown,
         previous=previous,
         prefix=prefix,
+        prefix_tools=preamble.tools if prefix else (),
         prefix_tokens=prefix_tokens,
     )
 
@@ -225,7 +238,8 @@ def _request(
         # summarizer that sends them covers the whole region in this one call
         # (and says so); one that cannot (a plain function, the extractive
         # one) uses the transcript, chunk by chunk.
-        request = replace(request, prefix=setup.prefix, prefix_prompt=prompts.CACHE_ALIGNED_PROMPT + setup.extra)
+        prompt = prompts.CACHE_ALIGNED_PROMPT + setup.extra
+        request = replace(request, prefix=setup.prefix, prefix_prompt=prompt, prefix_tools=setup.prefix_tools)
     cost = setup.fixed + sum(b.tokens for b in chunk) + estimate_tokens(shown or "")
     return request, cost
 
@@ -271,6 +285,7 @@ def compaction_flow(
     *,
     originals: Sequence[object] = (),
     counts: Sequence[int] = (),
+    preamble: Preamble = NO_PREAMBLE,
 ) -> SummaryFlow:
     """The summary requests for ``plan``, as a generator that receives each reply.
 
@@ -282,12 +297,14 @@ def compaction_flow(
         originals: The caller's own messages (opaque), for the cache-aligned
             mode.
         counts: Token count per message, for the cache-aligned mode's budget.
+        preamble: What the conversation's own requests send besides its
+            messages, sent first in the cache-aligned mode.
 
     Returns:
         The flow; it yields one ``SummaryRequest`` per summarizer call and
         returns the ``Outcome``.
     """
-    return _run(_setup(messages, plan, options, instructions, originals=originals, counts=counts))
+    return _run(_setup(messages, plan, options, instructions, originals=originals, counts=counts, preamble=preamble))
 
 
 def _run(setup: _Setup) -> SummaryFlow:

@@ -106,6 +106,29 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
+class Preamble:
+    """What an agent's requests carry besides the conversation's messages.
+
+    A cache-aligned summary request sends it first, as the agent does, so the
+    provider's prompt cache serves the whole prefix.
+
+    Attributes:
+        messages: Messages sent before the conversation (a system prompt kept
+            outside the state), opaque to the core.
+        tools: The tool schemas sent with it, opaque to the core.
+        tokens: What the two cost.
+    """
+
+    messages: tuple[object, ...] = ()
+    tools: tuple[object, ...] = ()
+    tokens: int = 0
+
+
+NO_PREAMBLE = Preamble()
+"""The preamble of a conversation whose requests carry nothing besides its messages."""
+
+
+@dataclass(frozen=True, slots=True)
 class SummaryRequest:
     """One call the engine asks its summarizer to make.
 
@@ -132,6 +155,9 @@ class SummaryRequest:
             sends them followed by ``prefix_prompt`` instead of the
             transcript, so the provider's prompt cache serves the prefix.
         prefix_prompt: The final user message for a ``prefix`` request.
+        prefix_tools: The tools the conversation's own requests carry (opaque
+            to the core), sent with a ``prefix`` request so the provider's
+            prompt cache (tools, then system, then messages) matches it.
         max_tokens: The summary budget in force: an answer over it is
             rejected, so summarizers that can bound themselves should.
     """
@@ -148,6 +174,7 @@ class SummaryRequest:
     problem: str = ""
     prefix: tuple[object, ...] = ()
     prefix_prompt: str = ""
+    prefix_tools: tuple[object, ...] = ()
     max_tokens: int = 8192
 
     @property

@@ -104,15 +104,25 @@ class ChatModelSummarizer:
             return [*prefix, HumanMessage(content=request.prefix_prompt)], True
         return [SystemMessage(content=request.system), HumanMessage(content=request.prompt)], False
 
+    def _model(self, request: SummaryRequest, aligned: bool) -> Runnable[Any, Any]:
+        # The conversation's own tools go with its prefix, so the provider's
+        # cache (tools first) matches the agent's requests.
+        bind = getattr(self.model, "bind_tools", None)
+        if aligned and request.prefix_tools and callable(bind):
+            return cast("Runnable[Any, Any]", bind(list(request.prefix_tools)))
+        return self.model
+
     def summarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Invoke the model; see ``Summarizer``."""
         messages, aligned = self._input(request)
-        return _reply(self.model.invoke(messages, config=_config(request)), covers_prefix=aligned)
+        output = self._model(request, aligned).invoke(messages, config=_config(request))
+        return _reply(output, covers_prefix=aligned)
 
     async def asummarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Await the model's ``ainvoke``; see ``Summarizer``."""
         messages, aligned = self._input(request)
-        return _reply(await self.model.ainvoke(messages, config=_config(request)), covers_prefix=aligned)
+        output = await self._model(request, aligned).ainvoke(messages, config=_config(request))
+        return _reply(output, covers_prefix=aligned)
 
 
 @dataclass(frozen=True, slots=True)

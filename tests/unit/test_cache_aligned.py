@@ -168,3 +168,48 @@ def test_anthropic_summarizer_falls_back_to_the_transcript_for_a_prefix_the_api_
         assert isinstance(body["messages"][0]["content"], str)
         assert "tool_result" not in json.dumps(body)
     assert "[User]" in bodies[0]["messages"][0]["content"]
+
+
+class ToolRecording(Recording):
+    """A fake chat model that binds tools the way a real one does, and records them."""
+
+    bound: list = []  # noqa: RUF012 - a pydantic field, copied per instance
+
+    def bind_tools(self, tools, **kwargs):
+        self.bound.append(list(tools))
+        return self.bind(tools=tools)
+
+
+def test_under_create_agent_the_summary_request_carries_the_agents_system_prompt_and_tools():
+    # The provider's prompt cache reads tools, then system, then messages: a
+    # cache-aligned summary must send the agent's own system prompt and tools,
+    # or nothing of it is served from the cache.
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+
+    from langchain_compaction import CompactionMiddleware
+
+    @tool
+    def lookup(order: str) -> str:
+        """Look an order up."""
+        return f"order {order}: shipped"
+
+    agent_model = ToolRecording(messages=iter([AIMessage(f"answer {i} " * 120) for i in range(40)]), inputs=[])
+    summarizer = ToolRecording(messages=iter([AIMessage(REPLY) for _ in range(10)]), inputs=[], bound=[])
+    middleware = CompactionMiddleware(
+        summarizer,
+        CompactionOptions(context_window=8_000, keep_recent_tokens=2_000, summary_mode="cache_aligned"),
+    )
+    agent = create_agent(agent_model, tools=[lookup], system_prompt="You are the order desk.", middleware=[middleware])
+    messages: list = []
+    for turn in range(14):
+        messages = agent.invoke({"messages": [*messages, HumanMessage(f"question {turn} " * 120)]})["messages"]
+    assert summarizer.inputs, "the window should have compacted"
+    sent = summarizer.inputs[0]
+    assert isinstance(sent[0], SystemMessage)
+    assert sent[0].content == "You are the order desk."
+    assert sent[-1].content == CACHE_ALIGNED_PROMPT
+    assert [t.name for t in summarizer.bound[0]] == ["lookup"]
+    # What came before the instruction is what the agent sent before the cut.
+    agent_request = next(r for r in agent_model.inputs if len(r) >= len(sent) - 1)
+    assert [m.content for m in sent[1:-1]] == [m.content for m in agent_request[1 : len(sent) - 1]]
