@@ -26,7 +26,6 @@ from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, To
 from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.constants import END
 from langgraph.graph import MessagesState
-from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.pregel import Pregel
 
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache
@@ -39,6 +38,7 @@ from langchain_compaction._lc.pipeline import (
     aannounce,
     announce,
     in_run,
+    replacement,
 )
 from langchain_compaction.core.context import context_tokens, needs_compaction
 from langchain_compaction.core.effects import Flow, adrive, blocking, drive, twin
@@ -170,6 +170,10 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
     returns ``{messages_key: [RemoveMessage(id=REMOVE_ALL_MESSAGES), *leading
     system messages, summary, (bridge), *recent]}`` (the bridge user turn only
     when the recent part does not start with one); otherwise an empty update.
+    What it writes itself (the removal, the summary, the bridge) goes as plain
+    message dicts, which ``add_messages`` turns into messages: LangGraph's
+    ``messages`` stream then shows a chat UI none of it, while ``values`` shows
+    the state as always and ``updates`` shows those dicts.
     With ``context_window=0`` automatic compaction is off and the node
     compacts only on ``/compact`` or ``compact_thread``. The summary it writes
     records the id of the last message at that moment, so the stale usage on
@@ -206,7 +210,8 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         ...     CompactionOptions(context_window=1_000, reserve_tokens=200, keep_recent_tokens=100),
         ... )
         >>> history = [HumanMessage("hi", id="1"), AIMessage("x" * 4_000, id="2"), HumanMessage("go on", id="3")]
-        >>> [m.type for m in node({"messages": history})["messages"]]
+        >>> update = node({"messages": history})["messages"]  # what it wrote is plain dicts (see above)
+        >>> [m["type"] if isinstance(m, dict) else m.type for m in update]
         ['remove', 'system', 'human']
         >>> node({"messages": history[-1:]})
         {}
@@ -298,7 +303,7 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
 
     def _update(self, output: Output) -> dict[str, Any]:
         result, messages = output
-        update: dict[str, Any] = {self.messages_key: [RemoveMessage(id=REMOVE_ALL_MESSAGES), *messages]}
+        update: dict[str, Any] = {self.messages_key: replacement(messages)}
         if self.result_key is not None:
             update[self.result_key] = result.to_dict()
         return update

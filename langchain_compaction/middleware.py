@@ -82,16 +82,15 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(msg) from exc
 
 from langchain_core.exceptions import ContextOverflowError
-from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, RemoveMessage
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from langchain_compaction._lc.convert import json_text, to_core
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages
-from langchain_compaction._lc.pipeline import COMPACTION_EVENT, Compactor, Trigger, aannounce, announce
+from langchain_compaction._lc.pipeline import COMPACTION_EVENT, Compactor, Trigger, aannounce, announce, replacement
 from langchain_compaction.core.context import needs_compaction
 from langchain_compaction.core.effects import Flow, adrive, blocking, drive, inline, twin
 from langchain_compaction.core.options import CompactionOptions
@@ -270,7 +269,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         compacted = yield from self._compaction(messages, state.get(OVERHEAD_KEY) or 0, "auto")
         if compacted is None:
             return None
-        return {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), *compacted]}
+        return {"messages": replacement(compacted)}
 
     def _learn_window(self, model: object) -> None:
         """Take the window from the agent model's profile when the options give none (once)."""
@@ -338,7 +337,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             kept = [by_id.get(m.id, m) if m.id and id(m) in sent else m for m in compacted]
             # The model node first adds the reply; this update then replaces
             # the whole list, so the reply goes last again.
-            update["messages"] = [RemoveMessage(id=REMOVE_ALL_MESSAGES), *kept, *response.result]
+            update["messages"] = [*replacement(kept), *response.result]
         if request.state.get(OVERHEAD_KEY) != overhead:
             update[OVERHEAD_KEY] = overhead
             self._check_overhead(overhead)

@@ -201,3 +201,13 @@ def leading_systems(messages: list[BaseMessage] | tuple[BaseMessage, ...]) -> in
     while count < len(messages) and isinstance(messages[count], SystemMessage):
         count += 1
     return count
+
+
+def as_state(update: list) -> list[BaseMessage]:
+    """A message update as the ``add_messages`` reducer reads it: dicts (what a compaction wrote) as messages.
+
+    The caller's objects stay the same objects, so identity checks still hold.
+    """
+    from langchain_core.messages import convert_to_messages
+
+    return [convert_to_messages([m])[0] if isinstance(m, dict) else m for m in update]

@@ -298,6 +298,16 @@ def bridge_message() -> HumanMessage:
     )
 
 
+def as_dict(message: BaseMessage) -> dict[str, Any]:
+    """A message this library wrote, as the dict ``convert_to_messages`` turns back into it."""
+    return {
+        "type": message.type,
+        "content": message.content,
+        "id": message.id,
+        "additional_kwargs": dict(message.additional_kwargs),
+    }
+
+
 def summary_message(summary: str, *, last_message_id: str | None = None) -> SystemMessage:
     """The system message that carries a summary, marked for later updates.
 

@@ -27,8 +27,17 @@ from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_eve
 from langchain_core.messages import BaseMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import ensure_config, get_callback_manager_for_config
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
-from langchain_compaction._lc.convert import SUMMARY_MARK, bridge_message, summary_message, to_core, to_core_list
+from langchain_compaction._lc.convert import (
+    SUMMARY_MARK,
+    as_dict,
+    bridge_message,
+    is_compaction_message,
+    summary_message,
+    to_core,
+    to_core_list,
+)
 from langchain_compaction._lc.counting import count_messages
 from langchain_compaction.core.clearing import ClearingPlan, plan_clearing
 from langchain_compaction.core.context import needs_compaction
@@ -273,16 +282,43 @@ def _listening(config: RunnableConfig | None) -> bool:
     return get_callback_manager_for_config(ensure_config(config)).parent_run_id is not None
 
 
+def _to_custom_stream(result: CompactionResult) -> None:
+    # Inside a graph, ``stream_mode="custom"`` shows it too.
+    try:
+        from langgraph.config import get_stream_writer
+
+        writer = get_stream_writer()
+    except (ImportError, RuntimeError, KeyError):
+        return  # not inside a graph: nobody streams
+    writer({COMPACTION_EVENT: result.to_dict()})
+
+
 def announce(result: CompactionResult, config: RunnableConfig | None = None) -> None:
-    """Dispatch ``COMPACTION_EVENT`` with the result, when a run is listening."""
+    """Tell whoever listens about ``result``: the callbacks' custom event, and a graph's custom stream."""
+    _to_custom_stream(result)
     if _listening(config):
         dispatch_custom_event(COMPACTION_EVENT, result.to_dict(), config=config)
 
 
 async def aannounce(result: CompactionResult, config: RunnableConfig | None = None) -> None:
     """The async twin of ``announce``."""
+    _to_custom_stream(result)
     if _listening(config):
         await adispatch_custom_event(COMPACTION_EVENT, result.to_dict(), config=config)
+
+
+def replacement(messages: Sequence[BaseMessage]) -> list[BaseMessage | dict[str, Any]]:
+    """The state update that replaces a message list with ``messages`` (an ``add_messages`` list).
+
+    What this library wrote (the summary, the bridge, the removal of the old
+    list) goes as plain message dicts, which the ``add_messages`` reducer turns
+    back into messages: LangGraph's ``messages`` stream emits every message
+    object a node returns that was not in its input, and a chat UI should not
+    show a compaction's internals. Kept messages stay the caller's objects
+    (they were in the input, so they are not emitted again either).
+    """
+    remove: dict[str, Any] = {"type": "remove", "id": REMOVE_ALL_MESSAGES, "content": ""}
+    return [remove, *(as_dict(m) if is_compaction_message(m) else m for m in messages)]
 
 
 def _in_run(

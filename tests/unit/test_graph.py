@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from conftest import assert_compacted, split_compacted
+from conftest import as_state, assert_compacted, split_compacted
 from langchain_anthropic import ChatAnthropic
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -235,7 +235,7 @@ def test_update_removes_all_and_keeps_recent_ids() -> None:
     node = CompactionNode(summarizer, SMALL)
     msgs = history(10)
     update = node({"messages": msgs})
-    new = update["messages"]
+    new = as_state(update["messages"])
     assert new[0].type == "remove"
     assert new[0].id == "__remove_all__"
     assert new[1] is msgs[0]  # the system prompt, the caller's object
@@ -797,3 +797,55 @@ def test_the_documented_system_prompt_pattern_keeps_the_prompt_after_every_compa
     for request in requests["pattern"]:
         systems = [i for i, m in enumerate(request) if isinstance(m, SystemMessage)]
         assert systems == list(range(len(systems)))  # leading and consecutive: a valid request
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_what_each_stream_mode_shows_of_a_compaction(mode: str) -> None:
+    # messages: the model's own tokens, none of the compaction's internals (no
+    # RemoveMessage, summary or bridge); updates: the node's update, with what
+    # it wrote as dicts; values: the compacted state; custom: the result.
+    from langchain_core.messages import AIMessageChunk
+
+    from langchain_compaction.graph import COMPACTION_EVENT
+
+    model = GenericFakeChatModel(messages=iter([AIMessage(f"reply number {i} " * 30) for i in range(40)]))
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    async def aagent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- SUMMARY-TEXT", SMALL))
+    builder.add_node("agent", agent if mode == "sync" else aagent)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = thread(f"streams-{mode}")
+    seen: dict[str, list[Any]] = {"messages": [], "updates": [], "values": [], "custom": []}
+    for turn in range(8):
+        payload = {"messages": [HumanMessage(f"question {turn} " * 40)]}
+        modes = ["messages", "updates", "values", "custom"]
+        if mode == "sync":
+            chunks = list(graph.stream(payload, config, stream_mode=modes))
+        else:
+            chunks = [c async for c in graph.astream(payload, config, stream_mode=modes)]
+        for kind, chunk in chunks:
+            seen[kind].append(chunk)
+    compactions = [c[COMPACTION_EVENT] for c in seen["custom"] if COMPACTION_EVENT in c]
+    assert compactions, "the window should have compacted"
+    streamed = [message for message, _ in seen["messages"]]
+    tokens = "".join(str(m.content) for m in streamed if isinstance(m, AIMessageChunk))
+    assert "reply number" in tokens  # the model's own reply streams, token by token
+    assert not any(m.type == "remove" or "SUMMARY-TEXT" in str(m.content) for m in streamed)
+    assert not any(m.additional_kwargs.get("langchain_compaction") for m in streamed)
+    compact_updates = [u["compact"] for u in seen["updates"] if u.get("compact")]
+    assert len(compact_updates) == len(compactions)
+    written = compact_updates[0]["messages"]
+    assert written[0] == {"type": "remove", "id": "__remove_all__", "content": ""}
+    assert any(isinstance(m, dict) and "SUMMARY-TEXT" in str(m["content"]) for m in written)
+    final = seen["values"][-1]["messages"]
+    assert sum(1 for m in final if is_summary_message(m)) == 1
+    assert all(not isinstance(m, dict) for m in final)
+    assert len(final) < 2 * 8
