@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, ToolMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.constants import END
 from langgraph.graph import MessagesState
 from langgraph.pregel import Pregel
+from langgraph.types import Command
 
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache
 from langchain_compaction._lc.pipeline import (
     COMPACTION_EVENT,
+    TOO_DEEP,
     Compactor,
     Job,
     Output,
@@ -38,6 +40,7 @@ from langchain_compaction._lc.pipeline import (
     aannounce,
     announce,
     in_run,
+    parent_node,
     replacement,
 )
 from langchain_compaction.core.context import context_tokens, needs_compaction
@@ -54,6 +57,7 @@ __all__ = [
     "CompactionNode",
     "CompactionRecord",
     "CompactionState",
+    "Nesting",
     "acompact_thread",
     "compact_thread",
     "parse_compact_command",
@@ -61,6 +65,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("langchain_compaction")
+
+Nesting = Literal["parent", "own"]
+"""Where a node in a subgraph writes a compaction (see ``CompactionNode(nested=...)``)."""
 
 COMPACT_COMMAND = "/compact"
 """The chat command that forces a compaction when ``enable_compact_command`` is set."""
@@ -155,9 +162,10 @@ class _Turn:
     instructions: str = ""
     forced: bool = False
     command: BaseMessage | None = None
+    reordered: bool = False
 
 
-class CompactionNode(Runnable[Any, dict[str, Any]]):
+class CompactionNode(Runnable[Any, Any]):
     """A LangGraph node that keeps the message list inside the context window.
 
     Add it before the model node of any ``StateGraph`` whose message list uses
@@ -199,6 +207,14 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
             ``route_after_compaction``).
         name: The node's name when added without one.
         cache_size: Messages whose token counts are remembered.
+        nested: In a subgraph one level down (a compiled graph holding this
+            node, added as a node of a parent graph that shares the message
+            list), ``"parent"`` (the default) writes each compaction to the
+            parent's ``messages_key`` too (``Command.PARENT``) and runs the
+            subgraph's node again on the compacted list, so the parent's state
+            shrinks and no summary lands mid-history; ``"own"`` writes to this
+            graph's state only (for a subgraph whose messages are not the
+            parent's under the same key).
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -228,6 +244,7 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         enable_compact_command: bool = False,
         name: str = "compact",
         cache_size: int = DEFAULT_CACHE_SIZE,
+        nested: Nesting = "parent",
     ) -> None:
         if not isinstance(messages_key, str) or not messages_key:
             raise ConfigurationError("messages_key", messages_key, "pass the state key of the message list")
@@ -237,6 +254,8 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
             )
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
             raise ConfigurationError("cache_size", cache_size, f"pass a positive number (default {DEFAULT_CACHE_SIZE})")
+        if nested not in ("parent", "own"):
+            raise ConfigurationError("nested", nested, "pass 'parent' or 'own'")
         self._compactor = Compactor.build(model, options, fallback)
         self.messages_key = messages_key
         self.result_key = result_key
@@ -244,6 +263,8 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         self.name = name
         self._cache = TokenCountCache(self._compactor.options, max_entries=cache_size)
         self._warned_no_window = False
+        self._warned_too_deep = False
+        self.nested: Nesting = nested
 
     @property
     def options(self) -> CompactionOptions:
@@ -296,10 +317,42 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         return self._compactor.prepare(turn.messages, turn.instructions, trigger=trigger, counts=counts, core=core)
 
     def _nothing(self, turn: _Turn) -> dict[str, Any]:
-        # Nothing to summarize; a command message is still consumed.
+        # Nothing to summarize; a summary found mid-history is still put back,
+        # and a command message still consumed.
+        if turn.reordered:
+            return {self.messages_key: replacement(turn.messages)}
         if turn.command is not None and turn.command.id is not None:
             return {self.messages_key: [RemoveMessage(id=turn.command.id)]}
         return {}
+
+    def _deliver(self, update: dict[str, Any], config: RunnableConfig | None) -> dict[str, Any] | Command[Any]:
+        """``update`` for this graph, or, in a subgraph, for the parent that holds the conversation.
+
+        A subgraph's state goes back to its parent merged by id, so a summary
+        written only here would land in the middle of the parent's history and
+        the parent would never shrink. One level down, the update is sent to
+        the parent (``Command.PARENT``), which then runs this subgraph's node
+        again on the compacted list; deeper down the parent cannot be reached:
+        it is written here, said once, and the next turn puts it back in place.
+        """
+        parent = parent_node(config) if update and self.nested == "parent" else None
+        if parent is None:
+            return update
+        if parent == TOO_DEEP:
+            self._say_too_deep()
+            return update
+        return Command(graph=Command.PARENT, update=update, goto=parent)
+
+    def _say_too_deep(self) -> None:
+        if self._warned_too_deep:
+            return
+        self._warned_too_deep = True
+        logger.warning(
+            "CompactionNode %r runs in a subgraph nested more than one level deep, where LangGraph lets it update "
+            "only its own state: the summary lands mid-history in the outer graphs and is put back in place next "
+            "turn; put the compaction node in the outermost graph that holds the conversation",
+            self.name,
+        )
 
     def _update(self, output: Output) -> dict[str, Any]:
         result, messages = output
@@ -312,14 +365,18 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
 
     def _flow(
         self, state: Any, config: RunnableConfig | None, manual: str | None = None, model: Summarizer | None = None
-    ) -> Flow[tuple[CompactionResult | None, dict[str, Any]]]:
+    ) -> Flow[tuple[CompactionResult | None, dict[str, Any] | Command[Any]]]:
         turn = self._turn(state, manual)
         if turn is None:
             return None, {}
         counts, core = yield twin(self._cache.counts_and_core, self._cache.acounts_and_core, turn.messages)
+        fixed = self._compactor.reorder(turn.messages, core, counts)
+        if fixed is not None:
+            turn = replace(turn, messages=fixed[0], reordered=True)
+            core, counts = fixed[1], fixed[2]
         job = (yield blocking(self._job, turn, counts, core)) if self._due(turn, counts, core) else None
         if job is None:
-            return None, self._nothing(turn)
+            return None, self._deliver(self._nothing(turn), config)
         done: list[CompactionResult] = []
 
         def compaction(run_config: RunnableConfig) -> Flow[dict[str, Any]]:
@@ -331,11 +388,11 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         # A run of its own, so traces show the compaction and the event has a
         # parent; the common turn, nothing to do, returned above without one.
         update = yield in_run(self, compaction, state, config)
-        return done[0], update
+        return done[0], self._deliver(update, config)
 
     # -- the Runnable surface ---------------------------------------------------------
 
-    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> dict[str, Any]:
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> dict[str, Any] | Command[Any]:
         """Run the node on a state (what ``graph.invoke`` calls).
 
         Args:
@@ -353,11 +410,13 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         """
         return drive(self._flow(input, config))[1]
 
-    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> dict[str, Any]:
+    async def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> dict[str, Any] | Command[Any]:
         """The async twin of ``invoke`` (what ``graph.ainvoke`` calls)."""
         return (await adrive(self._flow(input, config)))[1]
 
-    def __call__(self, state: Any, config: RunnableConfig | None = None) -> dict[str, Any]:
+    def __call__(self, state: Any, config: RunnableConfig | None = None) -> dict[str, Any] | Command[Any]:
         """Run the node on a state dict; see ``invoke``."""
         return self.invoke(state, config)
 

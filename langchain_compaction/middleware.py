@@ -61,7 +61,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Annotated, Any, TypeAlias, cast
+from typing import Annotated, Any, Literal, TypeAlias, cast
 
 from typing_extensions import NotRequired
 
@@ -83,6 +83,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from langchain_core.exceptions import ContextOverflowError
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.runtime import Runtime
@@ -90,7 +91,16 @@ from langgraph.types import Command
 
 from langchain_compaction._lc.convert import json_text, to_core
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages
-from langchain_compaction._lc.pipeline import COMPACTION_EVENT, Compactor, Trigger, aannounce, announce, replacement
+from langchain_compaction._lc.pipeline import (
+    COMPACTION_EVENT,
+    TOO_DEEP,
+    Compactor,
+    Trigger,
+    aannounce,
+    announce,
+    parent_node,
+    replacement,
+)
 from langchain_compaction.core.context import needs_compaction
 from langchain_compaction.core.effects import Flow, adrive, blocking, drive, inline, twin
 from langchain_compaction.core.options import CompactionOptions
@@ -102,6 +112,17 @@ from langchain_compaction.errors import ConfigurationError
 __all__ = ["COMPACTION_EVENT", "OVERHEAD_KEY", "CompactionAgentState", "CompactionMiddleware"]
 
 logger = logging.getLogger("langchain_compaction")
+
+
+def _current_config() -> RunnableConfig | None:
+    """The running node's config (``None`` outside a graph, as when a hook is called directly)."""
+    try:
+        from langgraph.config import get_config
+
+        return get_config()
+    except RuntimeError:
+        return None
+
 
 OVERHEAD_KEY = "compaction_overhead_tokens"
 """Private state key: tokens of the system prompt and tool schemas last sent."""
@@ -157,6 +178,11 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             is also dispatched as the custom event ``COMPACTION_EVENT`` (its
             ``CompactionRecord``) and logged at INFO.
         cache_size: How many per-message token counts to keep.
+        nested: For an agent added as a node of a parent graph that shares its
+            message list: ``"parent"`` (the default) writes a compaction made
+            before a model call to the parent as well (``Command.PARENT``),
+            which runs the agent again on the compacted list, so the parent
+            shrinks too; ``"own"`` writes to the agent's state only.
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -185,10 +211,13 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         custom_instructions: str = "",
         on_compaction: Callable[[CompactionResult], object] | None = None,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        nested: Literal["parent", "own"] = "parent",
     ) -> None:
         super().__init__()
         if not isinstance(custom_instructions, str):
             raise ConfigurationError("custom_instructions", custom_instructions, "pass a string ('' for none)")
+        if nested not in ("parent", "own"):
+            raise ConfigurationError("nested", nested, "pass 'parent' or 'own'")
         if on_compaction is not None and not callable(on_compaction):
             raise ConfigurationError("on_compaction", on_compaction, "pass a function of one CompactionResult, or None")
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
@@ -204,6 +233,8 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         # What the last model request carried besides the messages (its system
         # prompt and tools), for a cache-aligned summary made in before_model.
         self._preamble = NO_PREAMBLE
+        self._nested_parent = nested == "parent"
+        self._warned_unreachable = False
         self._system_tokens: tuple[BaseMessage, int] | None = None
 
     @property
@@ -213,11 +244,17 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
 
     # -- hooks: one line each over the shared flows ---------------------------
 
-    def before_model(self, state: CompactionAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+    # A hook may also return a Command (create_agent's node applies it as a
+    # node's return value); the base class declares only the dict.
+    def before_model(  # type: ignore[override]
+        self, state: CompactionAgentState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | Command[Any] | None:
         """Compact the state's messages when they and the recorded overhead are over budget."""
         return drive(self._state_flow(state))
 
-    async def abefore_model(self, state: CompactionAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+    async def abefore_model(  # type: ignore[override]
+        self, state: CompactionAgentState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | Command[Any] | None:
         """The async twin of ``before_model``."""
         return await adrive(self._state_flow(state))
 
@@ -244,8 +281,12 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
     ) -> Flow[list[BaseMessage] | None]:
         """Compact ``messages`` if the trigger (or ``force``) says so; the compacted list, or ``None``."""
         counts, core = yield twin(self._cache.counts_and_core, self._cache.acounts_and_core, messages)
+        fixed = self._compactor.reorder(messages, core, counts)
+        if fixed is not None:  # a summary found mid-history: the request must not carry it there
+            messages, core, counts = fixed
+        unchanged = None if fixed is None else list(messages)
         if trigger == "auto" and not needs_compaction(core, counts, self.options, overhead):
-            return None
+            return unchanged
         job = yield blocking(
             self._compactor.prepare,
             messages,
@@ -257,19 +298,40 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             preamble=self._preamble,
         )
         if job is None:
-            return None
+            return unchanged
         result, compacted = yield from self._compactor.compaction(job)
         if self._on_compaction is not None:
             self._on_compaction(result)
         yield twin(announce, aannounce, result)
         return compacted
 
-    def _state_flow(self, state: Mapping[str, Any]) -> Flow[dict[str, Any] | None]:
+    def _state_flow(self, state: Mapping[str, Any]) -> Flow[dict[str, Any] | Command[Any] | None]:
         messages: list[BaseMessage] = state.get("messages") or []
         compacted = yield from self._compaction(messages, state.get(OVERHEAD_KEY) or 0, "auto")
         if compacted is None:
             return None
-        return {"messages": replacement(compacted)}
+        update = {"messages": replacement(compacted)}
+        # An agent added as a node of a parent graph that shares its messages:
+        # its state goes back merged by id, so write to the parent, which runs
+        # the agent again on the compacted list (see CompactionNode(nested=...)).
+        parent = parent_node(_current_config())
+        if parent is None or not self._nested_parent:
+            return update
+        if parent == TOO_DEEP:
+            self._say_unreachable("nested more than one level deep")
+            return update
+        return Command(graph=Command.PARENT, update=update, goto=parent)
+
+    def _say_unreachable(self, where: str) -> None:
+        if self._warned_unreachable:
+            return
+        self._warned_unreachable = True
+        logger.warning(
+            "CompactionMiddleware compacted where the parent graph's state cannot be written (%s): the summary lands "
+            "mid-history there and is put back in place on the next turn; add a CompactionNode (or this middleware) "
+            "to the outermost graph that holds the conversation",
+            where,
+        )
 
     def _learn_window(self, model: object) -> None:
         """Take the window from the agent model's profile when the options give none (once)."""
@@ -309,6 +371,9 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
                 raise  # nothing left to summarize: the overflow stands
             # A second overflow is thrown in here and propagates.
             response = yield twin(handler, handler, self._with_messages(request, compacted))
+        if compacted is not None and parent_node(_current_config()) is not None:
+            # wrap_model_call cannot return a command to the parent graph.
+            self._say_unreachable("during the model call")
         return self._response(request, response, compacted, overhead)
 
     @staticmethod

@@ -37,6 +37,9 @@ SUMMARY_MARK = "langchain_compaction"
 ANCHOR_KEY = "last_message_id"
 """Key in a summary's mark: the id of the conversation's last message when it was written."""
 
+KEPT_FROM_KEY = "kept_from"
+"""Key in a summary's mark: the id of the first message kept after it (what it covers ends there)."""
+
 _IMAGE_BLOCKS = frozenset({"image", "image_url", "input_image", "file", "audio", "video", "document", "input_audio"})
 _REASONING_BLOCKS = frozenset({"thinking", "reasoning", "redacted_thinking"})
 _TOOL_USE_BLOCKS = frozenset({"tool_use", "tool_call", "server_tool_use", "function_call"})
@@ -214,17 +217,22 @@ def _assistant(message: AIMessage) -> Message:
     )
 
 
+def _mark_id(mark: object, key: str) -> str | None:
+    value = mark.get(key) if isinstance(mark, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def _system(message: SystemMessage) -> Message:
     if not is_summary_message(message):
         return Message("system", _parts(message.content), id=message.id)
     mark = message.additional_kwargs.get(SUMMARY_MARK)
-    after = mark.get(ANCHOR_KEY) if isinstance(mark, dict) else None
     return Message(
         "system",
         _parts(message.content),
         is_summary=True,
         id=message.id,
-        written_after=after if isinstance(after, str) else None,
+        written_after=_mark_id(mark, ANCHOR_KEY),
+        kept_from=_mark_id(mark, KEPT_FROM_KEY),
     )
 
 
@@ -308,13 +316,16 @@ def as_dict(message: BaseMessage) -> dict[str, Any]:
     }
 
 
-def summary_message(summary: str, *, last_message_id: str | None = None) -> SystemMessage:
+def summary_message(summary: str, *, last_message_id: str | None = None, kept_from: str | None = None) -> SystemMessage:
     """The system message that carries a summary, marked for later updates.
 
     Args:
         summary: The summary's content, as ``compose_summary`` lays it out.
         last_message_id: The id of the conversation's last message when the
             summary was written (dates reported usage; see ``core.context``).
+        kept_from: The id of the first message kept after the summary: if the
+            summary lands mid-history (a subgraph's output merged into its
+            parent), what precedes that message is what it covers.
 
     Returns:
         A marked ``SystemMessage`` with a fresh id.
@@ -322,6 +333,8 @@ def summary_message(summary: str, *, last_message_id: str | None = None) -> Syst
     mark: dict[str, object] = {"kind": "summary", "version": 1}
     if last_message_id is not None:
         mark[ANCHOR_KEY] = last_message_id
+    if kept_from is not None:
+        mark[KEPT_FROM_KEY] = kept_from
     return SystemMessage(
         content=summary,
         id=f"compaction-summary-{uuid.uuid4().hex}",

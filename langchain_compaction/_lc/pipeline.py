@@ -46,7 +46,7 @@ from langchain_compaction.core.engine import DriverReport, Summarizer, summarize
 from langchain_compaction.core.flow import SummaryFlow, compaction_flow
 from langchain_compaction.core.layout import clearing_result, compaction_result, compose_summary, layout
 from langchain_compaction.core.options import CompactionOptions
-from langchain_compaction.core.plan import Plan, plan_compaction
+from langchain_compaction.core.plan import Plan, misplaced, plan_compaction, reordered
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import NO_PREAMBLE, Message, Preamble
 from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
@@ -193,6 +193,32 @@ class Compactor:
             min_tokens=options.clear_min_tokens,
         )
 
+    def reorder(
+        self, messages: Sequence[BaseMessage], core: Sequence[Message], counts: Sequence[int]
+    ) -> tuple[list[BaseMessage], list[Message], list[int]] | None:
+        """Summaries found mid-history put back where they belong (``core.plan.reordered``); ``None`` if none is.
+
+        Returns:
+            The messages, their core forms and counts, reordered, with what the
+            newest summary covers gone and a bridge where one is needed.
+        """
+        if not misplaced(core):
+            return None
+        shape = reordered(core, self.options.ensure_user_turn)
+        out = [(messages[i], core[i], counts[i]) for i in shape.head]
+        if shape.bridge:
+            bridge = bridge_message()
+            bridge_core = to_core(bridge)
+            out.append((bridge, bridge_core, count_messages([bridge], [bridge_core], self.options)[0]))
+        out += [(messages[i], core[i], counts[i]) for i in shape.kept]
+        logger.info(
+            "a summary was found mid-history (a subgraph's output merged into its parent): moved it to the front, "
+            "%d -> %d messages",
+            len(messages),
+            len(out),
+        )
+        return [m for m, _, _ in out], [c for _, c, _ in out], [n for _, _, n in out]
+
     def compaction(self, job: Job, summarizer: Summarizer | None = None) -> Flow[Output]:
         """Summarize ``job`` (with ``summarizer`` instead of the compactor's, if given), then finish.
 
@@ -225,9 +251,9 @@ class Compactor:
         assert report is not None  # ... was driven
         original = job.messages
         shape = layout(job.core, job.plan, self.options)
-        written: list[BaseMessage] = [
-            summary_message(compose_summary(report.outcome.summary), last_message_id=original[-1].id)
-        ]
+        kept_from = original[shape.kept[0]].id if shape.kept else None
+        summary = compose_summary(report.outcome.summary)
+        written: list[BaseMessage] = [summary_message(summary, last_message_id=original[-1].id, kept_from=kept_from)]
         if shape.bridge:
             written.append(bridge_message())
         output = [*(original[i] for i in shape.head), *written, *(original[i] for i in shape.kept)]
@@ -305,6 +331,23 @@ async def aannounce(result: CompactionResult, config: RunnableConfig | None = No
     _to_custom_stream(result)
     if _listening(config):
         await adispatch_custom_event(COMPACTION_EVENT, result.to_dict(), config=config)
+
+
+TOO_DEEP = "\x00too deep"
+"""What ``parent_node`` says of a subgraph nested more than one level down."""
+
+
+def parent_node(config: RunnableConfig | None) -> str | None:
+    """The parent graph's node that runs this subgraph, one level down; ``TOO_DEEP`` deeper; ``None`` at the top.
+
+    A node's ``checkpoint_ns`` names every enclosing node (``parent:<task>|node:<task>``);
+    ``Command(graph=Command.PARENT)`` reaches exactly one level up.
+    """
+    namespace = str(((config or {}).get("configurable") or {}).get("checkpoint_ns") or "")
+    parts = [p for p in namespace.split("|") if p]
+    if len(parts) < 2:
+        return None
+    return parts[-2].split(":", 1)[0] if len(parts) == 2 else TOO_DEEP
 
 
 def replacement(messages: Sequence[BaseMessage]) -> list[BaseMessage | dict[str, Any]]:

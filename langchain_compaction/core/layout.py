@@ -18,12 +18,11 @@ Three things every adapter needs and none computes on its own:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from langchain_compaction.core import prompts
 from langchain_compaction.core.options import CompactionOptions
-from langchain_compaction.core.plan import Plan
+from langchain_compaction.core.plan import Layout, Plan
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message
 
@@ -64,21 +63,6 @@ def summary_body(content: str) -> str:
         if body.startswith(line):
             body = body[len(line) :].lstrip()
     return body
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """The compacted conversation, as positions in the caller's list.
-
-    Attributes:
-        head: Leading system messages kept, before the summary.
-        bridge: Whether a one-line user turn follows the summary.
-        kept: Messages kept after the summary (and the bridge), in order.
-    """
-
-    head: tuple[int, ...]
-    bridge: bool
-    kept: tuple[int, ...]
 
 
 def layout(messages: Sequence[Message], plan: Plan, options: CompactionOptions) -> Layout:

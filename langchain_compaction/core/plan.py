@@ -17,6 +17,21 @@ from langchain_compaction.core.types import Message
 
 
 @dataclass(frozen=True, slots=True)
+class Layout:
+    """A compacted (or reordered) conversation, as positions in the caller's list.
+
+    Attributes:
+        head: Leading system messages (and summaries) kept, in order.
+        bridge: Whether a one-line user turn follows ``head``.
+        kept: Messages kept after it, in order.
+    """
+
+    head: tuple[int, ...]
+    bridge: bool
+    kept: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """What one compaction keeps and summarizes.
 
@@ -135,3 +150,46 @@ def plan_compaction(
         forced=forced,
         provider_prefix=tuple(range(start, region_start)),
     )
+
+
+def misplaced(messages: Sequence[Message]) -> bool:
+    """Whether an earlier summary (or its bridge) sits past the leading block.
+
+    It happens when a subgraph's compacted output is merged into its parent by
+    id: the parent keeps what the summary replaced and appends the summary.
+    """
+    return any(m.is_summary for m in messages[summary_block(messages) :])
+
+
+def reordered(messages: Sequence[Message], ensure_user_turn: bool = True) -> Layout:
+    """Where the summaries found mid-history belong, and what they cover.
+
+    The newest summary was written as an update of every earlier one, and its
+    mark says which message it kept first: what lies before that message
+    (after the application's leading system messages) is covered, and goes.
+    When the mark is missing (a summary written by 0.1.0, or by another
+    compactor), nothing is dropped: every summary moves to the front and every
+    other message stays, in order. Bridges are replaced by one where needed.
+
+    Args:
+        messages: The conversation, with a summary somewhere past its leading block.
+        ensure_user_turn: Whether a user turn must follow the summary.
+
+    Returns:
+        The layout: leading system messages and summaries, a bridge or not, the rest.
+    """
+    lead = leading_block(messages)
+    head = [i for i in range(lead) if not messages[i].is_summary]
+    summaries = [i for i, m in enumerate(messages) if m.carries_summary]
+    rest = [i for i in range(lead, len(messages)) if not messages[i].is_summary]
+    newest = summaries[-1]
+    covered_until = next(
+        (i for i in range(newest) if messages[newest].kept_from and messages[i].id == messages[newest].kept_from), None
+    )
+    if covered_until is None:
+        head += summaries
+    else:
+        head.append(newest)
+        rest = [i for i in rest if i >= covered_until]
+    bridge = ensure_user_turn and bool(rest) and messages[rest[0]].role != "user"
+    return Layout(tuple(head), bridge, tuple(rest))

@@ -73,6 +73,8 @@ class Message:
         id: The message's id, if it has one.
         reported_tokens: For an assistant reply, the input plus output tokens
             its provider reported for the request that produced it (0 if none).
+        kept_from: For a summary, the id of the first message kept after it
+            (what it covers ends there), when it was recorded.
         written_after: For a summary, the id of the conversation's last
             message when it was written (``None`` if unknown).
     """
@@ -88,6 +90,7 @@ class Message:
     id: str | None = None
     reported_tokens: int = 0
     written_after: str | None = None
+    kept_from: str | None = None
 
     @property
     def text(self) -> str:

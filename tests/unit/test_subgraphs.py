@@ -1,0 +1,241 @@
+"""Compaction inside a subgraph whose parent shares the message list.
+
+A parent receives a subgraph's final message list merged by id, not its
+``RemoveMessage(REMOVE_ALL_MESSAGES)`` update, so a summary written only in the
+subgraph lands in the middle of the parent's history. Every request must stay
+valid (checked with ChatAnthropic's own payload builder, which refuses
+non-consecutive system messages), and, one level down, the parent must shrink.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain_anthropic import ChatAnthropic
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
+
+from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions
+from langchain_compaction._lc.convert import is_summary_message, to_core_list
+from langchain_compaction.core.plan import misplaced, reordered
+from tests.conftest import RecordingSummarizer, tool_pairs_of
+
+ANTHROPIC = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")
+OPTIONS = CompactionOptions(context_window=3_000)
+
+
+class Requests:
+    """Every request a model was sent, and the problems with each."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[BaseMessage]] = []
+        self.invalid: list[str] = []
+
+    def check(self, messages: list[BaseMessage]) -> None:
+        self.sent.append(list(messages))
+        try:
+            ANTHROPIC._get_request_payload(messages)  # raises on non-consecutive system messages
+        except Exception as error:
+            self.invalid.append(str(error)[:120])
+            return
+        systems = [i for i, m in enumerate(messages) if isinstance(m, SystemMessage)]
+        if systems != list(range(len(systems))):
+            self.invalid.append(f"system messages at {systems}")
+        calls = {c["id"] for m in messages if isinstance(m, AIMessage) for c in m.tool_calls}
+        if any(isinstance(m, ToolMessage) and m.tool_call_id not in calls for m in messages):
+            self.invalid.append("a tool result without its call")
+        if len(tool_pairs_of(messages)) != sum(1 for m in messages if isinstance(m, ToolMessage)):
+            self.invalid.append("a tool result separated from its call")
+
+
+def summaries(messages: list[BaseMessage]) -> int:
+    return sum(1 for m in messages if is_summary_message(m))
+
+
+def node_in_subgraph(requests: Requests, nested: str, summarizer: Any) -> Any:
+    model = GenericFakeChatModel(messages=iter([AIMessage(f"answer {i} " * 50) for i in range(500)]))
+
+    def call_model(state: MessagesState) -> dict[str, Any]:
+        request = [SystemMessage("You are helpful."), *state["messages"]]
+        requests.check(request)
+        return {"messages": [model.invoke(request)]}
+
+    sub = StateGraph(MessagesState)
+    sub.add_node("compact", CompactionNode(summarizer, OPTIONS, nested=nested))  # type: ignore[arg-type]
+    sub.add_node("model", call_model)
+    sub.add_edge(START, "compact")
+    sub.add_edge("compact", "model")
+    parent = StateGraph(MessagesState)
+    parent.add_node("agent", sub.compile())
+    parent.add_edge(START, "agent")
+    return parent.compile(checkpointer=InMemorySaver())
+
+
+@pytest.mark.parametrize("nested", ["parent", "own"])
+def test_a_node_in_a_subgraph_keeps_every_request_valid(nested: str) -> None:
+    requests, summarizer = Requests(), RecordingSummarizer()
+    graph = node_in_subgraph(requests, nested, summarizer)
+    config = {"configurable": {"thread_id": nested}}
+    sizes = []
+    for turn in range(40):
+        state = graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, config)
+        sizes.append(len(state["messages"]))
+    assert len(requests.sent) == 40  # one model call per turn, none lost to the re-run
+    assert requests.invalid == []
+    assert summarizer.prompts, "the window should have compacted"
+    # Not re-summarized every turn: as many summary calls as the same graph at the top level makes.
+    assert len(summarizer.prompts) <= flat_summary_calls(40)
+    final = state["messages"]
+    if nested == "parent":
+        assert summaries(final) == 1  # the parent's state shrank and holds one summary
+        assert max(sizes[10:]) <= 18  # bounded as at the top level (there: 7 to 17 messages)
+        assert not misplaced(to_core_list(final))
+    else:
+        assert sizes[-1] > 40  # documented: the parent keeps growing, the requests stay valid
+
+
+def flat_summary_calls(turns: int) -> int:
+    summarizer = RecordingSummarizer()
+    model = GenericFakeChatModel(messages=iter([AIMessage(f"answer {i} " * 50) for i in range(500)]))
+
+    def call_model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke([SystemMessage("You are helpful."), *state["messages"]])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("compact", CompactionNode(summarizer, OPTIONS))
+    builder.add_node("model", call_model)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "model")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    for turn in range(turns):
+        graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, {"configurable": {"thread_id": "flat"}})
+    return len(summarizer.prompts)
+
+
+def agent_in_subgraph(requests: Requests, nested: str) -> Any:
+    @tool
+    def lookup(order: str) -> str:
+        """Look an order up."""
+        return f"order {order}: shipped " * 20
+
+    class Checking(GenericFakeChatModel):
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            requests.check(messages)
+            return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+    script: list[AIMessage] = []
+    for i in range(200):  # a tool call, then the answer, on every turn
+        script.append(AIMessage("Looking.", tool_calls=[{"name": "lookup", "args": {"order": str(i)}, "id": f"c{i}"}]))
+        script.append(AIMessage(f"answer {i} " * 40))
+    middleware = CompactionMiddleware(lambda p: "## Goal\n- answer", OPTIONS, nested=nested)  # type: ignore[arg-type]
+    agent = create_agent(
+        Checking(messages=iter(script)), tools=[lookup], system_prompt="You are helpful.", middleware=[middleware]
+    )
+    parent = StateGraph(MessagesState)
+    parent.add_node("agent", agent)
+    parent.add_edge(START, "agent")
+    return parent.compile(checkpointer=InMemorySaver())
+
+
+@pytest.mark.parametrize("nested", ["parent", "own"])
+def test_create_agent_in_a_subgraph_keeps_every_request_valid(nested: str) -> None:
+    requests = Requests()
+    graph = agent_in_subgraph(requests, nested)
+    config = {"configurable": {"thread_id": nested}}
+    for turn in range(30):
+        state = graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, config)
+    assert len(requests.sent) >= 60
+    assert requests.invalid == []
+    final = state["messages"]
+    assert isinstance(final[-1], AIMessage)
+    assert not final[-1].tool_calls  # every turn ended with its answer
+    if nested == "parent":
+        assert summaries(final) == 1
+        assert len(final) < 30
+
+
+def test_a_parent_whose_history_already_holds_summaries_mid_way_is_repaired() -> None:
+    # A thread written before (or by a subgraph with nested="own"): summaries
+    # landed in the middle of the parent's history.
+    requests = Requests()
+    graph = node_in_subgraph(requests, "parent", RecordingSummarizer())
+    config = {"configurable": {"thread_id": "old"}}
+    messy: list[BaseMessage] = []
+    for i in range(3):
+        messy += [HumanMessage(f"old question {i}", id=f"oq{i}"), AIMessage(f"old answer {i}", id=f"oa{i}")]
+    first = graph.nodes["agent"].bound  # the compiled subgraph
+    assert first is not None
+    summary = SystemMessage(
+        "[Conversation summary — earlier messages were compacted]\nnotice\n\n## Goal\n- old",
+        id="s-old",
+        additional_kwargs={"langchain_compaction": {"kind": "summary", "version": 1, "kept_from": "oq2"}},
+    )
+    messy += [summary, HumanMessage("new question", id="nq")]
+    graph.update_state(config, {"messages": messy}, as_node="agent")
+    state = graph.invoke({"messages": [HumanMessage("and now?", id="now")]}, config)
+    assert requests.invalid == []
+    ids = [m.id for m in state["messages"]]
+    assert ids[0] == "s-old"  # the summary leads; what it covered is gone
+    assert "oq0" not in ids
+    assert "oa1" not in ids
+    assert ids[1:4] == ["oq2", "oa2", "nq"]
+
+
+def test_two_levels_down_the_requests_stay_valid_and_the_fix_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    requests = Requests()
+    inner = node_in_subgraph(requests, "parent", RecordingSummarizer())
+    middle = StateGraph(MessagesState)
+    middle.add_node("inner", inner.builder.compile())  # no checkpointer of its own
+    middle.add_edge(START, "inner")
+    outer = StateGraph(MessagesState)
+    outer.add_node("middle", middle.compile())
+    outer.add_edge(START, "middle")
+    graph = outer.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "deep"}}
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for turn in range(30):
+            graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, config)
+    assert requests.invalid == []
+    warnings = [r.getMessage() for r in caplog.records if "nested more than one level" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "outermost graph" in warnings[0]
+
+
+# -- the rule itself, on the core form ----------------------------------------------------------
+
+
+def test_what_a_misplaced_summary_covers_is_dropped_and_the_rest_kept_in_order() -> None:
+    summary = SystemMessage(
+        "[Conversation summary — earlier messages were compacted]\n\n## Goal\n- x",
+        id="s1",
+        additional_kwargs={"langchain_compaction": {"kind": "summary", "version": 1, "kept_from": "h2"}},
+    )
+    messages = [
+        SystemMessage("prompt", id="p"),
+        HumanMessage("h0", id="h0"),
+        AIMessage("a0", id="a0"),
+        HumanMessage("h2", id="h2"),
+        AIMessage("a2", id="a2"),
+        summary,
+        AIMessage("reply", id="r"),
+    ]
+    core = to_core_list(messages)
+    assert misplaced(core)
+    shape = reordered(core)
+    assert [messages[i].id for i in shape.head] == ["p", "s1"]
+    assert [messages[i].id for i in shape.kept] == ["h2", "a2", "r"]
+    assert shape.bridge is False
+    # Without the mark (a 0.1.0 summary), nothing is dropped: the summary moves up.
+    unmarked = [*messages[:5], summary.model_copy(update={"additional_kwargs": {}}), *messages[6:]]
+    shape = reordered(to_core_list(unmarked))
+    assert [unmarked[i].id for i in shape.head] == ["p", "s1"]
+    assert [unmarked[i].id for i in shape.kept] == ["h0", "a0", "h2", "a2", "r"]
