@@ -35,6 +35,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, RemoveMessage, SystemMessage, trim_messages
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langgraph.graph.message import add_messages
 
 from bench.workloads import coding_session, load_transcripts
 from langchain_compaction import CompactionNode, CompactionOptions
@@ -115,7 +116,8 @@ class Ours(System):
         update = self.node.invoke({"messages": state})
         if not update:
             return None
-        return [m for m in update["messages"] if not isinstance(m, RemoveMessage)]
+        # What LangGraph does with the update: the add_messages reducer.
+        return add_messages(state, update["messages"])  # type: ignore[return-value]
 
     def prompts(self) -> list[str]:
         return self.recorded

@@ -369,6 +369,8 @@ class CompactionNode(Runnable[Any, Any]):
         turn = self._turn(state, manual)
         if turn is None:
             return None, {}
+        if not turn.forced and (yield self._cache.quick_check(turn.messages)) is False:
+            return None, {}  # the provider's reported usage says it fits: nothing else to count
         counts, core = yield twin(self._cache.counts_and_core, self._cache.acounts_and_core, turn.messages)
         fixed = self._compactor.reorder(turn.messages, core, counts)
         if fixed is not None:

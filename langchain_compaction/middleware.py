@@ -90,7 +90,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from langchain_compaction._lc.convert import json_text, to_core
-from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages
+from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages, counting
 from langchain_compaction._lc.pipeline import (
     COMPACTION_EVENT,
     TOO_DEEP,
@@ -102,7 +102,7 @@ from langchain_compaction._lc.pipeline import (
     replacement,
 )
 from langchain_compaction.core.context import needs_compaction
-from langchain_compaction.core.effects import Flow, adrive, blocking, drive, inline, twin
+from langchain_compaction.core.effects import Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.tokens import estimate_tokens
@@ -280,6 +280,8 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         self, messages: Sequence[BaseMessage], overhead: int, trigger: Trigger
     ) -> Flow[list[BaseMessage] | None]:
         """Compact ``messages`` if the trigger (or ``force``) says so; the compacted list, or ``None``."""
+        if trigger == "auto" and (yield self._cache.quick_check(messages)) is False:
+            return None  # the provider's reported usage says it fits: nothing else to count
         counts, core = yield twin(self._cache.counts_and_core, self._cache.acounts_and_core, messages)
         fixed = self._compactor.reorder(messages, core, counts)
         if fixed is not None:  # a summary found mid-history: the request must not carry it there
@@ -354,10 +356,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
 
     def _call_flow(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> Flow[_CallResult]:
         self._learn_window(request.model)
-        # A user's counter (the system prompt is counted with it) may make a
-        # network call: off the event loop, then.
-        measure = blocking if self.options.token_counter is not None else inline
-        overhead = yield measure(self._overhead, request)
+        overhead = yield counting(self.options, self._overhead, request)  # the system prompt and tools
         system = () if request.system_message is None else (request.system_message,)
         self._preamble = Preamble(system, tuple(request.tools), overhead)
         messages: list[BaseMessage] = list(request.messages)

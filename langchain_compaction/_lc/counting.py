@@ -22,16 +22,27 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import repeat
+from typing import Any, TypeVar, cast
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
-from langchain_compaction._lc.convert import fingerprint, to_core, to_core_list
-from langchain_compaction.core.effects import off_loop
+from langchain_compaction._lc.convert import (
+    fingerprint,
+    is_bridge_message,
+    is_langchain_summary,
+    to_core,
+    to_core_list,
+)
+from langchain_compaction.core.context import trusted_usage
+from langchain_compaction.core.effects import Call, blocking, inline, off_loop
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.tokens import estimate_message
 from langchain_compaction.core.types import Message
 from langchain_compaction.errors import InvalidMessagesError
+
+_T = TypeVar("_T")
 
 DEFAULT_CACHE_SIZE = 200_000
 """Messages remembered per cache before the oldest quarter is dropped."""
@@ -127,6 +138,23 @@ class TokenCountCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def quick_check(self, messages: Sequence[BaseMessage]) -> Call[bool | None]:
+        """The effect that asks :func:`due_by_usage` on a cold cache.
+
+        A warm cache counts only what is new, so there the answer is ``None``
+        (count as usual) and nothing is converted twice.
+
+        Args:
+            messages: The conversation.
+
+        Returns:
+            A call answering over/under the threshold, or ``None`` when only a
+            full count can say.
+        """
+        last = self._last[0]
+        warm = bool(last) and len(messages) >= len(last) and messages[len(last) - 1] is last[-1]
+        return counting(self._options, _undecided if warm else due_by_usage, messages, self._options)
 
     def counts(self, messages: Sequence[BaseMessage]) -> list[int]:
         """The token count of each message, from the cache where it is current.
@@ -273,3 +301,51 @@ class StoredCounts:
         core = [*core, *fresh]
         self._known = (options, len(messages), self._marks(messages, core), counts, core) if messages else None
         return list(counts), list(core)
+
+
+def counting(options: CompactionOptions, function: Callable[..., _T], *args: Any) -> Call[_T]:
+    """A step that counts tokens: in place, or off the event loop with a user's counter.
+
+    A user's ``token_counter`` may make a network call (a provider's count
+    endpoint); the library's own estimate never blocks.
+    """
+    return (blocking if options.token_counter is not None else inline)(function, *args)
+
+
+def _undecided(messages: Sequence[BaseMessage], options: CompactionOptions) -> bool | None:
+    return None
+
+
+def due_by_usage(messages: Sequence[BaseMessage], options: CompactionOptions) -> bool | None:
+    """The trigger's answer from the last reply's reported usage alone, when it can give one.
+
+    A cold worker (a fresh node, nothing cached) would otherwise count the
+    whole history to learn what the provider already reported: here only the
+    leading block, the last reply and what follows it are converted, by the
+    same rule (``core.context.trusted_usage``).
+
+    Returns:
+        Whether the context is over the threshold, or ``None`` when only a
+        full count can say (no trusted usage, or a system message past the
+        leading block, which a full pass must put back in place). Reported
+        usage already includes what a request carries besides its messages.
+    """
+    threshold = options.budget.threshold
+    if threshold is None:
+        return None
+    last = next((i for i in range(len(messages) - 1, -1, -1) if isinstance(messages[i], AIMessage)), None)
+    if last is None or not cast("AIMessage", messages[last]).usage_metadata:
+        return None
+    lead = 0
+    while lead < last and isinstance(messages[lead], SystemMessage):
+        lead += 1
+    # A bridge, or a summary another compactor wrote as a user turn.
+    while lead < last and (is_bridge_message(messages[lead]) or is_langchain_summary(messages[lead])):
+        lead += 1
+    if any(map(isinstance, messages[lead:], repeat(SystemMessage))):
+        return None
+    tail = to_core_list(messages[last:])
+    reported = trusted_usage(to_core_list(messages[:lead]), tail[0], tail[1:])
+    if reported is None:
+        return None
+    return reported + sum(count_messages(messages[last + 1 :], tail[1:], options)) > threshold

@@ -18,10 +18,36 @@ kept outside the list).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import leading_block, summary_block
 from langchain_compaction.core.types import Message
+
+_HAS_BLOCK = attrgetter("has_compaction_block")
+
+
+def trusted_usage(lead: Sequence[Message], reply: Message, after: Sequence[Message]) -> int | None:
+    """The tokens ``reply`` reports, if they measure the conversation as it is now.
+
+    Args:
+        lead: The leading block before the reply (where summaries sit).
+        reply: The last assistant message.
+        after: The messages after it.
+
+    Returns:
+        Its reported input + output tokens, or ``None``.
+    """
+    if reply.reported_tokens <= 0:
+        return None
+    summaries = [m for m in lead if m.carries_summary]
+    if summaries:
+        written_after = summaries[-1].written_after
+        # The reply is fresh only if the message the summary was written
+        # after comes before it (the tail after the reply is short).
+        if written_after is None or reply.id == written_after or any(m.id == written_after for m in after):
+            return None
+    return reply.reported_tokens
 
 
 def usage_anchor(messages: Sequence[Message]) -> tuple[int, int] | None:
@@ -34,18 +60,13 @@ def usage_anchor(messages: Sequence[Message]) -> tuple[int, int] | None:
         ``(index, reported tokens)``, or ``None``.
     """
     last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), None)
-    if last is None or messages[last].reported_tokens <= 0:
+    if last is None:
         return None
-    # Summaries sit in the leading system block: look there only, so a turn
-    # stays O(new messages) on a long history.
-    summaries = [m for m in messages[: min(summary_block(messages), last)] if m.carries_summary]
-    if summaries:
-        written_after = summaries[-1].written_after
-        # The reply is fresh only if the message the summary was written
-        # after comes before it (the tail after the reply is short).
-        if written_after is None or any(m.id == written_after for m in messages[last:]):
-            return None
-    return last, messages[last].reported_tokens
+    # Summaries sit in the leading block: look there only, so a turn stays
+    # O(new messages) on a long history.
+    lead = messages[: min(summary_block(messages), last)]
+    reported = trusted_usage(lead, messages[last], messages[last + 1 :])
+    return None if reported is None else (last, reported)
 
 
 def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead: int = 0) -> int:
@@ -67,7 +88,10 @@ def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead:
     # everything before it from what the provider reads: only the system
     # prompt and what follows the last block are billed.
     lead = leading_block(messages)
-    block = next((i for i in range(len(messages) - 1, lead - 1, -1) if messages[i].has_compaction_block), lead)
+    block = lead
+    # C-level scan first: this runs on every turn and blocks are rare.
+    if any(map(_HAS_BLOCK, messages)):
+        block = max(lead, next(i for i in range(len(messages) - 1, -1, -1) if messages[i].has_compaction_block))
     return sum(counts[:lead]) + sum(counts[block:]) + overhead
 
 

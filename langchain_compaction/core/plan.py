@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from langchain_compaction.core.cut import find_cut, forced_cut, valid_boundaries
 from langchain_compaction.core.types import Message
@@ -62,6 +63,9 @@ class Plan:
     def region(self) -> range:
         """The indices between the start and the cut (earlier summaries among them are updated)."""
         return range(self.start, self.cut)
+
+
+_IS_SUMMARY = attrgetter("is_summary")
 
 
 def leading_block(messages: Sequence[Message]) -> int:
@@ -158,7 +162,7 @@ def misplaced(messages: Sequence[Message]) -> bool:
     It happens when a subgraph's compacted output is merged into its parent by
     id: the parent keeps what the summary replaced and appends the summary.
     """
-    return any(m.is_summary for m in messages[summary_block(messages) :])
+    return any(map(_IS_SUMMARY, messages[summary_block(messages) :]))  # C-level: this runs on every turn
 
 
 def reordered(messages: Sequence[Message], ensure_user_turn: bool = True) -> Layout:

@@ -8,7 +8,7 @@ messages a caller keeps are the caller's objects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 Role = Literal["system", "user", "assistant", "tool", "other"]
@@ -91,6 +91,12 @@ class Message:
     reported_tokens: int = 0
     written_after: str | None = None
     kept_from: str | None = None
+    has_compaction_block: bool = field(init=False, default=False)
+    """Whether the message carries a provider-side compaction block (derived from ``parts``)."""
+
+    def __post_init__(self) -> None:
+        # Derived once: the trigger looks for the last block on every turn.
+        object.__setattr__(self, "has_compaction_block", any(p.kind == "compaction" for p in self.parts))
 
     @property
     def text(self) -> str:
@@ -101,11 +107,6 @@ class Message:
     def carries_summary(self) -> bool:
         """Whether the message holds an earlier summary's text (a summary, not its bridge)."""
         return self.is_summary and self.label != "bridge"
-
-    @property
-    def has_compaction_block(self) -> bool:
-        """Whether the message carries a provider-side compaction block."""
-        return any(p.kind == "compaction" for p in self.parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langgraph.graph.message import add_messages
 
 from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions, compact, should_compact
-from langchain_compaction._lc.convert import to_core_list
+from langchain_compaction._lc.convert import summary_message, to_core_list
 from langchain_compaction.core import context
 
 
@@ -91,3 +92,78 @@ def test_a_whole_conversation_counter_is_asked_once():
     assert result is not None
     assert result.original_tokens == 400
     assert WholeCounter.calls >= 1
+
+
+class SeenCounter:
+    """A token counter that records how many messages it was asked to count."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def __call__(self, messages):
+        self.seen += len(messages)
+        return 60 * len(messages)
+
+
+def long_history(billed: int, size: int = 400) -> list:
+    messages: list = [SystemMessage("You are helpful.", id="s")]
+    for i in range(size // 2):
+        detail = " about the export" * 6
+        messages += [HumanMessage(f"question {i}{detail}", id=f"h{i}"), AIMessage(f"answer {i}{detail}", id=f"a{i}")]
+    return [*messages, reply("last answer", billed, "last"), HumanMessage("and now?", id="now")]
+
+
+def test_a_fresh_node_with_trusted_usage_counts_only_what_follows_the_reply():
+    # A cold worker: a new node, nothing cached. The last reply's usage
+    # answers for everything before it.
+    options = CompactionOptions(context_window=30_000, reserve_tokens=1_000, token_counter=(counter := SeenCounter()))
+    assert CompactionNode(lambda p: "## Goal\n- x", options).invoke({"messages": long_history(900)}) == {}
+    assert counter.seen == 1  # the one message after the reply
+    # Without usage, the same node counts the whole history to decide.
+    unreported = [m for m in long_history(900) if m.id != "last"]
+    CompactionNode(lambda p: "## Goal\n- x", options).invoke({"messages": unreported})
+    assert counter.seen == 1 + len(unreported)
+
+
+def test_a_fresh_node_compacts_when_the_reported_usage_is_over():
+    node = CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=30_000, reserve_tokens=1_000))
+    history = long_history(29_500)
+    assert should_compact(history, options=node.options)  # on the reported usage, as the node decides
+    state = add_messages(history, node.invoke({"messages": history})["messages"])
+    assert len(state) < len(history)
+    assert isinstance(state[0], SystemMessage)
+    assert state[0].id == "s"
+
+
+def test_a_fresh_node_does_not_trust_usage_measured_before_a_summary():
+    history = long_history(900)
+    options = CompactionOptions(context_window=30_000, reserve_tokens=1_000, keep_recent_tokens=100)
+    _, compacted = compact(lambda p: "## Goal\n- x", history, options)
+    # The kept reply's usage predates the summary: a fresh node must count.
+    counter = SeenCounter()
+    counted = CompactionOptions(context_window=30_000, reserve_tokens=1_000, token_counter=counter)
+    CompactionNode(lambda p: "## Goal\n- x", counted).invoke({"messages": compacted})
+    assert counter.seen == len(compacted)
+
+
+def test_a_fresh_node_still_moves_a_summary_found_mid_history():
+    # A subgraph's summary merged into the middle of the parent's list: the
+    # usage says the context fits, but the request would be invalid as it is.
+    history = long_history(900)
+    stray = summary_message("## Goal\n- x", kept_from="h75")
+    with_stray = [*history[:200], stray, *history[200:]]
+    node = CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=30_000, reserve_tokens=1_000))
+    state = add_messages(with_stray, node.invoke({"messages": with_stray})["messages"])
+    # Moved to the front, and what it covers is gone; nothing else changed.
+    assert [m.id for m in state[:2]] == ["s", stray.id]
+    assert not any(isinstance(m, SystemMessage) for m in state[2:])
+
+
+def test_fresh_and_warm_nodes_decide_alike():
+    options = CompactionOptions(context_window=6_000, reserve_tokens=1_000)
+    warm = CompactionNode(lambda p: "## Goal\n- x", options)
+    for billed in (100, 2_000, 4_900, 5_100, 20_000):
+        history = long_history(billed, size=120)
+        fresh = bool(CompactionNode(lambda p: "## Goal\n- x", options).invoke({"messages": history}))
+        warm.invoke({"messages": history[:-3]})  # the cache has seen the older part
+        assert fresh == bool(warm.invoke({"messages": history})) == should_compact(history, options=options)
