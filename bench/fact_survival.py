@@ -11,9 +11,11 @@ and after the fifth.
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -22,6 +24,8 @@ from langchain_core.messages import AIMessage, BaseMessage
 
 from bench.workloads import Facts, coding_session, load_transcripts, planted_transcript
 from langchain_compaction import CompactionOptions, compact, should_compact
+from langchain_compaction._lc.convert import is_summary_message, to_core_list
+from langchain_compaction.core.facts import gather
 from langchain_compaction.summarizers.extractive import ExtractiveSummarizer
 
 
@@ -41,31 +45,34 @@ def _score(summary: str, facts: list[tuple[str, str, int]]) -> dict[str, tuple[i
     return {k: (v[0], v[1]) for k, v in found.items()}
 
 
-def replay(messages: list[BaseMessage], facts: Facts, options: CompactionOptions, summarizer=None) -> Survival:
+def _summary_text(state: list[BaseMessage]) -> str:
+    """What the agent reads of the summary: the summary message as written (checked facts included)."""
+    return next((str(m.content) for m in state if is_summary_message(m)), "")
+
+
+def replay(messages: list[BaseMessage], facts: Facts, options: CompactionOptions, summarizer: object) -> Survival:
     """Replay ``messages`` with auto-compaction; score after the 1st and 5th compaction."""
-    summarizer = summarizer or ExtractiveSummarizer()
     state: list[BaseMessage] = []
     positions: list[int] = []  # original index of each state message (-1 for summaries)
     compacted: list[tuple[str, str, int]] = []
     first: dict[str, tuple[int, int]] = {}
     fifth: dict[str, tuple[int, int]] = {}
     count = 0
+    critical = [f for f in facts.items if f[0] != "marker"]  # markers measure coverage, not survival
     for index, message in enumerate(messages):
-        if isinstance(message, AIMessage) and should_compact(state, options.context_window, options.reserve_tokens):
+        if isinstance(message, AIMessage) and should_compact(state, options=options):
             result, new_state = compact(summarizer, state, options)
             if result is not None:
                 count += 1
                 removed = {p for p in positions[: result.cut_index] if p >= 0}
-                compacted += [f for f in facts.items if f[2] in removed]
-                kept = {id(m) for m in new_state}
-                positions = [-1 if id(m) not in kept else p for m, p in zip(state, positions)]
+                compacted += [f for f in critical if f[2] in removed]
                 lookup = dict(zip((id(m) for m in state), positions))
                 state = new_state
                 positions = [lookup.get(id(m), -1) for m in state]
                 if count == 1:
-                    first = _score(result.summary, compacted)
+                    first = _score(_summary_text(state), compacted)
                 if count == 5:
-                    fifth = _score(result.summary, compacted)
+                    fifth = _score(_summary_text(state), compacted)
         state.append(message)
         positions.append(index)
     return Survival(first, fifth, count)
@@ -74,14 +81,35 @@ def replay(messages: list[BaseMessage], facts: Facts, options: CompactionOptions
 def _fmt(score: dict[str, tuple[int, int]]) -> str:
     if not score:
         return "-"
-    return ", ".join(f"{k} {a}/{b} ({a / b:.0%})" for k, (a, b) in sorted(score.items()))
+    return ", ".join(f"{k} {a / b:.0%}" for k, (a, b) in sorted(score.items()))
 
 
-def main() -> None:
-    options = CompactionOptions(context_window=24_000, reserve_tokens=4_000, keep_recent_tokens=6_000)
-    workloads: list[tuple[str, list[BaseMessage], Facts]] = []
+def _overall(score: dict[str, tuple[int, int]]) -> str:
+    found = sum(a for a, _ in score.values())
+    total = sum(b for _, b in score.values())
+    return f"{found / total:.0%}" if total else "-"
+
+
+def _empty_checkpoint(prompt: str) -> str:
+    """A deliberately poor model: a plausible checkpoint that states nothing."""
+    return "## Goal\n- Continue the task.\n\n## Progress\n- Work is ongoing.\n\n## Next Steps\n- Keep going."
+
+
+def extraction_cost(messages: list[BaseMessage], repeats: int = 5) -> float:
+    """Microseconds of fact extraction per compacted message (CPU time, best of ``repeats``)."""
+    core = to_core_list(messages)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.process_time()
+        gather(core, (), range(len(core)), ())
+        best = min(best, time.process_time() - started)
+    return best / len(core) * 1e6
+
+
+def workloads() -> list[tuple[str, list[BaseMessage], Facts]]:
+    out: list[tuple[str, list[BaseMessage], Facts]] = []
     session, facts = coding_session(400)
-    workloads.append(("synthetic 400-turn session", session, facts))
+    out.append(("synthetic 400-turn session", session, facts))
     everything: list[BaseMessage] = []
     all_facts = Facts()
     for seed, transcript in enumerate(load_transcripts().values()):
@@ -90,13 +118,37 @@ def main() -> None:
         everything += planted
         for kind, text, index in planted_facts.items:
             all_facts.add(kind, text, index + offset)
-    workloads.append(("six transcripts, concatenated", everything, all_facts))
+    out.append(("six real transcripts, concatenated", everything, all_facts))
+    return out
+
+
+def main() -> None:
+    options = CompactionOptions(context_window=24_000, reserve_tokens=4_000, keep_recent_tokens=6_000)
+    summarizers = {"offline (extractive)": ExtractiveSummarizer(), "poor model (empty checkpoint)": _empty_checkpoint}
     print(f"window {options.context_window}, reserve {options.reserve_tokens}, keep {options.keep_recent_tokens}")
-    for name, messages, planted in workloads:
-        s = replay(messages, planted, options)
-        print(f"{name}: {s.compactions} compactions")
-        print(f"  after 1: {_fmt(s.after_one)}")
-        print(f"  after 5: {_fmt(s.after_five)}")
+    print("| workload | summarizer | checked facts | compactions | after 1 | after 5 | after 5, by kind |")
+    print("|---|---|---|---|---|---|---|")
+    figures: dict[str, object] = {}
+    for name, messages, planted in workloads():
+        for label, summarizer in summarizers.items():
+            for check in (False, True):
+                s = replay(messages, planted, replace(options, check_facts=check), summarizer)
+                on = "on" if check else "off"
+                print(
+                    f"| {name} | {label} | {on} | {s.compactions} | {_overall(s.after_one)} | "
+                    f"{_overall(s.after_five)} | {_fmt(s.after_five)} |",
+                    flush=True,
+                )
+                figures[f"{name} / {label} / {on}"] = {
+                    "compactions": s.compactions,
+                    "after_one": s.after_one,
+                    "after_five": s.after_five,
+                }
+        cost = extraction_cost(messages)
+        figures[f"{name} / extraction_us_per_message"] = round(cost, 1)
+        print(f"fact extraction on {name}: {cost:.1f} us per compacted message ({len(messages)} messages)")
+    out = Path(__file__).with_name("fact_survival.json")
+    out.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,11 @@ class RecordingChatModel(GenericFakeChatModel):
         return ChatResult(generations=[ChatGeneration(message=AIMessage(SUMMARY))])
 
 
+def _ratio(ours: float, theirs: float) -> str:
+    """``"3.0x less"`` or ``"1.5x more"``: ours against the peer's, phrased the right way round."""
+    return f"{theirs / ours:.1f}x less" if ours <= theirs else f"{ours / theirs:.1f}x more"
+
+
 def _text(messages: list[BaseMessage]) -> str:
     parts = []
     for m in messages:
@@ -377,14 +382,14 @@ def report(results: dict[str, Any]) -> None:
     for turns, runs in results["sessions"].items():
         o, lc = runs["ours"], runs["langchain"]
         print(
-            f"| session bookkeeping, {turns} turns (CPU s) | {o['seconds']:.2f} | {lc['seconds']:.2f} | {lc['seconds'] / o['seconds']:.1f}x less |"
+            f"| session bookkeeping, {turns} turns (CPU s) | {o['seconds']:.2f} | {lc['seconds']:.2f} | {_ratio(o['seconds'], lc['seconds'])} |"
         )
     for size, t in results["steps"].items():
         print(
-            f"| compaction step, {size} messages (ms) | {1000 * t['ours_compaction']:.1f} | {1000 * t['langchain_compaction']:.1f} | {t['langchain_compaction'] / t['ours_compaction']:.1f}x less |"
+            f"| compaction step, {size} messages (ms) | {1000 * t['ours_compaction']:.1f} | {1000 * t['langchain_compaction']:.1f} | {_ratio(t['ours_compaction'], t['langchain_compaction'])} |"
         )
         print(
-            f"| per-turn check, {size} messages (ms) | {1000 * t['ours_check']:.2f} | {1000 * t['langchain_check']:.2f} | {t['langchain_check'] / t['ours_check']:.1f}x less |"
+            f"| per-turn check, {size} messages (ms) | {1000 * t['ours_check']:.2f} | {1000 * t['langchain_check']:.2f} | {_ratio(t['ours_check'], t['langchain_check'])} |"
         )
         print(
             f"| peak memory of a compaction, {size} messages (MiB) | {t['ours_peak_mib']:.1f} | {t['langchain_peak_mib']:.1f} | |"

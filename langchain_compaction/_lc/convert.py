@@ -15,7 +15,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 from langchain_core.messages import (
     AIMessage,
@@ -28,7 +28,7 @@ from langchain_core.messages import (
 )
 
 from langchain_compaction.core.prompts import LANGCHAIN_SUMMARY_PREFIX, SUMMARY_HEADER
-from langchain_compaction.core.types import Message, Part, Role, ToolCall
+from langchain_compaction.core.types import Fact, FactKind, Message, Part, Role, ToolCall
 from langchain_compaction.errors import InvalidMessagesError
 
 SUMMARY_MARK = "langchain_compaction"
@@ -39,6 +39,11 @@ ANCHOR_KEY = "last_message_id"
 
 KEPT_FROM_KEY = "kept_from"
 """Key in a summary's mark: the id of the first message kept after it (what it covers ends there)."""
+
+FACTS_KEY = "facts"
+"""Key in a summary's mark: the facts it was checked against, as ``[kind, text, key, detail]`` lists."""
+
+_FACT_KINDS = frozenset(get_args(FactKind))
 
 _IMAGE_BLOCKS = frozenset({"image", "image_url", "input_image", "file", "audio", "video", "document", "input_audio"})
 _REASONING_BLOCKS = frozenset({"thinking", "reasoning", "redacted_thinking"})
@@ -222,6 +227,20 @@ def _mark_id(mark: object, key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _mark_facts(mark: object) -> tuple[Fact, ...]:
+    """The facts recorded in a summary's mark; entries this version cannot read are skipped."""
+    raw = mark.get(FACTS_KEY) if isinstance(mark, dict) else None
+    if not isinstance(raw, list):
+        return ()
+    facts = []
+    for entry in raw:
+        if isinstance(entry, list) and len(entry) == 4 and all(isinstance(v, str) for v in entry):
+            kind, text, key, detail = entry
+            if kind in _FACT_KINDS:
+                facts.append(Fact(kind, text, key, detail))
+    return tuple(facts)
+
+
 def _system(message: SystemMessage) -> Message:
     if not is_summary_message(message):
         return Message("system", _parts(message.content), id=message.id)
@@ -233,6 +252,7 @@ def _system(message: SystemMessage) -> Message:
         id=message.id,
         written_after=_mark_id(mark, ANCHOR_KEY),
         kept_from=_mark_id(mark, KEPT_FROM_KEY),
+        facts=_mark_facts(mark),
     )
 
 
@@ -316,7 +336,13 @@ def as_dict(message: BaseMessage) -> dict[str, Any]:
     }
 
 
-def summary_message(summary: str, *, last_message_id: str | None = None, kept_from: str | None = None) -> SystemMessage:
+def summary_message(
+    summary: str,
+    *,
+    last_message_id: str | None = None,
+    kept_from: str | None = None,
+    facts: Sequence[Fact] = (),
+) -> SystemMessage:
     """The system message that carries a summary, marked for later updates.
 
     Args:
@@ -326,6 +352,8 @@ def summary_message(summary: str, *, last_message_id: str | None = None, kept_fr
         kept_from: The id of the first message kept after the summary: if the
             summary lands mid-history (a subgraph's output merged into its
             parent), what precedes that message is what it covers.
+        facts: The facts the summary was checked against, carried on to the
+            next compaction.
 
     Returns:
         A marked ``SystemMessage`` with a fresh id.
@@ -335,6 +363,8 @@ def summary_message(summary: str, *, last_message_id: str | None = None, kept_fr
         mark[ANCHOR_KEY] = last_message_id
     if kept_from is not None:
         mark[KEPT_FROM_KEY] = kept_from
+    if facts:
+        mark[FACTS_KEY] = [[f.kind, f.text, f.key, f.detail] for f in facts]
     return SystemMessage(
         content=summary,
         id=f"compaction-summary-{uuid.uuid4().hex}",

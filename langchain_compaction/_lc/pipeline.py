@@ -43,6 +43,7 @@ from langchain_compaction.core.clearing import ClearingPlan, plan_clearing
 from langchain_compaction.core.context import needs_compaction
 from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.engine import DriverReport, Summarizer, summarize
+from langchain_compaction.core.facts import check_compaction
 from langchain_compaction.core.flow import SummaryFlow, compaction_flow
 from langchain_compaction.core.layout import clearing_result, compaction_result, compose_summary, layout
 from langchain_compaction.core.options import CompactionOptions
@@ -252,13 +253,21 @@ class Compactor:
         original = job.messages
         shape = layout(job.core, job.plan, self.options)
         kept_from = original[shape.kept[0]].id if shape.kept else None
-        summary = compose_summary(report.outcome.summary)
-        written: list[BaseMessage] = [summary_message(summary, last_message_id=original[-1].id, kept_from=kept_from)]
+        # Checked summaries: what the summarizer dropped of the facts in force,
+        # the library adds under it; the facts are recorded to carry them on.
+        checked = check_compaction(job.core, job.plan, shape.kept, report.outcome.summary, self.options)
+        summary = compose_summary(report.outcome.summary, [checked.section] if checked is not None else ())
+        facts = checked.facts if checked is not None else ()
+        written: list[BaseMessage] = [
+            summary_message(summary, last_message_id=original[-1].id, kept_from=kept_from, facts=facts)
+        ]
         if shape.bridge:
             written.append(bridge_message())
         output = [*(original[i] for i in shape.head), *written, *(original[i] for i in shape.kept)]
         written_tokens = sum(count_messages(written, [to_core(m) for m in written], self.options))
-        result = compaction_result(job.plan, shape, job.counts, written_tokens, report=report, options=self.options)
+        result = compaction_result(
+            job.plan, shape, job.counts, written_tokens, report=report, options=self.options, facts=checked
+        )
         _log(result, self.options)
         return result, output
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from langchain_compaction.core import prompts
+from langchain_compaction.core.facts import SECTION_HEADING, SECTION_NOTE
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Layout, Plan
 from langchain_compaction.core.result import CompactionResult
@@ -29,6 +30,7 @@ from langchain_compaction.core.types import Message
 if TYPE_CHECKING:
     from langchain_compaction.core.clearing import ClearingPlan
     from langchain_compaction.core.engine import DriverReport
+    from langchain_compaction.core.facts import FactCheck
 
 
 def compose_summary(summary: str, sections: Sequence[str] = ()) -> str:
@@ -50,19 +52,25 @@ def compose_summary(summary: str, sections: Sequence[str] = ()) -> str:
 
 
 def summary_body(content: str) -> str:
-    """The summarizer's text of a summary message, without the header and notice.
+    """The summarizer's text of a summary message, without the header, the notice and the checked facts.
+
+    The library's "Checked facts" section is left out: the facts are recorded
+    in the summary's mark and checked again at the next compaction, so a
+    summarizer updating the summary never copies the library's section into
+    its own text.
 
     Args:
         content: A summary message's text.
 
     Returns:
-        What ``compose_summary`` was given as ``summary`` (and sections, if any).
+        What ``compose_summary`` was given as ``summary``.
     """
     body = content.strip()
     for line in (prompts.SUMMARY_HEADER, prompts.SUMMARY_NOTICE, prompts.LANGCHAIN_SUMMARY_PREFIX):
         if body.startswith(line):
             body = body[len(line) :].lstrip()
-    return body
+    section = body.find(f"{SECTION_HEADING}\n{SECTION_NOTE}")
+    return body[:section].rstrip() if section >= 0 else body
 
 
 def layout(messages: Sequence[Message], plan: Plan, options: CompactionOptions) -> Layout:
@@ -91,6 +99,7 @@ def compaction_result(
     *,
     report: DriverReport,
     options: CompactionOptions,
+    facts: FactCheck | None = None,
 ) -> CompactionResult:
     """The figures of one summary compaction.
 
@@ -101,6 +110,7 @@ def compaction_result(
         written_tokens: Tokens of what the library wrote (summary and bridge).
         report: What the summary flow and its driver reported.
         options: The options in force.
+        facts: The check of the summary against the facts, if made.
 
     Returns:
         The result.
@@ -128,6 +138,11 @@ def compaction_result(
         summarizer_output_tokens=usage.output_tokens,
         summarizer_cache_read_tokens=usage.cache_read_input_tokens,
         summarizer_cache_write_tokens=usage.cache_creation_input_tokens,
+        facts_found=facts.found if facts is not None else 0,
+        facts_in_summary=facts.in_summary if facts is not None else 0,
+        facts_added=facts.added if facts is not None else 0,
+        facts_dropped=facts.dropped if facts is not None else 0,
+        facts_section=facts.section if facts is not None else "",
     )
 
 

@@ -12,6 +12,9 @@ Every budget is derived from the options in one place, ``CompactionOptions.budge
   the landing when that is smaller;
 - summary: two thirds of what the landing leaves after the keep, between 256
   and 8,192 tokens (the rest is room for the system prompt);
+- checked facts: the section the library adds under the summary takes at
+  most a quarter of the summary's budget, between 128 and 2,048 tokens, plus
+  whatever the summarizer's text left unused of its own budget;
 - clearing old tool outputs aims at the landing.
 
 A value the user sets is kept as set (``None`` means derived); a set
@@ -42,6 +45,12 @@ DEFAULT_SUMMARY_MAX_TOKENS = 8192
 MIN_SUMMARY_TOKENS = 256
 """The smallest summary budget derived: a checkpoint needs a few lines per section."""
 
+MIN_FACTS_TOKENS = 128
+"""The smallest budget of the checked-facts section: a few constraints and paths."""
+
+MAX_FACTS_TOKENS = 2048
+"""The largest budget of the checked-facts section."""
+
 TokenCounterFn = Callable[[Sequence[Any]], int]
 """Counts the tokens of a list of messages, e.g. ``count_tokens_approximately``.
 
@@ -65,6 +74,9 @@ class Budget:
         landing: Where a compaction aims to bring the context (half the
             threshold; ``None`` without a window).
         summary_max: The most tokens a summary may take.
+        facts_max: The tokens the checked-facts section may always take (0
+            when checking is off); it may also take what the summary left
+            unused of ``summary_max``.
         summary_input: The largest summarizer request.
         clearing_target: Where clearing old tool outputs aims to bring the
             context (``None`` without a window).
@@ -78,6 +90,7 @@ class Budget:
     summary_max: int
     summary_input: int
     clearing_target: int | None
+    facts_max: int = 0
 
 
 def _check_int(name: str, value: object, *, minimum: int, advice: str) -> None:
@@ -163,6 +176,13 @@ class CompactionOptions:
             turn (an agent compacted mid-loop keeps an assistant tool call
             first), put a one-line user message after the summary: Anthropic's
             API rejects a conversation whose first turn is not the user's.
+        check_facts: Find the facts a continuing agent needs in the compacted
+            messages (the user's constraints and identifiers, files read and
+            modified, unresolved errors, tool calls made, the last request;
+            see ``core.facts``), check the summary against them, and add what
+            it does not state in a "Checked facts" section under it, within
+            a quarter of the summary's budget. On by default, for every
+            summarizer.
 
     Example:
         >>> budget = CompactionOptions(context_window=200_000).budget
@@ -191,6 +211,7 @@ class CompactionOptions:
     clear_min_tokens: int = 100
     summary_mode: SummaryMode = "transcript"
     ensure_user_turn: bool = True
+    check_facts: bool = True
 
     def __post_init__(self) -> None:
         self._check_budgets()
@@ -204,6 +225,9 @@ class CompactionOptions:
         )
         _check_callable("redact", self.redact, "pass a function from text to text, e.g. redact_secrets")
         self._check_clearing()
+        for name in ("require_sections", "clear_tool_outputs", "ensure_user_turn", "check_facts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(name, getattr(self, name), "pass True or False")
         if self.summary_mode not in ("transcript", "cache_aligned"):
             raise ConfigurationError("summary_mode", self.summary_mode, "pass 'transcript' or 'cache_aligned'")
         if self.timeout is not None and (
@@ -285,4 +309,5 @@ def derive_budget(options: CompactionOptions) -> Budget:
     summary_input = options.summary_input_tokens
     if summary_input is None:
         summary_input = max(threshold, 1000) if threshold is not None else DEFAULT_SUMMARY_INPUT_TOKENS
-    return Budget(window, reserve, keep, threshold, landing, summary_max, summary_input, landing)
+    facts_max = min(max(summary_max // 4, MIN_FACTS_TOKENS), MAX_FACTS_TOKENS) if options.check_facts else 0
+    return Budget(window, reserve, keep, threshold, landing, summary_max, summary_input, landing, facts_max)

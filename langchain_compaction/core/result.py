@@ -10,7 +10,7 @@ class CompactionRecord(TypedDict):
     """The JSON form of a ``CompactionResult`` (what goes into graph state)."""
 
     summary: str
-    """The summary text (without the header)."""
+    """The summarizer's text (without the header; the library's section is ``facts_section``)."""
     original_tokens: int
     """Tokens before compaction."""
     compacted_tokens: int
@@ -49,6 +49,16 @@ class CompactionRecord(TypedDict):
     """Input tokens written to the provider's prompt cache (0 if not reported)."""
     tool_outputs_cleared: int
     """Old tool results whose content was cleared instead of summarizing (0 when summarized)."""
+    facts_found: int
+    """Checked facts in force: found in the compacted messages, or carried by an earlier summary."""
+    facts_in_summary: int
+    """Of those, how many the summarizer's text states."""
+    facts_added: int
+    """Of those, how many the library added in its "Checked facts" section."""
+    facts_dropped: int
+    """Of those, how many were left out for the section's budget (``Budget.facts_max``)."""
+    facts_section: str
+    """The "Checked facts" section the library wrote under the summary ("" if none was needed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +94,11 @@ class CompactionResult:
     summarizer_cache_read_tokens: int = 0
     summarizer_cache_write_tokens: int = 0
     tool_outputs_cleared: int = 0
+    facts_found: int = 0
+    facts_in_summary: int = 0
+    facts_added: int = 0
+    facts_dropped: int = 0
+    facts_section: str = ""
 
     def to_dict(self) -> CompactionRecord:
         """The result as plain JSON-serializable data."""

@@ -54,6 +54,29 @@ class ToolCall:
     arguments: str
 
 
+FactKind = Literal["constraint", "request", "identifier", "modified_file", "error", "done_call", "read_file"]
+"""The kinds of facts a checked summary keeps (see ``core.facts``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """One thing a continuing agent needs, found in the messages without a model.
+
+    Attributes:
+        kind: What it is.
+        text: What the context must state (compared after folding case and whitespace).
+        key: What a later fact of the same kind replaces it by (a path, a
+            command); ``""`` means the text itself.
+        detail: Shown beside the text, not checked (the command an error
+            came from, the tool a call was made with).
+    """
+
+    kind: FactKind
+    text: str
+    key: str = ""
+    detail: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """A framework-neutral message.
@@ -77,6 +100,8 @@ class Message:
             (what it covers ends there), when it was recorded.
         written_after: For a summary, the id of the conversation's last
             message when it was written (``None`` if unknown).
+        facts: For a summary, the facts it was checked against (carried on
+            to the next compaction).
     """
 
     role: Role
@@ -91,6 +116,7 @@ class Message:
     reported_tokens: int = 0
     written_after: str | None = None
     kept_from: str | None = None
+    facts: tuple[Fact, ...] = ()
     has_compaction_block: bool = field(init=False, default=False)
     """Whether the message carries a provider-side compaction block (derived from ``parts``)."""
 

@@ -38,6 +38,7 @@ from langchain_compaction._lc.convert import (
     summary_message,
 )
 from langchain_compaction.core import prompts
+from langchain_compaction.core.layout import compose_summary
 from langchain_compaction.errors import (
     ConfigurationError,
     EmptySummaryError,
@@ -313,7 +314,8 @@ async def test_output_shape_and_kept_objects(mode: str) -> None:
     assert summary.additional_kwargs[SUMMARY_MARK]
     assert isinstance(summary.content, str)
     assert summary.content.startswith("[Conversation summary — earlier messages were compacted]\n")
-    assert summary.content.rstrip().endswith(REPLY)
+    # The one layout: header and notice, the summarizer's text, the library's checked facts.
+    assert summary.content == compose_summary(REPLY, [result.facts_section])
     assert summary.id
     # Every message but the ones written here (summary, bridge) is the caller's object.
     parts = assert_compacted(out, messages, result.cut_index)

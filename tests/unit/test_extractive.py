@@ -173,7 +173,7 @@ def test_planted_facts_survive_one_compaction_of_each_real_transcript(name):
 def test_five_successive_compactions_keep_the_newest_facts():
     session, facts = coding_session(200)
     options = CompactionOptions(context_window=24_000, reserve_tokens=4_000, keep_recent_tokens=6_000)
-    survival = replay(session, facts, options)
+    survival = replay(session, facts, options, ExtractiveSummarizer())
     assert survival.compactions >= 5
     found, total = survival.after_five["error"]
     assert total > 0

@@ -67,6 +67,7 @@ from langchain_compaction import (
 )
 from langchain_compaction._lc.convert import is_bridge_message, is_summary_message
 from langchain_compaction.cli import main
+from langchain_compaction.core.layout import summary_body
 from langchain_compaction.formats import ConversationFileError, parse_conversation
 from langchain_compaction.graph import CompactionState
 from langchain_compaction.middleware import CompactionMiddleware
@@ -541,8 +542,7 @@ def test_history_wrapper(messages: list[BaseMessage], which: int, asynchronous: 
     if first.requests:
         assert result.updated_previous_summary
         first_summary = next(m for m in stored if is_summary_message(m))
-        body = str(first_summary.content).split("\n\n", 1)[1]
-        check_update(body, second)
+        check_update(summary_body(str(first_summary.content)), second)
 
 
 # -- the conversation-file reader and the CLI ----------------------------------------------------

@@ -1,0 +1,368 @@
+"""Checked summaries: the facts a continuing agent needs survive whatever the summarizer writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from langchain_core.chat_history import InMemoryChatMessageHistory
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langgraph.graph.message import add_messages
+
+from langchain_compaction import (
+    CompactingChatMessageHistory,
+    CompactionMiddleware,
+    CompactionNode,
+    CompactionOptions,
+    compact,
+)
+from langchain_compaction._lc.convert import SUMMARY_MARK, is_summary_message, summary_message, to_core_list
+from langchain_compaction.core.facts import (
+    SECTION_HEADING,
+    check_summary,
+    constraints,
+    error_line,
+    gather,
+    identifiers,
+    normalize,
+)
+from langchain_compaction.core.layout import compose_summary, summary_body
+from langchain_compaction.core.redact import redact_secrets
+from langchain_compaction.core.tokens import estimate_tokens
+from langchain_compaction.core.types import Fact
+from tests.conftest import load_transcript
+
+# A plausible checkpoint that states nothing: what a poor model writes.
+EMPTY_CHECKPOINT = "## Goal\n- Continue the task.\n\n## Progress\n- Work is ongoing.\n\n## Next Steps\n- Keep going."
+
+
+def poor(prompt: str) -> str:
+    return EMPTY_CHECKPOINT
+
+
+def context_text(messages: list[BaseMessage]) -> str:
+    """Everything the agent's next request carries, as one normalized text."""
+    pieces = []
+    for m in messages:
+        pieces.append(m.content if isinstance(m.content, str) else json.dumps(m.content, ensure_ascii=False))
+        pieces += [json.dumps(c["args"], ensure_ascii=False) for c in getattr(m, "tool_calls", None) or []]
+    return normalize("\n".join(pieces))
+
+
+# What a reader of tests/data/transcripts/own-invoice-export.json needs to carry
+# on after message 24, labelled by hand (not by the extractor).
+OWN_FACTS = {
+    "constraint": [
+        "Never edit tests/fixtures/invoices.json, and don't bump any dependency.",
+        "Yes, update the test, but only that assertion's encoding.",
+        "And please answer in Russian from now on: это для отчёта.",
+    ],
+    "identifier": ["ACC-88231", "tests/fixtures/invoices.json"],
+    "modified_file": ["app/export/csv_writer.py", "tests/test_export.py"],
+}
+
+
+def own_compacted(check: bool) -> tuple[object, list[BaseMessage]]:
+    messages = load_transcript("own-invoice-export")[:25]
+    options = CompactionOptions(keep_recent_tokens=60, check_facts=check)
+    return compact(poor, messages, options)
+
+
+def test_a_poor_summary_keeps_every_fact_the_user_needs() -> None:
+    result, out = own_compacted(check=True)
+    assert result is not None
+    assert result.cut_index >= 20  # the hand-labelled facts are all in the compacted part
+    context = context_text(out)
+    missing = [fact for facts in OWN_FACTS.values() for fact in facts if normalize(fact) not in context]
+    assert missing == []
+    # The library wrote them under the summary, in the one layout.
+    summary = next(m for m in out if is_summary_message(m))
+    assert summary.content == compose_summary(EMPTY_CHECKPOINT, [result.facts_section])
+    assert result.facts_section.startswith(SECTION_HEADING)
+    assert result.summary == EMPTY_CHECKPOINT  # the summarizer's own text, unchanged
+
+
+def test_without_the_check_the_poor_summary_loses_them() -> None:
+    result, out = own_compacted(check=False)
+    assert result is not None
+    assert result.facts_found == result.facts_added == 0
+    assert result.facts_section == ""
+    context = context_text(out)
+    assert all(normalize(c) not in context for c in OWN_FACTS["constraint"])
+
+
+def test_the_result_accounts_for_every_fact() -> None:
+    result, _ = own_compacted(check=True)
+    assert result is not None
+    assert result.facts_found > 0
+    assert result.facts_found == result.facts_in_summary + result.facts_added + result.facts_dropped
+    assert result.to_dict()["facts_section"] == result.facts_section
+
+
+def test_a_summary_that_states_every_fact_gets_no_section() -> None:
+    messages = [
+        HumanMessage("Never touch prod.db. Booking JG7FMM.", id="h1"),
+        AIMessage("ok", id="a1"),
+        HumanMessage("next", id="h2"),
+        AIMessage("done", id="a2"),
+    ]
+    reply = "## Goal\n- Never touch   PROD.db. (booking jg7fmm)\n- The user's last words: next"
+    result, out = compact(lambda p: reply, messages, CompactionOptions(keep_recent_tokens=1))
+    assert result is not None
+    assert result.facts_found >= 2
+    assert result.facts_added == 0
+    assert result.facts_in_summary == result.facts_found
+    assert out[0].content == compose_summary(reply)
+
+
+def test_facts_are_carried_on_and_resolved_across_compactions() -> None:
+    first = [
+        HumanMessage("Fix the exporter. Never edit tests/fixtures.json.", id="h1"),
+        AIMessage("", tool_calls=[{"name": "bash", "args": {"command": "pytest -q"}, "id": "c1"}], id="a1"),
+        ToolMessage("E   ValueError: bad offset 14\n1 failed", tool_call_id="c1", id="t1"),
+        AIMessage("", tool_calls=[{"name": "read_file", "args": {"path": "app/export.py"}, "id": "c2"}], id="a2"),
+        ToolMessage("def export(): ...", tool_call_id="c2", id="t2"),
+        AIMessage("Looking.", id="a3"),
+        HumanMessage("go on", id="h2"),
+        AIMessage("on it", id="a4"),
+    ]
+    options = CompactionOptions(keep_recent_tokens=5)
+    once, state = compact(poor, first, options)
+    assert once is not None
+    assert "ValueError: bad offset 14" in once.facts_section
+    assert "app/export.py" in once.facts_section
+    later = [
+        AIMessage("", tool_calls=[{"name": "edit_file", "args": {"path": "app/export.py"}, "id": "c3"}], id="a5"),
+        ToolMessage("Edited app/export.py", tool_call_id="c3", id="t3"),
+        AIMessage("", tool_calls=[{"name": "bash", "args": {"command": "pytest -q"}, "id": "c4"}], id="a6"),
+        ToolMessage("3 passed in 0.2s", tool_call_id="c4", id="t4"),
+        AIMessage("All green.", id="a7"),
+        HumanMessage("thanks", id="h3"),
+        AIMessage("welcome", id="a8"),
+    ]
+    twice, state = compact(poor, [*state, *later], options)
+    assert twice is not None
+    section = twice.facts_section
+    # The constraint from before the first compaction is carried on ...
+    assert "Never edit tests/fixtures.json." in section
+    # ... the error is resolved by the later clean run of the same command ...
+    assert "bad offset" not in section
+    # ... and the file read, then edited, is one fact: a modified file.
+    assert section.count("app/export.py") == 1
+    assert section.index("Files modified:") < section.index("app/export.py")
+
+
+def test_the_section_stays_within_its_budget_in_priority_order() -> None:
+    facts = [Fact("read_file", f"src/module_{i}.py", key=f"src/module_{i}.py") for i in range(300)]
+    facts += [Fact("constraint", f"Never rename handler number {i}.") for i in range(5)]
+    check = check_summary("## Goal\n- continue", facts, 300)
+    assert estimate_tokens(check.section) <= 300
+    assert check.dropped > 250
+    assert all(f"Never rename handler number {i}." in check.section for i in range(5))
+    # The newest of a kind win the room that is left.
+    assert "src/module_299.py" in check.section
+    assert "src/module_0.py" not in check.section
+
+
+def test_the_budget_comes_from_the_one_budget_rule() -> None:
+    assert CompactionOptions(context_window=200_000).budget.facts_max == 2048
+    assert CompactionOptions(context_window=24_000).budget.facts_max == 700
+    assert CompactionOptions(context_window=4_000).budget.facts_max == 128
+    assert CompactionOptions(check_facts=False).budget.facts_max == 0
+
+
+def test_the_switch_is_checked() -> None:
+    with pytest.raises(ValueError, match="check_facts"):
+        CompactionOptions(check_facts="yes")  # type: ignore[arg-type]
+
+
+def test_the_section_goes_through_redact() -> None:
+    secret = "hunter" + "2hunter2"
+    messages = [
+        HumanMessage(f"Deploy with password={secret} to host db-7.internal. Never restart db-7.", id="h1"),
+        AIMessage("ok", id="a1"),
+        HumanMessage("next", id="h2"),
+        AIMessage("done", id="a2"),
+    ]
+    options = CompactionOptions(keep_recent_tokens=1, redact=redact_secrets)
+    result, out = compact(poor, messages, options)
+    assert result is not None
+    assert "Never restart db-7." in result.facts_section
+    assert secret not in out[0].content
+    assert secret not in json.dumps(out[0].additional_kwargs)  # nor in the recorded facts
+
+
+# -- the rules, each decided on real traffic -------------------------------------------------
+
+
+def test_constraints_are_the_users_rules_preferences_and_corrections() -> None:
+    text = (
+        "The export crashes. Never edit tests/fixtures.json, and don't bump any dependency. "
+        "Please answer in Russian from now on. No, use the csv module instead of string joins.\n"
+        "```\nraise ValueError('must not be empty')\n```"
+    )
+    assert constraints(text) == [
+        "Never edit tests/fixtures.json, and don't bump any dependency.",
+        "Please answer in Russian from now on.",
+        "No, use the csv module instead of string joins.",
+    ]
+
+
+def test_pasted_listings_are_not_the_users_words() -> None:
+    # SWE-agent's prompt pastes numbered file listings: their "must" is code.
+    text = "1535: '\"values\" must be a subclass'\n    only = self.only\nDO NOT re-run the same failed edit command."
+    assert constraints(text) == ["DO NOT re-run the same failed edit command."]
+
+
+def test_identifiers_are_what_a_model_cannot_guess() -> None:
+    text = (
+        "Rebook JG7FMM for $1,250.50 on 2024-05-21 (user omar_davis_3817, v2.3.1). "
+        "See https://example.com/t/991 and docs/booking.md; mail ops@example.com. Yes and/or no."
+    )
+    assert identifiers(text) == [
+        "https://example.com/t/991",
+        "JG7FMM",
+        "$1,250.50",
+        "2024-05-21",
+        "omar_davis_3817",
+        "v2.3.1",
+        "docs/booking.md",
+        "ops@example.com",
+    ]
+
+
+def test_extraction_is_linear_on_pathological_input() -> None:
+    # A catastrophic regex would not finish; these finish at once.
+    for text in ("fix src/app.py" * 20_000, "a" * 200_000, "x/" * 100_000, "1," * 100_000):
+        identifiers(text)
+        constraints(text)
+        error_line(text)
+
+
+def test_error_lines_prefer_the_exception_to_the_count() -> None:
+    assert error_line("collected 3 items\nE   ValueError: bad offset 14\n1 failed") == "E ValueError: bad offset 14"
+    assert error_line("make: *** [Makefile:192: build] Error 2") == "make: *** [Makefile:192: build] Error 2"
+    assert error_line("Traceback (most recent call last):\n  raise KeyError(x)\n") == ""
+    assert error_line("12 passed in 0.4s") == ""
+
+
+def test_file_tools_of_each_agent_family() -> None:
+    def call(name: str, args: dict[str, object], n: int) -> list[BaseMessage]:
+        return [
+            AIMessage("", tool_calls=[{"name": name, "args": args, "id": f"c{n}"}], id=f"a{n}"),
+            ToolMessage("ok", tool_call_id=f"c{n}", id=f"t{n}"),
+        ]
+
+    messages = [
+        *call("Read", {"file_path": "/repo/a.ts"}, 1),  # Claude Code
+        *call("Write", {"file_path": "/repo/b.ts", "content": "x"}, 2),
+        *call("str_replace_editor", {"command": "view", "path": "/ws/c.c"}, 3),  # OpenHands
+        *call("str_replace_editor", {"command": "create", "path": "/ws/d.c", "file_text": "x"}, 4),
+        *call("open", {"command": "open pkg/e.py 293"}, 5),  # SWE-agent
+        *call("edit", {"command": "edit 1:1\nimport numpy"}, 6),  # edits the file it opened
+        *call("TodoWrite", {"todos": [{"content": "x"}]}, 7),  # not a file
+        *call("get_reservation_details", {"reservation_id": "JG7FMM"}, 8),  # tau-bench
+        *call("think", {"thought": "a long thought " * 20}, 9),  # prose, not a call to remember
+    ]
+    facts = gather(to_core_list(messages), (), range(len(messages)), ())
+    by_kind = {(f.kind, f.text) for f in facts}
+    assert by_kind == {
+        ("read_file", "/repo/a.ts"),
+        ("modified_file", "/repo/b.ts"),
+        ("read_file", "/ws/c.c"),
+        ("modified_file", "/ws/d.c"),
+        ("modified_file", "pkg/e.py"),
+        ("done_call", "JG7FMM"),
+    }
+
+
+def test_kept_messages_resolve_but_add_nothing() -> None:
+    messages = [
+        AIMessage("", tool_calls=[{"name": "bash", "args": {"command": "make"}, "id": "c1"}], id="a1"),
+        ToolMessage("make: *** [all] Error 2", tool_call_id="c1", id="t1"),
+        HumanMessage("Never use sudo.", id="h1"),
+        AIMessage("", tool_calls=[{"name": "bash", "args": {"command": "make"}, "id": "c2"}], id="a2"),
+        ToolMessage("built", tool_call_id="c2", id="t2"),
+    ]
+    core = to_core_list(messages)
+    facts = gather(core, (), range(2), range(2, 5))
+    assert facts == [Fact("done_call", "make", key="bash\x00make", detail="bash")]
+
+
+# -- through every adapter, and through a store --------------------------------------------
+
+
+def long_session(turns: int) -> list[BaseMessage]:
+    messages: list[BaseMessage] = [SystemMessage("You are a coding agent.", id="sys")]
+    for i in range(turns):
+        messages += [
+            HumanMessage(
+                f"Turn {i}. " + ("Never delete cache_0. " if i == 0 else "") + "Context sentence here. " * 25,
+                id=f"h{i}",
+            ),
+            AIMessage(f"Done with turn {i}. " + "Details. " * 30, id=f"a{i}"),
+        ]
+    return messages
+
+
+OPTIONS = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=400)
+
+
+def assert_carried(messages: list[BaseMessage]) -> None:
+    summary = next(m for m in messages if is_summary_message(m))
+    assert "Never delete cache_0." in str(summary.content)
+    assert summary.additional_kwargs[SUMMARY_MARK]["facts"]
+
+
+def test_the_node_keeps_the_facts() -> None:
+    node = CompactionNode(poor, OPTIONS)
+    state = long_session(20)
+    state = add_messages(state, node.invoke({"messages": state})["messages"])
+    assert_carried(state)
+
+
+def test_the_middleware_keeps_the_facts() -> None:
+    middleware = CompactionMiddleware(poor, OPTIONS)
+    state = long_session(20)
+    update = middleware.before_model({"messages": state}, None)  # type: ignore[arg-type]
+    assert update is not None
+    assert_carried(add_messages(state, update["messages"]))
+
+
+def test_chat_memory_keeps_the_facts_across_two_compactions(tmp_path) -> None:
+    from langchain_community.chat_message_histories import FileChatMessageHistory
+
+    prompts: list[str] = []
+
+    def counted(prompt: str) -> str:
+        prompts.append(prompt)
+        return EMPTY_CHECKPOINT
+
+    store = FileChatMessageHistory(str(tmp_path / "chat.json"))
+    history = CompactingChatMessageHistory(store, counted, OPTIONS)
+    session = long_session(40)
+    for start in range(1, len(session), 2):
+        history.add_messages(session[start : start + 2])
+    assert len(prompts) >= 2  # the first summary was updated at least once
+    # Read back from the file by a fresh wrapper: the recorded facts survive the round trip.
+    fresh = CompactingChatMessageHistory(FileChatMessageHistory(str(tmp_path / "chat.json")), poor, OPTIONS)
+    assert_carried(fresh.messages)
+    summary = next(m for m in fresh.messages if is_summary_message(m))
+    assert summary_body(str(summary.content)) == EMPTY_CHECKPOINT
+
+
+def test_an_older_summary_without_recorded_facts_is_updated_as_before() -> None:
+    old = summary_message(compose_summary("## Goal\n- old work"))
+    old.additional_kwargs[SUMMARY_MARK].pop("facts", None)
+    messages = [old, *long_session(6)[1:]]
+    result, out = compact(poor, messages, CompactionOptions(keep_recent_tokens=200))
+    assert result is not None
+    assert result.updated_previous_summary
+    assert "Never delete cache_0." in str(out[0].content)
+
+
+def test_chat_memory_in_memory_store_too() -> None:
+    history = CompactingChatMessageHistory(InMemoryChatMessageHistory(), poor, OPTIONS)
+    for start in range(1, 41, 2):
+        history.add_messages(long_session(20)[start : start + 2])
+    assert_carried(history.messages)
