@@ -466,7 +466,8 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
         ((1, 1), '- Never edit tests/fixtures.json.')
     """
     stated = normalize(summary)
-    missing = [f for f in facts if normalize(f.text) not in stated]
+    norm = {id(f): normalize(f.text) for f in facts}
+    missing = [f for f in facts if norm[id(f)] not in stated]
     chosen: list[Fact] = []
     shown = ""
     used = estimate_tokens(f"{SECTION_HEADING}\n{SECTION_NOTE}")
@@ -474,10 +475,14 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
         title = estimate_tokens(_TITLES[kind]) + 2
         # The newest of a kind first: when the budget runs out, the oldest go.
         for fact in reversed([f for f in missing if f.kind == kind]):
-            if normalize(fact.text) in shown:
-                continue  # already in the section (a path inside a constraint)
             line = _line(fact)
-            cost = estimate_tokens(line) + 1 + (title if title else 0)
+            # No character costs less than a quarter token: a line that cannot
+            # fit by that bound is dropped before anything costlier is done.
+            if used + len(line) // 4 + 1 + title > budget:
+                continue  # dropped for the budget
+            if norm[id(fact)] in shown:
+                continue  # already in the section (a path inside a constraint)
+            cost = estimate_tokens(line) + 1 + title
             if used + cost > budget:
                 continue  # dropped for the budget
             chosen.append(fact)
@@ -487,9 +492,9 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
     order = {id(f): i for i, f in enumerate(facts)}
     chosen.sort(key=lambda f: (PRIORITY.index(f.kind), order[id(f)]))
     # Added: listed, or stated by another fact's line (a path inside a constraint).
-    added = [f for f in missing if normalize(f.text) in shown]
-    carried = {id(f) for f in added}
-    kept = tuple(f for f in facts if id(f) in carried or normalize(f.text) in stated)
+    added = [f for f in missing if norm[id(f)] in shown]
+    dropped = {id(f) for f in missing} - {id(f) for f in added}
+    kept = tuple(f for f in facts if id(f) not in dropped)
     return FactCheck(
         facts=kept,
         section=render_section(chosen),
