@@ -108,6 +108,14 @@ def _compaction(
     model: Any, messages: Sequence[BaseMessage], options: object, fallback: Any, instructions: str, *, trigger: Trigger
 ) -> Flow[tuple[CompactionResult | None, list[BaseMessage]]]:
     compactor = Compactor.build(model, options, fallback)
+    if compactor.options.prepare_at is not None:
+        raise ConfigurationError(
+            "prepare_at",
+            compactor.options.prepare_at,
+            "a summary prepared ahead needs an adapter that sees the conversation grow (CompactionNode, "
+            "CompactionMiddleware, CompactingChatMessageHistory); these functions compact at once: pass "
+            "prepare_at=None here",
+        )
     job = yield blocking(compactor.prepare, messages, instructions, trigger=trigger)
     if job is None:
         return None, messages if isinstance(messages, list) else list(messages)

@@ -41,9 +41,16 @@ from langchain_compaction._lc.pipeline import (
     announce,
     in_run,
     parent_node,
+    preparer_for,
     replacement,
 )
-from langchain_compaction.core.context import context_tokens, needs_compaction
+from langchain_compaction._lc.prepared import (
+    PREPARE_EVENT,
+    PREPARE_WAIT_SECONDS,
+    LeaseFactory,
+)
+from langchain_compaction._lc.threads import current_store, thread_of
+from langchain_compaction.core.context import context_tokens, stage
 from langchain_compaction.core.effects import Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.engine import Summarizer
 from langchain_compaction.core.options import CompactionOptions
@@ -54,6 +61,7 @@ from langchain_compaction.summarizers.chat_model import as_summarizer
 __all__ = [
     "COMPACTION_EVENT",
     "COMPACT_COMMAND",
+    "PREPARE_EVENT",
     "CompactionNode",
     "CompactionRecord",
     "CompactionState",
@@ -215,6 +223,16 @@ class CompactionNode(Runnable[Any, Any]):
             shrinks and no summary lands mid-history; ``"own"`` writes to this
             graph's state only (for a subgraph whose messages are not the
             parent's under the same key).
+        prepare_wait: With ``options.prepare_at``, how many seconds a turn
+            at the threshold waits for a summary still being prepared before
+            it compacts on the spot.
+        prepare_in_store: With ``options.prepare_at``, also keep a prepared
+            summary in the graph's LangGraph store (``compile(store=...)``),
+            so another worker or a restarted process applies it.
+        prepare_lease: With ``options.prepare_at`` and several processes
+            serving the same threads: a function from a thread id to a lock
+            with a lease (``history.FileLock``, ``history.PostgresAdvisoryLock``)
+            that says which process prepares that thread's summary.
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -245,6 +263,9 @@ class CompactionNode(Runnable[Any, Any]):
         name: str = "compact",
         cache_size: int = DEFAULT_CACHE_SIZE,
         nested: Nesting = "parent",
+        prepare_wait: float = PREPARE_WAIT_SECONDS,
+        prepare_in_store: bool = False,
+        prepare_lease: LeaseFactory | None = None,
     ) -> None:
         if not isinstance(messages_key, str) or not messages_key:
             raise ConfigurationError("messages_key", messages_key, "pass the state key of the message list")
@@ -265,6 +286,8 @@ class CompactionNode(Runnable[Any, Any]):
         self._warned_no_window = False
         self._warned_too_deep = False
         self.nested: Nesting = nested
+        self.prepare_in_store = bool(prepare_in_store)
+        self._preparer = preparer_for(self._compactor, prepare_wait, prepare_lease)
 
     @property
     def options(self) -> CompactionOptions:
@@ -308,9 +331,6 @@ class CompactionNode(Runnable[Any, Any]):
             "compact_thread do); pass CompactionOptions(context_window=<the model's window>), e.g. 200_000 for Claude",
             self.name,
         )
-
-    def _due(self, turn: _Turn, counts: list[int], core: list[Any]) -> bool:
-        return turn.forced or needs_compaction(core, counts, self.options)
 
     def _job(self, turn: _Turn, counts: list[int], core: list[Any]) -> Job | None:
         trigger: Trigger = "force" if turn.forced else "auto"
@@ -376,13 +396,30 @@ class CompactionNode(Runnable[Any, Any]):
         if fixed is not None:
             turn = replace(turn, messages=fixed[0], reordered=True)
             core, counts = fixed[1], fixed[2]
-        job = (yield blocking(self._job, turn, counts, core)) if self._due(turn, counts, core) else None
-        if job is None:
+        ready: Output | None = None
+        if not turn.forced:
+            where = stage(core, counts, self.options)
+            thread, store = thread_of(config), current_store() if self.prepare_in_store else None
+            if where != "due":
+                if where == "prepare":
+                    yield from self._compactor.ahead(
+                        self._preparer, turn.messages, counts, thread=thread, store=store, config=config
+                    )
+                return None, self._deliver(self._nothing(turn), config)
+            ready = yield from self._compactor.prepared(
+                self._preparer, turn.messages, counts, thread=thread, store=store
+            )
+        job = None if ready is not None else (yield blocking(self._job, turn, counts, core))
+        if ready is None and job is None:
             return None, self._deliver(self._nothing(turn), config)
         done: list[CompactionResult] = []
 
         def compaction(run_config: RunnableConfig) -> Flow[dict[str, Any]]:
-            output = yield from self._compactor.compaction(job, model)
+            if ready is not None:
+                output = ready
+            else:
+                assert job is not None
+                output = yield from self._compactor.compaction(job, model)
             yield twin(announce, aannounce, output[0], run_config)
             done.append(output[0])
             return self._update(output)

@@ -99,9 +99,12 @@ from langchain_compaction._lc.pipeline import (
     aannounce,
     announce,
     parent_node,
+    preparer_for,
     replacement,
 )
-from langchain_compaction.core.context import needs_compaction
+from langchain_compaction._lc.prepared import PREPARE_WAIT_SECONDS, LeaseFactory
+from langchain_compaction._lc.threads import thread_of
+from langchain_compaction.core.context import stage
 from langchain_compaction.core.effects import Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
@@ -183,6 +186,15 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             before a model call to the parent as well (``Command.PARENT``),
             which runs the agent again on the compacted list, so the parent
             shrinks too; ``"own"`` writes to the agent's state only.
+        prepare_wait: With ``options.prepare_at``, how many seconds a model
+            call at the threshold waits for a summary still being prepared
+            before it compacts on the spot.
+        prepare_in_store: With ``options.prepare_at``, also keep a prepared
+            summary in the agent's LangGraph store (``create_agent(store=...)``),
+            so another worker or a restarted process applies it.
+        prepare_lease: With ``options.prepare_at`` and several processes
+            serving the same threads: a function from a thread id to a lock
+            with a lease that says which process prepares its summary.
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -212,6 +224,9 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         on_compaction: Callable[[CompactionResult], object] | None = None,
         cache_size: int = DEFAULT_CACHE_SIZE,
         nested: Literal["parent", "own"] = "parent",
+        prepare_wait: float = PREPARE_WAIT_SECONDS,
+        prepare_in_store: bool = False,
+        prepare_lease: LeaseFactory | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(custom_instructions, str):
@@ -236,6 +251,8 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         self._nested_parent = nested == "parent"
         self._warned_unreachable = False
         self._system_tokens: tuple[BaseMessage, int] | None = None
+        self.prepare_in_store = bool(prepare_in_store)
+        self._preparer = preparer_for(self._compactor, prepare_wait, prepare_lease)
 
     @property
     def options(self) -> CompactionOptions:
@@ -250,13 +267,13 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         self, state: CompactionAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | Command[Any] | None:
         """Compact the state's messages when they and the recorded overhead are over budget."""
-        return drive(self._state_flow(state))
+        return drive(self._state_flow(state, runtime))
 
     async def abefore_model(  # type: ignore[override]
         self, state: CompactionAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | Command[Any] | None:
         """The async twin of ``before_model``."""
-        return await adrive(self._state_flow(state))
+        return await adrive(self._state_flow(state, runtime))
 
     def wrap_model_call(
         self,
@@ -277,7 +294,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
     # -- the flows ----------------------------------------------------------------
 
     def _compaction(
-        self, messages: Sequence[BaseMessage], overhead: int, trigger: Trigger
+        self, messages: Sequence[BaseMessage], overhead: int, trigger: Trigger, runtime: Any = None
     ) -> Flow[list[BaseMessage] | None]:
         """Compact ``messages`` if the trigger (or ``force``) says so; the compacted list, or ``None``."""
         if trigger == "auto" and (yield self._cache.quick_check(messages)) is False:
@@ -287,29 +304,44 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         if fixed is not None:  # a summary found mid-history: the request must not carry it there
             messages, core, counts = fixed
         unchanged = None if fixed is None else list(messages)
-        if trigger == "auto" and not needs_compaction(core, counts, self.options, overhead):
-            return unchanged
-        job = yield blocking(
-            self._compactor.prepare,
-            messages,
-            self._instructions,
-            trigger=trigger,
-            counts=counts,
-            core=core,
-            overhead=overhead,
-            preamble=self._preamble,
-        )
-        if job is None:
-            return unchanged
-        result, compacted = yield from self._compactor.compaction(job)
+        ready = None
+        if trigger == "auto":
+            where = stage(core, counts, self.options, overhead)
+            config = _current_config()
+            thread = thread_of(config)
+            store = getattr(runtime, "store", None) if self.prepare_in_store else None
+            if where != "due":
+                if where == "prepare":
+                    yield from self._compactor.ahead(
+                        self._preparer, messages, counts, thread=thread, store=store, config=config
+                    )
+                return unchanged
+            ready = yield from self._compactor.prepared(
+                self._preparer, messages, counts, thread=thread, store=store, overhead=overhead
+            )
+        if ready is None:
+            job = yield blocking(
+                self._compactor.prepare,
+                messages,
+                self._instructions,
+                trigger=trigger,
+                counts=counts,
+                core=core,
+                overhead=overhead,
+                preamble=self._preamble,
+            )
+            if job is None:
+                return unchanged
+            ready = yield from self._compactor.compaction(job)
+        result, compacted = ready
         if self._on_compaction is not None:
             self._on_compaction(result)
         yield twin(announce, aannounce, result)
         return compacted
 
-    def _state_flow(self, state: Mapping[str, Any]) -> Flow[dict[str, Any] | Command[Any] | None]:
+    def _state_flow(self, state: Mapping[str, Any], runtime: Any = None) -> Flow[dict[str, Any] | Command[Any] | None]:
         messages: list[BaseMessage] = state.get("messages") or []
-        compacted = yield from self._compaction(messages, state.get(OVERHEAD_KEY) or 0, "auto")
+        compacted = yield from self._compaction(messages, state.get(OVERHEAD_KEY) or 0, "auto", runtime)
         if compacted is None:
             return None
         update = {"messages": replacement(compacted)}
@@ -360,7 +392,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         system = () if request.system_message is None else (request.system_message,)
         self._preamble = Preamble(system, tuple(request.tools), overhead)
         messages: list[BaseMessage] = list(request.messages)
-        compacted = yield from self._compaction(messages, overhead, "auto")
+        compacted = yield from self._compaction(messages, overhead, "auto", getattr(request, "runtime", None))
         try:
             response = yield twin(handler, handler, self._with_messages(request, compacted))
         except ContextOverflowError as error:

@@ -325,12 +325,15 @@ def due_by_usage(messages: Sequence[BaseMessage], options: CompactionOptions) ->
     same rule (``core.context.trusted_usage``).
 
     Returns:
-        Whether the context is over the threshold, or ``None`` when only a
-        full count can say (no trusted usage, or a system message past the
-        leading block, which a full pass must put back in place). Reported
-        usage already includes what a request carries besides its messages.
+        Whether the context is past the first mark anything happens at (the
+        mark to prepare a summary ahead, if set, else the threshold), or
+        ``None`` when only a full count can say (no trusted usage, or a system
+        message past the leading block, which a full pass must put back in
+        place). Reported usage already includes what a request carries
+        besides its messages.
     """
-    threshold = options.budget.threshold
+    budget = options.budget
+    threshold = budget.prepare if budget.prepare is not None else budget.threshold
     if threshold is None:
         return None
     last = next((i for i in range(len(messages) - 1, -1, -1) if isinstance(messages[i], AIMessage)), None)

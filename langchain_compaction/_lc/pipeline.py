@@ -19,8 +19,9 @@ The adapters differ only in where the output goes.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar, cast
 
 from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_event
@@ -38,16 +39,24 @@ from langchain_compaction._lc.convert import (
     to_core,
     to_core_list,
 )
-from langchain_compaction._lc.counting import count_messages
+from langchain_compaction._lc.counting import count_messages, counts_and_core
+from langchain_compaction._lc.prepared import PREPARE_EVENT, PREPARE_WAIT_SECONDS, PreparedSummary, Preparer
 from langchain_compaction.core.clearing import ClearingPlan, plan_clearing
-from langchain_compaction.core.context import needs_compaction
+from langchain_compaction.core.context import context_tokens, needs_compaction
 from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.engine import DriverReport, Summarizer, summarize
 from langchain_compaction.core.facts import check_compaction
 from langchain_compaction.core.flow import SummaryFlow, compaction_flow
 from langchain_compaction.core.layout import clearing_result, compaction_result, compose_summary, layout
 from langchain_compaction.core.options import CompactionOptions
-from langchain_compaction.core.plan import Plan, misplaced, plan_compaction, reordered
+from langchain_compaction.core.plan import (
+    REPEAT_TURNS,
+    Plan,
+    misplaced,
+    plan_compaction,
+    reordered,
+    turns_since_summary,
+)
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import NO_PREAMBLE, Message, Preamble
 from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
@@ -81,6 +90,7 @@ class Job:
         plan: The plan (``None`` when clearing old tool outputs is enough).
         flow: The summary flow for the plan (``None`` likewise).
         clearing: Which tool outputs to clear instead of summarizing, if that is enough.
+        repeated: Whether it repeats a compaction a few turns old (and so keeps less).
     """
 
     messages: Sequence[BaseMessage]
@@ -89,6 +99,7 @@ class Job:
     plan: Plan | None
     flow: SummaryFlow | None
     clearing: ClearingPlan | None = None
+    repeated: bool = False
 
 
 def _check_messages(messages: object) -> Sequence[BaseMessage]:
@@ -166,7 +177,8 @@ class Compactor:
             clearing = self._clearing(converted, sizes)
             if clearing is not None:
                 return Job(messages, converted, sizes, None, None, clearing)
-        plan = plan_compaction(converted, sizes, self.options.budget.keep, force=trigger == "force")
+        keep, repeated = self._keep(converted, trigger)
+        plan = plan_compaction(converted, sizes, keep, force=trigger == "force")
         if plan is None:
             return None
         flow = compaction_flow(
@@ -178,7 +190,28 @@ class Compactor:
             counts=sizes,
             preamble=preamble,
         )
-        return Job(messages, converted, sizes, plan, flow)
+        return Job(messages, converted, sizes, plan, flow, repeated=repeated)
+
+    def _keep(self, core: Sequence[Message], trigger: Trigger) -> tuple[int, bool]:
+        """The keep budget for this compaction, and whether it repeats one a few turns old.
+
+        No death spiral: when the threshold is crossed again within
+        ``REPEAT_TURNS`` replies, what was kept is too large for the landing
+        target, so this compaction keeps half as much instead of summarizing
+        the same way again.
+        """
+        keep = self.options.budget.keep
+        since = turns_since_summary(core) if trigger == "auto" else None
+        if since is None or since > REPEAT_TURNS:
+            return keep, False
+        logger.warning(
+            "compaction fired again %d assistant turn(s) after the previous one: the messages kept were too large "
+            "to land under the target; keeping %d tokens instead of %d this time",
+            since,
+            keep // 2,
+            keep,
+        )
+        return max(keep // 2, 1), True
 
     def _clearing(self, core: Sequence[Message], counts: Sequence[int]) -> ClearingPlan | None:
         options, budget = self.options, self.options.budget
@@ -226,6 +259,7 @@ class Compactor:
         Returns:
             A flow for ``drive`` / ``adrive`` that returns the result and the compacted list.
         """
+        started = time.monotonic()
         report = None
         if job.flow is not None:
             report = yield from summarize(
@@ -233,8 +267,97 @@ class Compactor:
             )
         # Finishing counts what was written, with the user's counter if any:
         # off the event loop on the async path.
-        output: Output = yield blocking(self.finish, job, report)
-        return output
+        result, output = yield blocking(self.finish, job, report)
+        return replace(result, wait_seconds=time.monotonic() - started), output
+
+    # -- summaries prepared ahead (``prepare_at``; see ``_lc.prepared``) ------------------
+
+    def ahead(
+        self,
+        preparer: Preparer[Any] | None,
+        messages: Sequence[BaseMessage],
+        counts: Sequence[int],
+        *,
+        thread: str,
+        store: Any = None,
+        config: RunnableConfig | None = None,
+    ) -> Flow[bool]:
+        """Start preparing the next summary of ``messages`` in the background; whether one was started.
+
+        The caller has found the context past the preparation mark and under
+        the threshold (``core.context.stage``). A finished preparation that
+        would no longer land under the landing target if applied now (the
+        conversation went on) is built on by a new one, so the threshold
+        still finds one ready that lands.
+        """
+        if preparer is None:
+            return False
+        base = preparer.finished(thread)
+        if base is not None:
+            landing = self.options.budget.landing
+            if not isinstance(base, PreparedSummary) or landing is None or base.tokens_for(counts) <= landing:
+                return False
+        started: bool = yield twin(preparer.start, preparer.astart, thread, messages, store, base)
+        if started:
+            logger.info("the context passed prepare_at: preparing the next summary in the background")
+            yield twin(tell, atell, PREPARE_EVENT, {"thread": thread, "messages": len(messages)}, config)
+        return started
+
+    def prepared(
+        self,
+        preparer: Preparer[PreparedSummary] | None,
+        messages: Sequence[BaseMessage],
+        counts: Sequence[int],
+        *,
+        thread: str,
+        store: Any = None,
+        overhead: int = 0,
+    ) -> Flow[Output | None]:
+        """At the threshold: the summary prepared for ``messages`` applied, or ``None`` to compact on the spot."""
+        if preparer is None:
+            return None
+        started = time.monotonic()
+        found, _ = yield twin(preparer.take, preparer.atake, thread, messages, store)
+        if found is None:
+            return None
+        result, output = yield from self.apply_prepared(found, messages, sum(counts), overhead)
+        return replace(result, from_prepared=True, wait_seconds=time.monotonic() - started), output
+
+    def apply_prepared(
+        self, prepared: PreparedSummary, messages: Sequence[BaseMessage], original_tokens: int, overhead: int = 0
+    ) -> Flow[Output]:
+        """``prepared`` applied to ``messages``: its summary, then everything after its cut.
+
+        The conversation grew since it was made; when the result would not
+        land under the landing target, the messages between its cut and
+        today's are folded in by one ordinary compaction, which updates the
+        prepared summary (a small request, never a full re-summary).
+        """
+        combined = prepared.output_for(messages)
+        counts, core = yield blocking(counts_and_core, combined, self.options)
+        result = replace(prepared.result, compacted_tokens=sum(counts))
+        landing = self.options.budget.landing
+        if landing is not None and context_tokens(core, counts, overhead) > landing:
+            job = yield blocking(self.prepare, combined, trigger="force", counts=counts, core=core, overhead=overhead)
+            if job is not None:
+                folded, combined = yield from self.compaction(job)
+                calls = prepared.result.summarizer_calls + folded.summarizer_calls
+                result = replace(folded, summarizer_calls=calls, chunks=prepared.result.chunks + folded.chunks)
+        # The figures, against the conversation as it is now.
+        where = {id(m): i for i, m in enumerate(messages)}
+        kept = [where[id(m)] for m in combined if id(m) in where]
+        after = next((i for i, m in enumerate(combined) if id(m) not in where), len(combined))
+        first_kept = next((where[id(m)] for m in combined[after:] if id(m) in where), len(messages))
+        return (
+            replace(
+                result,
+                original_tokens=original_tokens,
+                messages_removed=len(messages) - len(kept),
+                cut_index=first_kept,
+                messages_kept=len(kept),
+            ),
+            combined,
+        )
 
     def finish(self, job: Job, report: DriverReport | None) -> Output:
         """The compacted list, as the caller's own objects around what was written, and its figures.
@@ -268,6 +391,7 @@ class Compactor:
         result = compaction_result(
             job.plan, shape, job.counts, written_tokens, report=report, options=self.options, facts=checked
         )
+        result = replace(result, repeated=job.repeated)
         _log(result, self.options)
         return result, output
 
@@ -289,6 +413,47 @@ class Compactor:
             result.compacted_tokens,
         )
         return result, output
+
+
+def check_wait(wait_seconds: object) -> float:
+    """``prepare_wait`` as seconds; refused unless it is a number of seconds."""
+    if isinstance(wait_seconds, bool) or not isinstance(wait_seconds, (int, float)) or wait_seconds < 0:
+        raise ConfigurationError(
+            "prepare_wait", wait_seconds, f"pass seconds (0 or more; {PREPARE_WAIT_SECONDS} by default)"
+        )
+    return float(wait_seconds)
+
+
+def preparer_for(compactor: Compactor, wait_seconds: object, lease: object) -> Preparer[PreparedSummary] | None:
+    """The adapter's ``Preparer`` when its options prepare ahead (``prepare_at``), else ``None``.
+
+    Raises:
+        ConfigurationError: ``wait_seconds`` or ``lease`` is not what it should be.
+    """
+    seconds = check_wait(wait_seconds)
+    if lease is not None and not callable(lease):
+        raise ConfigurationError("prepare_lease", lease, "pass a function from a thread id to a lock, or None")
+    if compactor.options.prepare_at is None:
+        return None
+
+    def prepare(snapshot: list[BaseMessage], base: PreparedSummary | None) -> Flow[PreparedSummary | None]:
+        # On top of an earlier preparation when it still applies: its summary
+        # is updated with what came since, never redone.
+        chained = base is not None and base.matches(snapshot)
+        target = base.output_for(snapshot) if base is not None and chained else snapshot
+        job = yield blocking(compactor.prepare, target, trigger="force")
+        if job is None:
+            return None
+        result, output = yield from compactor.compaction(job)
+        if base is not None and chained:
+            result = replace(result, summarizer_calls=base.result.summarizer_calls + result.summarizer_calls)
+        known = {id(m) for m in snapshot}
+        written = [m for m in output if id(m) not in known]
+        tokens = yield blocking(count_messages, written, to_core_list(written), compactor.options)
+        logger.info("prepared a summary of %d messages in the background", result.messages_removed)
+        return PreparedSummary.of(snapshot, result, output, written_tokens=sum(tokens))
+
+    return Preparer(prepare, wait_seconds=seconds, lease=lease)
 
 
 def _log(result: CompactionResult, options: CompactionOptions) -> None:
@@ -317,7 +482,7 @@ def _listening(config: RunnableConfig | None) -> bool:
     return get_callback_manager_for_config(ensure_config(config)).parent_run_id is not None
 
 
-def _to_custom_stream(result: CompactionResult) -> None:
+def _to_custom_stream(name: str, data: Any) -> None:
     # Inside a graph, ``stream_mode="custom"`` shows it too.
     try:
         from langgraph.config import get_stream_writer
@@ -325,21 +490,31 @@ def _to_custom_stream(result: CompactionResult) -> None:
         writer = get_stream_writer()
     except (ImportError, RuntimeError, KeyError):
         return  # not inside a graph: nobody streams
-    writer({COMPACTION_EVENT: result.to_dict()})
+    writer({name: data})
+
+
+def tell(name: str, data: Any, config: RunnableConfig | None = None) -> None:
+    """Tell whoever listens: the callbacks' custom event ``name``, and a graph's custom stream."""
+    _to_custom_stream(name, data)
+    if _listening(config):
+        dispatch_custom_event(name, data, config=config)
+
+
+async def atell(name: str, data: Any, config: RunnableConfig | None = None) -> None:
+    """The async twin of ``tell``."""
+    _to_custom_stream(name, data)
+    if _listening(config):
+        await adispatch_custom_event(name, data, config=config)
 
 
 def announce(result: CompactionResult, config: RunnableConfig | None = None) -> None:
-    """Tell whoever listens about ``result``: the callbacks' custom event, and a graph's custom stream."""
-    _to_custom_stream(result)
-    if _listening(config):
-        dispatch_custom_event(COMPACTION_EVENT, result.to_dict(), config=config)
+    """Tell whoever listens about ``result`` (``COMPACTION_EVENT``)."""
+    tell(COMPACTION_EVENT, result.to_dict(), config)
 
 
 async def aannounce(result: CompactionResult, config: RunnableConfig | None = None) -> None:
     """The async twin of ``announce``."""
-    _to_custom_stream(result)
-    if _listening(config):
-        await adispatch_custom_event(COMPACTION_EVENT, result.to_dict(), config=config)
+    await atell(COMPACTION_EVENT, result.to_dict(), config)
 
 
 TOO_DEEP = "\x00too deep"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import attrgetter
+from typing import Literal
 
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import leading_block, summary_block
@@ -124,5 +125,30 @@ def needs_compaction(
     Returns:
         True when ``context_tokens`` exceeds ``context_window - reserve_tokens``.
     """
-    threshold = options.budget.threshold
-    return threshold is not None and over_threshold(messages, counts, threshold, overhead)
+    return stage(messages, counts, options, overhead) == "due"
+
+
+Stage = Literal["fits", "prepare", "due"]
+"""Where the context stands: under every mark, past the mark to prepare a summary ahead, over the threshold."""
+
+
+def stage(messages: Sequence[Message], counts: Sequence[int], options: CompactionOptions, overhead: int = 0) -> Stage:
+    """Where the context stands against the threshold and the mark to prepare ahead (``prepare_at``).
+
+    Args:
+        messages: The conversation.
+        counts: Token count per message.
+        options: The options in force.
+        overhead: Tokens sent besides the messages.
+
+    Returns:
+        ``"due"`` over the threshold, ``"prepare"`` past the preparation mark,
+        else ``"fits"`` (always, when the window is unknown).
+    """
+    budget = options.budget
+    if budget.threshold is None:
+        return "fits"
+    size = context_tokens(messages, counts, overhead)
+    if size > budget.threshold:
+        return "due"
+    return "prepare" if budget.prepare is not None and size > budget.prepare else "fits"

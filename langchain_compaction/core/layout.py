@@ -117,7 +117,7 @@ def compaction_result(
     """
     outcome, usage = report.outcome, report.usage
     compacted = sum(counts[i] for i in (*shape.head, *shape.kept)) + written_tokens
-    threshold = options.budget.threshold
+    threshold, landing = options.budget.threshold, options.budget.landing
     return CompactionResult(
         summary=outcome.summary,
         original_tokens=sum(counts),
@@ -134,6 +134,7 @@ def compaction_result(
         summarizer_input_tokens=outcome.input_tokens,
         shortened_messages=outcome.shortened,
         over_budget=threshold is not None and compacted > threshold,
+        above_landing=landing is not None and compacted > landing,
         summarizer_billed_input_tokens=usage.input_tokens,
         summarizer_output_tokens=usage.output_tokens,
         summarizer_cache_read_tokens=usage.cache_read_input_tokens,

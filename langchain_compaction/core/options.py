@@ -15,7 +15,10 @@ Every budget is derived from the options in one place, ``CompactionOptions.budge
 - checked facts: the section the library adds under the summary takes at
   most a quarter of the summary's budget, between 128 and 2,048 tokens, plus
   whatever the summarizer's text left unused of its own budget;
-- clearing old tool outputs aims at the landing.
+- clearing old tool outputs aims at the landing;
+- preparing a summary ahead (``prepare_at``) starts above ``prepare_at`` times
+  the threshold, which must lie above the landing, or every compaction would
+  start a new preparation at once.
 
 A value the user sets is kept as set (``None`` means derived); a set
 combination that leaves no room raises ``ConfigurationError`` at construction.
@@ -51,6 +54,11 @@ MIN_FACTS_TOKENS = 128
 MAX_FACTS_TOKENS = 2048
 """The largest budget of the checked-facts section."""
 
+_PREPARE_ADVICE = (
+    "pass a share of the threshold above the landing (half the threshold) and below 1, e.g. 0.7, "
+    "or None to summarize at the threshold"
+)
+
 TokenCounterFn = Callable[[Sequence[Any]], int]
 """Counts the tokens of a list of messages, e.g. ``count_tokens_approximately``.
 
@@ -80,6 +88,8 @@ class Budget:
         summary_input: The largest summarizer request.
         clearing_target: Where clearing old tool outputs aims to bring the
             context (``None`` without a window).
+        prepare: Above this many tokens an adapter prepares the next summary
+            in the background (``None`` without ``prepare_at`` or a window).
     """
 
     window: int
@@ -91,6 +101,7 @@ class Budget:
     summary_input: int
     clearing_target: int | None
     facts_max: int = 0
+    prepare: int | None = None
 
 
 def _check_int(name: str, value: object, *, minimum: int, advice: str) -> None:
@@ -183,6 +194,13 @@ class CompactionOptions:
             it does not state in a "Checked facts" section under it, within
             a quarter of the summary's budget. On by default, for every
             summarizer.
+        prepare_at: A share of the threshold (e.g. ``0.7``) above which the
+            node, the middleware and chat memory prepare the next summary in
+            the background, so the threshold applies it without waiting for
+            the model; it must lie above the landing (half the threshold).
+            ``None`` (the default) summarizes at the threshold. It means
+            nothing to ``compact()``, which compacts at once, and is refused
+            there.
 
     Example:
         >>> budget = CompactionOptions(context_window=200_000).budget
@@ -212,8 +230,12 @@ class CompactionOptions:
     summary_mode: SummaryMode = "transcript"
     ensure_user_turn: bool = True
     check_facts: bool = True
+    prepare_at: float | None = None
 
     def __post_init__(self) -> None:
+        share = self.prepare_at
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1):
+            raise ConfigurationError("prepare_at", share, _PREPARE_ADVICE)
         self._check_budgets()
         self._check_optional_budgets()
         for name in ("summary_prompt", "update_prompt", "system_prompt"):
@@ -228,6 +250,7 @@ class CompactionOptions:
         for name in ("require_sections", "clear_tool_outputs", "ensure_user_turn", "check_facts"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(name, getattr(self, name), "pass True or False")
+        self._check_prepare()
         if self.summary_mode not in ("transcript", "cache_aligned"):
             raise ConfigurationError("summary_mode", self.summary_mode, "pass 'transcript' or 'cache_aligned'")
         if self.timeout is not None and (
@@ -278,6 +301,15 @@ class CompactionOptions:
         if isinstance(tools, str) or not all(isinstance(t, str) for t in tools):
             raise ConfigurationError("clear_exclude_tools", tools, "pass a tuple of tool names, e.g. ('read_plan',)")
 
+    def _check_prepare(self) -> None:
+        share = self.prepare_at
+        if share is None:
+            return
+        budget = derive_budget(self)
+        mark, landing = budget.prepare, budget.landing
+        if (mark <= landing) if mark is not None and landing is not None else share <= 0.5:
+            raise ConfigurationError("prepare_at", share, _PREPARE_ADVICE)
+
     @property
     def budget(self) -> Budget:
         """Every budget in force (see ``derive_budget``)."""
@@ -310,4 +342,5 @@ def derive_budget(options: CompactionOptions) -> Budget:
     if summary_input is None:
         summary_input = max(threshold, 1000) if threshold is not None else DEFAULT_SUMMARY_INPUT_TOKENS
     facts_max = min(max(summary_max // 4, MIN_FACTS_TOKENS), MAX_FACTS_TOKENS) if options.check_facts else 0
-    return Budget(window, reserve, keep, threshold, landing, summary_max, summary_input, landing, facts_max)
+    prepare = int(threshold * options.prepare_at) if threshold is not None and options.prepare_at is not None else None
+    return Budget(window, reserve, keep, threshold, landing, summary_max, summary_input, landing, facts_max, prepare)

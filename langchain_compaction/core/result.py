@@ -59,6 +59,14 @@ class CompactionRecord(TypedDict):
     """Of those, how many were left out for the section's budget (``Budget.facts_max``)."""
     facts_section: str
     """The "Checked facts" section the library wrote under the summary ("" if none was needed)."""
+    from_prepared: bool
+    """Whether it applied a summary prepared in the background (``prepare_at``) rather than one made on the spot."""
+    wait_seconds: float
+    """How long the turn waited for it: the whole summary made on the spot, or the wait for a prepared one."""
+    above_landing: bool
+    """True if what had to be kept left the context above the landing target (half the threshold)."""
+    repeated: bool
+    """True if it came a few turns after the previous compaction, which kept too much: it kept half as much."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +107,10 @@ class CompactionResult:
     facts_added: int = 0
     facts_dropped: int = 0
     facts_section: str = ""
+    from_prepared: bool = False
+    wait_seconds: float = 0.0
+    above_landing: bool = False
+    repeated: bool = False
 
     def to_dict(self) -> CompactionRecord:
         """The result as plain JSON-serializable data."""

@@ -57,14 +57,17 @@ where a chat-history store is already the memory.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage
 
-from langchain_compaction._lc.pipeline import Compactor
-from langchain_compaction.core.context import needs_compaction
+from langchain_compaction._lc.pipeline import Compactor, check_wait
+from langchain_compaction._lc.prepared import PREPARE_WAIT_SECONDS, Preparer
+from langchain_compaction.core.context import Stage, context_tokens, stage
 from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Plan
@@ -72,7 +75,7 @@ from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message
 from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
 from langchain_compaction.history import stores
-from langchain_compaction.history.journal import JOURNAL_MARK, Commit, Rewrite, archive_memo
+from langchain_compaction.history.journal import JOURNAL_MARK, Commit, Rewrite, archive_memo, starts_with
 from langchain_compaction.history.locks import (
     CompactionLock,
     FileLock,
@@ -96,6 +99,19 @@ logger = logging.getLogger("langchain_compaction")
 
 OnError = Literal["raise", "warn"]
 """What an automatic compaction does when it fails: raise, or log and go on."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Ahead:
+    """A compaction prepared in the background from ``snapshot``, to be committed at the threshold."""
+
+    plan: Plan
+    output: list[BaseMessage]
+    snapshot: list[BaseMessage]
+    result: CompactionResult
+
+    def matches(self, messages: Sequence[BaseMessage]) -> bool:
+        return starts_with(messages, self.snapshot)
 
 
 def _check_history(field: str, value: object) -> None:
@@ -145,6 +161,9 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
             always taken.
         journal: A history on durable storage that holds a rewrite in progress,
             for stores without an atomic rewrite (see the module docstring).
+        prepare_wait: With ``options.prepare_at``, how many seconds an add
+            at the threshold waits for a summary still being prepared (in the
+            background, from an earlier add) before it compacts on the spot.
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -181,10 +200,12 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         on_error: OnError = "raise",
         lock: CompactionLock | None = None,
         journal: BaseChatMessageHistory | None = None,
+        prepare_wait: float = PREPARE_WAIT_SECONDS,
     ) -> None:
         super().__init__()
         _check_arguments(inner, archive, journal, on_error, lock)
         self._compactor = Compactor.build(model, options, fallback)
+        wait_seconds = check_wait(prepare_wait)
         if self._compactor.options.clear_tool_outputs:
             raise ConfigurationError(
                 "options",
@@ -199,6 +220,11 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         self.lock = lock
         self._strategy: stores.Strategy = stores.strategy(inner)
         self._state = session_state(inner)
+        self._preparer: Preparer[_Ahead] | None = None
+        if self.options.prepare_at is not None:
+            # Across processes the lock's lease says who prepares, as it says who summarizes.
+            lease = (lambda _thread: lock) if isinstance(lock, LeaseLock) else None
+            self._preparer = Preparer(self._ahead, wait_seconds=wait_seconds, lease=lease)
 
     @property
     def options(self) -> CompactionOptions:
@@ -436,8 +462,15 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         if not (yield twin(flight.take, flight.atake, wait)):
             return None  # another compaction of this session is running in this process
         try:
-            if not force and not (yield self._locked(self._due(), write=self._may_be_torn)):
-                return None
+            if not force:
+                where, snapshot, counts = yield self._locked(self._stage(), write=self._may_be_torn)
+                if where == "prepare" and self._preparer is not None:
+                    yield from self._compactor.ahead(self._preparer, snapshot, counts, thread="")
+                if where != "due":
+                    return None
+                applied = yield from self._apply_prepared(snapshot)
+                if applied is not None:
+                    return applied
             # Across processes, the lease decides who summarizes; without it
             # (or when another process holds it) this writer leaves it be.
             lease = self.lock if isinstance(self.lock, LeaseLock) else None
@@ -448,14 +481,51 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         finally:
             flight.release()
 
+    # -- summaries prepared ahead (``prepare_at``; see ``_lc.prepared``) --------------------
+
+    def _ahead(self, snapshot: list[BaseMessage], _base: _Ahead | None) -> Flow[_Ahead | None]:
+        """Prepare the compaction of ``snapshot`` (in the background): committed at the threshold."""
+        job = yield blocking(self._compactor.prepare, snapshot, trigger="force")
+        if job is None or job.plan is None:
+            return None
+        result, output = yield from self._compactor.compaction(job)
+        logger.info("prepared a summary of %d messages in the background", result.messages_removed)
+        return _Ahead(job.plan, output, snapshot, result)
+
+    def _apply_prepared(self, snapshot: list[BaseMessage]) -> Flow[CompactionResult | None]:
+        """At the threshold: commit the prepared compaction if it still applies; its result, or ``None``."""
+        if self._preparer is None:
+            return None
+        started = time.monotonic()
+        found: _Ahead | None
+        found, _ = yield twin(self._preparer.take, self._preparer.atake, "", snapshot)
+        if found is None:
+            return None
+        # The commit keeps what was appended since, and the archive receives the originals.
+        committed = yield self._locked(self._commit(found.plan, found.output, found.snapshot), write=True)
+        if not committed:
+            return None
+        result = replace(found.result, from_prepared=True)
+        # The history went on meanwhile: if it is still over the landing,
+        # fold the messages since the prepared cut into the summary, once.
+        snapshot = yield self._locked(self._repaired(), write=self._may_be_torn)
+        counts, core = yield self._counted(snapshot)
+        landing = self.options.budget.landing
+        if landing is not None and context_tokens(core, counts) > landing:
+            folded = yield from self._summarize_and_commit(True, "")
+            if folded is not None:
+                calls = result.summarizer_calls + folded.summarizer_calls
+                result = replace(folded, from_prepared=True, summarizer_calls=calls)
+        return replace(result, wait_seconds=time.monotonic() - started)
+
     def _counted(self, snapshot: list[BaseMessage]) -> Call[tuple[list[int], list[Message]]]:
         return blocking(self._state.counted.counts_and_core, snapshot, self.options)
 
-    def _due(self) -> Flow[bool]:
-        """Whether the history is over the threshold now (one read; only new messages are counted)."""
+    def _stage(self) -> Flow[tuple[Stage, list[BaseMessage], list[int]]]:
+        """Where the history stands now, what it holds and counts (one read; only new messages are counted)."""
         snapshot = yield from self._repaired()
         counts, core = yield self._counted(snapshot)
-        return needs_compaction(core, counts, self.options)
+        return stage(core, counts, self.options), snapshot, counts
 
     def _summarize_and_commit(self, force: bool, instructions: str) -> Flow[CompactionResult | None]:
         # Read again: another writer may have compacted while this one waited

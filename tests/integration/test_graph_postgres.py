@@ -117,3 +117,80 @@ async def test_async_postgres_saver(postgres_server: PostgresServer) -> None:
     assert len(summaries(values["messages"])) == 1
     assert values["compaction"] == result.to_dict()
     assert len(summarizer.requests) >= 3
+
+
+def test_a_summary_prepared_by_one_worker_is_applied_by_another_through_postgres_store(
+    postgres_server: PostgresServer,
+) -> None:
+    import threading
+    import time
+
+    from langgraph.store.postgres import PostgresStore
+
+    from langchain_compaction._lc.prepared import STORE_NAMESPACE
+    from langchain_compaction._lc.threads import thread_label
+
+    options = CompactionOptions(
+        context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, summary_input_tokens=50_000, prepare_at=0.7
+    )
+    calls: list[str] = []
+    done = threading.Event()
+
+    def summarize(prompt: str) -> str:
+        calls.append(threading.current_thread().name)
+        done.set()
+        return "## Goal\n- prepared in worker A"
+
+    def graph(node: CompactionNode, saver: Any, store: Any) -> Any:
+        builder = StateGraph(CompactionState)
+        builder.add_node("compact", node)
+        builder.add_edge(START, "compact")
+        builder.add_edge("compact", END)
+        return builder.compile(checkpointer=saver, store=store)
+
+    config = {"configurable": {"thread_id": "tenant.7/user.42"}}
+    namespace = (STORE_NAMESPACE, thread_label("tenant.7/user.42"))
+    with (
+        PostgresSaver.from_conn_string(postgres_server.url) as saver,
+        PostgresStore.from_conn_string(postgres_server.url) as store,
+    ):
+        saver.setup()
+        store.setup()
+        worker_a = graph(
+            CompactionNode(summarize, options, result_key="compaction", prepare_in_store=True), saver, store
+        )
+        number = 0
+        while not done.is_set():
+            worker_a.invoke({"messages": [HumanMessage(f"q{number} " + "word " * 60, id=f"h{number}")]}, config)
+            number += 1
+            assert number < 80, "no preparation started"
+        deadline = time.monotonic() + 10
+        while not store.search(namespace):
+            assert time.monotonic() < deadline, "the prepared summary never reached the store"
+            time.sleep(0.02)
+    # A restarted process: new connections, a new node with nothing in memory.
+    with (
+        PostgresSaver.from_conn_string(postgres_server.url) as saver,
+        PostgresStore.from_conn_string(postgres_server.url) as store,
+    ):
+        other: list[str] = []
+        worker_b = graph(
+            CompactionNode(
+                lambda p: other.append(p) or "## Goal\n- made on the spot",
+                options,
+                result_key="compaction",
+                prepare_in_store=True,
+            ),
+            saver,
+            store,
+        )
+        for later in range(number, number + 80):
+            out = worker_b.invoke({"messages": [HumanMessage(f"q{later} " + "word " * 60, id=f"h{later}")]}, config)
+            if out.get("compaction"):
+                break
+        assert out["compaction"]["from_prepared"] is True
+        # Worker B at most folded the newer messages into A's summary (an update, never a re-summary).
+        assert len(other) <= 1
+        assert all("prepared in worker A" in prompt for prompt in other)
+        assert "Goal" in str(out["messages"][0].content)
+        assert store.search(namespace) == []

@@ -1,0 +1,451 @@
+"""Prepared summaries: made in the background past ``prepare_at``, applied at the threshold without waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+from langchain_core.chat_history import InMemoryChatMessageHistory
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, StateGraph
+from langgraph.store.memory import InMemoryStore
+
+from langchain_compaction import (
+    CompactingChatMessageHistory,
+    CompactionMiddleware,
+    CompactionNode,
+    CompactionOptions,
+    acompact,
+    auto_compact,
+    compact,
+)
+from langchain_compaction._lc.convert import is_compaction_message, is_summary_message
+from langchain_compaction._lc.prepared import PREPARE_EVENT, STORE_NAMESPACE
+from langchain_compaction._lc.threads import thread_label
+from langchain_compaction.core.types import SummaryRequest
+from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.graph import CompactionState
+from langchain_compaction.history import FileLock
+
+# One summary request per compaction (a large summarizer input), so calls count compactions.
+OPTIONS = CompactionOptions(
+    context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, summary_input_tokens=50_000, prepare_at=0.7
+)
+
+
+class Recorder:
+    """A summarizer that records each request, the thread that ran it, and when."""
+
+    def __init__(self, *, fail_first: bool = False, gate: threading.Event | None = None) -> None:
+        self.requests: list[SummaryRequest] = []
+        self.threads: list[str] = []
+        self.fail_first = fail_first
+        self.gate = gate
+        self.finished = 0
+
+    @property
+    def name(self) -> str:
+        return "recorder"
+
+    def summarize(self, request: SummaryRequest) -> str:
+        self.requests.append(request)
+        self.threads.append(threading.current_thread().name)
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.finished += 1
+        if self.fail_first and len(self.requests) == 1:
+            raise RuntimeError("the summary model is overloaded")
+        return f"## Goal\n- summary {len(self.requests)}"
+
+    async def asummarize(self, request: SummaryRequest) -> str:
+        self.requests.append(request)
+        self.threads.append("task")
+        if self.gate is not None:
+            await asyncio.to_thread(self.gate.wait, 10)
+        self.finished += 1
+        if self.fail_first and len(self.requests) == 1:
+            raise RuntimeError("the summary model is overloaded")
+        return f"## Goal\n- summary {len(self.requests)}"
+
+
+def words(label: str) -> str:
+    return f"{label} " + "word " * 60
+
+
+def graph(node: CompactionNode, store: Any = None) -> Any:
+    def agent(state: dict[str, Any]) -> dict[str, Any]:
+        return {"messages": [AIMessage(words("answer"), id=f"a{len(state['messages'])}")]}
+
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_node("agent", agent)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    return builder.compile(checkpointer=InMemorySaver(), store=store)
+
+
+class Started(logging.Handler):
+    """Counts the preparations adapters report starting (they log it in the turn that starts one)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "preparing the next summary in the background" in record.getMessage():
+            self.count += 1
+
+
+STARTED = Started()
+
+
+@pytest.fixture(autouse=True)
+def _count_started() -> Any:
+    logger = logging.getLogger("langchain_compaction")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(STARTED)
+    STARTED.count = 0
+    yield
+    logger.removeHandler(STARTED)
+    logger.setLevel(level)
+
+
+def settle(summarizer: Recorder) -> None:
+    """Wait until every preparation started so far has finished its summary call."""
+    wait_for(lambda: summarizer.finished >= STARTED.count)
+    time.sleep(0.02)  # and handed its result back
+
+
+def wait_for(condition: Any, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the background preparation never finished"
+        time.sleep(0.01)
+
+
+def until_compaction(app: Any, config: Any, summarizer: Recorder, start: int = 0) -> tuple[int, dict[str, Any], int]:
+    """Run turns until one compacts; before each turn, let a running preparation finish.
+
+    Returns:
+        The turn, the compaction's record and the summary calls made before that turn began.
+    """
+    for number in range(start, start + 80):
+        # A background call that started is given time to finish, as an
+        # agent's own model call (seconds) would give it.
+        settle(summarizer)
+        calls_before = len(summarizer.requests)
+        out = app.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
+        if out.get("compaction"):
+            return number, out["compaction"], calls_before
+    raise AssertionError("no compaction in 80 turns")
+
+
+# -- options -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("share", [0.5, 0.2, 1.0, 1.5, 0, True, "0.7"])
+def test_prepare_at_must_lie_above_the_landing(share: Any) -> None:
+    with pytest.raises(ConfigurationError, match="prepare_at"):
+        CompactionOptions(context_window=200_000, prepare_at=share)
+
+
+def test_prepare_at_sets_the_preparation_mark() -> None:
+    budget = CompactionOptions(context_window=200_000, prepare_at=0.7).budget
+    assert budget.prepare == int(budget.threshold * 0.7)  # type: ignore[operator]
+    assert budget.prepare > budget.landing  # type: ignore[operator]
+
+
+def test_the_functions_that_compact_at_once_refuse_it() -> None:
+    messages = [HumanMessage("hi"), AIMessage("hello"), HumanMessage("bye")]
+    for run in (
+        lambda: compact(lambda p: "## Goal\n- x", messages, OPTIONS),
+        lambda: auto_compact(lambda p: "## Goal\n- x", messages, OPTIONS),
+        lambda: asyncio.run(acompact(lambda p: "## Goal\n- x", messages, OPTIONS)),
+    ):
+        with pytest.raises(ConfigurationError, match="prepare_at"):
+            run()
+
+
+def test_adapters_check_the_wait() -> None:
+    with pytest.raises(ConfigurationError, match="prepare_wait"):
+        CompactionNode(lambda p: "x", OPTIONS, prepare_wait=-1)
+
+
+# -- the node ------------------------------------------------------------------------------
+
+
+def test_the_node_applies_a_summary_prepared_in_the_background() -> None:
+    summarizer = Recorder()
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction")
+    app = graph(node)
+    config = {"configurable": {"thread_id": "t1"}}
+    turn, record, calls_before = until_compaction(app, config, summarizer)
+    assert record["from_prepared"] is True
+    # The summary was made before the threshold turn, in a background thread:
+    # the turn itself called no model.
+    assert len(summarizer.requests) == calls_before == 1
+    assert summarizer.threads == ["langchain-compaction-prepare"]
+    state = app.get_state(config).values["messages"]
+    assert is_summary_message(state[0])
+    assert "summary 1" in str(state[0].content)
+    # Nothing lost: every message is in the state or was covered by the summary.
+    assert record["messages_removed"] + record["messages_kept"] == 2 * turn + 1
+
+
+def test_a_grown_conversation_is_folded_in_by_one_small_update() -> None:
+    summarizer = Recorder()
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction")
+    app = graph(node)
+    config = {"configurable": {"thread_id": "fold"}}
+    # Reach the preparation mark, let the preparation finish ...
+    number = 0
+    while not STARTED.count:
+        app.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
+        number += 1
+    settle(summarizer)
+    # ... then the agent goes on (in one big step) well past the threshold.
+    many = [HumanMessage(words(f"late{i}"), id=f"late{i}") for i in range(30)]
+    out = app.invoke({"messages": many}, config)
+    record = out["compaction"]
+    assert record["from_prepared"] is True
+    assert record["summarizer_calls"] == 2  # the preparation, and one update
+    update = summarizer.requests[1]
+    assert update.previous_summary is not None
+    assert "summary 1" in update.previous_summary  # the prepared summary, updated, not redone
+    # Only what came after the prepared cut is sent again: a small request.
+    covered = {m.id for m in summarizer.requests[0].messages}
+    assert update.messages
+    assert covered.isdisjoint(m.id for m in update.messages)
+
+
+def test_an_edited_prefix_discards_the_prepared_summary() -> None:
+    summarizer = Recorder()
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction")
+    app = graph(node)
+    config = {"configurable": {"thread_id": "edit"}}
+    number = 0
+    while not STARTED.count:
+        app.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
+        number += 1
+    settle(summarizer)
+    # The user edits their first message (same id, new content).
+    app.update_state(config, {"messages": [HumanMessage("an edited first question", id="h0")]})
+    turn, record, calls_before = until_compaction(app, config, summarizer, start=number)
+    assert record["from_prepared"] is False
+    assert len(summarizer.requests) == calls_before + 1  # made on the spot
+    state = app.get_state(config).values["messages"]
+    request = summarizer.requests[-1]
+    assert "an edited first question" in request.prompt  # the summary saw the edit
+    assert is_summary_message(state[0])
+
+
+def test_a_preparation_still_running_is_waited_for_only_up_to_the_bound() -> None:
+    gate = threading.Event()
+    summarizer = Recorder(gate=gate)
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", prepare_wait=0.0)
+    app = graph(node)
+    config = {"configurable": {"thread_id": "slow"}}
+    try:
+        for number in range(80):
+            out = app.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
+            if out.get("compaction"):
+                break
+        record = out["compaction"]
+        # The preparation is blocked; the threshold compacted on the spot.
+        assert record["from_prepared"] is False
+    finally:
+        gate.set()
+    assert summarizer.threads[0] == "langchain-compaction-prepare"
+    assert summarizer.threads[-1] != "langchain-compaction-prepare"
+    wait_for(lambda: node._preparer is not None)
+    time.sleep(0.1)
+    # The abandoned preparation's result is never applied later: the state has one summary.
+    state = app.get_state(config).values["messages"]
+    assert sum(1 for m in state if is_summary_message(m)) == 1
+
+
+def test_a_failed_preparation_never_surfaces_and_the_threshold_compacts() -> None:
+    summarizer = Recorder(fail_first=True)
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction")
+    app = graph(node)
+    config = {"configurable": {"thread_id": "fail"}}
+    turn, record, calls_before = until_compaction(app, config, summarizer)
+    assert record["from_prepared"] is False
+    assert len(summarizer.requests) == 2  # the failed preparation, then the turn's own summary
+    assert "summary 2" in str(app.get_state(config).values["messages"][0].content)
+
+
+def test_the_turn_that_starts_a_preparation_says_so() -> None:
+    summarizer = Recorder()
+    node = CompactionNode(summarizer, OPTIONS)
+    app = graph(node)
+    config = {"configurable": {"thread_id": "events"}}
+    seen: list[Any] = []
+    for number in range(40):
+        for chunk in app.stream(
+            {"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config, stream_mode="custom"
+        ):
+            seen.append(chunk)
+        if seen:
+            break
+    assert seen == [{PREPARE_EVENT: {"thread": "events", "messages": 2 * number + 1}}]
+
+
+def test_async_node_prepares_in_a_task() -> None:
+    summarizer = Recorder()
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction")
+    app = graph(node)
+    config = {"configurable": {"thread_id": "async"}}
+
+    async def session() -> dict[str, Any]:
+        for number in range(80):
+            calls_before = len(summarizer.requests)
+            out = await app.ainvoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
+            if out.get("compaction"):
+                return {**out["compaction"], "calls_before": calls_before}
+            await asyncio.sleep(0.02)  # the agent's own model call: the task runs meanwhile
+        raise AssertionError("no compaction")
+
+    record = asyncio.run(session())
+    assert record["from_prepared"] is True
+    assert summarizer.threads == ["task"]
+    assert record["calls_before"] == 1
+
+
+def test_a_loop_closing_under_a_pending_preparation_breaks_nothing() -> None:
+    gate = threading.Event()
+    summarizer = Recorder(gate=gate)
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", prepare_wait=0.0)
+    app = graph(node)
+    config = {"configurable": {"thread_id": "closing"}}
+    records = []
+    try:
+        for number in range(80):
+            # asyncio.run per turn: the loop that holds the preparation closes.
+            out = asyncio.run(app.ainvoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config))
+            if out.get("compaction"):
+                records.append(out["compaction"])
+                if len(records) == 2:
+                    break
+    finally:
+        gate.set()
+    assert records
+    assert all(r["from_prepared"] is False for r in records)
+    messages = app.get_state(config).values["messages"]
+    assert sum(1 for m in messages if is_summary_message(m)) == 1
+
+
+# -- across workers: the store --------------------------------------------------------------
+
+
+def test_another_worker_applies_the_summary_from_the_store() -> None:
+    store = InMemoryStore()
+    saver = InMemorySaver()
+    summarizer = Recorder()
+    first = CompactionNode(summarizer, OPTIONS, result_key="compaction", prepare_in_store=True)
+
+    def build(node: CompactionNode) -> Any:
+        def agent(state: dict[str, Any]) -> dict[str, Any]:
+            return {"messages": [AIMessage(words("answer"), id=f"a{len(state['messages'])}")]}
+
+        builder = StateGraph(CompactionState)
+        builder.add_node("compact", node)
+        builder.add_node("agent", agent)
+        builder.add_edge(START, "compact")
+        builder.add_edge("compact", "agent")
+        return builder.compile(checkpointer=saver, store=store)
+
+    config = {"configurable": {"thread_id": "user.123"}}  # a '.' is not a valid namespace label
+    worker_a = build(first)
+    number = 0
+    while not STARTED.count:
+        worker_a.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
+        number += 1
+    namespace = (STORE_NAMESPACE, thread_label("user.123"))
+    wait_for(lambda: bool(store.search(namespace)))
+    # The next turns run on another worker, which has nothing in memory.
+    other = Recorder()
+    worker_b = build(CompactionNode(other, OPTIONS, result_key="compaction", prepare_in_store=True))
+    for later in range(number, number + 80):
+        out = worker_b.invoke({"messages": [HumanMessage(words(f"q{later}"), id=f"h{later}")]}, config)
+        if out.get("compaction"):
+            break
+    assert out["compaction"]["from_prepared"] is True
+    assert other.requests == [] or other.threads[0] == "langchain-compaction-prepare"
+    assert "summary 1" in str(worker_b.get_state(config).values["messages"][0].content)
+    assert store.search(namespace) == []  # applied, then removed
+
+
+def test_two_workers_prepare_a_thread_once_under_a_lease(tmp_path: Any) -> None:
+    # Each worker opens its own lease file descriptor, as separate processes do.
+    gate = threading.Event()
+    summarizer = Recorder(gate=gate)
+
+    def lease(thread: str) -> FileLock:
+        return FileLock(tmp_path / f"{thread_label(thread)}.lock")
+
+    nodes = [CompactionNode(summarizer, OPTIONS, prepare_lease=lease) for _ in range(2)]
+    messages: list[BaseMessage] = []
+    for number in range(40):
+        messages += [HumanMessage(words(f"q{number}"), id=f"h{number}"), AIMessage(words("a"), id=f"a{number}")]
+        if nodes[0].context_tokens(messages) > OPTIONS.budget.prepare:  # type: ignore[operator]
+            break
+    config = {"configurable": {"thread_id": "shared"}}
+    try:
+        for node in nodes:
+            assert node.invoke({"messages": messages}, config) == {}
+        wait_for(lambda: len(summarizer.requests) >= 1)
+        time.sleep(0.1)
+        assert len(summarizer.requests) == 1  # the second worker did not get the lease
+    finally:
+        gate.set()
+
+
+# -- the middleware and chat memory -----------------------------------------------------------
+
+
+def test_the_middleware_applies_a_prepared_summary() -> None:
+    from langchain.agents import create_agent
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    summarizer = Recorder()
+    results: list[Any] = []
+    middleware = CompactionMiddleware(summarizer, OPTIONS, on_compaction=results.append)
+    replies = iter([AIMessage(words("reply")) for _ in range(200)])
+    agent = create_agent(GenericFakeChatModel(messages=replies), middleware=[middleware], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "agent"}}
+    for number in range(80):
+        calls_before = len(summarizer.requests)
+        agent.invoke({"messages": [HumanMessage(words(f"q{number}"))]}, config)
+        if results:
+            break
+        settle(summarizer)
+    assert results[0].from_prepared is True
+    assert calls_before == len(summarizer.requests) == 1
+
+
+def test_chat_memory_commits_a_prepared_summary_and_keeps_what_came_after() -> None:
+    summarizer = Recorder()
+    archive = InMemoryChatMessageHistory()
+    history = CompactingChatMessageHistory(InMemoryChatMessageHistory(), summarizer, OPTIONS, archive=archive)
+    sent: list[BaseMessage] = []
+    for number in range(80):
+        pair = [HumanMessage(words(f"q{number}"), id=f"h{number}"), AIMessage(words("a"), id=f"a{number}")]
+        sent += pair
+        calls_before = len(summarizer.requests)
+        history.add_messages(pair)
+        if any(is_summary_message(m) for m in history.messages):
+            break
+        settle(summarizer)
+    assert calls_before == len(summarizer.requests) == 1
+    assert summarizer.threads == ["langchain-compaction-prepare"]
+    stored = history.messages
+    # Nothing lost: every message sent is in the store or in the archive, once.
+    ids = [m.id for m in stored if not is_compaction_message(m)] + [m.id for m in archive.messages]
+    assert sorted(i for i in ids if i) == sorted(m.id for m in sent if m.id)
