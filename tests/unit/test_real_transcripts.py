@@ -12,6 +12,7 @@ from conftest import (
     assert_compacted,
     leading_systems,
     load_transcript,
+    requires_shared,
     split_compacted,
     tool_pairs_of,
 )
@@ -120,6 +121,7 @@ async def test_each_transcript_compacts_validly_async(transcript: list[BaseMessa
     _anthropic_valid(out)
 
 
+@requires_shared  # our own transcript is small: it compacts in one request
 def test_big_transcripts_are_chunked() -> None:
     chunked = []
     for name in TRANSCRIPT_NAMES:
@@ -169,12 +171,14 @@ def _all_six_for_anthropic() -> list[BaseMessage]:
     return messages
 
 
+@requires_shared
 def test_concatenation_repeats_tool_call_ids() -> None:
     ids = Counter(call["id"] for m in _all_six() if isinstance(m, AIMessage) for call in m.tool_calls)
     repeated = {i for i, n in ids.items() if n > 1}
     assert {"call_1", "call_2"} <= repeated  # aider's and SWE-agent's ids collide
 
 
+@requires_shared
 @pytest.mark.parametrize("keep", KEEP_BUDGETS)
 def test_all_six_concatenated(keep: int) -> None:
     messages = _all_six()
@@ -193,6 +197,7 @@ def test_all_six_concatenated(keep: int) -> None:
         assert re.search(rf"<<msg-[0-9a-f]{{8}} #{index + 1} \[System\]>>", everything)
 
 
+@requires_shared
 @pytest.mark.parametrize("keep", KEEP_BUDGETS)
 async def test_all_six_concatenated_is_a_valid_anthropic_request(keep: int) -> None:
     messages = _all_six_for_anthropic()
@@ -205,6 +210,7 @@ async def test_all_six_concatenated_is_a_valid_anthropic_request(keep: int) -> N
     _anthropic_valid(out)
 
 
+@requires_shared
 def test_all_six_with_a_window() -> None:
     # A 60k window: the concatenation (~93k tokens) is over it. The summarizer
     # budget is derived from the window (window - reserve), every request fits
