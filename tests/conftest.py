@@ -149,7 +149,7 @@ def assert_compacted(
     ``kept`` is the leading system messages of ``messages`` that are not
     summaries. With ``same_objects`` every message but the summary and the
     bridge must be the caller's own object; otherwise (a store round trip)
-    equal to it. Lists with a provider-side compaction block (whose pinned
+    equal to it. Lists with a provider-side compaction block (whose fenced-off
     messages come before ``messages[cut:]``) are not modelled here.
     """
     parts = split_compacted(out)

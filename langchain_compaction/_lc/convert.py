@@ -15,6 +15,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, get_args
 
 from langchain_core.messages import (
@@ -42,6 +43,10 @@ KEPT_FROM_KEY = "kept_from"
 
 FACTS_KEY = "facts"
 """Key in a summary's mark: the facts it was checked against, as ``[kind, text, key, detail]`` lists."""
+
+PIN_KEY = "compaction_pin"
+"""Key in a message's ``additional_kwargs`` that pins it: ``{"compaction_pin": True}`` keeps it verbatim."""
+
 
 _FACT_KINDS = frozenset(get_args(FactKind))
 
@@ -276,6 +281,11 @@ def to_core(message: object, index: int = 0) -> Message:
             "dicts, tuples and strings)"
         )
         raise InvalidMessagesError(msg, index=index)
+    core = _convert(message)
+    return replace(core, pinned=True) if message.additional_kwargs.get(PIN_KEY) is True else core
+
+
+def _convert(message: BaseMessage) -> Message:
     if isinstance(message, AIMessage):
         return _assistant(message)
     if isinstance(message, SystemMessage):

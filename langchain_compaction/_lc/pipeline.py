@@ -51,6 +51,7 @@ from langchain_compaction.core.layout import clearing_result, compaction_result,
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import (
     REPEAT_TURNS,
+    Pins,
     Plan,
     misplaced,
     plan_compaction,
@@ -178,7 +179,8 @@ class Compactor:
             if clearing is not None:
                 return Job(messages, converted, sizes, None, None, clearing)
         keep, repeated = self._keep(converted, trigger)
-        plan = plan_compaction(converted, sizes, keep, force=trigger == "force")
+        pins = Pins(tuple(self.options.pin_tools), self.options.budget.pinned_max)
+        plan = plan_compaction(converted, sizes, keep, force=trigger == "force", pins=pins)
         if plan is None:
             return None
         flow = compaction_flow(
@@ -464,6 +466,13 @@ def _log(result: CompactionResult, options: CompactionOptions) -> None:
             "the compacted context is still over budget: %d tokens > %d (the kept messages alone are too large)",
             result.compacted_tokens,
             options.budget.threshold,
+        )
+    if result.pinned_over_cap:
+        logger.warning(
+            "%d pinned exchange(s) were summarized: the pinned messages would pass pinned_max_tokens=%d "
+            "(raise it, or pin less)",
+            result.pinned_over_cap,
+            options.budget.pinned_max,
         )
     logger.info(
         "compacted %d messages into a summary: %d -> %d tokens (cut at %d, %d summarizer call(s)%s)",

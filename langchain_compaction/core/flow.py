@@ -102,17 +102,37 @@ def review_summary(text: str, options: CompactionOptions) -> str:
     return ""
 
 
-def _chunks(blocks: Sequence[Block], room: int) -> list[list[Block]]:
-    """Split blocks greedily into chunks of at most ``room`` tokens each."""
+def _units(blocks: Sequence[Block], shown: dict[int, Message]) -> list[list[Block]]:
+    """Blocks grouped so that a tool call's results stay with it (the cut's rule, for chunks too).
+
+    A chunk that ended between an assistant's calls and their results would
+    show one request calls with no result and the next results of no call:
+    a summarizer then reports finished work as pending.
+    """
+    units: list[list[Block]] = []
+    for block in blocks:
+        if units and shown[block.index].role == "tool":
+            units[-1].append(block)
+        else:
+            units.append([block])
+    return units
+
+
+def _chunks(units: Sequence[Sequence[Block]], room: int) -> list[list[Block]]:
+    """Pack units greedily into chunks of at most ``room`` tokens; a unit over ``room`` alone is split."""
     chunks: list[list[Block]] = []
     current: list[Block] = []
     used = 0
-    for block in blocks:
-        if current and used + block.tokens > room:
-            chunks.append(current)
-            current, used = [], 0
-        current.append(block)
-        used += block.tokens
+    for unit in units:
+        size = sum(b.tokens for b in unit)
+        pieces = [list(unit)] if size <= room else [[b] for b in unit]
+        for piece in pieces:
+            tokens = sum(b.tokens for b in piece)
+            if current and used + tokens > room:
+                chunks.append(current)
+                current, used = [], 0
+            current += piece
+            used += tokens
     if current:
         chunks.append(current)
     return chunks
@@ -316,7 +336,7 @@ def _run(setup: _Setup) -> SummaryFlow:
         shown = shorten(running, setup.summary_cap) if running is not None else None
         # Room for messages is what the running summary, as shown, leaves.
         room = max(setup.budget - setup.fixed - estimate_tokens(shown or ""), setup.per_message + 64)
-        planned = _chunks(remaining, room)
+        planned = _chunks(_units(remaining, setup.shown), room)
         chunk = planned[0] if planned else []
         remaining = remaining[len(chunk) :]
         request, cost = _request(setup, chunk, shown, number, len(planned))

@@ -84,7 +84,7 @@ def layout(messages: Sequence[Message], plan: Plan, options: CompactionOptions) 
     Returns:
         The layout.
     """
-    kept = (*plan.provider_prefix, *range(plan.cut, len(messages)))
+    kept = (*plan.provider_prefix, *plan.pinned, *range(plan.cut, len(messages)))
     # Anthropic's API rejects a conversation whose first turn is not the
     # user's, and an agent compacted mid-loop keeps its tool call first.
     bridge = options.ensure_user_turn and bool(kept) and messages[kept[0]].role != "user"
@@ -135,6 +135,8 @@ def compaction_result(
         shortened_messages=outcome.shortened,
         over_budget=threshold is not None and compacted > threshold,
         above_landing=landing is not None and compacted > landing,
+        messages_pinned=len(plan.pinned),
+        pinned_over_cap=plan.pinned_over_cap,
         summarizer_billed_input_tokens=usage.input_tokens,
         summarizer_output_tokens=usage.output_tokens,
         summarizer_cache_read_tokens=usage.cache_read_input_tokens,

@@ -90,6 +90,8 @@ class Budget:
             context (``None`` without a window).
         prepare: Above this many tokens an adapter prepares the next summary
             in the background (``None`` without ``prepare_at`` or a window).
+        pinned_max: The most tokens of pinned messages written back after a
+            summary (half the keep budget unless set).
     """
 
     window: int
@@ -102,6 +104,7 @@ class Budget:
     clearing_target: int | None
     facts_max: int = 0
     prepare: int | None = None
+    pinned_max: int = 0
 
 
 def _check_int(name: str, value: object, *, minimum: int, advice: str) -> None:
@@ -194,6 +197,14 @@ class CompactionOptions:
             it does not state in a "Checked facts" section under it, within
             a quarter of the summary's budget. On by default, for every
             summarizer.
+        pin_tools: Tools whose latest call, with its results, is never
+            summarized: it is written back verbatim after the summary (a plan
+            or todo list the agent keeps working from; deepagents' and
+            LangChain's ``write_todos`` by default). Messages marked
+            ``additional_kwargs={"compaction_pin": True}`` are kept the same way.
+        pinned_max_tokens: The most tokens pinned messages may keep (half the
+            keep budget unless set); the oldest pins over it are summarized,
+            and the result says how many (``pinned_over_cap``).
         prepare_at: A share of the threshold (e.g. ``0.7``) above which the
             node, the middleware and chat memory prepare the next summary in
             the background, so the threshold applies it without waiting for
@@ -230,6 +241,8 @@ class CompactionOptions:
     summary_mode: SummaryMode = "transcript"
     ensure_user_turn: bool = True
     check_facts: bool = True
+    pin_tools: tuple[str, ...] = ("write_todos",)
+    pinned_max_tokens: int | None = None
     prepare_at: float | None = None
 
     def __post_init__(self) -> None:
@@ -297,9 +310,16 @@ class CompactionOptions:
     def _check_clearing(self) -> None:
         _check_int("keep_tool_uses", self.keep_tool_uses, minimum=0, advice="pass 0 or more (default 3)")
         _check_int("clear_min_tokens", self.clear_min_tokens, minimum=0, advice="pass 0 or more (default 100)")
-        tools = self.clear_exclude_tools
-        if isinstance(tools, str) or not all(isinstance(t, str) for t in tools):
-            raise ConfigurationError("clear_exclude_tools", tools, "pass a tuple of tool names, e.g. ('read_plan',)")
+        for name in ("clear_exclude_tools", "pin_tools"):
+            tools = getattr(self, name)
+            if (
+                isinstance(tools, str)
+                or not isinstance(tools, (tuple, list))
+                or not all(isinstance(t, str) for t in tools)
+            ):
+                raise ConfigurationError(name, tools, "pass a tuple of tool names, e.g. ('read_plan',)")
+        if self.pinned_max_tokens is not None:
+            _check_int("pinned_max_tokens", self.pinned_max_tokens, minimum=0, advice="pass 0 or more, or None")
 
     def _check_prepare(self) -> None:
         share = self.prepare_at
@@ -343,4 +363,7 @@ def derive_budget(options: CompactionOptions) -> Budget:
         summary_input = max(threshold, 1000) if threshold is not None else DEFAULT_SUMMARY_INPUT_TOKENS
     facts_max = min(max(summary_max // 4, MIN_FACTS_TOKENS), MAX_FACTS_TOKENS) if options.check_facts else 0
     prepare = int(threshold * options.prepare_at) if threshold is not None and options.prepare_at is not None else None
-    return Budget(window, reserve, keep, threshold, landing, summary_max, summary_input, landing, facts_max, prepare)
+    pinned_max = options.pinned_max_tokens if options.pinned_max_tokens is not None else keep // 2
+    return Budget(
+        window, reserve, keep, threshold, landing, summary_max, summary_input, landing, facts_max, prepare, pinned_max
+    )

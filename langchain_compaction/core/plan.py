@@ -45,6 +45,10 @@ class Plan:
         provider_prefix: Messages kept verbatim between the summary and the
             recent ones: everything up to the last provider-side compaction
             block, which the summary must not reach across.
+        pinned: Messages before the cut kept verbatim after the summary
+            (pinned by the user, or the latest call of a pinned tool, with
+            its whole exchange).
+        pinned_over_cap: Pinned exchanges summarized after all, for the cap.
     """
 
     keep_head: tuple[int, ...]
@@ -53,16 +57,21 @@ class Plan:
     previous_summaries: tuple[int, ...]
     forced: bool
     provider_prefix: tuple[int, ...] = ()
+    pinned: tuple[int, ...] = ()
+    pinned_over_cap: int = 0
 
     @property
     def removed(self) -> int:
         """Messages the summary replaces."""
-        return self.cut - self.start + sum(1 for i in self.previous_summaries if i < self.start)
+        return self.cut - self.start - len(self.pinned) + sum(1 for i in self.previous_summaries if i < self.start)
 
     @property
-    def region(self) -> range:
-        """The indices between the start and the cut (earlier summaries among them are updated)."""
-        return range(self.start, self.cut)
+    def region(self) -> Sequence[int]:
+        """The indices between the start and the cut, but the pinned ones (earlier summaries among them are updated)."""
+        if not self.pinned:
+            return range(self.start, self.cut)
+        pinned = set(self.pinned)
+        return tuple(i for i in range(self.start, self.cut) if i not in pinned)
 
 
 _IS_SUMMARY = attrgetter("is_summary")
@@ -108,12 +117,78 @@ def _after_provider_block(messages: Sequence[Message], start: int, flags: Sequen
     return next(c for c in range(blocks[-1] + 1, len(messages) + 1) if flags[c])
 
 
+@dataclass(frozen=True, slots=True)
+class Pins:
+    """What a compaction never summarizes, and the most tokens it may keep that way.
+
+    Attributes:
+        tools: Tools whose latest call, with its results, is kept verbatim.
+        max_tokens: The cap on pinned tokens; the oldest exchanges over it are summarized.
+    """
+
+    tools: tuple[str, ...] = ()
+    max_tokens: int = 0
+
+
+def _exchanges(messages: Sequence[Message], start: int, cut: int) -> dict[int, tuple[int, ...]]:
+    """Each message in ``[start, cut)`` mapped to its whole exchange (a call's message and all its results)."""
+    owner: dict[str, int] = {}
+    groups: dict[int, list[int]] = {}
+    member: dict[int, tuple[int, ...]] = {}
+    for i in range(start, cut):
+        message = messages[i]
+        if message.role == "assistant" and message.tool_calls:
+            groups[i] = [i]
+            owner.update((c.id, i) for c in message.tool_calls if c.id)
+        elif message.role == "tool" and (message.tool_call_id or "") in owner:
+            groups[owner[message.tool_call_id or ""]].append(i)
+    for group in groups.values():
+        for i in group:
+            member[i] = tuple(group)
+    return member
+
+
+def pinned_messages(
+    messages: Sequence[Message], counts: Sequence[int], start: int, cut: int, pins: Pins
+) -> tuple[tuple[int, ...], int]:
+    """The messages in ``[start, cut)`` kept verbatim after the summary, and the exchanges left out for the cap.
+
+    A message the user pinned, and the latest call of each pinned tool when it
+    is still before the cut, are kept with their whole exchange (the call's
+    message and every result of it, parallel calls included), so the output
+    stays a valid request. Newest first within ``pins.max_tokens``.
+    """
+    exchange = _exchanges(messages, start, cut)
+    chosen: list[tuple[int, ...]] = []
+    for name in pins.tools:
+        latest = next(
+            (i for i in range(len(messages) - 1, start - 1, -1) if any(c.name == name for c in messages[i].tool_calls)),
+            None,
+        )
+        if latest is not None and latest < cut:
+            chosen.append(exchange.get(latest, (latest,)))
+    chosen += [exchange.get(i, (i,)) for i in range(start, cut) if messages[i].pinned and not messages[i].is_summary]
+    if not chosen:
+        return (), 0
+    kept: set[int] = set()
+    used = over = 0
+    for group in sorted(set(chosen), key=max, reverse=True):
+        size = sum(counts[i] for i in group if i not in kept)
+        if used + size > pins.max_tokens:
+            over += 1
+            continue
+        kept.update(group)
+        used += size
+    return tuple(sorted(kept)), over
+
+
 def plan_compaction(
     messages: Sequence[Message],
     counts: Sequence[int],
     keep_recent_tokens: int,
     *,
     force: bool = True,
+    pins: Pins | None = None,
 ) -> Plan | None:
     """Decide the cut for one compaction.
 
@@ -128,6 +203,7 @@ def plan_compaction(
         counts: Token count per message.
         keep_recent_tokens: Recent tokens to keep.
         force: Whether to force a cut when everything fits the keep budget.
+        pins: What is never summarized (``pinned_messages``); nothing when ``None``.
 
     Returns:
         The plan, or ``None`` when there is nothing to compact.
@@ -146,6 +222,9 @@ def plan_compaction(
     if cut <= region_start:
         return None
     inside = [i for i in range(region_start, cut) if messages[i].is_summary]
+    pinned, over = pinned_messages(messages, counts, region_start, cut, pins) if pins is not None else ((), 0)
+    if pinned and len(pinned) + len(inside) >= cut - region_start:
+        return None  # everything before the cut is pinned: nothing to summarize
     return Plan(
         keep_head=head,
         start=region_start,
@@ -153,6 +232,8 @@ def plan_compaction(
         previous_summaries=(*earlier, *inside),
         forced=forced,
         provider_prefix=tuple(range(start, region_start)),
+        pinned=pinned,
+        pinned_over_cap=over,
     )
 
 

@@ -67,6 +67,10 @@ class CompactionRecord(TypedDict):
     """True if what had to be kept left the context above the landing target (half the threshold)."""
     repeated: bool
     """True if it came a few turns after the previous compaction, which kept too much: it kept half as much."""
+    messages_pinned: int
+    """Messages before the cut kept verbatim after the summary: pinned, or a pinned tool's latest exchange."""
+    pinned_over_cap: int
+    """Pinned exchanges summarized after all because the pinned total would pass ``Budget.pinned_max``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +115,8 @@ class CompactionResult:
     wait_seconds: float = 0.0
     above_landing: bool = False
     repeated: bool = False
+    messages_pinned: int = 0
+    pinned_over_cap: int = 0
 
     def to_dict(self) -> CompactionRecord:
         """The result as plain JSON-serializable data."""

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from langchain_compaction.core.effects import off_loop
+from langchain_compaction.core.facts import identifiers as core_identifiers
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.transcript import shorten
 from langchain_compaction.core.types import Message, SummaryRequest
@@ -64,6 +65,21 @@ _DECISION = re.compile(
     r"chose|choose|the fix is|the cause is|the issue is|root cause|plan is)\b",
     re.IGNORECASE,
 )
+# Announcing the next tool call or offering help is not a decision.
+_FILLER = re.compile(
+    r"(?i)^(?:(?:now|first|next|then|ok(?:ay)?|great|alright)\b[,.]?\s+)*"
+    r"(?:let me|let's|i'll|i will|i'm going to)\s+(?:help|check|look|see|view|explore|verify|examine|open|read|"
+    r"find|search|run|try|start|first|navigate|inspect|list|take a look|use the|create this)\b"
+    r"|\blet me know\b|\bi can help\b|:$"
+)
+_NEXT_PREFIX = "Continue with the latest request: "
+_PASTED_ERROR = re.compile(r"\s*(?:Traceback|[A-Z]\w*(?:Error|Exception)\b|ERROR\b|FAILED\b|fatal:|panic:)")
+_BULLET = re.compile(r"^(?:[-*•]\s+|\d+[.)]\s+|\[[ xX]\]\s+)+")
+# A turn that only greets, thanks or says go on sets no goal.
+_COURTESY = frozenset(
+    {"hi", "hello", "hey", "thanks", "thank", "you", "ok", "okay", "yes", "no", "sure", "great", "good", "fine"}
+    | {"cool", "go", "on", "continue", "please", "bye"}
+)
 # Anchored on literal words, so a long line costs linear time (a leading
 # ``\w*`` would make every position a start and the scan quadratic).
 _ERROR_LINE = re.compile(
@@ -75,47 +91,6 @@ _FAILURE = re.compile(
     r"(?i)\b(error|errors|error\(s\)|exception|traceback|failed|failure|fatal|panic|not found|"
     r"no such file|permission denied|invalid|cannot|can't|unable to)\b"
 )
-_EXTENSIONS = "|".join(
-    [
-        "py",
-        "js",
-        "ts",
-        "tsx",
-        "jsx",
-        "go",
-        "rs",
-        "c",
-        "h",
-        "cc",
-        "cpp",
-        "hpp",
-        "java",
-        "kt",
-        "rb",
-        "php",
-        "cs",
-        "swift",
-        "md",
-        "json",
-        "ya?ml",
-        "toml",
-        "ini",
-        "cfg",
-        "txt",
-        "sh",
-        "sql",
-        "html",
-        "css",
-        "vue",
-        "pony",
-        "lock",
-    ]
-)
-_PATH = re.compile(
-    r"(?:(?<=\s)|(?<=^)|(?<=[`'\"(\[]))(?:~|\.{1,2})?/?(?:[\w.@-]+/)+[\w.@-]+"
-    r"|\b[\w-]+\.(?:" + _EXTENSIONS + r")\b"
-)
-_URL = re.compile(r"https?://[^\s)>\]\"'`]+")
 _INLINE_CODE = re.compile(r"`([^`\n]{2,160})`")
 _IDENT = re.compile(
     r"\b(?:[A-Za-z_][A-Za-z0-9]*_[A-Za-z0-9_]+"  # snake_case
@@ -123,11 +98,12 @@ _IDENT = re.compile(
     r"|[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]+)+"  # PascalCase
     r"|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){1,}\(?)\b"  # dotted.names
 )
-_NUMBER_PHRASE = re.compile(r"(?:\b[\w$€£#-]+\s)?\b\d[\d,._:/-]*\b(?:\s?[%\w]+)?")
 _WS = re.compile(r"\s+")
 
 _ITEM_CHARS = 240
 _CONTEXT_CHARS = 300
+# A request already in Goal, named again as done: a reminder, not a copy.
+_BRIEF_CHARS = 80
 
 
 def _clip(text: str, limit: int = _ITEM_CHARS) -> str:
@@ -182,7 +158,7 @@ class _Summary:
     order: int = 0
 
     def add(self, section: str, text: str, *, precious: bool = False) -> None:
-        text = text.strip()
+        text = _BULLET.sub("", text.strip())  # the section writes its own bullet
         if not text or text.lower() in _EMPTY:
             return
         key = _WS.sub(" ", text).lower()
@@ -191,6 +167,12 @@ class _Summary:
         items.pop(key, None)
         self.order += 1
         items[key] = _Item(text, self.order, precious)
+
+    def take(self, section: str, prefix: str) -> list[str]:
+        """Remove and return the items of ``section`` that start with ``prefix`` (without it)."""
+        items = self.sections[section]
+        taken = [key for key, item in items.items() if item.text.startswith(prefix)]
+        return [items.pop(key).text[len(prefix) :] for key in taken]
 
     def render(self) -> str:
         def items(section: str, prefix: str = "- ") -> str:
@@ -302,18 +284,17 @@ def _parse_previous(summary: str, into: _Summary) -> None:
 
 
 def _context_facts(text: str, *, from_user: bool, identifiers: bool = True) -> list[str]:
-    facts: list[str] = []
-    urls = _URL.findall(text)
-    facts += urls
-    for url in urls:
-        text = text.replace(url, " ")
-    facts += [m.group() for m in _PATH.finditer(text) if "/" in m.group() or "." in m.group()]
-    facts += [c for c in _INLINE_CODE.findall(text)]
-    if identifiers:
-        facts += [m.group().rstrip("(") for m in _IDENT.finditer(text)]
-    if from_user:
-        facts += [m.group().strip() for m in _NUMBER_PHRASE.finditer(text) if any(ch.isdigit() for ch in m.group())]
-    return facts
+    # What counts as an identifier is ``core.facts``' rule (ids, codes,
+    # amounts, dates, versions, paths, URLs, addresses), the one the checked
+    # facts use; from the agent and its tools only paths, files and URLs of
+    # it, plus the code names the agent wrote.
+    found = core_identifiers(text)
+    if not from_user:
+        found = [value for value in found if "/" in value or "." in value]
+    found += _INLINE_CODE.findall(text)
+    if identifiers and not from_user:
+        found += [m.group().rstrip("(") for m in _IDENT.finditer(text)]
+    return found
 
 
 def _error_lines(text: str, limit: int = 3) -> list[str]:
@@ -390,27 +371,34 @@ class ExtractiveSummarizer:
         results: dict[str | None, Message] = {
             m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id
         }
-        last_user = ""
+        requests: list[str] = []
+        answered = False
         for message in messages:
             if self._read(summary, message, results):
-                last_user = message.text
-        if last_user:
-            summary.add("Next Steps", _clip(f"Continue with the latest request: {last_user}"))
+                if requests and answered:
+                    summary.add("Done", _clip(f"Answered: {requests[-1]}", _BRIEF_CHARS))
+                requests.append(message.text)
+                answered = False
+            elif message.role == "assistant" and not message.tool_calls and message.text.strip():
+                answered = True
+        if requests:
+            # Only the open request is next: what an earlier summary had as
+            # next was a request that came before these.
+            for earlier in summary.take("Next Steps", _NEXT_PREFIX):
+                summary.add("Done", _clip(f"Earlier request: {earlier}", _BRIEF_CHARS))
+            # The newest stays next even when a reply followed it: the
+            # conversation goes on from the kept messages after the summary.
+            summary.add("Next Steps", _clip(f"{_NEXT_PREFIX}{requests[-1]}"))
         return summary.trim(budget)
 
     def _read(self, summary: _Summary, message: Message, results: dict[str | None, Message]) -> bool:
         """Add what ``message`` tells to ``summary``; whether it is a user request."""
         text = message.text
-        if message.role == "user" and text.strip() and not text.lstrip().startswith("/compact"):
-            summary.add("Goal", _clip(text))
-            for sentence in _sentences(text):
-                if _CONSTRAINT.search(sentence):
-                    summary.add("Constraints & Preferences", _clip(sentence), precious=True)
-            self._add_context(summary, text, from_user=True)
-            return True
+        if message.role == "user" and text.strip():
+            return self._user(summary, text)
         if message.role == "assistant":
             for sentence in _sentences(text):
-                if _DECISION.search(sentence):
+                if _DECISION.search(sentence) and not _FILLER.search(sentence):
                     summary.add("Key Decisions", _clip(sentence))
             for call in message.tool_calls:
                 self._add_call(summary, call.name, call.arguments, results.get(call.id))
@@ -422,6 +410,29 @@ class ExtractiveSummarizer:
         elif message.role == "system" and text.strip():
             summary.add("Critical Context", _clip(f"System note: {_first_line(text)}", _CONTEXT_CHARS))
         return False
+
+    def _user(self, summary: _Summary, text: str) -> bool:
+        """Take a user turn; whether it is a request (a slash command or a greeting is not)."""
+        first = _first_line(text)
+        words = [w.strip(".,!?;:") for w in text.lower().split()]
+        if len(words) <= 6 and all(w in _COURTESY for w in words):
+            return False
+        command = first.startswith("/")
+        if command:
+            # A slash command, or a tool's echo of one: what the user did, not what they want.
+            summary.add("Done", _clip(f"The user ran {first}", _BRIEF_CHARS))
+        elif _PASTED_ERROR.match(first):
+            # An error pasted back (by the user or a harness speaking as the
+            # user): what is blocking, not a new goal.
+            summary.add("Blocked", _clip(first))
+            summary.add("Critical Context", _clip(first, _CONTEXT_CHARS), precious=True)
+        else:
+            summary.add("Goal", _clip(text))
+        for sentence in _sentences(text):
+            if _CONSTRAINT.search(sentence):
+                summary.add("Constraints & Preferences", _clip(sentence), precious=True)
+        self._add_context(summary, text, from_user=True)
+        return not command
 
     def _add_call(self, summary: _Summary, name: str, arguments: str, result: Message | None) -> None:
         brief = _args_brief(arguments)

@@ -29,7 +29,14 @@ from langchain_core.runnables import RunnableLambda
 from langgraph.constants import TAG_NOSTREAM
 from langgraph.graph import END, START, MessagesState, StateGraph
 
-from langchain_compaction import CompactionError, CompactionOptions, CompactionResult, acompact, compact
+from langchain_compaction import (
+    CompactionError,
+    CompactionOptions,
+    CompactionResult,
+    ExtractiveSummarizer,
+    acompact,
+    compact,
+)
 from langchain_compaction._lc.convert import (
     BRIDGE_TEXT,
     SUMMARY_MARK,
@@ -1362,3 +1369,43 @@ def test_the_bridge_text_is_in_the_compacted_size() -> None:
     bridge = split_compacted(out).bridge
     assert bridge is not None
     assert estimate_message_tokens([bridge]) == estimate_message_tokens([HumanMessage(BRIDGE_TEXT)])
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_chunks_never_separate_tool_calls_from_their_results(mode: str) -> None:
+    # Parallel calls with sizeable results: a greedy split by size alone ends
+    # chunks between an assistant's calls and their results.
+    messages: list[BaseMessage] = []
+    for turn in range(12):
+        messages.append(HumanMessage(f"question {turn} " + "about the layout of the repository " * 20))
+        calls = [{"name": "read", "args": {"path": f"src/m{turn}_{k}.py"}, "id": f"c{turn}_{k}"} for k in range(3)]
+        messages.append(AIMessage("", tool_calls=calls))
+        messages += [ToolMessage("def f():\n    return 1\n" * 60, tool_call_id=f"c{turn}_{k}") for k in range(3)]
+        messages.append(AIMessage(f"answer {turn}"))
+    messages.append(HumanMessage("go on"))
+    recorder = Recorder(*[f"## Goal\n- part {n}" for n in range(60)])
+    options = CompactionOptions(summary_input_tokens=4_000, keep_recent_tokens=200)
+    result, _ = await run(mode, recorder, messages, options)
+    assert result is not None
+    assert result.chunks > 3
+    for prompt in recorder.prompts:
+        called = set(re.findall(r"\(tool call read, id (c\d+_\d)\)", prompt))
+        answered = set(re.findall(r"call=(c\d+_\d)", prompt))
+        assert called == answered, called ^ answered
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_offline_summarizer_reports_no_finished_call_as_pending_across_chunks(mode: str) -> None:
+    messages: list[BaseMessage] = []
+    for turn in range(12):
+        messages.append(HumanMessage(f"question {turn} " + "about the layout of the repository " * 20))
+        calls = [{"name": "read", "args": {"path": f"src/m{turn}_{k}.py"}, "id": f"c{turn}_{k}"} for k in range(3)]
+        messages.append(AIMessage("", tool_calls=calls))
+        messages += [ToolMessage("def f():\n    return 1\n" * 60, tool_call_id=f"c{turn}_{k}") for k in range(3)]
+        messages.append(AIMessage(f"answer {turn}"))
+    messages.append(HumanMessage("go on"))
+    options = CompactionOptions(summary_input_tokens=4_000, keep_recent_tokens=200)
+    result, _ = await run(mode, ExtractiveSummarizer(), messages, options)
+    assert result is not None
+    assert result.chunks > 3
+    assert "no result yet" not in result.summary

@@ -1,0 +1,161 @@
+"""Pinned context: what the user pins, and a plan tool's latest call, are never summarized."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from conftest import split_compacted
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from test_graph import assert_valid_anthropic_request
+
+from langchain_compaction import CompactionNode, CompactionOptions, compact
+from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.graph import CompactionState
+
+OPTIONS = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=400)
+PIN = {"compaction_pin": True}
+
+
+def summarize(prompt: str) -> str:
+    return "## Goal\n- keep working"
+
+
+def todos(turn: int, items: list[str]) -> list[BaseMessage]:
+    call = {"name": "write_todos", "args": {"todos": items}, "id": f"todo-{turn}", "type": "tool_call"}
+    return [
+        AIMessage("", tool_calls=[call], id=f"plan-{turn}"),
+        ToolMessage(f"Updated todos: {items}", tool_call_id=f"todo-{turn}", id=f"plan-result-{turn}"),
+    ]
+
+
+def chat(turn: int) -> list[BaseMessage]:
+    return [
+        HumanMessage(f"step {turn}: " + "please continue with the migration work " * 8, id=f"h{turn}"),
+        AIMessage(f"done with step {turn}. " + "the tables were moved " * 8, id=f"a{turn}"),
+    ]
+
+
+def test_the_latest_write_todos_call_survives_every_compaction_verbatim() -> None:
+    messages: list[BaseMessage] = [
+        *chat(0),
+        *todos(1, ["old plan"]),
+        *chat(2),
+        *todos(3, ["migrate users", "drop legacy"]),
+    ]
+    for turn in range(4, 40):
+        messages += chat(turn)
+    result, out = compact(summarize, messages, OPTIONS)
+    parts = split_compacted(out)
+    assert [m.id for m in parts.recent[:2]] == ["plan-3", "plan-result-3"]  # the latest list, whole
+    assert parts.bridge is not None  # the pinned exchange starts with the assistant: a user turn first
+    assert "plan-1" not in {m.id for m in out}  # the older list was summarized
+    assert result.messages_pinned == 2
+    assert_valid_anthropic_request(out)
+    # Compacted again (and again), it stays.
+    for round_ in range(3):
+        out = [*out, *(m for turn in range(100 * (round_ + 1), 100 * (round_ + 1) + 30) for m in chat(turn))]
+        result, out = compact(summarize, out, OPTIONS)
+        assert "plan-3" in {m.id for m in out}
+        assert_valid_anthropic_request(out)
+
+
+def test_a_message_the_user_pinned_is_written_back_after_each_summary() -> None:
+    rule = HumanMessage("The production database is read-only until Friday.", id="rule", additional_kwargs=PIN)
+    messages: list[BaseMessage] = [*chat(0), rule, AIMessage("Understood.", id="ok")]
+    for turn in range(1, 40):
+        messages += chat(turn)
+    out = messages
+    for round_ in range(3):
+        result, out = compact(summarize, out, OPTIONS)
+        parts = split_compacted(out)
+        assert parts.recent[0] is rule
+        assert parts.bridge is None  # it is a user turn itself
+        assert_valid_anthropic_request(out)
+        out = [*out, *(m for turn in range(100 * (round_ + 1), 100 * (round_ + 1) + 30) for m in chat(turn))]
+
+
+def test_a_pinned_call_keeps_its_whole_message_and_every_parallel_result() -> None:
+    calls = [
+        {"name": "write_todos", "args": {"todos": ["a", "b"]}, "id": "t1", "type": "tool_call"},
+        {"name": "read_file", "args": {"path": "schema.sql"}, "id": "r1", "type": "tool_call"},
+    ]
+    exchange: list[BaseMessage] = [
+        AIMessage("Planning and reading.", tool_calls=calls, id="both"),
+        ToolMessage("Updated todos", tool_call_id="t1", id="res-t1"),
+        ToolMessage("CREATE TABLE users (...)", tool_call_id="r1", id="res-r1"),
+    ]
+    messages: list[BaseMessage] = [*chat(0), *exchange]
+    for turn in range(1, 40):
+        messages += chat(turn)
+    result, out = compact(summarize, messages, OPTIONS)
+    parts = split_compacted(out)
+    assert [m.id for m in parts.recent[:3]] == ["both", "res-t1", "res-r1"]
+    assert result.messages_pinned == 3
+    assert_valid_anthropic_request(out)
+
+
+def test_the_pinned_total_has_a_cap_and_the_result_says_when_it_is_hit(caplog: pytest.LogCaptureFixture) -> None:
+    messages: list[BaseMessage] = []
+    for turn in range(30):
+        messages += chat(turn)
+        if turn % 10 == 0:
+            messages.append(
+                HumanMessage(f"pinned note {turn}: " + "remember this " * 20, id=f"pin{turn}", additional_kwargs=PIN)
+            )
+            messages.append(AIMessage("Noted.", id=f"noted{turn}"))
+    options = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, pinned_max_tokens=120)
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        result, out = compact(summarize, messages, options)
+    ids = {m.id for m in out}
+    assert "pin20" in ids  # the newest pin fits
+    assert "pin0" not in ids  # older ones go to the summary
+    assert result.pinned_over_cap == 2
+    assert "pinned exchange(s) were summarized" in caplog.text
+
+
+def test_pinning_can_be_turned_off_and_is_checked() -> None:
+    messages: list[BaseMessage] = [*chat(0), *todos(1, ["plan"])]
+    for turn in range(2, 40):
+        messages += chat(turn)
+    result, out = compact(
+        summarize,
+        messages,
+        CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, pin_tools=()),
+    )
+    assert result.messages_pinned == 0
+    assert "plan-1" not in {m.id for m in out}
+    with pytest.raises(ConfigurationError, match="pin_tools"):
+        CompactionOptions(pin_tools="write_todos")  # type: ignore[arg-type]
+
+
+def test_a_graph_agent_keeps_its_todo_list_across_compactions() -> None:
+    """The deepagents report: after summarization the active todo list is gone."""
+    node = CompactionNode(summarize, OPTIONS, result_key="compaction")
+    turns = [0]
+
+    def agent(state: CompactionState) -> dict[str, Any]:
+        turns[0] += 1
+        if turns[0] == 2:
+            return {"messages": todos(2, ["write the report", "send it to Ana"])}
+        return {"messages": [AIMessage(f"step {turns[0]} done. " + "details " * 30)]}
+
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_node("agent", agent)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    builder.add_edge("agent", END)
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    summaries = set()
+    for turn in range(80):
+        state = graph.invoke({"messages": [HumanMessage(f"go on with part {turn} " + "please continue " * 30)]}, config)
+        summaries |= {m.id for m in state["messages"] if m.id and m.id.startswith("compaction-summary-")}
+        assert "plan-2" in {m.id for m in state["messages"]} or turn < 1
+        assert_valid_anthropic_request(state["messages"])
+    assert sum(1 for m in state["messages"] if m.id == "plan-result-2") == 1
+    assert len(summaries) >= 5  # it survived five compactions
