@@ -293,6 +293,12 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
     return run_demo(out, window=args.context_window, reserve=args.reserve_tokens, keep=args.keep_recent_tokens)
 
 
+def _archive(args: argparse.Namespace, out: TextIO) -> int:
+    from langchain_compaction._lc.archive_cli import print_archive
+
+    return print_archive(args.store, args.thread, out, prefix=args.prefix, show=args.show, as_json=args.json)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="langchain-compaction",
@@ -354,6 +360,14 @@ def _parser() -> argparse.ArgumentParser:
     budgets(comp, 0)
     comp.add_argument("--json", action="store_true", help="print JSON for machines")
     comp.set_defaults(run=_compact)
+
+    arch = command("archive", "list a thread's archived messages in a LangGraph store (needs the [stores] extra)")
+    arch.add_argument("store", help="postgresql://user@host/db, or sqlite:///path/to/store.db")
+    arch.add_argument("thread", help="the thread id (as in the run's config)")
+    arch.add_argument("--show", help="print one message in full: its key or position")
+    arch.add_argument("--prefix", default="compaction_archive", help="namespace prefix (default: %(default)s)")
+    arch.add_argument("--json", action="store_true", help="print JSON for machines")
+    arch.set_defaults(run=_archive)
     return parser
 
 

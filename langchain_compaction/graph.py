@@ -24,11 +24,13 @@ from typing import Any, Literal
 
 from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, ToolMessage
 from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.tools import BaseTool
 from langgraph.constants import END
 from langgraph.graph import MessagesState
 from langgraph.pregel import Pregel
 from langgraph.types import Command
 
+from langchain_compaction._lc.archive import Archive, archive_note, archived, recall_tool
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache
 from langchain_compaction._lc.pipeline import (
     COMPACTION_EVENT,
@@ -233,6 +235,12 @@ class CompactionNode(Runnable[Any, Any]):
             serving the same threads: a function from a thread id to a lock
             with a lease (``history.FileLock``, ``history.PostgresAdvisoryLock``)
             that says which process prepares that thread's summary.
+        archive: Keep every message a compaction removes in the graph's
+            LangGraph store (``compile(store=...)``), under
+            ``("compaction_archive", <thread>)``, before the state is
+            rewritten; ``True`` for the defaults or ``Archive(...)`` for
+            retention, semantic indexing and error handling. The summary then
+            says the agent can read them back with ``recall_tool()``.
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -266,6 +274,7 @@ class CompactionNode(Runnable[Any, Any]):
         prepare_wait: float = PREPARE_WAIT_SECONDS,
         prepare_in_store: bool = False,
         prepare_lease: LeaseFactory | None = None,
+        archive: bool | Archive = False,
     ) -> None:
         if not isinstance(messages_key, str) or not messages_key:
             raise ConfigurationError("messages_key", messages_key, "pass the state key of the message list")
@@ -277,7 +286,8 @@ class CompactionNode(Runnable[Any, Any]):
             raise ConfigurationError("cache_size", cache_size, f"pass a positive number (default {DEFAULT_CACHE_SIZE})")
         if nested not in ("parent", "own"):
             raise ConfigurationError("nested", nested, "pass 'parent' or 'own'")
-        self._compactor = Compactor.build(model, options, fallback)
+        self.archive = Archive.of(archive)
+        self._compactor = Compactor.build(model, options, fallback, note=archive_note(self.archive))
         self.messages_key = messages_key
         self.result_key = result_key
         self.enable_compact_command = bool(enable_compact_command)
@@ -420,6 +430,9 @@ class CompactionNode(Runnable[Any, Any]):
             else:
                 assert job is not None
                 output = yield from self._compactor.compaction(job, model)
+            # Archived first: a failed write leaves the state as it was.
+            if not (yield from archived(self.archive, current_store(), config, turn.messages, output[1])):
+                return self._nothing(turn)
             yield twin(announce, aannounce, output[0], run_config)
             done.append(output[0])
             return self._update(output)
@@ -427,7 +440,19 @@ class CompactionNode(Runnable[Any, Any]):
         # A run of its own, so traces show the compaction and the event has a
         # parent; the common turn, nothing to do, returned above without one.
         update = yield in_run(self, compaction, state, config)
-        return done[0], self._deliver(update, config)
+        return (done[0] if done else None), self._deliver(update, config)
+
+    def recall_tool(self, *, max_chars: int = 4_000) -> BaseTool:
+        """The tool that reads this node's archive back (give it to the agent's ``ToolNode``).
+
+        Args:
+            max_chars: The most characters one call returns.
+
+        Returns:
+            The tool (see ``langchain_compaction.archive.recall_tool``); its
+            output goes through ``options.redact``.
+        """
+        return recall_tool(self.archive, redact=self.options.redact, max_chars=max_chars)
 
     # -- the Runnable surface ---------------------------------------------------------
 

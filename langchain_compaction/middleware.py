@@ -89,6 +89,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+from langchain_compaction._lc.archive import Archive, archive_note, archived, recall_tool
 from langchain_compaction._lc.convert import json_text, to_core
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages, counting
 from langchain_compaction._lc.pipeline import (
@@ -195,6 +196,13 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         prepare_lease: With ``options.prepare_at`` and several processes
             serving the same threads: a function from a thread id to a lock
             with a lease that says which process prepares its summary.
+        archive: Keep every message a compaction removes in the agent's
+            LangGraph store (``create_agent(store=...)``), under
+            ``("compaction_archive", <thread>)``, before the state is
+            rewritten; ``True`` for the defaults or ``Archive(...)`` for
+            retention, semantic indexing and error handling. The middleware
+            then registers the ``recall_messages`` tool that reads them back,
+            and each summary says it exists.
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -227,6 +235,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         prepare_wait: float = PREPARE_WAIT_SECONDS,
         prepare_in_store: bool = False,
         prepare_lease: LeaseFactory | None = None,
+        archive: bool | Archive = False,
     ) -> None:
         super().__init__()
         if not isinstance(custom_instructions, str):
@@ -239,7 +248,10 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             raise ConfigurationError(
                 "cache_size", cache_size, f"pass a positive number of entries (default {DEFAULT_CACHE_SIZE})"
             )
-        self._compactor = Compactor.build(model, options, fallback)
+        self.archive = Archive.of(archive)
+        self._compactor = Compactor.build(model, options, fallback, note=archive_note(self.archive))
+        # With the archive on, the agent gets the tool that reads it back.
+        self.tools = [] if self.archive is None else [recall_tool(self.archive, redact=self._compactor.options.redact)]
         self._instructions = custom_instructions
         self._on_compaction = on_compaction
         self._cache = TokenCountCache(self._compactor.options, max_entries=cache_size)
@@ -334,6 +346,11 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
                 return unchanged
             ready = yield from self._compactor.compaction(job)
         result, compacted = ready
+        # Archived first: a failed write leaves the state as it was.
+        if not (
+            yield from archived(self.archive, getattr(runtime, "store", None), _current_config(), messages, compacted)
+        ):
+            return unchanged
         if self._on_compaction is not None:
             self._on_compaction(result)
         yield twin(announce, aannounce, result)
@@ -397,7 +414,9 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             response = yield twin(handler, handler, self._with_messages(request, compacted))
         except ContextOverflowError as error:
             logger.warning("the model rejected the context as too long (%s); compacting and retrying once", error)
-            compacted = yield from self._compaction(compacted or messages, overhead, "force")
+            compacted = yield from self._compaction(
+                compacted or messages, overhead, "force", getattr(request, "runtime", None)
+            )
             if compacted is None:
                 raise  # nothing left to summarize: the overflow stands
             # A second overflow is thrown in here and propagates.

@@ -47,6 +47,11 @@ FACTS_KEY = "facts"
 PIN_KEY = "compaction_pin"
 """Key in a message's ``additional_kwargs`` that pins it: ``{"compaction_pin": True}`` keeps it verbatim."""
 
+POSITION_KEY = "position"
+"""Key in a summary's mark: the ordinal in the whole conversation of the first message kept after it."""
+
+NUMBER_KEY = "compaction"
+"""Key in a summary's mark: how many compactions wrote a summary in this conversation, this one included."""
 
 _FACT_KINDS = frozenset(get_args(FactKind))
 
@@ -352,6 +357,8 @@ def summary_message(
     last_message_id: str | None = None,
     kept_from: str | None = None,
     facts: Sequence[Fact] = (),
+    position: int | None = None,
+    number: int | None = None,
 ) -> SystemMessage:
     """The system message that carries a summary, marked for later updates.
 
@@ -364,6 +371,9 @@ def summary_message(
             parent), what precedes that message is what it covers.
         facts: The facts the summary was checked against, carried on to the
             next compaction.
+        position: The ordinal in the whole conversation of the first message
+            kept after it (the archive numbers messages by it).
+        number: How many compactions wrote a summary so far, this one included.
 
     Returns:
         A marked ``SystemMessage`` with a fresh id.
@@ -375,6 +385,10 @@ def summary_message(
         mark[KEPT_FROM_KEY] = kept_from
     if facts:
         mark[FACTS_KEY] = [[f.kind, f.text, f.key, f.detail] for f in facts]
+    if position is not None:
+        mark[POSITION_KEY] = position
+    if number is not None:
+        mark[NUMBER_KEY] = number
     return SystemMessage(
         content=summary,
         id=f"compaction-summary-{uuid.uuid4().hex}",

@@ -30,6 +30,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import ensure_config, get_callback_manager_for_config
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
+from langchain_compaction._lc.archive import numbering
 from langchain_compaction._lc.convert import (
     SUMMARY_MARK,
     as_dict,
@@ -121,14 +122,17 @@ class Compactor:
         summarizer: Writes the summaries.
         fallback: Takes over when the summarizer fails, if given.
         options: The options in force.
+        note: A line the library writes under each summary (the archive's
+            pointer to the recall tool), or "".
     """
 
     summarizer: Summarizer
     fallback: Summarizer | None
     options: CompactionOptions
+    note: str = ""
 
     @classmethod
-    def build(cls, model: Any, options: object, fallback: Any = None) -> Compactor:
+    def build(cls, model: Any, options: object, fallback: Any = None, note: str = "") -> Compactor:
         """Accept what a user passes (a model, options or ``None``, a fallback) and check it.
 
         Raises:
@@ -139,7 +143,7 @@ class Compactor:
         if not isinstance(options, CompactionOptions):
             raise ConfigurationError("options", options, "pass CompactionOptions(context_window=...), or None")
         backup = None if fallback is None else as_summarizer(fallback, field="fallback")
-        return cls(as_summarizer(model), backup, options)
+        return cls(as_summarizer(model), backup, options, note)
 
     def prepare(
         self,
@@ -381,10 +385,22 @@ class Compactor:
         # Checked summaries: what the summarizer dropped of the facts in force,
         # the library adds under it; the facts are recorded to carry them on.
         checked = check_compaction(job.core, job.plan, shape.kept, report.outcome.summary, self.options)
-        summary = compose_summary(report.outcome.summary, [checked.section] if checked is not None else ())
+        sections = [self.note, checked.section if checked is not None else ""]
+        summary = compose_summary(report.outcome.summary, sections)
         facts = checked.facts if checked is not None else ()
+        # Where the kept part starts in the whole conversation, so an archive
+        # numbers what this compaction removes without reading the store.
+        positions, following, compactions = numbering(original)
+        position = positions[shape.kept[0]] if shape.kept else following
         written: list[BaseMessage] = [
-            summary_message(summary, last_message_id=original[-1].id, kept_from=kept_from, facts=facts)
+            summary_message(
+                summary,
+                last_message_id=original[-1].id,
+                kept_from=kept_from,
+                facts=facts,
+                position=position,
+                number=compactions + 1,
+            )
         ]
         if shape.bridge:
             written.append(bridge_message())

@@ -27,6 +27,8 @@ from langchain_compaction.core.plan import Layout, Plan
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message
 
+_NOTE_START = prompts.RECALL_NOTE.split("{", 1)[0]
+
 if TYPE_CHECKING:
     from langchain_compaction.core.clearing import ClearingPlan
     from langchain_compaction.core.engine import DriverReport
@@ -52,12 +54,12 @@ def compose_summary(summary: str, sections: Sequence[str] = ()) -> str:
 
 
 def summary_body(content: str) -> str:
-    """The summarizer's text of a summary message, without the header, the notice and the checked facts.
+    """The summarizer's text of a summary message, without the header, the notice and what the library added.
 
-    The library's "Checked facts" section is left out: the facts are recorded
-    in the summary's mark and checked again at the next compaction, so a
-    summarizer updating the summary never copies the library's section into
-    its own text.
+    The library's "Checked facts" section and its archive note are left out:
+    the facts are recorded in the summary's mark and checked again at the
+    next compaction, so a summarizer updating the summary never copies the
+    library's lines into its own text.
 
     Args:
         content: A summary message's text.
@@ -69,8 +71,9 @@ def summary_body(content: str) -> str:
     for line in (prompts.SUMMARY_HEADER, prompts.SUMMARY_NOTICE, prompts.LANGCHAIN_SUMMARY_PREFIX):
         if body.startswith(line):
             body = body[len(line) :].lstrip()
-    section = body.find(f"{SECTION_HEADING}\n{SECTION_NOTE}")
-    return body[:section].rstrip() if section >= 0 else body
+    added = [body.find(f"{SECTION_HEADING}\n{SECTION_NOTE}"), body.find(_NOTE_START)]
+    found = [i for i in added if i >= 0]
+    return body[: min(found)].rstrip() if found else body
 
 
 def layout(messages: Sequence[Message], plan: Plan, options: CompactionOptions) -> Layout:

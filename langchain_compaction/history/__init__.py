@@ -65,12 +65,14 @@ from typing import Any, Literal
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage
 
+from langchain_compaction._lc.archive import recall_from
 from langchain_compaction._lc.pipeline import Compactor, check_wait
 from langchain_compaction._lc.prepared import PREPARE_WAIT_SECONDS, Preparer
 from langchain_compaction.core.context import Stage, context_tokens, stage
 from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Plan
+from langchain_compaction.core.recall import Lookup
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message
 from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
@@ -241,6 +243,52 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
     async def aget_messages(self) -> list[BaseMessage]:
         """Await the messages of ``inner``; see ``messages``."""
         return await adrive(self._read_flow())
+
+    def recall(
+        self,
+        query: str = "",
+        *,
+        ids: Sequence[str] = (),
+        start: int | None = None,
+        end: int | None = None,
+        limit: int = 10,
+    ) -> list[tuple[int, BaseMessage]]:
+        """Compacted messages of this session read back from ``archive``, newest first.
+
+        The same look-up as the recall tool of the LangGraph adapters
+        (``langchain_compaction.archive.recall_tool(history=...)`` gives an
+        agent this one): every word of ``query`` must occur; ``ids`` and the
+        position range (``start`` to ``end``, inclusive; positions count the
+        archive's messages from 0) narrow it further.
+
+        Returns:
+            ``(position, message)`` pairs, at most ``limit``.
+
+        Raises:
+            ConfigurationError: There is no ``archive`` to read.
+            StoreError: The archive failed to read.
+        """
+        return drive(self.recall_flow(Lookup(query, tuple(ids), start, end, limit)))
+
+    async def arecall(
+        self,
+        query: str = "",
+        *,
+        ids: Sequence[str] = (),
+        start: int | None = None,
+        end: int | None = None,
+        limit: int = 10,
+    ) -> list[tuple[int, BaseMessage]]:
+        """The async twin of ``recall``."""
+        return await adrive(self.recall_flow(Lookup(query, tuple(ids), start, end, limit)))
+
+    def recall_flow(self, lookup: Lookup) -> Flow[list[tuple[int, BaseMessage]]]:
+        """``recall`` as a flow (``core.effects``), for the recall tool to drive on either path."""
+        archive = self.archive
+        if archive is None:
+            raise ConfigurationError("archive", None, "pass archive=<a chat history> to keep compacted messages")
+        stored = yield from self._io(stores.read(archive), "archive:read", archive)
+        return recall_from(stored, lookup)
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Append to ``inner``, then compact if the history no longer fits.

@@ -194,3 +194,59 @@ def test_a_summary_prepared_by_one_worker_is_applied_by_another_through_postgres
         assert all("prepared in worker A" in prompt for prompt in other)
         assert "Goal" in str(out["messages"][0].content)
         assert store.search(namespace) == []
+
+
+def test_archive_in_postgres_store_graph_and_agent_sessions(postgres_server: PostgresServer) -> None:
+    """200 turns through the node and through create_agent + middleware on a real PostgreSQL store."""
+    from archive_sessions import (
+        FACT,
+        agent_middleware,
+        agent_script,
+        assert_each_message_once,
+        graph_session,
+        lookup,
+        user_text,
+    )
+    from langchain.agents import create_agent
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import ToolMessage
+    from langgraph.store.postgres import PostgresStore
+
+    from langchain_compaction._lc.archive import archived
+    from langchain_compaction._lc.convert import is_compaction_message
+    from langchain_compaction.archive import Archive
+    from langchain_compaction.core.effects import drive
+
+    class ToolCallingFake(GenericFakeChatModel):
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+    with (
+        PostgresSaver.from_conn_string(postgres_server.url) as saver,
+        PostgresStore.from_conn_string(postgres_server.url) as store,
+    ):
+        saver.setup()
+        store.setup()
+        session = graph_session(store, saver, "tenant.7/graph")
+        for number in range(200):
+            out = session.turn(number)
+        assert assert_each_message_once(session.sent, out["messages"], store, "tenant.7/graph") > 300
+        assert user_text("tenant.7/graph", 3) in session.recall(store, query=FACT)
+
+        model = ToolCallingFake(messages=agent_script(200))
+        agent = create_agent(model, tools=[lookup], middleware=[agent_middleware()], checkpointer=saver, store=store)
+        config = {"configurable": {"thread_id": "tenant.7/agent"}}
+        seen: dict[str, BaseMessage] = {}
+        for number in range(201):
+            question = HumanMessage(user_text("tenant.7/agent", number), id=f"q{number}")
+            seen[f"q{number}"] = question
+            state = agent.invoke({"messages": [question]}, config)["messages"]
+            seen.update({m.id: m for m in state if m.id and not is_compaction_message(m) and m.id not in seen})
+        assert_each_message_once(list(seen.values()), state, store, "tenant.7/agent")
+        recalled = next(m for m in reversed(state) if isinstance(m, ToolMessage) and m.name == "recall_messages")
+        assert user_text("tenant.7/agent", 3) in str(recalled.content)
+        # The graph's thread never shows through the agent's tool, and a retry writes nothing twice.
+        assert "tenant.7/graph" not in str(recalled.content)
+        before = list(session.sent[:10])
+        drive(archived(Archive(), store, session.config, before, before[8:]))
+        assert assert_each_message_once(session.sent, out["messages"], store, "tenant.7/graph") > 300

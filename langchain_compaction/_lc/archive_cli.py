@@ -1,0 +1,89 @@
+"""``langchain-compaction archive``: list and print a thread's archive from a store URL, for debugging.
+
+The store packages come with the ``stores`` extra (``pip install
+"langchain-compaction[stores]"``), not with the base install.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from langchain_core.messages import messages_from_dict
+
+from langchain_compaction._lc.archive import Archive, read_all
+from langchain_compaction._lc.convert import to_core
+from langchain_compaction.core.transcript import message_body
+from langchain_compaction.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from langgraph.store.base import BaseStore, Item
+
+_EXTRA = 'install the store packages: pip install "langchain-compaction[stores]"'
+
+
+@contextmanager
+def open_store(url: str) -> Iterator[BaseStore]:
+    """The LangGraph store at ``url``: ``postgresql://...`` or ``sqlite:///path`` (or a path to a ``.db`` file).
+
+    Raises:
+        ConfigurationError: The URL names no store this command can open, the
+            SQLite file does not exist, or the store packages are missing.
+    """
+    if url.startswith(("postgres://", "postgresql://")):
+        try:
+            from langgraph.store.postgres import PostgresStore
+        except ImportError as exc:
+            raise ConfigurationError("store", url, _EXTRA) from exc
+        with PostgresStore.from_conn_string(url) as store:
+            yield store
+        return
+    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
+    if not url.startswith("sqlite:///") and Path(path).suffix not in (".db", ".sqlite", ".sqlite3"):
+        raise ConfigurationError("store", url, "pass postgresql://user@host/db or sqlite:///path/to/store.db")
+    if not Path(path).is_file():
+        raise ConfigurationError("store", url, f"no SQLite file at {path}")
+    try:
+        from langgraph.store.sqlite import SqliteStore
+    except ImportError as exc:
+        raise ConfigurationError("store", url, _EXTRA) from exc
+    with SqliteStore.from_conn_string(path) as store:
+        yield store
+
+
+def _row(item: Item) -> dict[str, Any]:
+    message = messages_from_dict([item.value["message"]])[0]
+    return {
+        "position": int(item.value["position"]),
+        "key": item.key,
+        "role": item.value.get("role"),
+        "compaction": item.value.get("compaction"),
+        "text": message_body(to_core(message)),
+    }
+
+
+def print_archive(url: str, thread: str, out: TextIO, *, prefix: str, show: str | None, as_json: bool) -> int:
+    """List ``thread``'s archived messages (or print one in full); the exit status."""
+    archive = Archive(prefix=prefix)
+    with open_store(url) as store:
+        items = read_all(store, archive.namespace(thread))
+    rows = sorted((_row(i) for i in items if "message" in i.value), key=lambda r: r["position"])
+    if show is not None:
+        rows = [r for r in rows if show in (r["key"], str(r["position"]))]
+        if not rows:
+            raise ConfigurationError("show", show, f"pass a key or position of thread {thread!r}'s archive")
+    if as_json:
+        out.write(json.dumps(rows, ensure_ascii=False, indent=1) + "\n")
+        return 0
+    if not rows:
+        print(f"thread {thread!r} has no archived messages under {archive.namespace(thread)}", file=out)
+        return 0
+    for row in rows:
+        text = row["text"] if show is not None else " ".join(row["text"].split())[:100]
+        print(f"#{row['position']} {row['role']} (compaction {row['compaction']}) {row['key']}: {text}", file=out)
+    if show is None:
+        print(f"{len(rows)} archived message(s); --show KEY_OR_POSITION prints one in full", file=out)
+    return 0

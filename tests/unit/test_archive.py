@@ -1,0 +1,400 @@
+"""The archive: compacted messages kept in a LangGraph store, exactly once, and recalled by the agent."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from archive_sessions import (
+    FACT,
+    OPTIONS,
+    agent_middleware,
+    agent_script,
+    archived_messages,
+    assert_each_message_once,
+    graph_session,
+    lookup,
+    summarize,
+    user_text,
+)
+from langchain.agents import create_agent
+from langchain_core.chat_history import InMemoryChatMessageHistory
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.store.memory import InMemoryStore
+
+from langchain_compaction import CompactingChatMessageHistory, CompactionNode
+from langchain_compaction._lc.archive import Batch, archived, leaving, write
+from langchain_compaction._lc.convert import is_compaction_message, is_summary_message
+from langchain_compaction.archive import Archive, recall_tool
+from langchain_compaction.core.effects import drive
+from langchain_compaction.core.layout import summary_body
+from langchain_compaction.errors import ConfigurationError, StoreError
+from langchain_compaction.graph import CompactionState
+
+
+class ToolCallingFake(GenericFakeChatModel):
+    """LangChain's fake chat model with ``bind_tools``, so ``create_agent`` can give it tools."""
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> ToolCallingFake:
+        return self
+
+
+class FailingStore(InMemoryStore):
+    """An in-memory store whose writes fail (reads work): a database that went read-only."""
+
+    def batch(self, ops: Any) -> list[Any]:
+        ops = list(ops)
+        if any(type(op).__name__ == "PutOp" for op in ops):
+            raise ConnectionError("the store is read-only")
+        return super().batch(ops)
+
+
+def first_error(turn: Callable[[int], object], turns: int) -> Exception:
+    """Run ``turn(0)``, ``turn(1)``, ... until one raises; what it raised."""
+    for number in range(turns):
+        try:
+            turn(number)
+        except Exception as error:
+            return error
+    raise AssertionError(f"none of {turns} turns failed")
+
+
+def compactions(state: list[BaseMessage]) -> int:
+    summary = next(m for m in state if is_summary_message(m))
+    return int(summary.additional_kwargs["langchain_compaction"]["compaction"])
+
+
+# -- the graph node ------------------------------------------------------------------
+
+
+def test_a_200_turn_graph_session_keeps_every_message_once_and_recalls_turn_3() -> None:
+    store = InMemoryStore()
+    session = graph_session(store, InMemorySaver(), "user.42")
+    for number in range(200):
+        out = session.turn(number)
+    state = out["messages"]
+    assert compactions(state) >= 5
+    archived = assert_each_message_once(session.sent, state, store, "user.42")
+    assert archived > 300
+    # The summary tells the agent the archive exists; the next summarizer never sees that line.
+    summary = next(m for m in state if is_summary_message(m))
+    assert "recall_messages" in str(summary.content)
+    assert "recall_messages" not in summary_body(str(summary.content))
+    # Turn 3, many compactions ago, comes back by keyword, by id and by position.
+    by_word = session.recall(store, query=FACT)
+    assert user_text("user.42", 3) in by_word
+    assert "#6 [User] id=user.42-h3" in by_word
+    assert user_text("user.42", 3) in session.recall(store, ids=["user.42-h3"])
+    by_range = session.recall(store, start=6, end=7)
+    assert by_range.index("#7 [Assistant]") < by_range.index("#6 [User]")  # newest first
+
+
+def test_positions_continue_across_compactions_and_record_the_compaction() -> None:
+    store = InMemoryStore()
+    session = graph_session(store, InMemorySaver(), "t")
+    for number in range(60):
+        session.turn(number)
+    items = archived_messages(store, "t")
+    by_position = sorted(items, key=lambda item: item[1]["position"])
+    # Position n is the n-th message ever sent.
+    assert [m.id for _, _, m in by_position] == [m.id for m in session.sent[: len(by_position)]]
+    numbers = [v["compaction"] for _, v, _ in by_position]
+    assert numbers == sorted(numbers)
+    assert numbers[0] == 1
+    assert {v["role"] for _, v, _ in items} == {"human", "ai"}
+
+
+async def test_the_async_path_archives_the_same_way() -> None:
+    store = InMemoryStore()
+    session = graph_session(store, InMemorySaver(), "async")
+    for number in range(60):
+        message = HumanMessage(user_text("async", number), id=f"async-h{number}")
+        session.sent.append(message)
+        out = await session.graph.ainvoke({"messages": [message]}, session.config)
+        session.sent.append(out["messages"][-1])
+    assert compactions(out["messages"]) >= 2
+    assert_each_message_once(session.sent, out["messages"], store, "async")
+
+
+def test_two_threads_never_read_each_others_archive() -> None:
+    store = InMemoryStore()
+    saver = InMemorySaver()
+    mine = graph_session(store, saver, "alice")
+    theirs = graph_session(store, saver, "bob")
+    for number in range(50):
+        mine.turn(number)
+        theirs.turn(number)
+    assert FACT in mine.recall(store, query=FACT)
+    # Bob's tool, whatever it is asked, reads Bob's archive only.
+    assert "No archived message matches" in theirs.recall(store, query="alice")
+    assert "No archived message matches" in theirs.recall(store, ids=["alice-h3", "alice-h0"])
+    everything = theirs.recall(store, start=0, end=10**9, limit=50)
+    assert "bob turn" in everything
+    assert "alice" not in everything
+
+
+def test_a_store_that_fails_on_write_leaves_the_state_unchanged() -> None:
+    store = FailingStore()
+    session = graph_session(store, InMemorySaver(), "t")
+    error = first_error(session.turn, 60)
+    assert isinstance(error, StoreError)
+    assert "archiving the compacted messages failed" in str(error)
+    state = session.graph.get_state(session.config).values["messages"]
+    assert not any(is_summary_message(m) for m in state)
+    # The state holds every message it was sent (the failed turn's question too).
+    assert [m.id for m in state] == [m.id for m in session.sent]
+
+
+def test_on_error_warn_keeps_the_turn_going_uncompacted(caplog: pytest.LogCaptureFixture) -> None:
+    store = FailingStore()
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", CompactionNode(summarize, OPTIONS, archive=Archive(on_error="warn")))
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", END)
+    graph = builder.compile(checkpointer=InMemorySaver(), store=store)
+    config = {"configurable": {"thread_id": "t"}}
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for number in range(80):
+            state = graph.invoke({"messages": [HumanMessage(user_text("t", number), id=f"h{number}")]}, config)
+    assert len(state["messages"]) == 80
+    assert not any(is_summary_message(m) for m in state["messages"])
+    assert "archiving failed" in caplog.text
+
+
+def test_archiving_again_after_a_retry_writes_nothing_twice() -> None:
+    store = InMemoryStore()
+    before: list[BaseMessage] = [HumanMessage(f"m{i}", id=f"m{i}") for i in range(6)]
+    after = before[4:]
+    config = {"configurable": {"thread_id": "t"}}
+    assert drive(archived(Archive(), store, config, before, after))
+    assert drive(archived(Archive(), store, config, before, after))  # a retry, or a restarted process
+    items = archived_messages(store, "t")
+    assert sorted(m.id for _, _, m in items) == ["m0", "m1", "m2", "m3"]
+    assert write(Archive(), store, Batch(("compaction_archive", "t"), leaving(before, after), 1)) == 0
+
+
+def test_a_reused_id_never_overwrites_the_earlier_message() -> None:
+    store = InMemoryStore()
+    first = [HumanMessage("the first message", id="same"), HumanMessage("b", id="b")]
+    write(Archive(), store, Batch(("compaction_archive", "t"), [(0, first[0])], 1))
+    later = HumanMessage("a different message under the same id", id="same")
+    assert write(Archive(), store, Batch(("compaction_archive", "t"), [(9, later)], 2)) == 1
+    contents = sorted(str(m.content) for _, _, m in archived_messages(store, "t"))
+    assert contents == ["a different message under the same id", "the first message"]
+
+
+def test_retention_by_count_keeps_the_newest() -> None:
+    store = InMemoryStore()
+    session = graph_session(store, InMemorySaver(), "t", archive=Archive(max_messages=25))
+    for number in range(80):
+        session.turn(number)
+    positions = sorted(int(v["position"]) for _, v, _ in archived_messages(store, "t"))
+    assert 0 < len(positions) <= 25
+    assert positions[-1] - positions[0] < 25
+
+
+def test_without_a_store_the_archive_is_refused_with_the_fix() -> None:
+    node = CompactionNode(summarize, OPTIONS, archive=True)
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", END)
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    turns: list[int] = []
+
+    def turn(number: int) -> None:
+        turns.append(number)
+        graph.invoke({"messages": [HumanMessage(user_text("t", number), id=f"h{number}")]}, config)
+
+    error = first_error(turn, 80)
+    assert isinstance(error, ConfigurationError)
+    assert "compile(store=InMemoryStore())" in str(error)
+    assert len(graph.get_state(config).values["messages"]) == len(turns)
+
+
+def test_without_a_thread_id_it_compacts_and_says_nothing_was_archived(caplog: pytest.LogCaptureFixture) -> None:
+    store = InMemoryStore()
+    node = CompactionNode(summarize, OPTIONS, archive=True)
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", END)
+    graph = builder.compile(store=store)
+    history = [HumanMessage(user_text("t", n), id=f"h{n}") for n in range(80)]
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        out = graph.invoke({"messages": history})
+    assert is_summary_message(out["messages"][0])
+    assert "no thread_id" in caplog.text
+    assert store.search(("compaction_archive",)) == []
+
+
+@pytest.mark.parametrize("value", ["yes", 1, Archive])
+def test_archive_argument_is_checked(value: object) -> None:
+    with pytest.raises(ConfigurationError, match="archive"):
+        CompactionNode(summarize, OPTIONS, archive=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"prefix": "a.b"}, "prefix"), ({"max_messages": 0}, "max_messages"), ({"ttl_minutes": -1}, "ttl_minutes")],
+)
+def test_archive_settings_are_checked(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigurationError, match=field):
+        Archive(**kwargs)
+
+
+# -- the agent middleware ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_200_turn_agent_session_recalls_turn_3_through_its_own_tool(mode: str) -> None:
+    store = InMemoryStore()
+    turns = 200
+    model = ToolCallingFake(messages=agent_script(turns))
+    middleware = agent_middleware()
+    assert [t.name for t in middleware.tools] == ["recall_messages"]
+    agent = create_agent(model, tools=[lookup], middleware=[middleware], checkpointer=InMemorySaver(), store=store)
+    config = {"configurable": {"thread_id": "agent.1"}}
+    # Every message the conversation ever held: each question, and what each
+    # turn added (tool calls, their results, answers), as the state showed it.
+    seen: dict[str, BaseMessage] = {}
+    for number in range(turns + 1):
+        question = HumanMessage(user_text("agent.1", number), id=f"q{number}")
+        seen[f"q{number}"] = question
+        payload = {"messages": [question]}
+        out = agent.invoke(payload, config) if mode == "sync" else await agent.ainvoke(payload, config)
+        state = out["messages"]
+        for message in state:
+            if message.id is not None and not is_compaction_message(message):
+                seen.setdefault(message.id, message)
+    assert compactions(state) >= 5
+    assert_each_message_once(list(seen.values()), state, store, "agent.1")
+    roles = {v["role"] for _, v, _ in archived_messages(store, "agent.1")}
+    assert roles == {"human", "ai", "tool"}
+    recalled = next(m for m in reversed(state) if isinstance(m, ToolMessage) and m.name == "recall_messages")
+    assert user_text("agent.1", 3) in str(recalled.content)
+    assert state[-1].content == f"The booking code was {FACT}."
+
+
+# -- chat memory ---------------------------------------------------------------------
+
+
+def test_chat_memory_recalls_from_its_archive_the_same_way() -> None:
+    archive = InMemoryChatMessageHistory()
+    memory = CompactingChatMessageHistory(InMemoryChatMessageHistory(), summarize, OPTIONS, archive=archive)
+    for number in range(60):
+        memory.add_messages([HumanMessage(user_text("s", number), id=f"h{number}"), AIMessage(f"ok {number}")])
+    found = memory.recall(FACT)
+    assert [(p, m.id) for p, m in found] == [(6, "h3")]
+    assert [m.id for _, m in memory.recall(start=0, end=1)] == [archive.messages[1].id, "h0"]
+    tool = recall_tool(history=memory)
+    answer = tool.invoke({"query": FACT})
+    assert user_text("s", 3) in answer
+    assert "No archived message matches" in tool.invoke({"query": "nothing like this"})
+
+
+async def test_chat_memory_recall_async() -> None:
+    memory = CompactingChatMessageHistory(
+        InMemoryChatMessageHistory(), summarize, OPTIONS, archive=InMemoryChatMessageHistory()
+    )
+    for number in range(60):
+        await memory.aadd_messages([HumanMessage(user_text("s", number), id=f"h{number}"), AIMessage("ok")])
+    assert [m.id for _, m in await memory.arecall(FACT)] == ["h3"]
+    assert user_text("s", 3) in await recall_tool(history=memory).ainvoke({"query": FACT})
+
+
+def test_chat_memory_without_an_archive_says_how_to_get_one() -> None:
+    memory = CompactingChatMessageHistory(InMemoryChatMessageHistory(), summarize, OPTIONS)
+    with pytest.raises(ConfigurationError, match="archive="):
+        memory.recall(FACT)
+
+
+def test_what_the_tool_returns_goes_through_redact() -> None:
+    memory = CompactingChatMessageHistory(
+        InMemoryChatMessageHistory(), summarize, OPTIONS, archive=InMemoryChatMessageHistory()
+    )
+    for number in range(60):
+        memory.add_messages([HumanMessage(user_text("s", number), id=f"h{number}"), AIMessage("ok")])
+    tool = recall_tool(history=memory, redact=lambda text: text.replace(FACT, "[code]"))
+    answer = tool.invoke({"ids": ["h3"]})
+    assert "[code]" in answer
+    assert FACT not in answer
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def test_the_command_line_lists_and_prints_a_threads_archive_from_a_sqlite_store(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+    import json
+
+    from langgraph.store.sqlite import SqliteStore
+
+    from langchain_compaction.cli import main
+
+    path = tmp_path / "store.db"
+    with SqliteStore.from_conn_string(str(path)) as store:
+        store.setup()
+        session = graph_session(store, InMemorySaver(), "user.42")
+        for number in range(40):
+            session.turn(number)
+        stored = len(archived_messages(store, "user.42"))
+    assert stored > 0
+    out = io.StringIO()
+    assert main(["archive", f"sqlite:///{path}", "user.42"], out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("#0 human (compaction 1) user.42-h0: user.42 turn 0")
+    assert lines[-1].startswith(f"{stored} archived message(s)")
+    out = io.StringIO()
+    assert main(["archive", str(path), "user.42", "--show", "6"], out) == 0
+    assert user_text("user.42", 3) in out.getvalue()
+    out = io.StringIO()
+    assert main(["archive", str(path), "user.42", "--json"], out) == 0
+    rows = json.loads(out.getvalue())
+    assert [r["position"] for r in rows] == list(range(stored))
+    out = io.StringIO()
+    assert main(["archive", str(path), "someone-else"], out) == 0
+    assert "no archived messages" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [("redis://localhost", "pass postgresql://"), ("sqlite:////nowhere/store.db", "no SQLite file")],
+)
+def test_the_command_line_says_what_is_wrong_with_a_store_url(
+    url: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from langchain_compaction.cli import main
+
+    assert main(["archive", url, "t"]) == 2
+    assert says in capsys.readouterr().err
+
+
+def _meaning(texts: list[str]) -> list[list[float]]:
+    """A tiny embedding: one dimension per topic, so "reservation" and "booking" land together."""
+    topics = (("booking", "reservation", "flight"), ("weather", "rain"), ("report", "paragraph", "figures"))
+    return [[float(any(word in text.lower() for word in topic)) + 0.01 for topic in topics] for text in texts]
+
+
+def test_with_an_indexed_store_the_tool_also_finds_messages_by_meaning() -> None:
+    store = InMemoryStore(index={"dims": 3, "embed": _meaning, "fields": ["text"]})
+    session = graph_session(store, InMemorySaver(), "t", archive=Archive(index=True))
+    for number in range(60):
+        session.turn(number)
+    # No archived message holds the word, so keyword matching alone finds nothing ...
+    plain = graph_session(InMemoryStore(), InMemorySaver(), "t")
+    for number in range(60):
+        plain.turn(number)
+    assert "No archived message matches" in plain.recall(plain.graph.store, query="reservation")
+    # ... while the index ranks the booking message close to it.
+    found = session.recall(store, query="reservation", limit=3)
+    assert "The booking code is JG7FMM" in found
+    assert all(item.value.get("text") for item in store.search(("compaction_archive", "t"), limit=5))
