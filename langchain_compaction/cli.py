@@ -299,6 +299,27 @@ def _archive(args: argparse.Namespace, out: TextIO) -> int:
     return print_archive(args.store, args.thread, out, prefix=args.prefix, show=args.show, as_json=args.json)
 
 
+def _budgets(p: argparse.ArgumentParser, window: int) -> None:
+    p.add_argument(
+        "--context-window",
+        type=int,
+        default=window,
+        help="model window in tokens; 0: unknown (default: %(default)s)",
+    )
+    p.add_argument(
+        "--reserve-tokens",
+        type=int,
+        default=None,
+        help="tokens kept free for the reply (default: 16384, or the window / 8 when smaller)",
+    )
+    p.add_argument(
+        "--keep-recent-tokens",
+        type=int,
+        default=None,
+        help="recent tokens kept verbatim (default: 20000, or less in a small window)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="langchain-compaction",
@@ -307,38 +328,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def budgets(p: argparse.ArgumentParser, window: int) -> None:
-        p.add_argument(
-            "--context-window",
-            type=int,
-            default=window,
-            help="model window in tokens; 0: unknown (default: %(default)s)",
-        )
-        p.add_argument(
-            "--reserve-tokens",
-            type=int,
-            default=None,
-            help="tokens kept free for the reply (default: 16384, or the window / 8 when smaller)",
-        )
-        p.add_argument(
-            "--keep-recent-tokens",
-            type=int,
-            default=None,
-            help="recent tokens kept verbatim (default: 20000, or less in a small window)",
-        )
-
     def command(name: str, text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text)
 
     demo = command("demo", "replay a real agent session shipped with the package, compacting it offline")
-    budgets(demo, 8_000)
+    _budgets(demo, 8_000)
     demo.set_defaults(run=_demo)
 
     inspect = command("inspect", "show tokens by role and type, whether it would compact, and where the cut falls")
     inspect.add_argument(
         "file", help="conversation file (LangChain, OpenAI, Anthropic JSON, or JSON Lines); - for stdin"
     )
-    budgets(inspect, 0)
+    _budgets(inspect, 0)
     inspect.add_argument("--json", action="store_true", help="print JSON for machines")
     inspect.set_defaults(run=_inspect)
 
@@ -357,18 +358,20 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--force", action="store_true", help="with --context-window: compact even when the conversation fits"
     )
-    budgets(comp, 0)
+    _budgets(comp, 0)
     comp.add_argument("--json", action="store_true", help="print JSON for machines")
     comp.set_defaults(run=_compact)
+    _archive_command(command("archive", "list a thread's archived messages in a LangGraph store (needs [stores])"))
+    return parser
 
-    arch = command("archive", "list a thread's archived messages in a LangGraph store (needs the [stores] extra)")
+
+def _archive_command(arch: argparse.ArgumentParser) -> None:
     arch.add_argument("store", help="postgresql://user@host/db, or sqlite:///path/to/store.db")
     arch.add_argument("thread", help="the thread id (as in the run's config)")
     arch.add_argument("--show", help="print one message in full: its key or position")
     arch.add_argument("--prefix", default="compaction_archive", help="namespace prefix (default: %(default)s)")
     arch.add_argument("--json", action="store_true", help="print JSON for machines")
     arch.set_defaults(run=_archive)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
