@@ -14,7 +14,7 @@ What counts as a fact (the rules were chosen on the real transcripts in
 - constraint: a sentence of the user's own that says never / always / don't /
   must / only / avoid / keep / from now on / please answer in ..., or corrects
   the agent ("No, ...", "Actually, ...", "I meant ...");
-- request: the user's last request in the compacted part;
+- request: the user's newest requests in the compacted part (``REQUESTS_KEPT``);
 - identifier: what the user gave that a model cannot guess: ids and codes
   that mix letters and digits, amounts, dates, versions, long numbers, file
   paths, URLs and e-mail addresses;
@@ -61,7 +61,7 @@ SECTION_NOTE = "(kept by langchain-compaction: the summary above did not state t
 
 _TITLES: dict[FactKind, str] = {
     "constraint": "User constraints",
-    "request": "The user's last request",
+    "request": "The user's latest requests",
     "identifier": "Identifiers the user gave",
     "modified_file": "Files modified",
     "error": "Unresolved errors",
@@ -70,6 +70,9 @@ _TITLES: dict[FactKind, str] = {
 }
 
 _MAX_FACT_CHARS = 240
+REQUESTS_KEPT = 2
+"""How many of the user's newest requests are facts."""
+_EARLIER_REQUEST_CHARS = 120
 _MAX_KEY_CHARS = 160
 _SHORT_ARGUMENT = 80
 
@@ -125,6 +128,10 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 _MAX_TOKEN_CHARS = 200
+# camelCase, PascalCase with an inner capital, snake_case; tried at word starts only.
+_CODE_NAME = re.compile(
+    r"\b(?:[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][a-z0-9]+[A-Z][A-Za-z0-9]*|[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]+)\b"
+)
 # Tried only where a word starts, and it scans that word once: linear.
 _MAYBE_IDENTIFIER = re.compile(r"(?<!\S)(?=\S*[\d/.@$€£¥])\S+")
 
@@ -195,12 +202,14 @@ def constraints(text: str) -> list[str]:
     return found
 
 
-def identifiers(text: str) -> list[str]:
-    """Ids, codes, amounts, dates, versions, paths, URLs and addresses in ``text``.
+def identifiers(text: str, *, code_names: bool = True) -> list[str]:
+    """Ids, codes, amounts, dates, versions, paths, URLs, addresses and code names in ``text``.
 
     Example:
         >>> identifiers("Rebook JG7FMM for $1,250.50 on 2024-05-21, see docs/booking.md")
         ['JG7FMM', '$1,250.50', '2024-05-21', 'docs/booking.md']
+        >>> identifiers("Use the useTodos hook in TodoList and keep max_retries")
+        ['useTodos', 'TodoList', 'max_retries']
     """
     prose = _prose(text)
     found: list[str] = []
@@ -215,6 +224,10 @@ def identifiers(text: str) -> list[str]:
         if "/" in token and not _is_path(token):
             continue  # "and/or", "yes/no"
         _add_new(found, token)
+    # Names from code the user wrote in prose (camelCase, PascalCase with an
+    # inner capital, snake_case): a model paraphrases them into plain words.
+    for name in _CODE_NAME.findall(prose) if code_names else ():
+        _add_new(found, name)
     return found
 
 
@@ -329,9 +342,18 @@ class _Tracker:
         for value in identifiers(text):
             self.add(Fact("identifier", value))
         request = _clip(_prose(text))
-        if request:
-            self.drop("request", "request")
-            self.add(Fact("request", request, key="request"))
+        if not request:
+            return
+        # The newest requests: what the user is after now in full, and, shorter,
+        # the one before (the task it continues); older ones are the summary's.
+        requests = [key for key in self.facts if key[0] == "request"]
+        cut = max(len(requests) - (REQUESTS_KEPT - 1), 0)
+        for key in requests[:cut]:
+            del self.facts[key]
+        for key in requests[cut:]:
+            earlier = self.facts[key]
+            self.facts[key] = Fact("request", _clip(earlier.text, _EARLIER_REQUEST_CHARS), key=earlier.key)
+        self.add(Fact("request", request, key=f"request:{normalize(request)}"))
 
     def _call(self, call: ToolCall, *, record: bool) -> None:
         args = _arguments(call)

@@ -288,7 +288,7 @@ def _context_facts(text: str, *, from_user: bool, identifiers: bool = True) -> l
     # amounts, dates, versions, paths, URLs, addresses), the one the checked
     # facts use; from the agent and its tools only paths, files and URLs of
     # it, plus the code names the agent wrote.
-    found = core_identifiers(text)
+    found = core_identifiers(text, code_names=False)  # the agent's own code names come from _IDENT below
     if not from_user:
         found = [value for value in found if "/" in value or "." in value]
     found += _INLINE_CODE.findall(text)

@@ -106,7 +106,7 @@ def test_a_summary_that_states_every_fact_gets_no_section() -> None:
         HumanMessage("next", id="h2"),
         AIMessage("done", id="a2"),
     ]
-    reply = "## Goal\n- Never touch   PROD.db. (booking jg7fmm)\n- The user's last words: next"
+    reply = "## Goal\n- Never touch   PROD.db. Booking jg7fmm.\n- The user's last words: next"
     result, out = compact(lambda p: reply, messages, CompactionOptions(keep_recent_tokens=1))
     assert result is not None
     assert result.facts_found >= 2
