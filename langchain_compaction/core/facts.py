@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Plan
@@ -313,6 +313,7 @@ class _Tracker:
     facts: dict[tuple[FactKind, str], Fact] = field(default_factory=dict)
     calls: dict[str, tuple[ToolCall, dict[str, object]]] = field(default_factory=dict)
     last_opened: str | None = None
+    requests: list[tuple[FactKind, str]] = field(default_factory=list)
 
     def add(self, fact: Fact) -> None:
         if not fact.text.strip():
@@ -320,6 +321,8 @@ class _Tracker:
         key = (fact.kind, fact.key or normalize(fact.text))
         self.facts.pop(key, None)  # a fact seen again moves to the end: it is the newest
         self.facts[key] = fact
+        if fact.kind == "request":
+            self.requests = [*(k for k in self.requests if k != key), key]
 
     def drop(self, kind: FactKind, key: str) -> None:
         self.facts.pop((kind, key), None)
@@ -346,13 +349,15 @@ class _Tracker:
             return
         # The newest requests: what the user is after now in full, and, shorter,
         # the one before (the task it continues); older ones are the summary's.
-        requests = [key for key in self.facts if key[0] == "request"]
+        # (Requests are few: kept in order beside the facts, not found by scanning them.)
+        requests = [key for key in self.requests if key in self.facts]
         cut = max(len(requests) - (REQUESTS_KEPT - 1), 0)
         for key in requests[:cut]:
             del self.facts[key]
         for key in requests[cut:]:
             earlier = self.facts[key]
-            self.facts[key] = Fact("request", _clip(earlier.text, _EARLIER_REQUEST_CHARS), key=earlier.key)
+            self.facts[key] = replace(earlier, text=_clip(earlier.text, _EARLIER_REQUEST_CHARS))
+        self.requests = requests[cut:]
         self.add(Fact("request", request, key=f"request:{normalize(request)}"))
 
     def _call(self, call: ToolCall, *, record: bool) -> None:
