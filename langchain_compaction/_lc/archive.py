@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, cast
 
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
@@ -37,12 +37,19 @@ from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.prebuilt import ToolRuntime
 from langgraph.store.base import BaseStore, GetOp, Item, PutOp
 
-from langchain_compaction._lc.convert import NUMBER_KEY, POSITION_KEY, SUMMARY_MARK, is_compaction_message, to_core
+from langchain_compaction._lc.convert import (
+    KEPT_POSITIONS_KEY,
+    NUMBER_KEY,
+    POSITION_KEY,
+    SUMMARY_MARK,
+    is_compaction_message,
+    to_core,
+)
 from langchain_compaction._lc.threads import thread_label, thread_of
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.prompts import RECALL_NOTE
-from langchain_compaction.core.recall import Archived, Lookup, render, select
-from langchain_compaction.core.redact import Redactor
+from langchain_compaction.core.recall import MAX_RESULTS, Archived, Lookup, render, select
+from langchain_compaction.core.redact import Redactor, redact_message
 from langchain_compaction.core.transcript import message_body
 from langchain_compaction.errors import ConfigurationError, StoreError
 
@@ -147,15 +154,21 @@ def numbering(messages: Sequence[BaseMessage]) -> tuple[list[int | None], int, i
     """
     positions: list[int | None] = []
     counter = compactions = 0
+    carried: list[int] = []  # positions of what a summary kept from before its cut, in order
     for message in messages:
         if is_compaction_message(message):
             mark = _mark(message)
             position, number = mark.get(POSITION_KEY), mark.get(NUMBER_KEY)
             if isinstance(position, int) and position >= counter:
                 counter = position
+                kept = mark.get(KEPT_POSITIONS_KEY)
+                carried = [p for p in kept if isinstance(p, int)] if isinstance(kept, list) else []
             if isinstance(number, int):
                 compactions = max(compactions, number)
             positions.append(None)
+            continue
+        if carried:
+            positions.append(carried.pop(0))
             continue
         positions.append(counter)
         counter += 1
@@ -360,36 +373,42 @@ def _as_archived(item: Item) -> Archived | None:
 def _semantic(store: BaseStore, namespace: tuple[str, ...], lookup: Lookup) -> list[Item]:
     if not lookup.query or not getattr(store, "index_config", None):
         return []
-    return list(store.search(namespace, query=lookup.query, limit=lookup.limit))
+    return list(store.search(namespace, query=lookup.query, limit=max(1, min(lookup.limit, MAX_RESULTS))))
 
 
 async def _asemantic(store: BaseStore, namespace: tuple[str, ...], lookup: Lookup) -> list[Item]:
     if not lookup.query or not getattr(store, "index_config", None):
         return []
-    return list(await store.asearch(namespace, query=lookup.query, limit=lookup.limit))
+    return list(await store.asearch(namespace, query=lookup.query, limit=max(1, min(lookup.limit, MAX_RESULTS))))
 
 
-def _found(items: Sequence[Item], by_meaning: Sequence[Item], lookup: Lookup) -> list[Archived]:
+def _merge(found: list[Archived], nearby: Sequence[Archived], lookup: Lookup) -> list[Archived]:
     """Keyword, id and range matches, newest first; then what a vector index ranks close in meaning."""
-    archived_items = [a for a in map(_as_archived, items) if a is not None]
-    found = select(archived_items, lookup)
     seen = {a.key for a in found}
-    for item in by_meaning:
-        extra = _as_archived(item)
-        if extra is not None and extra.key not in seen and len(found) < lookup.limit:
+    for extra in nearby:
+        if extra.key not in seen and len(found) < lookup.limit:
             found.append(extra)
             seen.add(extra.key)
     return found
 
 
-def recall_from(messages: Sequence[BaseMessage], lookup: Lookup) -> list[tuple[int, BaseMessage]]:
+def _redacted(items: Sequence[Archived], redactor: Redactor | None) -> list[Archived]:
+    # Matched on what would be shown: a query must not test for a redacted secret.
+    if redactor is None:
+        return list(items)
+    return [replace(a, message=redact_message(a.message, redactor)) for a in items]
+
+
+def recall_from(
+    messages: Sequence[BaseMessage], lookup: Lookup, redactor: Redactor | None = None
+) -> list[tuple[int, BaseMessage]]:
     """What ``lookup`` asks for in an archive kept as a message list (chat memory's ``archive=``).
 
     Returns:
         ``(position, message)`` pairs, newest first; positions count ``messages`` from 0.
     """
     items = [Archived(i, m.id or f"position-{_padded(i)}", to_core(m)) for i, m in enumerate(messages)]
-    return [(a.position, messages[a.position]) for a in select(items, lookup)]
+    return [(a.position, messages[a.position]) for a in select(_redacted(items, redactor), lookup)]
 
 
 def _as_found(pairs: Sequence[tuple[int, BaseMessage]]) -> list[Archived]:
@@ -419,7 +438,7 @@ class _Recaller:
 
     def _flow(self, lookup: Lookup, runtime: ToolRuntime | None) -> Flow[str]:
         if self.history is not None:
-            pairs = yield from self.history.recall_flow(lookup)
+            pairs = yield from self.history.recall_flow(lookup, self.redact)
             return self._answer(_as_found(pairs))
         place = self._where(runtime)
         if isinstance(place, str):
@@ -427,7 +446,9 @@ class _Recaller:
         store, namespace = place
         items = yield twin(read_all, aread_all, store, namespace)
         nearby = yield twin(_semantic, _asemantic, store, namespace, lookup)
-        return self._answer(_found(items, nearby, lookup))
+        archived = _redacted([a for a in map(_as_archived, items) if a is not None], self.redact)
+        close = _redacted([a for a in map(_as_archived, nearby) if a is not None], self.redact)
+        return self._answer(_merge(select(archived, lookup), close, lookup))
 
     # The tool's functions: the same arguments four times, since LangChain
     # reads a tool's schema from its function's signature; the runtime (a
@@ -522,7 +543,7 @@ def recall_tool(
     """
     if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 200:
         raise ConfigurationError("max_chars", max_chars, "pass a number of characters (200 or more)")
-    if history is not None and not callable(getattr(history, "recall", None)):
+    if history is not None and (not callable(getattr(history, "recall_flow", None)) or history.archive is None):
         raise ConfigurationError("history", history, "pass a CompactingChatMessageHistory with archive=..., or None")
     recaller = _Recaller(archive if archive is not None else Archive(), redact, max_chars, history)
     if history is not None:

@@ -54,10 +54,14 @@ def open_store(url: str) -> Iterator[BaseStore]:
         yield store
 
 
-def _row(item: Item) -> dict[str, Any]:
-    message = messages_from_dict([item.value["message"]])[0]
+def _row(item: Item) -> dict[str, Any] | None:
+    try:
+        message = messages_from_dict([item.value["message"]])[0]
+        position = int(str(item.value["position"]))
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None  # not an item this library wrote
     return {
-        "position": int(item.value["position"]),
+        "position": position,
         "key": item.key,
         "role": item.value.get("role"),
         "compaction": item.value.get("compaction"),
@@ -70,7 +74,7 @@ def print_archive(url: str, thread: str, out: TextIO, *, prefix: str, show: str 
     archive = Archive(prefix=prefix)
     with open_store(url) as store:
         items = read_all(store, archive.namespace(thread))
-    rows = sorted((_row(i) for i in items if "message" in i.value), key=lambda r: r["position"])
+    rows = sorted((r for r in map(_row, items) if r is not None), key=lambda r: r["position"])
     if show is not None:
         rows = [r for r in rows if show in (r["key"], str(r["position"]))]
         if not rows:

@@ -50,6 +50,12 @@ PIN_KEY = "compaction_pin"
 POSITION_KEY = "position"
 """Key in a summary's mark: the ordinal in the whole conversation of the first message kept after it."""
 
+KEPT_BEFORE_KEY = "kept_before"
+"""Key in a summary's mark: ids of messages from before the cut kept after it (pinned; before a provider block)."""
+
+KEPT_POSITIONS_KEY = "kept_positions"
+"""Key in a summary's mark: the positions in the whole conversation of those messages, in order."""
+
 NUMBER_KEY = "compaction"
 """Key in a summary's mark: how many compactions wrote a summary in this conversation, this one included."""
 
@@ -251,6 +257,11 @@ def _mark_facts(mark: object) -> tuple[Fact, ...]:
     return tuple(facts)
 
 
+def _mark_ids(mark: object, key: str) -> tuple[str, ...]:
+    value = mark.get(key) if isinstance(mark, dict) else None
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
+
+
 def _system(message: SystemMessage) -> Message:
     if not is_summary_message(message):
         return Message("system", _parts(message.content), id=message.id)
@@ -262,6 +273,7 @@ def _system(message: SystemMessage) -> Message:
         id=message.id,
         written_after=_mark_id(mark, ANCHOR_KEY),
         kept_from=_mark_id(mark, KEPT_FROM_KEY),
+        kept_before=_mark_ids(mark, KEPT_BEFORE_KEY),
         facts=_mark_facts(mark),
     )
 
@@ -359,6 +371,7 @@ def summary_message(
     facts: Sequence[Fact] = (),
     position: int | None = None,
     number: int | None = None,
+    kept_before: Sequence[tuple[str | None, int | None]] = (),
 ) -> SystemMessage:
     """The system message that carries a summary, marked for later updates.
 
@@ -374,6 +387,9 @@ def summary_message(
         position: The ordinal in the whole conversation of the first message
             kept after it (the archive numbers messages by it).
         number: How many compactions wrote a summary so far, this one included.
+        kept_before: The messages from before the cut written back after the
+            summary (pinned ones, those before a provider block): their ids
+            and positions, in order.
 
     Returns:
         A marked ``SystemMessage`` with a fresh id.
@@ -389,6 +405,9 @@ def summary_message(
         mark[POSITION_KEY] = position
     if number is not None:
         mark[NUMBER_KEY] = number
+    if kept_before:
+        mark[KEPT_BEFORE_KEY] = [i for i, _ in kept_before if i is not None]
+        mark[KEPT_POSITIONS_KEY] = [p for _, p in kept_before if p is not None]
     return SystemMessage(
         content=summary,
         id=f"compaction-summary-{uuid.uuid4().hex}",

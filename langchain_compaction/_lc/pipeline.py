@@ -229,7 +229,7 @@ class Compactor:
             keep_recent_tokens=budget.keep,
             target_tokens=budget.clearing_target,
             keep_tool_uses=options.keep_tool_uses,
-            exclude_tools=options.clear_exclude_tools,
+            exclude_tools=(*options.clear_exclude_tools, *options.pin_tools),  # pinned outputs stay whole
             min_tokens=options.clear_min_tokens,
         )
 
@@ -381,7 +381,9 @@ class Compactor:
         assert report is not None  # ... was driven
         original = job.messages
         shape = layout(job.core, job.plan, self.options)
-        kept_from = original[shape.kept[0]].id if shape.kept else None
+        # What the summary covers ends at the cut; messages from before it
+        # that are written back (pinned, before a provider block) are listed.
+        kept_from = original[job.plan.cut].id if job.plan.cut < len(original) else None
         # Checked summaries: what the summarizer dropped of the facts in force,
         # the library adds under it; the facts are recorded to carry them on.
         checked = check_compaction(job.core, job.plan, shape.kept, report.outcome.summary, self.options)
@@ -391,7 +393,9 @@ class Compactor:
         # Where the kept part starts in the whole conversation, so an archive
         # numbers what this compaction removes without reading the store.
         positions, following, compactions = numbering(original)
-        position = positions[shape.kept[0]] if shape.kept else following
+        cut = job.plan.cut
+        position = positions[cut] if cut < len(original) and positions[cut] is not None else following
+        kept_before = [(original[i].id, positions[i]) for i in shape.kept if i < cut]
         written: list[BaseMessage] = [
             summary_message(
                 summary,
@@ -400,6 +404,7 @@ class Compactor:
                 facts=facts,
                 position=position,
                 number=compactions + 1,
+                kept_before=kept_before,
             )
         ]
         if shape.bridge:

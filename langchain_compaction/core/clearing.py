@@ -118,6 +118,8 @@ def plan_clearing(
     results = [i for i, m in enumerate(messages) if m.role == "tool"]
     # The last ``keep_tool_uses`` results, however few there are.
     protected = set(results[-keep_tool_uses:]) if keep_tool_uses > 0 else set()
+    # A result often carries no tool name: the call it answers has it.
+    called = {c.id: c.name for m in messages for c in m.tool_calls if c.id} if exclude_tools else {}
     chosen: list[int] = []
     contents: list[str] = []
     saved = 0
@@ -125,7 +127,13 @@ def plan_clearing(
         if index >= boundary or saved >= needed:
             break
         message = messages[index]
-        if index in protected or message.name in exclude_tools or counts[index] < min_tokens or is_cleared(message):
+        if (
+            index in protected
+            or message.pinned
+            or (message.name or called.get(message.tool_call_id or "")) in exclude_tools
+            or counts[index] < min_tokens
+            or is_cleared(message)
+        ):
             continue
         text = placeholder(message, counts[index])
         gain = _gain(message, counts[index], text)

@@ -296,6 +296,9 @@ def reordered(messages: Sequence[Message], ensure_user_turn: bool = True) -> Lay
         head += summaries
     else:
         head.append(newest)
-        rest = [i for i in rest if i >= covered_until]
+        # What it kept from before its cut (pinned messages, what precedes a
+        # provider block) stays; the rest before the cut is what it covers.
+        kept = set(messages[newest].kept_before)
+        rest = [i for i in rest if i >= covered_until or messages[i].id in kept]
     bridge = ensure_user_turn and bool(rest) and messages[rest[0]].role != "user"
     return Layout(tuple(head), bridge, tuple(rest))

@@ -102,6 +102,8 @@ class Message:
             message when it was written (``None`` if unknown).
         facts: For a summary, the facts it was checked against (carried on
             to the next compaction).
+        kept_before: For a summary, the ids of messages from before its cut
+            written back after it (they are not covered by it).
         pinned: The user pinned it: never summarized, written back after the
             summary every time.
     """
@@ -119,6 +121,7 @@ class Message:
     written_after: str | None = None
     kept_from: str | None = None
     facts: tuple[Fact, ...] = ()
+    kept_before: tuple[str, ...] = ()
     pinned: bool = False
     has_compaction_block: bool = field(init=False, default=False)
     """Whether the message carries a provider-side compaction block (derived from ``parts``)."""

@@ -73,6 +73,7 @@ from langchain_compaction.core.effects import Call, Flow, adrive, blocking, driv
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Plan
 from langchain_compaction.core.recall import Lookup
+from langchain_compaction.core.redact import Redactor
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message
 from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
@@ -282,13 +283,13 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         """The async twin of ``recall``."""
         return await adrive(self.recall_flow(Lookup(query, tuple(ids), start, end, limit)))
 
-    def recall_flow(self, lookup: Lookup) -> Flow[list[tuple[int, BaseMessage]]]:
+    def recall_flow(self, lookup: Lookup, redactor: Redactor | None = None) -> Flow[list[tuple[int, BaseMessage]]]:
         """``recall`` as a flow (``core.effects``), for the recall tool to drive on either path."""
         archive = self.archive
         if archive is None:
             raise ConfigurationError("archive", None, "pass archive=<a chat history> to keep compacted messages")
         stored = yield from self._io(stores.read(archive), "archive:read", archive)
-        return recall_from(stored, lookup)
+        return recall_from(stored, lookup, redactor)
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Append to ``inner``, then compact if the history no longer fits.

@@ -398,3 +398,52 @@ def test_with_an_indexed_store_the_tool_also_finds_messages_by_meaning() -> None
     found = session.recall(store, query="reservation", limit=3)
     assert "The booking code is JG7FMM" in found
     assert all(item.value.get("text") for item in store.search(("compaction_archive", "t"), limit=5))
+
+
+def test_positions_stay_true_when_a_compaction_keeps_a_pinned_exchange() -> None:
+    """The kept part has a gap (the pinned todo list, then the recent messages): positions must follow the truth."""
+    from archive_sessions import GraphSession
+
+    store = InMemoryStore()
+    node = CompactionNode(summarize, OPTIONS, result_key="compaction", archive=True)
+    turns = [0]
+
+    def agent(state: CompactionState) -> dict[str, Any]:
+        turns[0] += 1
+        if turns[0] == 2:
+            call = {"name": "write_todos", "args": {"todos": ["report"]}, "id": "todo", "type": "tool_call"}
+            return {"messages": [AIMessage("", tool_calls=[call]), ToolMessage("Updated todos", tool_call_id="todo")]}
+        return {"messages": [AIMessage(f"Here is paragraph {turns[0]}. " + "The figures rose again. " * 5)]}
+
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_node("agent", agent)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    builder.add_edge("agent", END)
+    session = GraphSession(builder.compile(checkpointer=InMemorySaver(), store=store), node, "t")
+    sent: list[BaseMessage] = []
+    for number in range(120):
+        before = len(session.graph.get_state(session.config).values.get("messages", []))
+        message = HumanMessage(user_text("t", number), id=f"t-h{number}")
+        out = session.graph.invoke({"messages": [message]}, session.config)
+        del before
+        sent.append(message)
+        sent += [m for m in out["messages"] if m.id not in {s.id for s in sent} and not is_compaction_message(m)]
+    assert compactions(out["messages"]) >= 3
+    assert any(m.id == "todo" or getattr(m, "tool_call_id", None) == "todo" for m in out["messages"])
+    items = sorted(archived_messages(store, "t"), key=lambda item: item[1]["position"])
+    truth = {m.id: i for i, m in enumerate(sent)}
+    assert [int(v["position"]) for _, v, _ in items] == [truth[m.id] for _, _, m in items]
+
+
+def test_the_tool_matches_on_redacted_text_and_needs_an_archive() -> None:
+    memory = CompactingChatMessageHistory(
+        InMemoryChatMessageHistory(), summarize, OPTIONS, archive=InMemoryChatMessageHistory()
+    )
+    for number in range(60):
+        memory.add_messages([HumanMessage(user_text("s", number), id=f"h{number}"), AIMessage("ok")])
+    tool = recall_tool(history=memory, redact=lambda text: text.replace(FACT, "[code]"))
+    assert "No archived message matches" in tool.invoke({"query": FACT})  # no yes/no test for a secret
+    with pytest.raises(ConfigurationError, match="history"):
+        recall_tool(history=CompactingChatMessageHistory(InMemoryChatMessageHistory(), summarize, OPTIONS))

@@ -12,7 +12,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from test_graph import assert_valid_anthropic_request
 
-from langchain_compaction import CompactionNode, CompactionOptions, compact
+from langchain_compaction import CompactionNode, CompactionOptions, auto_compact, compact
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.graph import CompactionState
 
@@ -159,3 +159,40 @@ def test_a_graph_agent_keeps_its_todo_list_across_compactions() -> None:
         assert_valid_anthropic_request(state["messages"])
     assert sum(1 for m in state["messages"] if m.id == "plan-result-2") == 1
     assert len(summaries) >= 5  # it survived five compactions
+
+
+def test_a_summary_with_pins_merged_mid_history_is_put_back_without_what_it_covers() -> None:
+    """A subgraph's compacted output merged into its parent by id: the pins stay, the covered messages go."""
+    from langgraph.graph.message import add_messages
+
+    messages: list[BaseMessage] = [*chat(0), *todos(1, ["ship it"])]
+    for turn in range(2, 40):
+        messages += chat(turn)
+    _, out = compact(summarize, messages, OPTIONS)
+    merged = add_messages(messages, out)  # what the parent holds: the summary lands at the end
+    node = CompactionNode(summarize, CompactionOptions(context_window=200_000))
+    update = node.invoke({"messages": merged})
+    fixed = add_messages(merged, update["messages"])
+    assert [m.id for m in fixed if not m.id.startswith("compaction-bridge-")] == [
+        m.id for m in out if not m.id.startswith("compaction-bridge-")
+    ]
+
+
+def test_clearing_old_tool_outputs_never_empties_a_pinned_result() -> None:
+    plan = ["step " + "x" * 40 for _ in range(30)]  # a long todo list: worth clearing by size
+    messages: list[BaseMessage] = [*chat(0), *todos(1, plan)]
+    for turn in range(2, 40):
+        call = {"name": "read_file", "args": {"path": f"f{turn}.py"}, "id": f"r{turn}", "type": "tool_call"}
+        messages += [
+            *chat(turn),
+            AIMessage("", tool_calls=[call], id=f"ra{turn}"),
+            ToolMessage("content " * 200, tool_call_id=f"r{turn}", id=f"rr{turn}"),
+        ]
+    options = CompactionOptions(
+        context_window=24_000, reserve_tokens=2_000, keep_recent_tokens=2_000, clear_tool_outputs=True
+    )
+    result, out = auto_compact(summarize, messages, options)  # the automatic path clears first
+    assert result is not None
+    assert result.tool_outputs_cleared > 10
+    todo_result = next(m for m in out if m.id == "plan-result-1")
+    assert todo_result.content == messages[3].content  # whole, never a placeholder
