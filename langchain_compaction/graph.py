@@ -52,7 +52,7 @@ from langchain_compaction._lc.prepared import (
     LeaseFactory,
 )
 from langchain_compaction._lc.threads import current_store, thread_of
-from langchain_compaction.core.context import context_tokens, stage
+from langchain_compaction.core.context import context_tokens
 from langchain_compaction.core.effects import Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.engine import Summarizer
 from langchain_compaction.core.options import CompactionOptions
@@ -408,17 +408,12 @@ class CompactionNode(Runnable[Any, Any]):
             core, counts = fixed[1], fixed[2]
         ready: Output | None = None
         if not turn.forced:
-            where = stage(core, counts, self.options)
-            thread, store = thread_of(config), current_store() if self.prepare_in_store else None
-            if where != "due":
-                if where == "prepare":
-                    yield from self._compactor.ahead(
-                        self._preparer, turn.messages, counts, thread=thread, store=store, config=config
-                    )
-                return None, self._deliver(self._nothing(turn), config)
-            ready = yield from self._compactor.prepared(
-                self._preparer, turn.messages, counts, thread=thread, store=store
+            store = current_store() if self.prepare_in_store else None
+            due, ready = yield from self._compactor.staged(
+                self._preparer, turn.messages, core, counts, thread=thread_of(config), store=store, config=config
             )
+            if not due:
+                return None, self._deliver(self._nothing(turn), config)
         job = None if ready is not None else (yield blocking(self._job, turn, counts, core))
         if ready is None and job is None:
             return None, self._deliver(self._nothing(turn), config)

@@ -105,7 +105,6 @@ from langchain_compaction._lc.pipeline import (
 )
 from langchain_compaction._lc.prepared import PREPARE_WAIT_SECONDS, LeaseFactory
 from langchain_compaction._lc.threads import thread_of
-from langchain_compaction.core.context import stage
 from langchain_compaction.core.effects import Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
@@ -318,19 +317,20 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         unchanged = None if fixed is None else list(messages)
         ready = None
         if trigger == "auto":
-            where = stage(core, counts, self.options, overhead)
             config = _current_config()
-            thread = thread_of(config)
             store = getattr(runtime, "store", None) if self.prepare_in_store else None
-            if where != "due":
-                if where == "prepare":
-                    yield from self._compactor.ahead(
-                        self._preparer, messages, counts, thread=thread, store=store, config=config
-                    )
-                return unchanged
-            ready = yield from self._compactor.prepared(
-                self._preparer, messages, counts, thread=thread, store=store, overhead=overhead
+            due, ready = yield from self._compactor.staged(
+                self._preparer,
+                messages,
+                core,
+                counts,
+                thread=thread_of(config),
+                store=store,
+                config=config,
+                overhead=overhead,
             )
+            if not due:
+                return unchanged
         if ready is None:
             job = yield blocking(
                 self._compactor.prepare,

@@ -43,7 +43,7 @@ from langchain_compaction._lc.convert import (
 from langchain_compaction._lc.counting import count_messages, counts_and_core
 from langchain_compaction._lc.prepared import PREPARE_EVENT, PREPARE_WAIT_SECONDS, PreparedSummary, Preparer
 from langchain_compaction.core.clearing import ClearingPlan, plan_clearing
-from langchain_compaction.core.context import context_tokens, needs_compaction
+from langchain_compaction.core.context import context_tokens, needs_compaction, stage
 from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.engine import DriverReport, Summarizer, summarize
 from langchain_compaction.core.facts import check_compaction
@@ -277,6 +277,36 @@ class Compactor:
         return replace(result, wait_seconds=time.monotonic() - started), output
 
     # -- summaries prepared ahead (``prepare_at``; see ``_lc.prepared``) ------------------
+
+    def staged(
+        self,
+        preparer: Preparer[PreparedSummary] | None,
+        messages: Sequence[BaseMessage],
+        core: Sequence[Message],
+        counts: Sequence[int],
+        *,
+        thread: str,
+        store: Any = None,
+        config: RunnableConfig | None = None,
+        overhead: int = 0,
+    ) -> Flow[tuple[bool, Output | None]]:
+        """What an automatic compaction does where the context stands (``core.context.stage``).
+
+        Under the threshold nothing, but past the preparation mark a summary
+        is started in the background; at the threshold a prepared one is
+        taken if it applies.
+
+        Returns:
+            Whether a compaction is due, and the prepared compaction to apply
+            (``None``: compact on the spot).
+        """
+        where = stage(core, counts, self.options, overhead)
+        if where != "due":
+            if where == "prepare":
+                yield from self.ahead(preparer, messages, counts, thread=thread, store=store, config=config)
+            return False, None
+        ready = yield from self.prepared(preparer, messages, counts, thread=thread, store=store, overhead=overhead)
+        return True, ready
 
     def ahead(
         self,
