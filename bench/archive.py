@@ -7,9 +7,9 @@ runs ``--turns`` turns of a real coding session (``bench.workloads``) twice
 on the same store, with ``archive=False`` and with ``archive=True`` (another
 thread), the summarizer an instant fake. Reported per store: compactions,
 messages archived, the wall time of the compaction turns with and without
-the archive, and the archive's own time (choosing what leaves the state and
-writing it: ``_lc.archive.leaving`` and ``write``, timed) per archived message
-and per compaction.
+the archive, and the archive's own time (the node's archive step, timed whole:
+choosing what leaves the state and writing it) per archived message and per
+compaction.
 A compaction's summary call with a real model takes seconds (``bench/stall.py``
 models Claude Sonnet 4.5: 1.8 s to the first token, 0.1 ms per input token,
 800 output tokens at 63 per second), so the archive's share is also given
@@ -38,7 +38,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.memory import InMemoryStore
 
-import langchain_compaction._lc.archive as archive_module
+import langchain_compaction.graph as graph_module
 from bench.stall import summary_seconds
 from bench.workloads import coding_session
 from langchain_compaction import CompactionNode, CompactionOptions
@@ -49,23 +49,21 @@ SUMMARY = "## Goal\n- continue the coding session\n\n## Progress\n- steps done"
 
 
 def _timed() -> tuple[list[float], Any]:
-    """Time spent archiving from now on (choosing what leaves the state, and writing it), and the call that stops."""
+    """Time spent archiving from now on (the node's whole archive step, its store calls included), and the stop."""
     spent = [0.0]
-    plain = {name: getattr(archive_module, name) for name in ("leaving", "write")}
+    plain = graph_module.archived
 
-    def timing(function: Any) -> Any:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                spent[0] += time.perf_counter() - started
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        # On the sync path the driver makes the flow's store calls between its
+        # steps, on this thread: the flow's wall time is the archive's.
+        started = time.perf_counter()
+        try:
+            return (yield from plain(*args, **kwargs))
+        finally:
+            spent[0] += time.perf_counter() - started
 
-        return timed
-
-    for name, function in plain.items():
-        setattr(archive_module, name, timing(function))
-    return spent, lambda: [setattr(archive_module, name, function) for name, function in plain.items()]
+    graph_module.archived = timed
+    return spent, lambda: setattr(graph_module, "archived", plain)
 
 
 def session(store: Any, thread: str, turns: int, *, archive: bool) -> dict[str, float]:
@@ -77,7 +75,7 @@ def session(store: Any, thread: str, turns: int, *, archive: bool) -> dict[str, 
 
     node = CompactionNode(summarize, OPTIONS, result_key="compaction", archive=archive)
     # The archive's own time: what leaves the state, its items, the store's
-    # reads and writes (the sync path calls these two functions).
+    # reads and writes.
     in_store, restore = _timed()
     messages, _ = coding_session(turns)
     script = iter(messages)

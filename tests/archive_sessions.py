@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from conftest import compaction_graph
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, messages_from_dict
 from langchain_core.messages.tool import ToolMessage
 from langgraph.graph import END, START, StateGraph
@@ -109,13 +110,7 @@ def graph_session(store: Any, saver: Any, thread: str, **node_kwargs: Any) -> Gr
         asked = sum(1 for m in state["messages"] if isinstance(m, HumanMessage) and not is_compaction_message(m))
         return {"messages": [AIMessage(f"Here is paragraph {asked}. " + "The figures rose again. " * 5)]}
 
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", node)
-    builder.add_node("agent", agent)
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", "agent")
-    builder.add_edge("agent", END)
-    return GraphSession(builder.compile(checkpointer=saver, store=store), node, thread)
+    return GraphSession(compaction_graph(node, agent, checkpointer=saver, store=store), node, thread)
 
 
 # -- an agent with the middleware ------------------------------------------------------

@@ -72,7 +72,7 @@ def recorder() -> RecordingSummarizer:
 # start with one (Anthropic rejects a conversation whose first turn is not the
 # user's). These helpers are shared by the test files that check the layout.
 
-from typing import NamedTuple  # noqa: E402
+from typing import Any, NamedTuple  # noqa: E402
 
 from langchain_core.messages import ChatMessage, HumanMessage, SystemMessage  # noqa: E402
 
@@ -211,3 +211,21 @@ def as_state(update: list) -> list[BaseMessage]:
     from langchain_core.messages import convert_to_messages
 
     return [convert_to_messages([m])[0] if isinstance(m, dict) else m for m in update]
+
+
+def compaction_graph(node: object, agent: object = None, **compile_kwargs: object) -> Any:
+    """A real graph: START -> the compaction node -> (the agent node) -> END, compiled with ``compile_kwargs``."""
+    from langgraph.graph import END, START, StateGraph
+
+    from langchain_compaction.graph import CompactionState
+
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)  # type: ignore[call-overload]
+    builder.add_edge(START, "compact")
+    last = "compact"
+    if agent is not None:
+        builder.add_node("agent", agent)  # type: ignore[call-overload]
+        builder.add_edge("compact", "agent")
+        last = "agent"
+    builder.add_edge(last, END)
+    return builder.compile(**compile_kwargs)  # type: ignore[arg-type]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 from langchain_core.tools import BaseTool, StructuredTool
@@ -266,25 +266,19 @@ class Batch:
         return [PutOp(i.namespace, i.key, None) for i in items if str(i.value.get("position", "")) < oldest_kept]
 
 
-def write(archive: Archive, store: BaseStore, batch: Batch) -> int:
-    """Archive ``batch``; how many messages were written (those archived before are skipped)."""
-    found = cast("list[Item | None]", store.batch(batch.gets()))
+def write(archive: Archive, store: BaseStore, batch: Batch) -> Flow[int]:
+    """Archive ``batch``; how many messages were written (those archived before are skipped).
+
+    A flow for ``drive``/``adrive``: the store's calls are made sync or awaited.
+    """
+    found: list[Item | None] = yield twin(store.batch, store.abatch, batch.gets())
     puts = batch.puts(archive, store, found)
     if puts:
-        store.batch(puts)
-    if archive.max_messages is not None and (stale := batch.stale(archive, read_all(store, batch.namespace))):
-        store.batch(stale)
-    return len(puts)
-
-
-async def awrite(archive: Archive, store: BaseStore, batch: Batch) -> int:
-    """The async twin of ``write``."""
-    found = cast("list[Item | None]", await store.abatch(batch.gets()))
-    puts = batch.puts(archive, store, found)
-    if puts:
-        await store.abatch(puts)
-    if archive.max_messages is not None and (stale := batch.stale(archive, await aread_all(store, batch.namespace))):
-        await store.abatch(stale)
+        yield twin(store.batch, store.abatch, puts)
+    if archive.max_messages is not None:
+        stale = batch.stale(archive, (yield from read_all(store, batch.namespace)))
+        if stale:
+            yield twin(store.batch, store.abatch, stale)
     return len(puts)
 
 
@@ -322,7 +316,7 @@ def archived(
     if not batch.items:
         return True
     try:
-        written = yield twin(write, awrite, archive, store, batch)
+        written = yield from write(archive, store, batch)
     except Exception as error:
         if archive.on_error == "warn":
             logger.warning(
@@ -344,20 +338,14 @@ def archived(
 # skip and repeat items).
 
 
-def read_all(store: BaseStore, namespace: tuple[str, ...]) -> Sequence[Item]:
-    """Every item under ``namespace`` (a thread's whole archive)."""
+def read_all(store: BaseStore, namespace: tuple[str, ...]) -> Flow[Sequence[Item]]:
+    """Every item under ``namespace`` (a thread's whole archive), as a flow."""
     limit = _PAGE
-    while len(found := store.search(namespace, limit=limit)) >= limit:
+    while True:
+        found: list[Item] = yield twin(store.search, store.asearch, namespace, limit=limit)
+        if len(found) < limit:
+            return found
         limit *= 4
-    return found
-
-
-async def aread_all(store: BaseStore, namespace: tuple[str, ...]) -> Sequence[Item]:
-    """The async twin of ``read_all``."""
-    limit = _PAGE
-    while len(found := await store.asearch(namespace, limit=limit)) >= limit:
-        limit *= 4
-    return found
 
 
 def _as_archived(item: Item) -> Archived | None:
@@ -370,16 +358,12 @@ def _as_archived(item: Item) -> Archived | None:
     return Archived(position, item.key, to_core(message))
 
 
-def _semantic(store: BaseStore, namespace: tuple[str, ...], lookup: Lookup) -> list[Item]:
+def _semantic(store: BaseStore, namespace: tuple[str, ...], lookup: Lookup) -> Flow[list[Item]]:
+    """What a vector index ranks close to the query, when the store has one."""
     if not lookup.query or not getattr(store, "index_config", None):
         return []
-    return list(store.search(namespace, query=lookup.query, limit=max(1, min(lookup.limit, MAX_RESULTS))))
-
-
-async def _asemantic(store: BaseStore, namespace: tuple[str, ...], lookup: Lookup) -> list[Item]:
-    if not lookup.query or not getattr(store, "index_config", None):
-        return []
-    return list(await store.asearch(namespace, query=lookup.query, limit=max(1, min(lookup.limit, MAX_RESULTS))))
+    limit = max(1, min(lookup.limit, MAX_RESULTS))
+    return list((yield twin(store.search, store.asearch, namespace, query=lookup.query, limit=limit)))
 
 
 def _merge(found: list[Archived], nearby: Sequence[Archived], lookup: Lookup) -> list[Archived]:
@@ -407,12 +391,12 @@ def recall_from(
     Returns:
         ``(position, message)`` pairs, newest first; positions count ``messages`` from 0.
     """
-    items = [Archived(i, m.id or f"position-{_padded(i)}", to_core(m)) for i, m in enumerate(messages)]
+    items = [Archived(i, _base_key(i, m), to_core(m)) for i, m in enumerate(messages)]
     return [(a.position, messages[a.position]) for a in select(_redacted(items, redactor), lookup)]
 
 
 def _as_found(pairs: Sequence[tuple[int, BaseMessage]]) -> list[Archived]:
-    return [Archived(p, m.id or f"position-{_padded(p)}", to_core(m)) for p, m in pairs]
+    return [Archived(p, _base_key(p, m), to_core(m)) for p, m in pairs]
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,8 +428,8 @@ class _Recaller:
         if isinstance(place, str):
             return place
         store, namespace = place
-        items = yield twin(read_all, aread_all, store, namespace)
-        nearby = yield twin(_semantic, _asemantic, store, namespace, lookup)
+        items = yield from read_all(store, namespace)
+        nearby = yield from _semantic(store, namespace, lookup)
         archived = _redacted([a for a in map(_as_archived, items) if a is not None], self.redact)
         close = _redacted([a for a in map(_as_archived, nearby) if a is not None], self.redact)
         return self._answer(_merge(select(archived, lookup), close, lookup))

@@ -16,6 +16,7 @@ from langchain_core.messages import messages_from_dict
 
 from langchain_compaction._lc.archive import Archive, read_all
 from langchain_compaction._lc.convert import to_core
+from langchain_compaction.core.effects import drive
 from langchain_compaction.core.transcript import message_body
 from langchain_compaction.errors import ConfigurationError
 
@@ -73,7 +74,7 @@ def print_archive(url: str, thread: str, out: TextIO, *, prefix: str, show: str 
     """List ``thread``'s archived messages (or print one in full); the exit status."""
     archive = Archive(prefix=prefix)
     with open_store(url) as store:
-        items = read_all(store, archive.namespace(thread))
+        items = drive(read_all(store, archive.namespace(thread)))
     rows = sorted((r for r in map(_row, items) if r is not None), key=lambda r: r["position"])
     if show is not None:
         rows = [r for r in rows if show in (r["key"], str(r["position"]))]

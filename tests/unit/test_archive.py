@@ -19,12 +19,12 @@ from archive_sessions import (
     summarize,
     user_text,
 )
+from conftest import compaction_graph
 from langchain.agents import create_agent
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import END, START, StateGraph
 from langgraph.store.memory import InMemoryStore
 
 from langchain_compaction import CompactingChatMessageHistory, CompactionNode
@@ -152,11 +152,8 @@ def test_a_store_that_fails_on_write_leaves_the_state_unchanged() -> None:
 
 def test_on_error_warn_keeps_the_turn_going_uncompacted(caplog: pytest.LogCaptureFixture) -> None:
     store = FailingStore()
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", CompactionNode(summarize, OPTIONS, archive=Archive(on_error="warn")))
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", END)
-    graph = builder.compile(checkpointer=InMemorySaver(), store=store)
+    node = CompactionNode(summarize, OPTIONS, archive=Archive(on_error="warn"))
+    graph = compaction_graph(node, checkpointer=InMemorySaver(), store=store)
     config = {"configurable": {"thread_id": "t"}}
     with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
         for number in range(80):
@@ -175,15 +172,15 @@ def test_archiving_again_after_a_retry_writes_nothing_twice() -> None:
     assert drive(archived(Archive(), store, config, before, after))  # a retry, or a restarted process
     items = archived_messages(store, "t")
     assert sorted(m.id for _, _, m in items) == ["m0", "m1", "m2", "m3"]
-    assert write(Archive(), store, Batch(("compaction_archive", "t"), leaving(before, after), 1)) == 0
+    assert drive(write(Archive(), store, Batch(("compaction_archive", "t"), leaving(before, after), 1))) == 0
 
 
 def test_a_reused_id_never_overwrites_the_earlier_message() -> None:
     store = InMemoryStore()
     first = [HumanMessage("the first message", id="same"), HumanMessage("b", id="b")]
-    write(Archive(), store, Batch(("compaction_archive", "t"), [(0, first[0])], 1))
+    drive(write(Archive(), store, Batch(("compaction_archive", "t"), [(0, first[0])], 1)))
     later = HumanMessage("a different message under the same id", id="same")
-    assert write(Archive(), store, Batch(("compaction_archive", "t"), [(9, later)], 2)) == 1
+    assert drive(write(Archive(), store, Batch(("compaction_archive", "t"), [(9, later)], 2))) == 1
     contents = sorted(str(m.content) for _, _, m in archived_messages(store, "t"))
     assert contents == ["a different message under the same id", "the first message"]
 
@@ -200,11 +197,7 @@ def test_retention_by_count_keeps_the_newest() -> None:
 
 def test_without_a_store_the_archive_is_refused_with_the_fix() -> None:
     node = CompactionNode(summarize, OPTIONS, archive=True)
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", node)
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", END)
-    graph = builder.compile(checkpointer=InMemorySaver())
+    graph = compaction_graph(node, checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t"}}
     turns: list[int] = []
 
@@ -221,11 +214,7 @@ def test_without_a_store_the_archive_is_refused_with_the_fix() -> None:
 def test_without_a_thread_id_it_compacts_and_says_nothing_was_archived(caplog: pytest.LogCaptureFixture) -> None:
     store = InMemoryStore()
     node = CompactionNode(summarize, OPTIONS, archive=True)
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", node)
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", END)
-    graph = builder.compile(store=store)
+    graph = compaction_graph(node, store=store)
     history = [HumanMessage(user_text("t", n), id=f"h{n}") for n in range(80)]
     with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
         out = graph.invoke({"messages": history})
@@ -415,19 +404,11 @@ def test_positions_stay_true_when_a_compaction_keeps_a_pinned_exchange() -> None
             return {"messages": [AIMessage("", tool_calls=[call]), ToolMessage("Updated todos", tool_call_id="todo")]}
         return {"messages": [AIMessage(f"Here is paragraph {turns[0]}. " + "The figures rose again. " * 5)]}
 
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", node)
-    builder.add_node("agent", agent)
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", "agent")
-    builder.add_edge("agent", END)
-    session = GraphSession(builder.compile(checkpointer=InMemorySaver(), store=store), node, "t")
+    session = GraphSession(compaction_graph(node, agent, checkpointer=InMemorySaver(), store=store), node, "t")
     sent: list[BaseMessage] = []
     for number in range(120):
-        before = len(session.graph.get_state(session.config).values.get("messages", []))
         message = HumanMessage(user_text("t", number), id=f"t-h{number}")
         out = session.graph.invoke({"messages": [message]}, session.config)
-        del before
         sent.append(message)
         sent += [m for m in out["messages"] if m.id not in {s.id for s in sent} and not is_compaction_message(m)]
     assert compactions(out["messages"]) >= 3
