@@ -1371,10 +1371,8 @@ def test_the_bridge_text_is_in_the_compacted_size() -> None:
     assert estimate_message_tokens([bridge]) == estimate_message_tokens([HumanMessage(BRIDGE_TEXT)])
 
 
-@pytest.mark.parametrize("mode", MODES)
-async def test_chunks_never_separate_tool_calls_from_their_results(mode: str) -> None:
-    # Parallel calls with sizeable results: a greedy split by size alone ends
-    # chunks between an assistant's calls and their results.
+def _parallel_reads() -> list[BaseMessage]:
+    """Parallel calls with sizeable results: a greedy split by size alone ends chunks between calls and results."""
     messages: list[BaseMessage] = []
     for turn in range(12):
         messages.append(HumanMessage(f"question {turn} " + "about the layout of the repository " * 20))
@@ -1383,6 +1381,12 @@ async def test_chunks_never_separate_tool_calls_from_their_results(mode: str) ->
         messages += [ToolMessage("def f():\n    return 1\n" * 60, tool_call_id=f"c{turn}_{k}") for k in range(3)]
         messages.append(AIMessage(f"answer {turn}"))
     messages.append(HumanMessage("go on"))
+    return messages
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_chunks_never_separate_tool_calls_from_their_results(mode: str) -> None:
+    messages = _parallel_reads()
     recorder = Recorder(*[f"## Goal\n- part {n}" for n in range(60)])
     options = CompactionOptions(summary_input_tokens=4_000, keep_recent_tokens=200)
     result, _ = await run(mode, recorder, messages, options)
@@ -1396,14 +1400,7 @@ async def test_chunks_never_separate_tool_calls_from_their_results(mode: str) ->
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_the_offline_summarizer_reports_no_finished_call_as_pending_across_chunks(mode: str) -> None:
-    messages: list[BaseMessage] = []
-    for turn in range(12):
-        messages.append(HumanMessage(f"question {turn} " + "about the layout of the repository " * 20))
-        calls = [{"name": "read", "args": {"path": f"src/m{turn}_{k}.py"}, "id": f"c{turn}_{k}"} for k in range(3)]
-        messages.append(AIMessage("", tool_calls=calls))
-        messages += [ToolMessage("def f():\n    return 1\n" * 60, tool_call_id=f"c{turn}_{k}") for k in range(3)]
-        messages.append(AIMessage(f"answer {turn}"))
-    messages.append(HumanMessage("go on"))
+    messages = _parallel_reads()
     options = CompactionOptions(summary_input_tokens=4_000, keep_recent_tokens=200)
     result, _ = await run(mode, ExtractiveSummarizer(), messages, options)
     assert result is not None

@@ -6,10 +6,9 @@ import logging
 from typing import Any
 
 import pytest
-from conftest import split_compacted
+from conftest import compaction_graph, split_compacted
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import END, START, StateGraph
 from test_graph import assert_valid_anthropic_request
 
 from langchain_compaction import CompactionNode, CompactionOptions, auto_compact, compact
@@ -143,13 +142,7 @@ def test_a_graph_agent_keeps_its_todo_list_across_compactions() -> None:
             return {"messages": todos(2, ["write the report", "send it to Ana"])}
         return {"messages": [AIMessage(f"step {turns[0]} done. " + "details " * 30)]}
 
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", node)
-    builder.add_node("agent", agent)
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", "agent")
-    builder.add_edge("agent", END)
-    graph = builder.compile(checkpointer=InMemorySaver())
+    graph = compaction_graph(node, agent, checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t"}}
     summaries = set()
     for turn in range(80):
