@@ -101,7 +101,7 @@ def extraction_cost(messages: list[BaseMessage], repeats: int = 5) -> float:
     best = float("inf")
     for _ in range(repeats):
         started = time.process_time()
-        gather(core, (), range(len(core)), ())
+        gather((), core, range(len(core)), ())
         best = min(best, time.process_time() - started)
     return best / len(core) * 1e6
 

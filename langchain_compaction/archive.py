@@ -1,8 +1,8 @@
 """The archive: compacted messages kept word for word, and the tool that reads them back.
 
-Turn it on with ``CompactionNode(..., archive=True)`` or
-``CompactionMiddleware(..., archive=True)`` on a graph or agent that has a
-LangGraph store; chat memory keeps its own with
+Turn it on with the ``Archive`` feature (``CompactionNode(...,
+features=[*default_features(), Archive()])``, the same for
+``CompactionMiddleware``) on a graph or agent that has a LangGraph store; chat memory keeps its own with
 ``CompactingChatMessageHistory(..., archive=<a history>)`` and reads it back
 with ``recall()`` or ``recall_tool(history=...)``.
 
@@ -14,6 +14,6 @@ Example:
 
 from __future__ import annotations
 
-from langchain_compaction._lc.archive import ARCHIVE_NAMESPACE, RECALL_TOOL_NAME, Archive, recall_tool
+from langchain_compaction.features.archive import ARCHIVE_NAMESPACE, RECALL_TOOL_NAME, Archive, recall_tool
 
 __all__ = ["ARCHIVE_NAMESPACE", "RECALL_TOOL_NAME", "Archive", "recall_tool"]

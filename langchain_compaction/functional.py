@@ -16,16 +16,18 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
+from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import to_core_list
 from langchain_compaction._lc.counting import counts_and_core
-from langchain_compaction._lc.pipeline import Compactor, Trigger
+from langchain_compaction._lc.turn import Outcome, Place, Trigger, Turn
 from langchain_compaction.core.context import needs_compaction, over_threshold
-from langchain_compaction.core.effects import Flow, adrive, blocking, drive
+from langchain_compaction.core.effects import Flow, adrive, drive
 from langchain_compaction.core.options import DEFAULT_KEEP_RECENT_TOKENS, CompactionOptions
 from langchain_compaction.core.plan import plan_compaction
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.tokens import estimate_message
 from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.features import Feature
 
 __all__ = ["aauto_compact", "acompact", "auto_compact", "compact", "find_cut_point", "should_compact"]
 
@@ -105,21 +107,21 @@ def find_cut_point(messages: Sequence[BaseMessage], keep_recent_tokens: int = DE
 
 
 def _compaction(
-    model: Any, messages: Sequence[BaseMessage], options: object, fallback: Any, instructions: str, *, trigger: Trigger
+    model: Any,
+    messages: Sequence[BaseMessage],
+    options: object,
+    fallback: Any,
+    instructions: str,
+    *,
+    trigger: Trigger,
+    features: Sequence[Feature] | None,
 ) -> Flow[tuple[CompactionResult | None, list[BaseMessage]]]:
-    compactor = Compactor.build(model, options, fallback)
-    if compactor.options.prepare_at is not None:
-        raise ConfigurationError(
-            "prepare_at",
-            compactor.options.prepare_at,
-            "a summary prepared ahead needs an adapter that sees the conversation grow (CompactionNode, "
-            "CompactionMiddleware, CompactingChatMessageHistory); these functions compact at once: pass "
-            "prepare_at=None here",
-        )
-    job = yield blocking(compactor.prepare, messages, instructions, trigger=trigger)
-    if job is None:
+    turn = Turn.build(model, options, fallback, features, where="function")
+    place = Place(Conversation(None))
+    outcome: Outcome = yield from turn.run(messages, place, trigger=trigger, instructions=instructions)
+    if outcome.result is None or outcome.messages is None:
         return None, messages if isinstance(messages, list) else list(messages)
-    return (yield from compactor.compaction(job))
+    return outcome.result, outcome.messages
 
 
 def compact(
@@ -129,6 +131,7 @@ def compact(
     custom_instructions: str = "",
     *,
     fallback: Any = None,
+    features: Sequence[Feature] | None = None,
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """Summarize the older messages and keep the recent ones.
 
@@ -145,6 +148,8 @@ def compact(
             instructions, e.g. ``"keep the API design decisions"``.
         fallback: A summarizer used if ``model`` fails; the result then says
             ``fallback_used=True``.
+        features: The features (``langchain_compaction.features``; checked
+            facts and pins when ``None``).
 
     Returns:
         ``(result, new_messages)``, or ``(None, messages)`` when there is
@@ -162,7 +167,9 @@ def compact(
         >>> result.messages_removed, out[-1] is msgs[-1]
         (2, True)
     """
-    return drive(_compaction(model, messages, options, fallback, custom_instructions, trigger="force"))
+    return drive(
+        _compaction(model, messages, options, fallback, custom_instructions, trigger="force", features=features)
+    )
 
 
 async def acompact(
@@ -172,9 +179,12 @@ async def acompact(
     custom_instructions: str = "",
     *,
     fallback: Any = None,
+    features: Sequence[Feature] | None = None,
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """The async twin of ``compact``: the same flow, awaiting the model, never blocking the loop."""
-    return await adrive(_compaction(model, messages, options, fallback, custom_instructions, trigger="force"))
+    return await adrive(
+        _compaction(model, messages, options, fallback, custom_instructions, trigger="force", features=features)
+    )
 
 
 def auto_compact(
@@ -183,6 +193,7 @@ def auto_compact(
     options: CompactionOptions,
     *,
     fallback: Any = None,
+    features: Sequence[Feature] | None = None,
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """Compact only when the conversation is over the threshold.
 
@@ -196,11 +207,13 @@ def auto_compact(
         messages: The conversation; it is never modified.
         options: Budgets; ``context_window`` must be set for anything to happen.
         fallback: A summarizer used if ``model`` fails.
+        features: The features (``langchain_compaction.features``; checked
+            facts and pins when ``None``), ``ClearToolOutputs`` among them.
 
     Returns:
         ``(result, new_messages)``, or ``(None, messages)`` when nothing was needed.
     """
-    return drive(_compaction(model, messages, _required(options), fallback, "", trigger="auto"))
+    return drive(_compaction(model, messages, _required(options), fallback, "", trigger="auto", features=features))
 
 
 async def aauto_compact(
@@ -209,9 +222,12 @@ async def aauto_compact(
     options: CompactionOptions,
     *,
     fallback: Any = None,
+    features: Sequence[Feature] | None = None,
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """The async twin of ``auto_compact``."""
-    return await adrive(_compaction(model, messages, _required(options), fallback, "", trigger="auto"))
+    return await adrive(
+        _compaction(model, messages, _required(options), fallback, "", trigger="auto", features=features)
+    )
 
 
 def _required(options: object) -> CompactionOptions:

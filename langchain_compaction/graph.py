@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, ToolMessage
@@ -30,34 +30,19 @@ from langgraph.graph import MessagesState
 from langgraph.pregel import Pregel
 from langgraph.types import Command
 
-from langchain_compaction._lc.archive import Archive, archive_note, archived, recall_tool
-from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache
-from langchain_compaction._lc.pipeline import (
-    COMPACTION_EVENT,
-    TOO_DEEP,
-    Compactor,
-    Job,
-    Output,
-    Trigger,
-    aannounce,
-    announce,
-    in_run,
-    parent_node,
-    preparer_for,
-    replacement,
-)
-from langchain_compaction._lc.prepared import (
-    PREPARE_EVENT,
-    PREPARE_WAIT_SECONDS,
-    LeaseFactory,
-)
-from langchain_compaction._lc.threads import current_store, thread_of
+from langchain_compaction._lc.conversation import Delivery, thread_of
+from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE
+from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, replacement
+from langchain_compaction._lc.legacy import UNSET, adapter_keywords
+from langchain_compaction._lc.turn import Outcome, Place, Trigger, Turn
 from langchain_compaction.core.context import context_tokens
-from langchain_compaction.core.effects import Flow, adrive, blocking, drive, twin
+from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.engine import Summarizer
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionRecord, CompactionResult
 from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
+from langchain_compaction.features import Archive, Feature
+from langchain_compaction.features.archive import recall_tool
 from langchain_compaction.summarizers.chat_model import as_summarizer
 
 __all__ = [
@@ -165,14 +150,13 @@ def _read_messages(state: Any, key: str) -> list[BaseMessage]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Turn:
+class _Ask:
     """What one run of the node was asked: which messages, and how to compact them."""
 
     messages: list[BaseMessage]
     instructions: str = ""
     forced: bool = False
     command: BaseMessage | None = None
-    reordered: bool = False
 
 
 class CompactionNode(Runnable[Any, Any]):
@@ -225,22 +209,16 @@ class CompactionNode(Runnable[Any, Any]):
             shrinks and no summary lands mid-history; ``"own"`` writes to this
             graph's state only (for a subgraph whose messages are not the
             parent's under the same key).
-        prepare_wait: With ``options.prepare_at``, how many seconds a turn
-            at the threshold waits for a summary still being prepared before
-            it compacts on the spot.
-        prepare_in_store: With ``options.prepare_at``, also keep a prepared
-            summary in the graph's LangGraph store (``compile(store=...)``),
-            so another worker or a restarted process applies it.
-        prepare_lease: With ``options.prepare_at`` and several processes
-            serving the same threads: a function from a thread id to a lock
-            with a lease (``history.FileLock``, ``history.PostgresAdvisoryLock``)
-            that says which process prepares that thread's summary.
-        archive: Keep every message a compaction removes in the graph's
-            LangGraph store (``compile(store=...)``), under
-            ``("compaction_archive", <thread>)``, before the state is
-            rewritten; ``True`` for the defaults or ``Archive(...)`` for
-            retention, semantic indexing and error handling. The summary then
-            says the agent can read them back with ``recall_tool()``.
+        features: The features (``langchain_compaction.features``): checked
+            facts and pins by default; add ``Archive()`` to keep every removed
+            message in the graph's LangGraph store (``node.recall_tool()``
+            reads it back), ``PrepareAhead(at=0.7)`` to prepare the next
+            summary in the background, ``ClearToolOutputs()`` to clear old
+            tool outputs first.
+        prepare_wait: Deprecated: ``PrepareAhead(wait=...)``.
+        prepare_in_store: Deprecated: ``PrepareAhead(in_store=...)``.
+        prepare_lease: Deprecated: ``PrepareAhead(lease=...)``.
+        archive: Deprecated: ``Archive(...)`` in ``features``.
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -271,10 +249,11 @@ class CompactionNode(Runnable[Any, Any]):
         name: str = "compact",
         cache_size: int = DEFAULT_CACHE_SIZE,
         nested: Nesting = "parent",
-        prepare_wait: float = PREPARE_WAIT_SECONDS,
-        prepare_in_store: bool = False,
-        prepare_lease: LeaseFactory | None = None,
-        archive: bool | Archive = False,
+        features: Sequence[Feature] | None = None,
+        prepare_wait: Any = UNSET,
+        prepare_in_store: Any = UNSET,
+        prepare_lease: Any = UNSET,
+        archive: Any = UNSET,
     ) -> None:
         if not isinstance(messages_key, str) or not messages_key:
             raise ConfigurationError("messages_key", messages_key, "pass the state key of the message list")
@@ -282,27 +261,39 @@ class CompactionNode(Runnable[Any, Any]):
             raise ConfigurationError(
                 "result_key", result_key, "pass a state key other than messages_key (e.g. 'compaction'), or None"
             )
-        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
-            raise ConfigurationError("cache_size", cache_size, f"pass a positive number (default {DEFAULT_CACHE_SIZE})")
         if nested not in ("parent", "own"):
             raise ConfigurationError("nested", nested, "pass 'parent' or 'own'")
-        self.archive = Archive.of(archive)
-        self._compactor = Compactor.build(model, options, fallback, note=archive_note(self.archive))
+        legacy = adapter_keywords(
+            "CompactionNode",
+            prepare_wait=prepare_wait,
+            prepare_in_store=prepare_in_store,
+            prepare_lease=prepare_lease,
+            archive=archive,
+        )
+        self._turn = Turn.build(model, options, fallback, features, adapter=legacy, cache_size=cache_size)
         self.messages_key = messages_key
         self.result_key = result_key
         self.enable_compact_command = bool(enable_compact_command)
         self.name = name
-        self._cache = TokenCountCache(self._compactor.options, max_entries=cache_size)
-        self._warned_no_window = False
-        self._warned_too_deep = False
         self.nested: Nesting = nested
-        self.prepare_in_store = bool(prepare_in_store)
-        self._preparer = preparer_for(self._compactor, prepare_wait, prepare_lease)
+        self._delivery = Delivery(nested, f"CompactionNode {name!r}")
+        self._warned_no_window = False
 
     @property
     def options(self) -> CompactionOptions:
         """The options in force."""
-        return self._compactor.options
+        return self._turn.options
+
+    @property
+    def features(self) -> tuple[Feature, ...]:
+        """The features in force (``langchain_compaction.features``)."""
+        return self._turn.features
+
+    @property
+    def archive(self) -> Archive | None:
+        """The ``Archive`` feature, when it is on."""
+        archive: Archive | None = self._turn.feature(Archive)
+        return archive
 
     def context_tokens(self, messages: Sequence[BaseMessage]) -> int:
         """The context size the trigger compares with the threshold.
@@ -313,24 +304,24 @@ class CompactionNode(Runnable[Any, Any]):
         Returns:
             The context size in tokens (see ``core.context``).
         """
-        counts, core = self._cache.counts_and_core(messages)
+        counts, core = self._turn.cache.counts_and_core(messages)
         return context_tokens(core, counts)
 
-    # -- pure helpers: read the turn, decide, build the update ------------------------
+    # -- the run, as one flow for both paths ----------------------------------------
 
-    def _turn(self, state: Any, manual: str | None) -> _Turn | None:
+    def _ask(self, state: Any, manual: str | None) -> _Ask | None:
         """What this run must do; ``None`` when automatic compaction is off and nothing forces one."""
         messages = _read_messages(state, self.messages_key)
         if manual is not None:
-            return _Turn(messages, manual, forced=True)
+            return _Ask(messages, manual, forced=True)
         if self.enable_compact_command and messages:
             parsed = parse_compact_command(messages[-1])
             if parsed is not None:
-                return _Turn(messages[:-1], parsed, forced=True, command=messages[-1])
+                return _Ask(messages[:-1], parsed, forced=True, command=messages[-1])
         if self.options.budget.threshold is None:
             self._say_no_window(len(messages))
             return None  # automatic compaction is off: do not even count
-        return _Turn(messages)
+        return _Ask(messages)
 
     def _say_no_window(self, size: int) -> None:
         if self._warned_no_window or not size:
@@ -342,100 +333,37 @@ class CompactionNode(Runnable[Any, Any]):
             self.name,
         )
 
-    def _job(self, turn: _Turn, counts: list[int], core: list[Any]) -> Job | None:
-        trigger: Trigger = "force" if turn.forced else "auto"
-        return self._compactor.prepare(turn.messages, turn.instructions, trigger=trigger, counts=counts, core=core)
-
-    def _nothing(self, turn: _Turn) -> dict[str, Any]:
-        # Nothing to summarize; a summary found mid-history is still put back,
-        # and a command message still consumed.
-        if turn.reordered:
-            return {self.messages_key: replacement(turn.messages)}
-        if turn.command is not None and turn.command.id is not None:
-            return {self.messages_key: [RemoveMessage(id=turn.command.id)]}
-        return {}
-
-    def _deliver(self, update: dict[str, Any], config: RunnableConfig | None) -> dict[str, Any] | Command[Any]:
-        """``update`` for this graph, or, in a subgraph, for the parent that holds the conversation.
-
-        A subgraph's state goes back to its parent merged by id, so a summary
-        written only here would land in the middle of the parent's history and
-        the parent would never shrink. One level down, the update is sent to
-        the parent (``Command.PARENT``), which then runs this subgraph's node
-        again on the compacted list; deeper down the parent cannot be reached:
-        it is written here, said once, and the next turn puts it back in place.
-        """
-        parent = parent_node(config) if update and self.nested == "parent" else None
-        if parent is None:
-            return update
-        if parent == TOO_DEEP:
-            self._say_too_deep()
-            return update
-        return Command(graph=Command.PARENT, update=update, goto=parent)
-
-    def _say_too_deep(self) -> None:
-        if self._warned_too_deep:
-            return
-        self._warned_too_deep = True
-        logger.warning(
-            "CompactionNode %r runs in a subgraph nested more than one level deep, where LangGraph lets it update "
-            "only its own state: the summary lands mid-history in the outer graphs and is put back in place next "
-            "turn; put the compaction node in the outermost graph that holds the conversation",
-            self.name,
-        )
-
-    def _update(self, output: Output) -> dict[str, Any]:
-        result, messages = output
-        update: dict[str, Any] = {self.messages_key: replacement(messages)}
-        if self.result_key is not None:
-            update[self.result_key] = result.to_dict()
-        return update
-
-    # -- the run, as one flow for both paths ----------------------------------------
-
     def _flow(
-        self, state: Any, config: RunnableConfig | None, manual: str | None = None, model: Summarizer | None = None
+        self,
+        state: Any,
+        config: RunnableConfig | None,
+        manual: str | None = None,
+        model: Summarizer | None = None,
+        store: Any = UNSET,
     ) -> Flow[tuple[CompactionResult | None, dict[str, Any] | Command[Any]]]:
-        turn = self._turn(state, manual)
-        if turn is None:
+        ask = self._ask(state, manual)
+        if ask is None:
             return None, {}
-        if not turn.forced and (yield self._cache.quick_check(turn.messages)) is False:
-            return None, {}  # the provider's reported usage says it fits: nothing else to count
-        counts, core = yield twin(self._cache.counts_and_core, self._cache.acounts_and_core, turn.messages)
-        fixed = self._compactor.reorder(turn.messages, core, counts)
-        if fixed is not None:
-            turn = replace(turn, messages=fixed[0], reordered=True)
-            core, counts = fixed[1], fixed[2]
-        ready: Output | None = None
-        if not turn.forced:
-            store = current_store() if self.prepare_in_store else None
-            due, ready = yield from self._compactor.staged(
-                self._preparer, turn.messages, core, counts, thread=thread_of(config), store=store, config=config
-            )
-            if not due:
-                return None, self._deliver(self._nothing(turn), config)
-        job = None if ready is not None else (yield blocking(self._job, turn, counts, core))
-        if ready is None and job is None:
-            return None, self._deliver(self._nothing(turn), config)
-        done: list[CompactionResult] = []
-
-        def compaction(run_config: RunnableConfig) -> Flow[dict[str, Any]]:
-            if ready is not None:
-                output = ready
-            else:
-                assert job is not None
-                output = yield from self._compactor.compaction(job, model)
-            # Archived first: a failed write leaves the state as it was.
-            if not (yield from archived(self.archive, current_store(), config, turn.messages, output[1])):
-                return self._nothing(turn)
-            yield twin(announce, aannounce, output[0], run_config)
-            done.append(output[0])
-            return self._update(output)
-
-        # A run of its own, so traces show the compaction and the event has a
-        # parent; the common turn, nothing to do, returned above without one.
-        update = yield in_run(self, compaction, state, config)
-        return (done[0] if done else None), self._deliver(update, config)
+        own, conversation, parent = self._delivery.conversation(config, ask.messages)
+        place = Place(conversation, current_store() if store is UNSET else store, config)
+        trigger: Trigger = "force" if ask.forced else "auto"
+        outcome: Outcome = yield from self._turn.run(
+            ask.messages, place, trigger=trigger, instructions=ask.instructions, summarizer=model, traced=state
+        )
+        update: dict[str, Any] = {}
+        if outcome.messages is not None:
+            update[self.messages_key] = replacement(outcome.messages)
+            if outcome.result is not None and self.result_key is not None:
+                update[self.result_key] = outcome.result.to_dict()
+        elif ask.command is not None and ask.command.id is not None:
+            update[self.messages_key] = [RemoveMessage(id=ask.command.id)]
+        if not update or parent is None:
+            if update:
+                self._delivery.too_deep(config)
+            return outcome.result, update
+        if outcome.messages is not None:
+            self._delivery.sent(own, outcome.messages)
+        return outcome.result, Command(graph=Command.PARENT, update=update, goto=parent)
 
     def recall_tool(self, *, max_chars: int = 4_000) -> BaseTool:
         """The tool that reads this node's archive back (give it to the agent's ``ToolNode``).
@@ -447,7 +375,11 @@ class CompactionNode(Runnable[Any, Any]):
             The tool (see ``langchain_compaction.archive.recall_tool``); its
             output goes through ``options.redact``.
         """
-        return recall_tool(self.archive, redact=self.options.redact, max_chars=max_chars)
+        if self.archive is None:
+            raise ConfigurationError("features", self.features, "the archive is off: add Archive() to features")
+        return recall_tool(
+            self.archive, redact=self.options.redact, max_chars=max_chars, messages_key=self.messages_key
+        )
 
     # -- the Runnable surface ---------------------------------------------------------
 
@@ -480,14 +412,17 @@ class CompactionNode(Runnable[Any, Any]):
         return self.invoke(state, config)
 
 
-def _named(config: RunnableConfig | None, run_name: str) -> RunnableConfig:
-    # Only callbacks, tags and metadata matter to the compaction's own run; the
-    # thread's ``configurable`` is for the checkpointer.
+def _named(config: RunnableConfig | None) -> RunnableConfig:
+    # Callbacks, tags and metadata for the compaction's own run, and the thread
+    # (which conversation it is); the checkpoint itself is for the checkpointer.
     base = config or {}
-    named = RunnableConfig(run_name=run_name)
+    named = RunnableConfig(run_name="compact_thread")
     for key in ("callbacks", "tags", "metadata"):
         if key in base:
             named[key] = base[key]
+    thread = thread_of(base)
+    if thread is not None:
+        named["configurable"] = {"thread_id": thread}
     return named
 
 
@@ -592,8 +527,19 @@ def _thread_flow(
     name, compactor = _locate(graph, node, model, options)
     snapshot = yield twin(graph.get_state, graph.aget_state, config)
     summarizer = None if model is None else as_summarizer(model)
-    flow = compactor._flow(snapshot.values, _named(config, "compact_thread"), instructions, summarizer)
+    # Outside a run, the graph's store is the one the node would see inside it.
+    flow = compactor._flow(snapshot.values, _named(config), instructions, summarizer, store=graph.store)
     result, update = yield from flow
     if result is not None:
         yield twin(graph.update_state, graph.aupdate_state, config, update, as_node=name)
     return result
+
+
+def current_store() -> Any:
+    """The LangGraph store of the graph being run, or ``None`` (none given, or not inside a graph)."""
+    try:
+        from langgraph.config import get_store
+
+        return get_store()
+    except (ImportError, RuntimeError, KeyError):
+        return None

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeAlias, cast
 
 from typing_extensions import NotRequired
@@ -89,28 +88,20 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from langchain_compaction._lc.archive import Archive, archive_note, archived, recall_tool
+from langchain_compaction._lc.conversation import Delivery, conversation_of
 from langchain_compaction._lc.convert import json_text, to_core
-from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages, counting
-from langchain_compaction._lc.pipeline import (
-    COMPACTION_EVENT,
-    TOO_DEEP,
-    Compactor,
-    Trigger,
-    aannounce,
-    announce,
-    parent_node,
-    preparer_for,
-    replacement,
-)
-from langchain_compaction._lc.prepared import PREPARE_WAIT_SECONDS, LeaseFactory
-from langchain_compaction._lc.threads import thread_of
-from langchain_compaction.core.effects import Flow, adrive, blocking, drive, twin
+from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, count_messages, counting
+from langchain_compaction._lc.events import COMPACTION_EVENT, replacement
+from langchain_compaction._lc.legacy import UNSET, adapter_keywords
+from langchain_compaction._lc.turn import Outcome, Place, Trigger, Turn
+from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.tokens import estimate_tokens
-from langchain_compaction.core.types import NO_PREAMBLE, Preamble
+from langchain_compaction.core.types import Preamble
 from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.features import Archive, CacheAligned, Feature
+from langchain_compaction.features.archive import recall_tool
 
 __all__ = ["COMPACTION_EVENT", "OVERHEAD_KEY", "CompactionAgentState", "CompactionMiddleware"]
 
@@ -231,10 +222,11 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         on_compaction: Callable[[CompactionResult], object] | None = None,
         cache_size: int = DEFAULT_CACHE_SIZE,
         nested: Literal["parent", "own"] = "parent",
-        prepare_wait: float = PREPARE_WAIT_SECONDS,
-        prepare_in_store: bool = False,
-        prepare_lease: LeaseFactory | None = None,
-        archive: bool | Archive = False,
+        features: Sequence[Feature] | None = None,
+        prepare_wait: Any = UNSET,
+        prepare_in_store: Any = UNSET,
+        prepare_lease: Any = UNSET,
+        archive: Any = UNSET,
     ) -> None:
         super().__init__()
         if not isinstance(custom_instructions, str):
@@ -243,32 +235,34 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             raise ConfigurationError("nested", nested, "pass 'parent' or 'own'")
         if on_compaction is not None and not callable(on_compaction):
             raise ConfigurationError("on_compaction", on_compaction, "pass a function of one CompactionResult, or None")
-        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
-            raise ConfigurationError(
-                "cache_size", cache_size, f"pass a positive number of entries (default {DEFAULT_CACHE_SIZE})"
-            )
-        self.archive = Archive.of(archive)
-        self._compactor = Compactor.build(model, options, fallback, note=archive_note(self.archive))
+        legacy = adapter_keywords(
+            "CompactionMiddleware",
+            prepare_wait=prepare_wait,
+            prepare_in_store=prepare_in_store,
+            prepare_lease=prepare_lease,
+            archive=archive,
+        )
+        self._turn = Turn.build(model, options, fallback, features, adapter=legacy, cache_size=cache_size)
+        archived: Archive | None = self._turn.feature(Archive)
         # With the archive on, the agent gets the tool that reads it back.
-        self.tools = [] if self.archive is None else [recall_tool(self.archive, redact=self._compactor.options.redact)]
+        redact = self._turn.options.redact
+        self.tools = [] if archived is None else [recall_tool(archived, redact=redact)]
         self._instructions = custom_instructions
         self._on_compaction = on_compaction
-        self._cache = TokenCountCache(self._compactor.options, max_entries=cache_size)
         self._tool_tokens: dict[tuple[str, str], int] = {}
-        self._window_checked = self._compactor.options.context_window > 0
-        # What the last model request carried besides the messages (its system
-        # prompt and tools), for a cache-aligned summary made in before_model.
-        self._preamble = NO_PREAMBLE
-        self._nested_parent = nested == "parent"
-        self._warned_unreachable = False
+        self._window_checked = self._turn.options.context_window > 0
+        self._delivery = Delivery(nested, "CompactionMiddleware")
         self._system_tokens: tuple[BaseMessage, int] | None = None
-        self.prepare_in_store = bool(prepare_in_store)
-        self._preparer = preparer_for(self._compactor, prepare_wait, prepare_lease)
 
     @property
     def options(self) -> CompactionOptions:
         """The options in force."""
-        return self._compactor.options
+        return self._turn.options
+
+    @property
+    def features(self) -> tuple[Feature, ...]:
+        """The features in force (``langchain_compaction.features``)."""
+        return self._turn.features
 
     # -- hooks: one line each over the shared flows ---------------------------
 
@@ -305,84 +299,31 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
     # -- the flows ----------------------------------------------------------------
 
     def _compaction(
-        self, messages: Sequence[BaseMessage], overhead: int, trigger: Trigger, runtime: Any = None
+        self, messages: Sequence[BaseMessage], place: Place, trigger: Trigger
     ) -> Flow[list[BaseMessage] | None]:
-        """Compact ``messages`` if the trigger (or ``force``) says so; the compacted list, or ``None``."""
-        if trigger == "auto" and (yield self._cache.quick_check(messages)) is False:
-            return None  # the provider's reported usage says it fits: nothing else to count
-        counts, core = yield twin(self._cache.counts_and_core, self._cache.acounts_and_core, messages)
-        fixed = self._compactor.reorder(messages, core, counts)
-        if fixed is not None:  # a summary found mid-history: the request must not carry it there
-            messages, core, counts = fixed
-        unchanged = None if fixed is None else list(messages)
-        ready = None
-        if trigger == "auto":
-            config = _current_config()
-            store = getattr(runtime, "store", None) if self.prepare_in_store else None
-            due, ready = yield from self._compactor.staged(
-                self._preparer,
-                messages,
-                core,
-                counts,
-                thread=thread_of(config),
-                store=store,
-                config=config,
-                overhead=overhead,
-            )
-            if not due:
-                return unchanged
-        if ready is None:
-            job = yield blocking(
-                self._compactor.prepare,
-                messages,
-                self._instructions,
-                trigger=trigger,
-                counts=counts,
-                core=core,
-                overhead=overhead,
-                preamble=self._preamble,
-            )
-            if job is None:
-                return unchanged
-            ready = yield from self._compactor.compaction(job)
-        result, compacted = ready
-        # Archived first: a failed write leaves the state as it was.
-        if not (
-            yield from archived(self.archive, getattr(runtime, "store", None), _current_config(), messages, compacted)
-        ):
-            return unchanged
-        if self._on_compaction is not None:
-            self._on_compaction(result)
-        yield twin(announce, aannounce, result)
-        return compacted
+        """One turn over ``messages``; the list to write (compacted, or a summary put back), or ``None``."""
+        outcome: Outcome = yield from self._turn.run(messages, place, trigger=trigger, instructions=self._instructions)
+        if outcome.result is not None and self._on_compaction is not None:
+            self._on_compaction(outcome.result)
+        return outcome.messages
 
     def _state_flow(self, state: Mapping[str, Any], runtime: Any = None) -> Flow[dict[str, Any] | Command[Any] | None]:
         messages: list[BaseMessage] = state.get("messages") or []
-        compacted = yield from self._compaction(messages, state.get(OVERHEAD_KEY) or 0, "auto", runtime)
+        config = _current_config()
+        own, conversation, parent = self._delivery.conversation(config, messages)
+        place = Place(conversation, getattr(runtime, "store", None), config, state.get(OVERHEAD_KEY) or 0)
+        compacted = yield from self._compaction(messages, place, "auto")
         if compacted is None:
             return None
         update = {"messages": replacement(compacted)}
         # An agent added as a node of a parent graph that shares its messages:
         # its state goes back merged by id, so write to the parent, which runs
         # the agent again on the compacted list (see CompactionNode(nested=...)).
-        parent = parent_node(_current_config())
-        if parent is None or not self._nested_parent:
+        if parent is None:
+            self._delivery.too_deep(config)
             return update
-        if parent == TOO_DEEP:
-            self._say_unreachable("nested more than one level deep")
-            return update
+        self._delivery.sent(own, compacted)
         return Command(graph=Command.PARENT, update=update, goto=parent)
-
-    def _say_unreachable(self, where: str) -> None:
-        if self._warned_unreachable:
-            return
-        self._warned_unreachable = True
-        logger.warning(
-            "CompactionMiddleware compacted where the parent graph's state cannot be written (%s): the summary lands "
-            "mid-history there and is put back in place on the next turn; add a CompactionNode (or this middleware) "
-            "to the outermost graph that holds the conversation",
-            where,
-        )
 
     def _learn_window(self, model: object) -> None:
         """Take the window from the agent model's profile when the options give none (once)."""
@@ -392,8 +333,9 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         profile = getattr(model, "profile", None)
         window = profile.get("max_input_tokens") if isinstance(profile, Mapping) else None
         if isinstance(window, int) and not isinstance(window, bool) and window > 0:
-            options = replace(self._compactor.options, context_window=window)
-            self._compactor = replace(self._compactor, options=options)
+            # One object holds the options, the features bound to them and the
+            # caches: replaced whole, so nothing keeps the old window.
+            self._turn = self._turn.with_window(window)
             logger.info("CompactionMiddleware: context window %d tokens, from the model's profile", window)
             return
         logger.warning(
@@ -407,23 +349,30 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         self._learn_window(request.model)
         overhead = yield counting(self.options, self._overhead, request)  # the system prompt and tools
         system = () if request.system_message is None else (request.system_message,)
-        self._preamble = Preamble(system, tuple(request.tools), overhead)
         messages: list[BaseMessage] = list(request.messages)
-        compacted = yield from self._compaction(messages, overhead, "auto", getattr(request, "runtime", None))
+        config = _current_config()
+        # A compaction made here is written to this graph's own state (a model
+        # call cannot command the parent graph).
+        conversation = conversation_of(config, messages)
+        preamble = Preamble(system, tuple(request.tools), overhead)
+        aligned: CacheAligned | None = self._turn.feature(CacheAligned)
+        if aligned is not None:
+            aligned.remember(conversation.key, preamble)
+        place = Place(
+            conversation, getattr(getattr(request, "runtime", None), "store", None), config, overhead, preamble
+        )
+        compacted = yield from self._compaction(messages, place, "auto")
         try:
             response = yield twin(handler, handler, self._with_messages(request, compacted))
         except ContextOverflowError as error:
             logger.warning("the model rejected the context as too long (%s); compacting and retrying once", error)
-            compacted = yield from self._compaction(
-                compacted or messages, overhead, "force", getattr(request, "runtime", None)
-            )
+            compacted = yield from self._compaction(compacted or messages, place, "force")
             if compacted is None:
                 raise  # nothing left to summarize: the overflow stands
             # A second overflow is thrown in here and propagates.
             response = yield twin(handler, handler, self._with_messages(request, compacted))
-        if compacted is not None and parent_node(_current_config()) is not None:
-            # wrap_model_call cannot return a command to the parent graph.
-            self._say_unreachable("during the model call")
+        if compacted is not None and self._delivery.nested == "parent" and conversation.namespace:
+            self._delivery.unreachable("during the model call")
         return self._response(request, response, compacted, overhead)
 
     @staticmethod
@@ -442,12 +391,17 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         overhead: int,
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
         update: dict[str, Any] = {}
-        if compacted is not None:
+        state_messages = list(request.state.get("messages") or [])
+        if compacted is not None and [m.id for m in request.messages] == [m.id for m in state_messages]:
             # Write back the state's own objects: a transient edit that an
-            # outer middleware made to the request stays out of the state.
-            # A message the compaction itself rewrote (a cleared tool output)
-            # is a new object, not one of the request's: it is written as is.
-            by_id = {m.id: m for m in request.state.get("messages") or [] if m.id}
+            # outer middleware made to a message stays out of the state. A
+            # message the compaction itself rewrote (a cleared tool output) is
+            # a new object, not one of the request's: it is written as is.
+            # When the request is not the state's list (an outer middleware
+            # added or left out messages), nothing is written: before_model
+            # compacts the state itself on the next call, the overhead being
+            # recorded now.
+            by_id = {m.id: m for m in state_messages}
             sent = {id(m) for m in request.messages}
             kept = [by_id.get(m.id, m) if m.id and id(m) in sent else m for m in compacted]
             # The model node first adds the reply; this update then replaces

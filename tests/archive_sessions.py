@@ -14,9 +14,10 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.prebuilt import ToolNode
 
 from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions
+from langchain_compaction._lc.conversation import thread_label
 from langchain_compaction._lc.convert import is_compaction_message
-from langchain_compaction._lc.threads import thread_label
 from langchain_compaction.archive import ARCHIVE_NAMESPACE
+from langchain_compaction.features import Archive, default_features
 from langchain_compaction.graph import CompactionState
 
 FACT = "JG7FMM"
@@ -88,7 +89,11 @@ class GraphSession:
         return out
 
     def recall(self, store: Any, **arguments: Any) -> str:
-        """Call the node's recall tool through a real ``ToolNode`` in this thread."""
+        """Call the node's recall tool through a real ``ToolNode`` in this thread, on the thread's state.
+
+        (An agent's ``ToolNode`` runs in the same graph; here a second graph is
+        given the thread's messages, so the tool reads the same record.)
+        """
         tool = self.node.recall_tool()
         builder = StateGraph(CompactionState)
         builder.add_node("tools", ToolNode([tool]))
@@ -96,15 +101,18 @@ class GraphSession:
         builder.add_edge("tools", END)
         tools = builder.compile(store=store)
         call = AIMessage("", tool_calls=[{"name": tool.name, "args": arguments, "id": "recall-1", "type": "tool_call"}])
-        out = tools.invoke({"messages": [call]}, self.config)
+        state = self.graph.get_state(self.config).values.get("messages", [])
+        out = tools.invoke({"messages": [*state, call]}, self.config)
         answer = out["messages"][-1]
         assert isinstance(answer, ToolMessage)
         return str(answer.content)
 
 
-def graph_session(store: Any, saver: Any, thread: str, **node_kwargs: Any) -> GraphSession:
-    node_kwargs.setdefault("archive", True)
-    node = CompactionNode(summarize, OPTIONS, result_key="compaction", **node_kwargs)
+def graph_session(
+    store: Any, saver: Any, thread: str, archive: Archive | None = None, **node_kwargs: Any
+) -> GraphSession:
+    features = [*default_features(), archive or Archive()]
+    node = CompactionNode(summarize, OPTIONS, result_key="compaction", features=features, **node_kwargs)
 
     def agent(state: CompactionState) -> dict[str, Any]:
         asked = sum(1 for m in state["messages"] if isinstance(m, HumanMessage) and not is_compaction_message(m))
@@ -134,4 +142,4 @@ def lookup(topic: str) -> str:
 
 
 def agent_middleware(**kwargs: Any) -> CompactionMiddleware:
-    return CompactionMiddleware(summarize, OPTIONS, archive=True, **kwargs)
+    return CompactionMiddleware(summarize, OPTIONS, features=[*default_features(), Archive()], **kwargs)

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from langchain_core.messages import messages_from_dict
 
-from langchain_compaction._lc.archive import Archive, read_all
+from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import to_core
 from langchain_compaction.core.effects import drive
 from langchain_compaction.core.transcript import message_body
 from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.features.archive import Archive, read_all
 
 if TYPE_CHECKING:
     from langgraph.store.base import BaseStore, Item
@@ -63,7 +64,7 @@ def _row(item: Item) -> dict[str, Any] | None:
         return None  # not an item this library wrote
     return {
         "position": position,
-        "key": item.key,
+        "key": item.value.get("id") or item.key,
         "role": item.value.get("role"),
         "compaction": item.value.get("compaction"),
         "text": message_body(to_core(message)),
@@ -73,8 +74,9 @@ def _row(item: Item) -> dict[str, Any] | None:
 def print_archive(url: str, thread: str, out: TextIO, *, prefix: str, show: str | None, as_json: bool) -> int:
     """List ``thread``'s archived messages (or print one in full); the exit status."""
     archive = Archive(prefix=prefix)
+    namespace = archive.namespace(Conversation(thread))
     with open_store(url) as store:
-        items = drive(read_all(store, archive.namespace(thread)))
+        items = drive(read_all(store, namespace))
     rows = sorted((r for r in map(_row, items) if r is not None), key=lambda r: r["position"])
     if show is not None:
         rows = [r for r in rows if show in (r["key"], str(r["position"]))]
@@ -84,7 +86,7 @@ def print_archive(url: str, thread: str, out: TextIO, *, prefix: str, show: str 
         out.write(json.dumps(rows, ensure_ascii=False, indent=1) + "\n")
         return 0
     if not rows:
-        print(f"thread {thread!r} has no archived messages under {archive.namespace(thread)}", file=out)
+        print(f"thread {thread!r} has no archived messages under {namespace}", file=out)
         return 0
     for row in rows:
         text = row["text"] if show is not None else " ".join(row["text"].split())[:100]

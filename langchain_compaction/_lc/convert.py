@@ -16,7 +16,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, get_args
+from typing import Any
 
 from langchain_core.messages import (
     AIMessage,
@@ -29,37 +29,15 @@ from langchain_core.messages import (
 )
 
 from langchain_compaction.core.prompts import LANGCHAIN_SUMMARY_PREFIX, SUMMARY_HEADER
-from langchain_compaction.core.types import Fact, FactKind, Message, Part, Role, ToolCall
+from langchain_compaction.core.record import ANCHOR_KEY, KEPT_BEFORE_KEY, KEPT_FROM_KEY
+from langchain_compaction.core.types import Message, Part, Role, ToolCall
 from langchain_compaction.errors import InvalidMessagesError
 
 SUMMARY_MARK = "langchain_compaction"
 """Key in ``additional_kwargs`` that marks a message this library wrote."""
 
-ANCHOR_KEY = "last_message_id"
-"""Key in a summary's mark: the id of the conversation's last message when it was written."""
-
-KEPT_FROM_KEY = "kept_from"
-"""Key in a summary's mark: the id of the first message kept after it (what it covers ends there)."""
-
-FACTS_KEY = "facts"
-"""Key in a summary's mark: the facts it was checked against, as ``[kind, text, key, detail]`` lists."""
-
 PIN_KEY = "compaction_pin"
 """Key in a message's ``additional_kwargs`` that pins it: ``{"compaction_pin": True}`` keeps it verbatim."""
-
-POSITION_KEY = "position"
-"""Key in a summary's mark: the ordinal in the whole conversation of the first message kept after it."""
-
-KEPT_BEFORE_KEY = "kept_before"
-"""Key in a summary's mark: ids of messages from before the cut kept after it (pinned; before a provider block)."""
-
-KEPT_POSITIONS_KEY = "kept_positions"
-"""Key in a summary's mark: the positions in the whole conversation of those messages, in order."""
-
-NUMBER_KEY = "compaction"
-"""Key in a summary's mark: how many compactions wrote a summary in this conversation, this one included."""
-
-_FACT_KINDS = frozenset(get_args(FactKind))
 
 _IMAGE_BLOCKS = frozenset({"image", "image_url", "input_image", "file", "audio", "video", "document", "input_audio"})
 _REASONING_BLOCKS = frozenset({"thinking", "reasoning", "redacted_thinking"})
@@ -116,9 +94,9 @@ def fingerprint(message: BaseMessage) -> str:
         extra = f"{message.tool_call_id}\x00{message.status}"
     elif isinstance(message, ChatMessage):
         extra = message.role
-    mark = message.additional_kwargs.get(SUMMARY_MARK)
-    if mark:
-        extra += _canonical(mark)
+    if message.additional_kwargs:
+        # The mark and a pin change what the message is to the library.
+        extra += _canonical(message.additional_kwargs)
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{message.type}\x00{message.id}\x00{message.name}\x00{extra}\x00".encode("utf-8", "surrogatepass"))
     digest.update(body.encode("utf-8", "surrogatepass"))
@@ -238,43 +216,26 @@ def _assistant(message: AIMessage) -> Message:
     )
 
 
-def _mark_id(mark: object, key: str) -> str | None:
-    value = mark.get(key) if isinstance(mark, dict) else None
+def _text_of(mark: dict[str, Any], key: str) -> str | None:
+    value = mark.get(key)
     return value if isinstance(value, str) else None
-
-
-def _mark_facts(mark: object) -> tuple[Fact, ...]:
-    """The facts recorded in a summary's mark; entries this version cannot read are skipped."""
-    raw = mark.get(FACTS_KEY) if isinstance(mark, dict) else None
-    if not isinstance(raw, list):
-        return ()
-    facts = []
-    for entry in raw:
-        if isinstance(entry, list) and len(entry) == 4 and all(isinstance(v, str) for v in entry):
-            kind, text, key, detail = entry
-            if kind in _FACT_KINDS:
-                facts.append(Fact(kind, text, key, detail))
-    return tuple(facts)
-
-
-def _mark_ids(mark: object, key: str) -> tuple[str, ...]:
-    value = mark.get(key) if isinstance(mark, dict) else None
-    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
 
 
 def _system(message: SystemMessage) -> Message:
     if not is_summary_message(message):
         return Message("system", _parts(message.content), id=message.id)
-    mark = message.additional_kwargs.get(SUMMARY_MARK)
+    raw = message.additional_kwargs.get(SUMMARY_MARK)
+    mark = raw if isinstance(raw, dict) else {}
+    kept = mark.get(KEPT_BEFORE_KEY)
     return Message(
         "system",
         _parts(message.content),
         is_summary=True,
         id=message.id,
-        written_after=_mark_id(mark, ANCHOR_KEY),
-        kept_from=_mark_id(mark, KEPT_FROM_KEY),
-        kept_before=_mark_ids(mark, KEPT_BEFORE_KEY),
-        facts=_mark_facts(mark),
+        written_after=_text_of(mark, ANCHOR_KEY),
+        kept_from=_text_of(mark, KEPT_FROM_KEY),
+        kept_before=tuple(v for v in kept if isinstance(v, str)) if isinstance(kept, list) else (),
+        mark=mark,
     )
 
 
@@ -299,7 +260,14 @@ def to_core(message: object, index: int = 0) -> Message:
         )
         raise InvalidMessagesError(msg, index=index)
     core = _convert(message)
-    return replace(core, pinned=True) if message.additional_kwargs.get(PIN_KEY) is True else core
+    extra = message.additional_kwargs
+    if not extra or core.mark:
+        return core
+    mark = extra.get(SUMMARY_MARK)
+    pinned = extra.get(PIN_KEY) is True
+    if pinned or isinstance(mark, dict):
+        return replace(core, pinned=pinned, mark=mark if isinstance(mark, dict) else {})
+    return core
 
 
 def _convert(message: BaseMessage) -> Message:
@@ -310,7 +278,10 @@ def _convert(message: BaseMessage) -> Message:
     if isinstance(message, HumanMessage):
         if is_bridge_message(message):
             # Part of the previous compaction's output: replaced, never summarized.
-            return Message("user", (Part("text", BRIDGE_TEXT),), is_summary=True, label="bridge", id=message.id)
+            mark = message.additional_kwargs[SUMMARY_MARK]
+            return Message(
+                "user", (Part("text", BRIDGE_TEXT),), is_summary=True, label="bridge", id=message.id, mark=mark
+            )
         if is_langchain_summary(message):
             # Users migrate from LangChain's middleware: its summary is updated, not read as the user's goal.
             label = "langchain summary"
@@ -363,53 +334,10 @@ def as_dict(message: BaseMessage) -> dict[str, Any]:
     }
 
 
-def summary_message(
-    summary: str,
-    *,
-    last_message_id: str | None = None,
-    kept_from: str | None = None,
-    facts: Sequence[Fact] = (),
-    position: int | None = None,
-    number: int | None = None,
-    kept_before: Sequence[tuple[str | None, int | None]] = (),
-) -> SystemMessage:
-    """The system message that carries a summary, marked for later updates.
-
-    Args:
-        summary: The summary's content, as ``compose_summary`` lays it out.
-        last_message_id: The id of the conversation's last message when the
-            summary was written (dates reported usage; see ``core.context``).
-        kept_from: The id of the first message kept after the summary: if the
-            summary lands mid-history (a subgraph's output merged into its
-            parent), what precedes that message is what it covers.
-        facts: The facts the summary was checked against, carried on to the
-            next compaction.
-        position: The ordinal in the whole conversation of the first message
-            kept after it (the archive numbers messages by it).
-        number: How many compactions wrote a summary so far, this one included.
-        kept_before: The messages from before the cut written back after the
-            summary (pinned ones, those before a provider block): their ids
-            and positions, in order.
-
-    Returns:
-        A marked ``SystemMessage`` with a fresh id.
-    """
-    mark: dict[str, object] = {"kind": "summary", "version": 1}
-    if last_message_id is not None:
-        mark[ANCHOR_KEY] = last_message_id
-    if kept_from is not None:
-        mark[KEPT_FROM_KEY] = kept_from
-    if facts:
-        mark[FACTS_KEY] = [[f.kind, f.text, f.key, f.detail] for f in facts]
-    if position is not None:
-        mark[POSITION_KEY] = position
-    if number is not None:
-        mark[NUMBER_KEY] = number
-    if kept_before:
-        mark[KEPT_BEFORE_KEY] = [i for i, _ in kept_before if i is not None]
-        mark[KEPT_POSITIONS_KEY] = [p for _, p in kept_before if p is not None]
+def summary_message(content: str, mark: dict[str, Any] | None = None, message_id: str | None = None) -> SystemMessage:
+    """The system message that carries a summary, with its mark (the conversation's record, ``core.record``)."""
     return SystemMessage(
-        content=summary,
-        id=f"compaction-summary-{uuid.uuid4().hex}",
-        additional_kwargs={SUMMARY_MARK: mark},
+        content=content,
+        id=message_id or f"compaction-summary-{uuid.uuid4().hex}",
+        additional_kwargs={SUMMARY_MARK: mark if mark is not None else {"kind": "summary", "version": 2}},
     )

@@ -139,7 +139,7 @@ class TokenCountCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def quick_check(self, messages: Sequence[BaseMessage]) -> Call[bool | None]:
+    def quick_check(self, messages: Sequence[BaseMessage], mark: int | None) -> Call[bool | None]:
         """The effect that asks :func:`due_by_usage` on a cold cache.
 
         A warm cache counts only what is new, so there the answer is ``None``
@@ -147,14 +147,16 @@ class TokenCountCache:
 
         Args:
             messages: The conversation.
+            mark: The first size anything happens at (the preparation mark,
+                else the threshold; ``None``: never).
 
         Returns:
-            A call answering over/under the threshold, or ``None`` when only a
+            A call answering over/under the mark, or ``None`` when only a
             full count can say.
         """
         last = self._last[0]
         warm = bool(last) and len(messages) >= len(last) and messages[len(last) - 1] is last[-1]
-        return counting(self._options, _undecided if warm else due_by_usage, messages, self._options)
+        return counting(self._options, _undecided if warm else due_by_usage, messages, self._options, mark)
 
     def counts(self, messages: Sequence[BaseMessage]) -> list[int]:
         """The token count of each message, from the cache where it is current.
@@ -312,11 +314,11 @@ def counting(options: CompactionOptions, function: Callable[..., _T], *args: Any
     return (blocking if options.token_counter is not None else inline)(function, *args)
 
 
-def _undecided(messages: Sequence[BaseMessage], options: CompactionOptions) -> bool | None:
+def _undecided(messages: Sequence[BaseMessage], options: CompactionOptions, mark: int | None) -> bool | None:
     return None
 
 
-def due_by_usage(messages: Sequence[BaseMessage], options: CompactionOptions) -> bool | None:
+def due_by_usage(messages: Sequence[BaseMessage], options: CompactionOptions, mark: int | None) -> bool | None:
     """The trigger's answer from the last reply's reported usage alone, when it can give one.
 
     A cold worker (a fresh node, nothing cached) would otherwise count the
@@ -325,15 +327,13 @@ def due_by_usage(messages: Sequence[BaseMessage], options: CompactionOptions) ->
     same rule (``core.context.trusted_usage``).
 
     Returns:
-        Whether the context is past the first mark anything happens at (the
-        mark to prepare a summary ahead, if set, else the threshold), or
-        ``None`` when only a full count can say (no trusted usage, or a system
-        message past the leading block, which a full pass must put back in
-        place). Reported usage already includes what a request carries
-        besides its messages.
+        Whether the context is past ``mark`` (the first size anything happens
+        at), or ``None`` when only a full count can say (no trusted usage, or
+        a system message past the leading block, which a full pass must put
+        back in place). Reported usage already includes what a request
+        carries besides its messages.
     """
-    budget = options.budget
-    threshold = budget.prepare if budget.prepare is not None else budget.threshold
+    threshold = mark
     if threshold is None:
         return None
     last = next((i for i in range(len(messages) - 1, -1, -1) if isinstance(messages[i], AIMessage)), None)

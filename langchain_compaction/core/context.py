@@ -132,23 +132,30 @@ Stage = Literal["fits", "prepare", "due"]
 """Where the context stands: under every mark, past the mark to prepare a summary ahead, over the threshold."""
 
 
-def stage(messages: Sequence[Message], counts: Sequence[int], options: CompactionOptions, overhead: int = 0) -> Stage:
-    """Where the context stands against the threshold and the mark to prepare ahead (``prepare_at``).
+def stage(
+    messages: Sequence[Message],
+    counts: Sequence[int],
+    options: CompactionOptions,
+    overhead: int = 0,
+    prepare: int | None = None,
+) -> Stage:
+    """Where the context stands against the threshold and the mark to prepare ahead (``features.PrepareAhead``).
 
     Args:
         messages: The conversation.
         counts: Token count per message.
         options: The options in force.
         overhead: Tokens sent besides the messages.
+        prepare: The size past which a summary is prepared ahead, if any.
 
     Returns:
         ``"due"`` over the threshold, ``"prepare"`` past the preparation mark,
         else ``"fits"`` (always, when the window is unknown).
     """
-    budget = options.budget
-    if budget.threshold is None:
+    threshold = options.budget.threshold
+    if threshold is None:
         return "fits"
     size = context_tokens(messages, counts, overhead)
-    if size > budget.threshold:
+    if size > threshold:
         return "due"
-    return "prepare" if budget.prepare is not None and size > budget.prepare else "fits"
+    return "prepare" if prepare is not None and size > prepare else "fits"

@@ -39,9 +39,6 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from langchain_compaction.core.options import CompactionOptions
-from langchain_compaction.core.plan import Plan
-from langchain_compaction.core.redact import redact_message
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact, FactKind, Message, ToolCall
 
@@ -404,16 +401,16 @@ class _Tracker:
 
 
 def gather(
+    carried: Iterable[Fact],
     messages: Sequence[Message],
-    previous: Iterable[int],
     region: Iterable[int],
     kept: Iterable[int],
 ) -> list[Fact]:
     """The facts in force after a compaction, oldest first.
 
     Args:
+        carried: The facts earlier summaries recorded (carried on).
         messages: The conversation.
-        previous: Indices of earlier summaries (their recorded facts are carried on).
         region: Indices of the messages being summarized, in order.
         kept: Indices of the messages kept after the cut, in order (they
             resolve and supersede, but add nothing: they stay in the context).
@@ -422,9 +419,8 @@ def gather(
         The facts.
     """
     tracker = _Tracker()
-    for index in previous:
-        for fact in messages[index].facts:
-            tracker.add(fact)
+    for fact in carried:
+        tracker.add(fact)
     for index in region:
         tracker.read(messages[index], record=True)
     for index in kept:
@@ -530,38 +526,3 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
         added=len(added),
         dropped=len(missing) - len(added),
     )
-
-
-def check_compaction(
-    messages: Sequence[Message], plan: Plan, kept: Sequence[int], summary: str, options: CompactionOptions
-) -> FactCheck | None:
-    """Check the summary of ``plan`` against the facts in force; ``None`` when checking is off.
-
-    Args:
-        messages: The conversation.
-        plan: The compaction's plan.
-        kept: Indices of the messages kept after the summary.
-        summary: The summarizer's text.
-        options: The options in force (``check_facts``, ``redact``, the budget).
-
-    Returns:
-        The check, its facts redacted as everything the summarizer saw was.
-    """
-    if not options.check_facts:
-        return None
-    region = [i for i in plan.region if not messages[i].is_summary]
-    redactor = options.redact
-    if redactor is not None:
-        # Facts are found in what the summarizer was shown: a secret's
-        # context ("password=...") is what the redactor recognizes it by.
-        view = list(messages)
-        for i in (*region, *kept):
-            view[i] = redact_message(messages[i], redactor)
-        messages = view
-    facts = gather(messages, plan.previous_summaries, region, kept)
-    # The section has its own budget, and what the summarizer left unused of
-    # the summary's: the two together never exceed what the budget rule
-    # planned for, so a terse (or poor) summary leaves room for more facts.
-    budget = options.budget
-    unused = max(budget.summary_max - estimate_tokens(summary), 0)
-    return check_summary(summary, facts, budget.facts_max + unused)

@@ -23,20 +23,14 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 
 from langchain_compaction.core import prompts
-from langchain_compaction.core.layout import summary_body
+from langchain_compaction.core.cut import valid_boundaries
+from langchain_compaction.core.layout import BODY_KEY, summary_body
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Plan
 from langchain_compaction.core.redact import apply_redactor, redact_message
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.transcript import Block, make_block, make_fence, render, render_previous_summary, shorten
-from langchain_compaction.core.types import (
-    FALLBACK_ATTEMPT,
-    NO_PREAMBLE,
-    Message,
-    Preamble,
-    SummaryReply,
-    SummaryRequest,
-)
+from langchain_compaction.core.types import FALLBACK_ATTEMPT, Message, Preamble, SummaryReply, SummaryRequest
 
 # No message is shortened below this, however small the budget.
 _MIN_MESSAGE_TOKENS = 256
@@ -78,12 +72,13 @@ def instructions_text(options: CompactionOptions, updating: bool) -> str:
     return options.summary_prompt or prompts.CHECKPOINT_PROMPT
 
 
-def review_summary(text: str, options: CompactionOptions) -> str:
+def review_summary(text: str, options: CompactionOptions, required: Sequence[str] = ()) -> str:
     """Why ``text`` cannot be used as the summary ("" when it can).
 
     Args:
         text: A summarizer's answer.
-        options: The options in force (budget, required sections).
+        options: The options in force (the summary budget).
+        required: Headings the answer must have (``features.RequireSections``).
 
     Returns:
         The problem, phrased for the summarizer, or ``""``.
@@ -92,18 +87,18 @@ def review_summary(text: str, options: CompactionOptions) -> str:
     size = estimate_tokens(text)
     if size > budget:
         return f"it has about {size} tokens, more than the summary budget of {budget}; write it shorter"
-    if options.require_sections:
+    if required:
         lines = {
             line.strip().lstrip("#").strip().lower() for line in text.splitlines() if line.lstrip().startswith("#")
         }
-        missing = [h for h in prompts.CHECKPOINT_SECTIONS if h.lstrip("#").strip().lower() not in lines]
+        missing = [h for h in required if h.lstrip("#").strip().lower() not in lines]
         if missing:
             return "it lacks these headings: " + ", ".join(missing)
     return ""
 
 
-def _units(blocks: Sequence[Block], shown: dict[int, Message]) -> list[list[Block]]:
-    """Blocks grouped so that a tool call's results stay with it (the cut's rule, for chunks too).
+def _units(blocks: Sequence[Block], valid: Sequence[bool]) -> list[list[Block]]:
+    """Blocks grouped so that no chunk boundary falls where the cut may not (``core.cut``'s rule).
 
     A chunk that ended between an assistant's calls and their results would
     show one request calls with no result and the next results of no call:
@@ -111,7 +106,7 @@ def _units(blocks: Sequence[Block], shown: dict[int, Message]) -> list[list[Bloc
     """
     units: list[list[Block]] = []
     for block in blocks:
-        if units and shown[block.index].role == "tool":
+        if units and not valid[block.index]:
             units[-1].append(block)
         else:
             units.append([block])
@@ -153,6 +148,8 @@ class _Setup:
     per_message: int
     blocks: list[Block]
     shown: dict[int, Message]
+    valid: list[bool]
+    required: tuple[str, ...]
     previous: str | None
     prefix: tuple[object, ...]
     prefix_tools: tuple[object, ...]
@@ -171,10 +168,15 @@ def _setup(
     *,
     originals: Sequence[object],
     counts: Sequence[int],
-    preamble: Preamble,
+    preamble: Preamble | None,
+    required: tuple[str, ...],
 ) -> _Setup:
     system = options.system_prompt or prompts.SYSTEM_PROMPT
-    parts = [summary_body(messages[i].text) for i in plan.previous_summaries if messages[i].carries_summary]
+    parts = [
+        summary_body(messages[i].text, messages[i].mark.get(BODY_KEY))
+        for i in plan.previous_summaries
+        if messages[i].carries_summary
+    ]
     previous = "\n\n".join(p for p in parts if p) or None
     region = [i for i in plan.region if not messages[i].is_summary]
     redactor = options.redact
@@ -196,7 +198,7 @@ def _setup(
     per_message = max((budget - fixed - summary_cap) // 2, _MIN_MESSAGE_TOKENS)
     prefix: tuple[object, ...] = ()
     prefix_tokens = 0
-    if _cache_aligned(options, originals, counts, plan, budget - preamble.tokens):
+    if preamble is not None and len(originals) >= plan.cut and sum(counts[: plan.cut]) <= budget - preamble.tokens:
         # The agent's own request, as far as the cut: what it sends besides
         # the conversation (system prompt, tools), then its messages.
         prefix = (*preamble.messages, *originals[: plan.cut])
@@ -214,20 +216,13 @@ def _setup(
         per_message=per_message,
         blocks=[make_block(shown[i], i, max_tokens=per_message) for i in region],
         shown=shown,
+        valid=valid_boundaries(messages),
+        required=required,
         previous=previous,
         prefix=prefix,
-        prefix_tools=preamble.tools if prefix else (),
+        prefix_tools=preamble.tools if prefix and preamble is not None else (),
         prefix_tokens=prefix_tokens,
     )
-
-
-def _cache_aligned(
-    options: CompactionOptions, originals: Sequence[object], counts: Sequence[int], plan: Plan, budget: int
-) -> bool:
-    if options.summary_mode != "cache_aligned" or len(originals) < plan.cut or options.redact is not None:
-        # Redaction cannot apply to messages sent unchanged: use the transcript.
-        return False
-    return sum(counts[: plan.cut]) <= budget
 
 
 def _request(
@@ -279,7 +274,7 @@ def _answer(
     covered = reply.covers_prefix and bool(request.prefix)
     # What was sent: the prefix as it is, or the transcript.
     tally.sent += setup.prefix_tokens if covered else cost
-    problem = review_summary(reply.text, setup.options)
+    problem = review_summary(reply.text, setup.options, setup.required)
     if not problem:
         return reply.text, covered
     # Checked summaries: ask once more with the problem stated (from the
@@ -288,7 +283,7 @@ def _answer(
     tally.calls += 1
     tally.sent += cost + estimate_tokens(note)
     reply = yield replace(request, prompt=request.prompt + note, attempt=1)
-    problem = review_summary(reply.text, setup.options)
+    problem = review_summary(reply.text, setup.options, setup.required)
     if problem:
         tally.calls += 1
         reply = yield replace(request, attempt=FALLBACK_ATTEMPT, problem=problem)
@@ -305,7 +300,8 @@ def compaction_flow(
     *,
     originals: Sequence[object] = (),
     counts: Sequence[int] = (),
-    preamble: Preamble = NO_PREAMBLE,
+    preamble: Preamble | None = None,
+    required: tuple[str, ...] = (),
 ) -> SummaryFlow:
     """The summary requests for ``plan``, as a generator that receives each reply.
 
@@ -317,14 +313,19 @@ def compaction_flow(
         originals: The caller's own messages (opaque), for the cache-aligned
             mode.
         counts: Token count per message, for the cache-aligned mode's budget.
-        preamble: What the conversation's own requests send besides its
-            messages, sent first in the cache-aligned mode.
+        preamble: In the cache-aligned mode (``features.CacheAligned``), what
+            the conversation's own requests send besides its messages, sent
+            first; ``None`` sends the transcript.
+        required: Headings every answer must have (``features.RequireSections``).
 
     Returns:
         The flow; it yields one ``SummaryRequest`` per summarizer call and
         returns the ``Outcome``.
     """
-    return _run(_setup(messages, plan, options, instructions, originals=originals, counts=counts, preamble=preamble))
+    setup = _setup(
+        messages, plan, options, instructions, originals=originals, counts=counts, preamble=preamble, required=required
+    )
+    return _run(setup)
 
 
 def _run(setup: _Setup) -> SummaryFlow:
@@ -336,7 +337,7 @@ def _run(setup: _Setup) -> SummaryFlow:
         shown = shorten(running, setup.summary_cap) if running is not None else None
         # Room for messages is what the running summary, as shown, leaves.
         room = max(setup.budget - setup.fixed - estimate_tokens(shown or ""), setup.per_message + 64)
-        planned = _chunks(_units(remaining, setup.shown), room)
+        planned = _chunks(_units(remaining, setup.valid), room)
         chunk = planned[0] if planned else []
         remaining = remaining[len(chunk) :]
         request, cost = _request(setup, chunk, shown, number, len(planned))

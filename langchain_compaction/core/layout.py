@@ -21,58 +21,68 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from langchain_compaction.core import prompts
-from langchain_compaction.core.facts import SECTION_HEADING, SECTION_NOTE
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Layout, Plan
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message
 
-_NOTE_START = prompts.RECALL_NOTE.split("{", 1)[0]
+BODY_KEY = "body_chars"
+"""Key in a summary's mark: how many characters of its content are the header and the summarizer's text."""
+
+# How 0.2 began what the library added under a summary (its checked facts and
+# the archive's note); read only in summaries without ``BODY_KEY``.
+_ADDED_IN_0_2 = (
+    "## Checked facts\n(kept by langchain-compaction",
+    "(Earlier messages of this conversation are archived",
+)
 
 if TYPE_CHECKING:
-    from langchain_compaction.core.clearing import ClearingPlan
     from langchain_compaction.core.engine import DriverReport
-    from langchain_compaction.core.facts import FactCheck
 
 
-def compose_summary(summary: str, sections: Sequence[str] = ()) -> str:
-    """The content of a summary message.
+def compose_summary(summary: str, sections: Sequence[str] = ()) -> tuple[str, int]:
+    """The content of a summary message, and where the summarizer's part of it ends.
 
     Args:
         summary: The summarizer's text.
-        sections: Sections the library adds after it, each with its own heading.
+        sections: Sections the library adds after it (each feature's, in order).
 
     Returns:
-        The header line, the notice, the summary, then the sections.
+        The header line, the notice, the summary, then the sections; and the
+        length of everything before the sections (recorded as ``BODY_KEY``).
 
     Example:
-        >>> compose_summary("## Goal\\n- ship").splitlines()[0]
-        '[Conversation summary — earlier messages were compacted]'
+        >>> content, body = compose_summary("## Goal\\n- ship", ["## Added\\n- x"])
+        >>> content.splitlines()[0], content[body:].strip()
+        ('[Conversation summary — earlier messages were compacted]', '## Added\\n- x')
     """
-    pieces = [f"{prompts.SUMMARY_HEADER}\n{prompts.SUMMARY_NOTICE}", summary.strip(), *(s.strip() for s in sections)]
-    return "\n\n".join(p for p in pieces if p)
+    head = "\n\n".join(p for p in (f"{prompts.SUMMARY_HEADER}\n{prompts.SUMMARY_NOTICE}", summary.strip()) if p)
+    added = [s.strip() for s in sections if s.strip()]
+    return "\n\n".join([head, *added]), len(head)
 
 
-def summary_body(content: str) -> str:
+def summary_body(content: str, body_chars: object = None) -> str:
     """The summarizer's text of a summary message, without the header, the notice and what the library added.
 
-    The library's "Checked facts" section and its archive note are left out:
-    the facts are recorded in the summary's mark and checked again at the
-    next compaction, so a summarizer updating the summary never copies the
-    library's lines into its own text.
+    What features added under it (the checked facts, the archive's note) is
+    left out: they keep their own record in the summary's mark, so a
+    summarizer updating the summary never copies the library's lines.
 
     Args:
         content: A summary message's text.
+        body_chars: ``BODY_KEY`` of its mark, when it has one.
 
     Returns:
         What ``compose_summary`` was given as ``summary``.
     """
-    body = content.strip()
+    body = content[:body_chars] if isinstance(body_chars, int) and 0 < body_chars <= len(content) else content
+    body = body.strip()
     for line in (prompts.SUMMARY_HEADER, prompts.SUMMARY_NOTICE, prompts.LANGCHAIN_SUMMARY_PREFIX):
         if body.startswith(line):
             body = body[len(line) :].lstrip()
-    added = [body.find(f"{SECTION_HEADING}\n{SECTION_NOTE}"), body.find(_NOTE_START)]
-    found = [i for i in added if i >= 0]
+    if isinstance(body_chars, int):
+        return body
+    found = [i for i in (body.find(start) for start in _ADDED_IN_0_2) if i >= 0]
     return body[: min(found)].rstrip() if found else body
 
 
@@ -102,7 +112,6 @@ def compaction_result(
     *,
     report: DriverReport,
     options: CompactionOptions,
-    facts: FactCheck | None = None,
 ) -> CompactionResult:
     """The figures of one summary compaction.
 
@@ -113,7 +122,6 @@ def compaction_result(
         written_tokens: Tokens of what the library wrote (summary and bridge).
         report: What the summary flow and its driver reported.
         options: The options in force.
-        facts: The check of the summary against the facts, if made.
 
     Returns:
         The result.
@@ -138,42 +146,8 @@ def compaction_result(
         shortened_messages=outcome.shortened,
         over_budget=threshold is not None and compacted > threshold,
         above_landing=landing is not None and compacted > landing,
-        messages_pinned=len(plan.pinned),
-        pinned_over_cap=plan.pinned_over_cap,
         summarizer_billed_input_tokens=usage.input_tokens,
         summarizer_output_tokens=usage.output_tokens,
         summarizer_cache_read_tokens=usage.cache_read_input_tokens,
         summarizer_cache_write_tokens=usage.cache_creation_input_tokens,
-        facts_found=facts.found if facts is not None else 0,
-        facts_in_summary=facts.in_summary if facts is not None else 0,
-        facts_added=facts.added if facts is not None else 0,
-        facts_dropped=facts.dropped if facts is not None else 0,
-        facts_section=facts.section if facts is not None else "",
-    )
-
-
-def clearing_result(clearing: ClearingPlan, counts: Sequence[int], placeholder_tokens: int) -> CompactionResult:
-    """The figures of a compaction that only cleared old tool outputs.
-
-    Args:
-        clearing: What was cleared.
-        counts: Token count per message of the input.
-        placeholder_tokens: Tokens of the cleared messages as rewritten.
-
-    Returns:
-        The result (no summary, no summarizer call).
-    """
-    before = sum(counts)
-    after = before - sum(counts[i] for i in clearing.indices) + placeholder_tokens
-    return CompactionResult(
-        summary="",
-        original_tokens=before,
-        compacted_tokens=after,
-        messages_removed=0,
-        cut_index=0,
-        messages_kept=len(counts),
-        summarizer_calls=0,
-        chunks=0,
-        summarizer="none",
-        tool_outputs_cleared=len(clearing.indices),
     )

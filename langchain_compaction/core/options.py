@@ -1,5 +1,11 @@
 """Compaction options, validated at construction, and the budgets derived from them.
 
+``CompactionOptions`` holds the budgets and the prompts (twelve fields). What a
+feature needs (checked facts, pins, clearing, summaries prepared ahead, the
+archive, cache-aligned requests, required sections) is that feature's own
+options (``langchain_compaction.features``); the keywords that set them here in
+0.2 still work for one release, with a ``DeprecationWarning``.
+
 Every budget is derived from the options in one place, ``CompactionOptions.budget``
 (``derive_budget``); nothing else computes one. The rule, for a window ``W``:
 
@@ -11,15 +17,10 @@ Every budget is derived from the options in one place, ``CompactionOptions.budge
 - keep (recent tokens kept verbatim): 20,000, pi's default, or three fifths of
   the landing when that is smaller;
 - summary: two thirds of what the landing leaves after the keep, between 256
-  and 8,192 tokens (the rest is room for the system prompt);
-- checked facts: the section the library adds under the summary takes at
-  most a quarter of the summary's budget, between 128 and 2,048 tokens, plus
-  whatever the summarizer's text left unused of its own budget;
-- clearing old tool outputs aims at the landing;
-- preparing a summary ahead (``prepare_at``) starts above ``prepare_at`` times
-  the threshold, which must lie above the landing, or every compaction would
-  start a new preparation at once.
+  and 8,192 tokens (the rest is room for the system prompt).
 
+A feature derives its own budget from these (the checked-facts section from
+the summary's, pins from the keep, the preparation mark from the threshold).
 A value the user sets is kept as set (``None`` means derived); a set
 combination that leaves no room raises ``ConfigurationError`` at construction.
 With the window unknown (0) automatic compaction is off and pi's defaults apply.
@@ -27,9 +28,12 @@ With the window unknown (0) automatic compaction is off and pi's defaults apply.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 from langchain_compaction.errors import ConfigurationError
 
@@ -48,25 +52,11 @@ DEFAULT_SUMMARY_MAX_TOKENS = 8192
 MIN_SUMMARY_TOKENS = 256
 """The smallest summary budget derived: a checkpoint needs a few lines per section."""
 
-MIN_FACTS_TOKENS = 128
-"""The smallest budget of the checked-facts section: a few constraints and paths."""
-
-MAX_FACTS_TOKENS = 2048
-"""The largest budget of the checked-facts section."""
-
-_PREPARE_ADVICE = (
-    "pass a share of the threshold above the landing (half the threshold) and below 1, e.g. 0.7, "
-    "or None to summarize at the threshold"
-)
-
 TokenCounterFn = Callable[[Sequence[Any]], int]
 """Counts the tokens of a list of messages, e.g. ``count_tokens_approximately``.
 
 The adapters call it with one-message lists, so it sees LangChain messages.
 """
-
-SummaryMode = Literal["transcript", "cache_aligned"]
-"""What the summarizer is sent: a fenced transcript, or the conversation's own prefix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,16 +72,7 @@ class Budget:
         landing: Where a compaction aims to bring the context (half the
             threshold; ``None`` without a window).
         summary_max: The most tokens a summary may take.
-        facts_max: The tokens the checked-facts section may always take (0
-            when checking is off); it may also take what the summary left
-            unused of ``summary_max``.
         summary_input: The largest summarizer request.
-        clearing_target: Where clearing old tool outputs aims to bring the
-            context (``None`` without a window).
-        prepare: Above this many tokens an adapter prepares the next summary
-            in the background (``None`` without ``prepare_at`` or a window).
-        pinned_max: The most tokens of pinned messages written back after a
-            summary (half the keep budget unless set).
     """
 
     window: int
@@ -101,17 +82,39 @@ class Budget:
     landing: int | None
     summary_max: int
     summary_input: int
-    clearing_target: int | None
-    facts_max: int = 0
-    prepare: int | None = None
-    pinned_max: int = 0
 
 
-def _check_int(name: str, value: object, *, minimum: int, advice: str) -> None:
+# -- validators: the one place each kind of value is checked (features use them too) --
+
+
+def check_int(name: str, value: object, *, minimum: int, advice: str) -> int:
+    """``value`` as a whole number of at least ``minimum``, or the error that says what to pass."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(name, value, f"pass a whole number of tokens, {advice}")
+        raise ConfigurationError(name, value, f"pass a whole number: {advice}")
     if value < minimum:
+        raise ConfigurationError(name, value, f"pass {advice}")
+    return value
+
+
+def check_flag(name: str, value: object) -> bool:
+    """``value`` as a bool, or the error that says so."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(name, value, "pass True or False")
+    return value
+
+
+def check_names(name: str, value: object) -> tuple[str, ...]:
+    """``value`` as a tuple of names (tools), or the error that says what to pass."""
+    if isinstance(value, str) or not isinstance(value, (tuple, list)) or not all(isinstance(t, str) for t in value):
+        raise ConfigurationError(name, value, "pass a tuple of tool names, e.g. ('read_plan',)")
+    return tuple(value)
+
+
+def check_seconds(name: str, value: object, advice: str, *, zero: bool = False) -> float:
+    """``value`` as seconds (more than 0, or 0 too with ``zero``), or the error that says what to pass."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero):
         raise ConfigurationError(name, value, advice)
+    return float(value)
 
 
 def _check_text(name: str, value: object) -> None:
@@ -124,7 +127,48 @@ def _check_callable(name: str, value: object, advice: str) -> None:
         raise ConfigurationError(name, value, advice)
 
 
-@dataclass(frozen=True, slots=True)
+# The 0.2 keywords that now belong to a feature: each maps to the feature that
+# owns it (``langchain_compaction.features.from_legacy`` builds it).
+LEGACY_KEYWORDS: dict[str, str] = {
+    "check_facts": "CheckedFacts (pass features without it to turn checking off)",
+    "pin_tools": "Pins(tools=...)",
+    "pinned_max_tokens": "Pins(max_tokens=...)",
+    "clear_tool_outputs": "ClearToolOutputs()",
+    "keep_tool_uses": "ClearToolOutputs(keep_tool_uses=...)",
+    "clear_exclude_tools": "ClearToolOutputs(exclude_tools=...)",
+    "clear_min_tokens": "ClearToolOutputs(min_tokens=...)",
+    "prepare_at": "PrepareAhead(at=...)",
+    "summary_mode": "CacheAligned() (for 'cache_aligned')",
+    "require_sections": "RequireSections()",
+}
+"""Keywords of ``CompactionOptions`` 0.2 that moved to a feature, and where they went."""
+
+
+def _legacy_values(given: dict[str, Any]) -> dict[str, Any]:
+    """The deprecated keywords that were passed, each warned about once, with a light type check."""
+    out: dict[str, Any] = {}
+    for name, value in given.items():
+        if value is _UNSET:
+            continue
+        warnings.warn(
+            f"CompactionOptions({name}=...) is deprecated and will be removed in 0.4; pass the feature to the "
+            f"adapter instead: features=[..., {LEGACY_KEYWORDS[name]}] (from langchain_compaction.features)",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        out[name] = value
+    return out
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET: Any = _Unset()
+
+
+@dataclass(frozen=True, init=False)
 class CompactionOptions:
     """How much context to keep and how to summarize the rest.
 
@@ -142,6 +186,15 @@ class CompactionOptions:
         keep_recent_tokens: Tokens of the most recent messages kept verbatim;
             ``None`` (or 0) derives it: 20,000, or less in a small window so
             that a compaction lands at most at half the threshold.
+        summary_max_tokens: The most tokens a summary may take; a longer one
+            is asked for once more, shorter, then left to ``fallback=`` (or
+            raises). ``None`` derives it: two thirds of what half the
+            threshold leaves after the kept messages, between 256 and 8,192
+            (8,192 when the window is unknown).
+        summary_input_tokens: The largest request sent to the summarizer; a
+            larger compacted region is summarized in chunks, each updating the
+            running summary. ``None`` derives it from the window (the window
+            less the reserve), or 100,000 when the window is unknown.
         summary_prompt: Replaces the default checkpoint prompt.
         update_prompt: Replaces the default prompt used to update a previous
             summary; when only ``summary_prompt`` is given, updates use it too.
@@ -149,69 +202,24 @@ class CompactionOptions:
         token_counter: Counts tokens instead of the built-in estimate; any
             callable over a list of LangChain messages. On async paths it runs
             in a worker thread, never on the event loop.
-        summary_input_tokens: The largest request sent to the summarizer; a
-            larger compacted region is summarized in chunks, each updating the
-            running summary. ``None`` derives it from the window (the window
-            less the reserve), or 100,000 when the window is unknown.
         timeout: Seconds one summary call may take before it fails with
-            ``SummaryTimeoutError``; ``None`` for no limit.
+            ``SummaryTimeoutError``; ``None`` for no limit. It is also passed
+            to the model's client where the library knows how.
         redact: A function from text to text applied to everything the
             summarizer is shown (messages, tool calls and results, the
-            previous summary) and so to what the extractive summarizer copies;
+            previous summary), and so to what the extractive summarizer copies,
+            the checked facts and what the recall tool returns;
             ``redact_secrets`` is a ready one. Off by default.
-        summary_max_tokens: The most tokens a summary may take; a longer one
-            is asked for once more, shorter, then left to ``fallback=`` (or
-            raises). ``None`` derives it: two thirds of what half the
-            threshold leaves after the kept messages, between 256 and 8,192
-            (8,192 when the window is unknown).
-        require_sections: Also reject a summary that lacks any checkpoint
-            heading (Goal, Constraints & Preferences, Progress, Done, In
-            Progress, Blocked, Key Decisions, Next Steps, Critical Context).
-            Off by default: a custom ``summary_prompt`` or a plain function
-            may rightly write another format.
-        clear_tool_outputs: Before summarizing, try the cheapest step:
-            replace the content of old tool results (outside the keep budget
-            and older than the last ``keep_tool_uses``) with a placeholder;
-            when that alone brings the context to halfway between the keep
-            budget and the threshold, no summary is made. Off by default: a
-            cleared output is lost to the summary that comes later.
-        keep_tool_uses: The most recent tool results never cleared.
-        clear_exclude_tools: Names of tools whose output is never cleared.
-        clear_min_tokens: Tool results smaller than this are not cleared.
-        summary_mode: ``"transcript"`` (the default) sends the summarizer a
-            fenced transcript of the compacted messages. ``"cache_aligned"``
-            sends the conversation's own messages before the cut, unchanged,
-            then the summary instruction as a final user message, so a
-            provider prompt cache (Anthropic's reads cost a tenth of fresh
-            input) serves the prefix; used when the region fits one request
-            and the summarizer supports it (chat models, ``AnthropicSummarizer``),
-            else the transcript is sent.
         ensure_user_turn: When the kept messages do not start with a user
             turn (an agent compacted mid-loop keeps an assistant tool call
             first), put a one-line user message after the summary: Anthropic's
             API rejects a conversation whose first turn is not the user's.
-        check_facts: Find the facts a continuing agent needs in the compacted
-            messages (the user's constraints and identifiers, files read and
-            modified, unresolved errors, tool calls made, the last request;
-            see ``core.facts``), check the summary against them, and add what
-            it does not state in a "Checked facts" section under it, within
-            a quarter of the summary's budget. On by default, for every
-            summarizer.
-        pin_tools: Tools whose latest call, with its results, is never
-            summarized: it is written back verbatim after the summary (a plan
-            or todo list the agent keeps working from; deepagents' and
-            LangChain's ``write_todos`` by default). Messages marked
-            ``additional_kwargs={"compaction_pin": True}`` are kept the same way.
-        pinned_max_tokens: The most tokens pinned messages may keep (half the
-            keep budget unless set); the oldest pins over it are summarized,
-            and the result says how many (``pinned_over_cap``).
-        prepare_at: A share of the threshold (e.g. ``0.7``) above which the
-            node, the middleware and chat memory prepare the next summary in
-            the background, so the threshold applies it without waiting for
-            the model; it must lie above the landing (half the threshold).
-            ``None`` (the default) summarizes at the threshold. It means
-            nothing to ``compact()``, which compacts at once, and is refused
-            there.
+
+    The 0.2 keywords ``check_facts``, ``pin_tools``, ``pinned_max_tokens``,
+    ``clear_tool_outputs``, ``keep_tool_uses``, ``clear_exclude_tools``,
+    ``clear_min_tokens``, ``prepare_at``, ``summary_mode`` and
+    ``require_sections`` are accepted for one more release, with a
+    ``DeprecationWarning`` naming the feature that replaces each.
 
     Example:
         >>> budget = CompactionOptions(context_window=200_000).budget
@@ -225,32 +233,85 @@ class CompactionOptions:
     context_window: int = 0
     reserve_tokens: int | None = None
     keep_recent_tokens: int | None = None
+    summary_max_tokens: int | None = None
+    summary_input_tokens: int | None = None
     summary_prompt: str | None = None
     update_prompt: str | None = None
     system_prompt: str | None = None
     token_counter: TokenCounterFn | None = None
-    summary_input_tokens: int | None = None
     timeout: float | None = None
     redact: Callable[[str], str] | None = None
-    summary_max_tokens: int | None = None
-    require_sections: bool = False
-    clear_tool_outputs: bool = False
-    keep_tool_uses: int = 3
-    clear_exclude_tools: tuple[str, ...] = ()
-    clear_min_tokens: int = 100
-    summary_mode: SummaryMode = "transcript"
     ensure_user_turn: bool = True
-    check_facts: bool = True
-    pin_tools: tuple[str, ...] = ("write_todos",)
-    pinned_max_tokens: int | None = None
-    prepare_at: float | None = None
+    legacy: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    """The deprecated keywords given to this instance (read by ``features.resolve``); not an option."""
 
-    def __post_init__(self) -> None:
-        share = self.prepare_at
-        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1):
-            raise ConfigurationError("prepare_at", share, _PREPARE_ADVICE)
+    def __init__(  # noqa: PLR0917 - the fields in the order 0.2 took them, then the deprecated keywords
+        self,
+        context_window: int = 0,
+        reserve_tokens: int | None = None,
+        keep_recent_tokens: int | None = None,
+        summary_max_tokens: int | None = None,
+        summary_input_tokens: int | None = None,
+        summary_prompt: str | None = None,
+        update_prompt: str | None = None,
+        system_prompt: str | None = None,
+        token_counter: TokenCounterFn | None = None,
+        timeout: float | None = None,
+        redact: Callable[[str], str] | None = None,
+        ensure_user_turn: bool = True,
+        *,
+        check_facts: bool = _UNSET,
+        pin_tools: tuple[str, ...] = _UNSET,
+        pinned_max_tokens: int | None = _UNSET,
+        clear_tool_outputs: bool = _UNSET,
+        keep_tool_uses: int = _UNSET,
+        clear_exclude_tools: tuple[str, ...] = _UNSET,
+        clear_min_tokens: int = _UNSET,
+        prepare_at: float | None = _UNSET,
+        summary_mode: str = _UNSET,
+        require_sections: bool = _UNSET,
+    ) -> None:
+        values = {
+            "context_window": context_window,
+            "reserve_tokens": reserve_tokens,
+            "keep_recent_tokens": keep_recent_tokens,
+            "summary_max_tokens": summary_max_tokens,
+            "summary_input_tokens": summary_input_tokens,
+            "summary_prompt": summary_prompt,
+            "update_prompt": update_prompt,
+            "system_prompt": system_prompt,
+            "token_counter": token_counter,
+            "timeout": timeout,
+            "redact": redact,
+            "ensure_user_turn": ensure_user_turn,
+        }
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        legacy = _legacy_values(
+            {
+                "check_facts": check_facts,
+                "pin_tools": pin_tools,
+                "pinned_max_tokens": pinned_max_tokens,
+                "clear_tool_outputs": clear_tool_outputs,
+                "keep_tool_uses": keep_tool_uses,
+                "clear_exclude_tools": clear_exclude_tools,
+                "clear_min_tokens": clear_min_tokens,
+                "prepare_at": prepare_at,
+                "summary_mode": summary_mode,
+                "require_sections": require_sections,
+            }
+        )
+        if legacy:
+            object.__setattr__(self, "legacy", MappingProxyType(legacy))
+        self._check()
+
+    def _check(self) -> None:
         self._check_budgets()
-        self._check_optional_budgets()
+        for name in ("summary_input_tokens", "summary_max_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                minimum = 1000 if name == "summary_input_tokens" else 64
+                check_int(name, value, minimum=minimum, advice=f"at least {minimum}, or None to derive it")
         for name in ("summary_prompt", "update_prompt", "system_prompt"):
             _check_text(name, getattr(self, name))
         _check_callable(
@@ -259,24 +320,16 @@ class CompactionOptions:
             "pass a callable over a list of messages, e.g. count_tokens_approximately",
         )
         _check_callable("redact", self.redact, "pass a function from text to text, e.g. redact_secrets")
-        self._check_clearing()
-        for name in ("require_sections", "clear_tool_outputs", "ensure_user_turn", "check_facts"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigurationError(name, getattr(self, name), "pass True or False")
-        self._check_prepare()
-        if self.summary_mode not in ("transcript", "cache_aligned"):
-            raise ConfigurationError("summary_mode", self.summary_mode, "pass 'transcript' or 'cache_aligned'")
-        if self.timeout is not None and (
-            isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or self.timeout <= 0
-        ):
-            raise ConfigurationError("timeout", self.timeout, "pass a positive number of seconds, or None")
+        check_flag("ensure_user_turn", self.ensure_user_turn)
+        if self.timeout is not None:
+            check_seconds("timeout", self.timeout, "pass a positive number of seconds, or None")
 
     def _check_budgets(self) -> None:
-        _check_int("context_window", self.context_window, minimum=0, advice="pass the model's window, or 0 if unknown")
+        check_int("context_window", self.context_window, minimum=0, advice="the model's window, or 0 if unknown")
         for name in ("reserve_tokens", "keep_recent_tokens"):
             value = getattr(self, name)
             if value is not None:
-                _check_int(name, value, minimum=0, advice="pass a positive number, or None (or 0) to derive it")
+                check_int(name, value, minimum=0, advice="a positive number, or None (or 0) to derive it")
                 if value == 0:  # as in pi's options, zero means the default
                     object.__setattr__(self, name, None)
         window = self.context_window
@@ -289,7 +342,7 @@ class CompactionOptions:
                 f"it must be smaller than context_window={window}; "
                 f"pass a reserve that leaves room for the conversation, e.g. reserve_tokens={window // 8}, or None",
             )
-        threshold = derive_budget(self).threshold
+        threshold = self.budget.threshold
         assert threshold is not None  # the window is known
         if self.keep_recent_tokens is not None and self.keep_recent_tokens >= threshold:
             raise ConfigurationError(
@@ -300,40 +353,34 @@ class CompactionOptions:
                 f"pass keep_recent_tokens below {threshold}, e.g. {threshold * 3 // 10}, or None to derive it",
             )
 
-    def _check_optional_budgets(self) -> None:
-        for name, minimum in (("summary_input_tokens", 1000), ("summary_max_tokens", 64)):
-            value = getattr(self, name)
-            if value is not None:
-                advice = f"pass at least {minimum} tokens, or None to derive it from the window"
-                _check_int(name, value, minimum=minimum, advice=advice)
-
-    def _check_clearing(self) -> None:
-        _check_int("keep_tool_uses", self.keep_tool_uses, minimum=0, advice="pass 0 or more (default 3)")
-        _check_int("clear_min_tokens", self.clear_min_tokens, minimum=0, advice="pass 0 or more (default 100)")
-        for name in ("clear_exclude_tools", "pin_tools"):
-            tools = getattr(self, name)
-            if (
-                isinstance(tools, str)
-                or not isinstance(tools, (tuple, list))
-                or not all(isinstance(t, str) for t in tools)
-            ):
-                raise ConfigurationError(name, tools, "pass a tuple of tool names, e.g. ('read_plan',)")
-        if self.pinned_max_tokens is not None:
-            _check_int("pinned_max_tokens", self.pinned_max_tokens, minimum=0, advice="pass 0 or more, or None")
-
-    def _check_prepare(self) -> None:
-        share = self.prepare_at
-        if share is None:
-            return
-        budget = derive_budget(self)
-        mark, landing = budget.prepare, budget.landing
-        if (mark <= landing) if mark is not None and landing is not None else share <= 0.5:
-            raise ConfigurationError("prepare_at", share, _PREPARE_ADVICE)
-
-    @property
+    @cached_property
     def budget(self) -> Budget:
-        """Every budget in force (see ``derive_budget``)."""
+        """Every budget in force (see ``derive_budget``); derived once, the options being frozen."""
         return derive_budget(self)
+
+    def with_window(self, context_window: int) -> CompactionOptions:
+        """These options for another context window (the deprecated keywords carried over)."""
+        fields = {name: getattr(self, name) for name in _FIELDS}
+        copy = CompactionOptions(**{**fields, "context_window": context_window})
+        if self.legacy:
+            object.__setattr__(copy, "legacy", self.legacy)
+        return copy
+
+
+_FIELDS = (
+    "context_window",
+    "reserve_tokens",
+    "keep_recent_tokens",
+    "summary_max_tokens",
+    "summary_input_tokens",
+    "summary_prompt",
+    "update_prompt",
+    "system_prompt",
+    "token_counter",
+    "timeout",
+    "redact",
+    "ensure_user_turn",
+)
 
 
 def derive_budget(options: CompactionOptions) -> Budget:
@@ -361,9 +408,4 @@ def derive_budget(options: CompactionOptions) -> Budget:
     summary_input = options.summary_input_tokens
     if summary_input is None:
         summary_input = max(threshold, 1000) if threshold is not None else DEFAULT_SUMMARY_INPUT_TOKENS
-    facts_max = min(max(summary_max // 4, MIN_FACTS_TOKENS), MAX_FACTS_TOKENS) if options.check_facts else 0
-    prepare = int(threshold * options.prepare_at) if threshold is not None and options.prepare_at is not None else None
-    pinned_max = options.pinned_max_tokens if options.pinned_max_tokens is not None else keep // 2
-    return Budget(
-        window, reserve, keep, threshold, landing, summary_max, summary_input, landing, facts_max, prepare, pinned_max
-    )
+    return Budget(window, reserve, keep, threshold, landing, summary_max, summary_input)

@@ -9,7 +9,7 @@ cut splits into summarized and kept messages (``core.cut``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -117,69 +117,9 @@ def _after_provider_block(messages: Sequence[Message], start: int, flags: Sequen
     return next(c for c in range(blocks[-1] + 1, len(messages) + 1) if flags[c])
 
 
-@dataclass(frozen=True, slots=True)
-class Pins:
-    """What a compaction never summarizes, and the most tokens it may keep that way.
-
-    Attributes:
-        tools: Tools whose latest call, with its results, is kept verbatim.
-        max_tokens: The cap on pinned tokens; the oldest exchanges over it are summarized.
-    """
-
-    tools: tuple[str, ...] = ()
-    max_tokens: int = 0
-
-
-def _exchanges(messages: Sequence[Message], start: int, cut: int) -> dict[int, tuple[int, ...]]:
-    """Each message in ``[start, cut)`` mapped to its whole exchange (a call's message and all its results)."""
-    owner: dict[str, int] = {}
-    groups: dict[int, list[int]] = {}
-    member: dict[int, tuple[int, ...]] = {}
-    for i in range(start, cut):
-        message = messages[i]
-        if message.role == "assistant" and message.tool_calls:
-            groups[i] = [i]
-            owner.update((c.id, i) for c in message.tool_calls if c.id)
-        elif message.role == "tool" and (message.tool_call_id or "") in owner:
-            groups[owner[message.tool_call_id or ""]].append(i)
-    for group in groups.values():
-        for i in group:
-            member[i] = tuple(group)
-    return member
-
-
-def pinned_messages(
-    messages: Sequence[Message], counts: Sequence[int], start: int, cut: int, pins: Pins
-) -> tuple[tuple[int, ...], int]:
-    """The messages in ``[start, cut)`` kept verbatim after the summary, and the exchanges left out for the cap.
-
-    A message the user pinned, and the latest call of each pinned tool when it
-    is still before the cut, are kept with their whole exchange (the call's
-    message and every result of it, parallel calls included), so the output
-    stays a valid request. Newest first within ``pins.max_tokens``.
-    """
-    exchange = _exchanges(messages, start, cut)
-    chosen: list[tuple[int, ...]] = []
-    for name in pins.tools:
-        latest = next(
-            (i for i in range(len(messages) - 1, start - 1, -1) if any(c.name == name for c in messages[i].tool_calls)),
-            None,
-        )
-        if latest is not None and latest < cut:
-            chosen.append(exchange.get(latest, (latest,)))
-    chosen += [exchange.get(i, (i,)) for i in range(start, cut) if messages[i].pinned and not messages[i].is_summary]
-    if not chosen:
-        return (), 0
-    kept: set[int] = set()
-    used = over = 0
-    for group in sorted(set(chosen), key=max, reverse=True):
-        size = sum(counts[i] for i in group if i not in kept)
-        if used + size > pins.max_tokens:
-            over += 1
-            continue
-        kept.update(group)
-        used += size
-    return tuple(sorted(kept)), over
+Protect = Callable[[Sequence[Message], Sequence[int], int, int], tuple[tuple[int, ...], int]]
+"""What may not be cut: given the conversation, its counts and the region ``[start, cut)``, the
+indices kept verbatim after the summary and how many were left out for a cap (``features.Pins``)."""
 
 
 def plan_compaction(
@@ -188,7 +128,7 @@ def plan_compaction(
     keep_recent_tokens: int,
     *,
     force: bool = True,
-    pins: Pins | None = None,
+    protect: Protect | None = None,
 ) -> Plan | None:
     """Decide the cut for one compaction.
 
@@ -203,7 +143,7 @@ def plan_compaction(
         counts: Token count per message.
         keep_recent_tokens: Recent tokens to keep.
         force: Whether to force a cut when everything fits the keep budget.
-        pins: What is never summarized (``pinned_messages``); nothing when ``None``.
+        protect: What may not be cut (kept verbatim after the summary); nothing when ``None``.
 
     Returns:
         The plan, or ``None`` when there is nothing to compact.
@@ -222,7 +162,7 @@ def plan_compaction(
     if cut <= region_start:
         return None
     inside = [i for i in range(region_start, cut) if messages[i].is_summary]
-    pinned, over = pinned_messages(messages, counts, region_start, cut, pins) if pins is not None else ((), 0)
+    pinned, over = protect(messages, counts, region_start, cut) if protect is not None else ((), 0)
     if pinned and len(pinned) + len(inside) >= cut - region_start:
         return None  # everything before the cut is pinned: nothing to summarize
     return Plan(

@@ -1,16 +1,26 @@
-"""What a compaction reports: a frozen value and its JSON form."""
+"""What a compaction reports: a frozen value and its JSON form.
+
+The result keeps the figures every compaction has; each feature that took
+part adds its own record under its name in ``parts`` (``"facts"``, ``"pins"``,
+``"clearing"``, ``"prepared"``, ``"archive"``), so a feature's figures live
+with the feature. The 0.2 attribute names of those figures (``facts_found``,
+``messages_pinned``, ``from_prepared`` ...) still read them for one release,
+with a ``DeprecationWarning``.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import TypedDict
+import warnings
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, TypedDict
 
 
 class CompactionRecord(TypedDict):
     """The JSON form of a ``CompactionResult`` (what goes into graph state)."""
 
     summary: str
-    """The summarizer's text (without the header; the library's section is ``facts_section``)."""
+    """The summarizer's text (without the header and what the library added)."""
     original_tokens: int
     """Tokens before compaction."""
     compacted_tokens: int
@@ -22,7 +32,7 @@ class CompactionRecord(TypedDict):
     messages_kept: int
     """Messages kept verbatim (leading system messages included)."""
     summarizer_calls: int
-    """Summary calls made (one per chunk, plus retries)."""
+    """Summary calls made for it (one per chunk, plus retries; a preparation's and a fold's included)."""
     chunks: int
     """Chunks the compacted region was split into."""
     updated_previous_summary: bool
@@ -47,30 +57,28 @@ class CompactionRecord(TypedDict):
     """Input tokens served from the provider's prompt cache (0 if not reported)."""
     summarizer_cache_write_tokens: int
     """Input tokens written to the provider's prompt cache (0 if not reported)."""
-    tool_outputs_cleared: int
-    """Old tool results whose content was cleared instead of summarizing (0 when summarized)."""
-    facts_found: int
-    """Checked facts in force: found in the compacted messages, or carried by an earlier summary."""
-    facts_in_summary: int
-    """Of those, how many the summarizer's text states."""
-    facts_added: int
-    """Of those, how many the library added in its "Checked facts" section."""
-    facts_dropped: int
-    """Of those, how many were left out for the section's budget (``Budget.facts_max``)."""
-    facts_section: str
-    """The "Checked facts" section the library wrote under the summary ("" if none was needed)."""
-    from_prepared: bool
-    """Whether it applied a summary prepared in the background (``prepare_at``) rather than one made on the spot."""
     wait_seconds: float
-    """How long the turn waited for it: the whole summary made on the spot, or the wait for a prepared one."""
+    """How long the turn waited for it: the summary made on the spot, or the wait for a prepared one."""
     above_landing: bool
     """True if what had to be kept left the context above the landing target (half the threshold)."""
     repeated: bool
     """True if it came a few turns after the previous compaction, which kept too much: it kept half as much."""
-    messages_pinned: int
-    """Messages before the cut kept verbatim after the summary: pinned, or a pinned tool's latest exchange."""
-    pinned_over_cap: int
-    """Pinned exchanges summarized after all because the pinned total would pass ``Budget.pinned_max``."""
+    parts: dict[str, dict[str, Any]]
+    """Each feature's own figures, under its name (see ``langchain_compaction.features``)."""
+
+
+# The 0.2 names of figures that now belong to a feature: (feature, key).
+_MOVED: dict[str, tuple[str, str, Any]] = {
+    "facts_found": ("facts", "found", 0),
+    "facts_in_summary": ("facts", "in_summary", 0),
+    "facts_added": ("facts", "added", 0),
+    "facts_dropped": ("facts", "dropped", 0),
+    "facts_section": ("facts", "section", ""),
+    "messages_pinned": ("pins", "pinned", 0),
+    "pinned_over_cap": ("pins", "over_cap", 0),
+    "tool_outputs_cleared": ("clearing", "cleared", 0),
+    "from_prepared": ("prepared", "applied", False),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +86,14 @@ class CompactionResult:
     """Statistics of one compaction.
 
     Attributes mirror ``CompactionRecord``; ``to_dict()`` gives that form.
+    ``parts`` maps a feature's name to its own figures, e.g.
+    ``result.parts["facts"]["added"]`` or ``result.parts["prepared"]["applied"]``.
 
     Example:
         >>> r = CompactionResult(summary="s", original_tokens=10, compacted_tokens=4,
-        ...                      messages_removed=3, cut_index=3)
-        >>> r.to_dict()["messages_removed"]
-        3
+        ...                      messages_removed=3, cut_index=3, parts={"pins": {"pinned": 1, "over_cap": 0}})
+        >>> r.to_dict()["messages_removed"], r.part("pins")["pinned"], r.part("facts")
+        (3, 1, {})
     """
 
     summary: str
@@ -105,20 +115,36 @@ class CompactionResult:
     summarizer_output_tokens: int = 0
     summarizer_cache_read_tokens: int = 0
     summarizer_cache_write_tokens: int = 0
-    tool_outputs_cleared: int = 0
-    facts_found: int = 0
-    facts_in_summary: int = 0
-    facts_added: int = 0
-    facts_dropped: int = 0
-    facts_section: str = ""
-    from_prepared: bool = False
     wait_seconds: float = 0.0
     above_landing: bool = False
     repeated: bool = False
-    messages_pinned: int = 0
-    pinned_over_cap: int = 0
+    parts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def part(self, name: str) -> Mapping[str, Any]:
+        """The figures of feature ``name`` (empty when it took no part in this compaction)."""
+        return self.parts.get(name, {})
+
+    def with_part(self, name: str, **figures: Any) -> CompactionResult:
+        """This result with ``figures`` added to feature ``name``'s record."""
+        merged = {**self.parts, name: {**self.parts.get(name, {}), **figures}}
+        return replace(self, parts=merged)
 
     def to_dict(self) -> CompactionRecord:
         """The result as plain JSON-serializable data."""
         record: CompactionRecord = asdict(self)  # type: ignore[assignment]
+        record["parts"] = {name: dict(figures) for name, figures in self.parts.items()}
         return record
+
+    def __getattr__(self, name: str) -> Any:
+        moved = _MOVED.get(name)
+        if moved is None:
+            msg = f"{type(self).__name__!r} object has no attribute {name!r}"
+            raise AttributeError(msg)
+        feature, key, default = moved
+        warnings.warn(
+            f"CompactionResult.{name} is deprecated and will be removed in 0.4; read "
+            f"result.parts[{feature!r}][{key!r}] (present when that feature took part)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.part(feature).get(key, default)

@@ -8,8 +8,9 @@ messages a caller keeps are the caller's objects.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool", "other"]
 """Who wrote a message. ``other`` covers roles the core has no rule for."""
@@ -100,12 +101,13 @@ class Message:
             (what it covers ends there), when it was recorded.
         written_after: For a summary, the id of the conversation's last
             message when it was written (``None`` if unknown).
-        facts: For a summary, the facts it was checked against (carried on
-            to the next compaction).
         kept_before: For a summary, the ids of messages from before its cut
             written back after it (they are not covered by it).
         pinned: The user pinned it: never summarized, written back after the
             summary every time.
+        mark: For a message this library wrote, its mark as stored (the
+            conversation record; each feature reads its own key, see
+            ``core.record``); empty otherwise.
     """
 
     role: Role
@@ -120,9 +122,9 @@ class Message:
     reported_tokens: int = 0
     written_after: str | None = None
     kept_from: str | None = None
-    facts: tuple[Fact, ...] = ()
     kept_before: tuple[str, ...] = ()
     pinned: bool = False
+    mark: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     has_compaction_block: bool = field(init=False, default=False)
     """Whether the message carries a provider-side compaction block (derived from ``parts``)."""
 

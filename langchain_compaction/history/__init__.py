@@ -57,28 +57,26 @@ where a chat-history store is already the memory.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage
 
-from langchain_compaction._lc.archive import recall_from
-from langchain_compaction._lc.pipeline import Compactor, check_wait
-from langchain_compaction._lc.prepared import PREPARE_WAIT_SECONDS, Preparer
-from langchain_compaction.core.context import Stage, context_tokens, stage
+from langchain_compaction._lc.conversation import Conversation
+from langchain_compaction._lc.legacy import UNSET, adapter_keywords
+from langchain_compaction._lc.turn import Outcome, Place, Trigger, Turn
 from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.options import CompactionOptions
-from langchain_compaction.core.plan import Plan
 from langchain_compaction.core.recall import Lookup
 from langchain_compaction.core.redact import Redactor
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message
 from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
+from langchain_compaction.features import Feature
+from langchain_compaction.features.archive import recall_from
 from langchain_compaction.history import stores
-from langchain_compaction.history.journal import JOURNAL_MARK, Commit, Rewrite, archive_memo, starts_with
+from langchain_compaction.history.journal import JOURNAL_MARK, Commit, Rewrite, archive_memo
 from langchain_compaction.history.locks import (
     CompactionLock,
     FileLock,
@@ -102,19 +100,6 @@ logger = logging.getLogger("langchain_compaction")
 
 OnError = Literal["raise", "warn"]
 """What an automatic compaction does when it fails: raise, or log and go on."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Ahead:
-    """A compaction prepared in the background from ``snapshot``, to be committed at the threshold."""
-
-    plan: Plan
-    output: list[BaseMessage]
-    snapshot: list[BaseMessage]
-    result: CompactionResult
-
-    def matches(self, messages: Sequence[BaseMessage]) -> bool:
-        return starts_with(messages, self.snapshot)
 
 
 def _check_history(field: str, value: object) -> None:
@@ -164,9 +149,13 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
             always taken.
         journal: A history on durable storage that holds a rewrite in progress,
             for stores without an atomic rewrite (see the module docstring).
-        prepare_wait: With ``options.prepare_at``, how many seconds an add
-            at the threshold waits for a summary still being prepared (in the
-            background, from an earlier add) before it compacts on the spot.
+        features: The features (``langchain_compaction.features``): checked
+            facts and pins by default; ``PrepareAhead(at=0.7)`` prepares the
+            next summary during an add (with ``lock=``, its lease says which
+            process prepares). ``ClearToolOutputs`` and ``Archive`` are
+            refused: chat memory summarizes everything and archives into
+            ``archive=``.
+        prepare_wait: Deprecated: ``PrepareAhead(wait=...)``.
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -203,19 +192,16 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         on_error: OnError = "raise",
         lock: CompactionLock | None = None,
         journal: BaseChatMessageHistory | None = None,
-        prepare_wait: float = PREPARE_WAIT_SECONDS,
+        features: Sequence[Feature] | None = None,
+        prepare_wait: Any = UNSET,
     ) -> None:
         super().__init__()
         _check_arguments(inner, archive, journal, on_error, lock)
-        self._compactor = Compactor.build(model, options, fallback)
-        wait_seconds = check_wait(prepare_wait)
-        if self._compactor.options.clear_tool_outputs:
-            raise ConfigurationError(
-                "options",
-                self._compactor.options,
-                "clear_tool_outputs=True is not available in chat memory: it always summarizes, so its archive "
-                "receives every original; pass options with clear_tool_outputs=False",
-            )
+        legacy = adapter_keywords("CompactingChatMessageHistory", prepare_wait=prepare_wait)
+        if isinstance(lock, LeaseLock) and options is not None and "prepare_at" in options.legacy:
+            # Across processes the lock's lease says who prepares, as it says who summarizes.
+            legacy.setdefault("prepare", {})["lease"] = lambda _key: lock
+        self._turn = Turn.build(model, options, fallback, features, where="history", adapter=legacy)
         self.inner = inner
         self.archive = archive
         self.journal = journal
@@ -223,16 +209,12 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         self.lock = lock
         self._strategy: stores.Strategy = stores.strategy(inner)
         self._state = session_state(inner)
-        self._preparer: Preparer[_Ahead] | None = None
-        if self.options.prepare_at is not None:
-            # Across processes the lock's lease says who prepares, as it says who summarizes.
-            lease = (lambda _thread: lock) if isinstance(lock, LeaseLock) else None
-            self._preparer = Preparer(self._ahead, wait_seconds=wait_seconds, lease=lease)
+        self._conversation = Conversation(f"history:{stores.session_key(inner)!r}")
 
     @property
     def options(self) -> CompactionOptions:
         """The options in force."""
-        return self._compactor.options
+        return self._turn.options
 
     # -- the public API: one line each over the flows -----------------------------
 
@@ -491,10 +473,10 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         self._state.archive_memo = archive_memo(commit.originals)
         return existing + len(batch)
 
-    def _commit(self, plan: Plan, output: list[BaseMessage], snapshot: list[BaseMessage]) -> Flow[bool]:
+    def _commit(self, output: list[BaseMessage], snapshot: list[BaseMessage]) -> Flow[bool]:
         """Write a finished compaction, under the lock; ``False`` if the history changed under it."""
         current = yield from self._repaired()
-        commit = Commit.build(plan, output, snapshot, current)
+        commit = Commit.build(output, snapshot, current)
         if commit is None:
             logger.warning(
                 "the history changed under a compaction (cleared, or compacted by another writer); "
@@ -511,82 +493,56 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         if not (yield twin(flight.take, flight.atake, wait)):
             return None  # another compaction of this session is running in this process
         try:
-            if not force:
-                where, snapshot, counts = yield self._locked(self._stage(), write=self._may_be_torn)
-                if where == "prepare" and self._preparer is not None:
-                    yield from self._compactor.ahead(self._preparer, snapshot, counts, thread="")
-                if where != "due":
-                    return None
-                applied = yield from self._apply_prepared(snapshot)
-                if applied is not None:
-                    return applied
-            # Across processes, the lease decides who summarizes; without it
-            # (or when another process holds it) this writer leaves it be.
+            # Across processes, the lease decides who summarizes. A forced
+            # compaction waits for it and then reads the history (another
+            # writer may have compacted meanwhile); an automatic one only
+            # tries it around the summary calls, and leaves the history be
+            # when another process holds it.
             lease = self.lock if isinstance(self.lock, LeaseLock) else None
-            result: CompactionResult | None = yield twin(
-                leased, aleased, lease, wait, self._summarize_and_commit(force, instructions)
-            )
-            return result
+            if force:
+                result: CompactionResult | None = yield twin(
+                    leased, aleased, lease, wait, self._turn_and_commit("force", instructions, None)
+                )
+                return result
+            return (yield from self._turn_and_commit("auto", instructions, lease))
         finally:
             flight.release()
 
-    # -- summaries prepared ahead (``prepare_at``; see ``_lc.prepared``) --------------------
+    def _turn_and_commit(
+        self, trigger: Trigger, instructions: str, lease: LeaseLock | None
+    ) -> Flow[CompactionResult | None]:
+        snapshot, counted = yield self._locked(self._counted(), write=self._may_be_torn)
+        place = Place(
+            self._conversation, guard=lambda compaction: self._guarded(lease, compaction), refresh=self._fresh
+        )
+        outcome: Outcome = yield from self._turn.run(
+            snapshot, place, trigger=trigger, instructions=instructions, counted=counted
+        )
+        return outcome.result
 
-    def _ahead(self, snapshot: list[BaseMessage], _base: _Ahead | None) -> Flow[_Ahead | None]:
-        """Prepare the compaction of ``snapshot`` (in the background): committed at the threshold."""
-        job = yield blocking(self._compactor.prepare, snapshot, trigger="force")
-        if job is None or job.plan is None:
-            return None
-        result, output = yield from self._compactor.compaction(job)
-        logger.info("prepared a summary of %d messages in the background", result.messages_removed)
-        return _Ahead(job.plan, output, snapshot, result)
+    def _fresh(self) -> Flow[tuple[list[BaseMessage], tuple[list[int], list[Message]]]]:
+        """The history read again, first thing under the lease: another writer may have compacted meanwhile."""
+        fresh: tuple[list[BaseMessage], tuple[list[int], list[Message]]] = yield self._locked(
+            self._counted(), write=self._may_be_torn
+        )
+        return fresh
 
-    def _apply_prepared(self, snapshot: list[BaseMessage]) -> Flow[CompactionResult | None]:
-        """At the threshold: commit the prepared compaction if it still applies; its result, or ``None``."""
-        if self._preparer is None:
-            return None
-        started = time.monotonic()
-        found: _Ahead | None
-        found, _ = yield twin(self._preparer.take, self._preparer.atake, "", snapshot)
-        if found is None:
-            return None
-        # The commit keeps what was appended since, and the archive receives the originals.
-        committed = yield self._locked(self._commit(found.plan, found.output, found.snapshot), write=True)
-        if not committed:
-            return None
-        result = replace(found.result, from_prepared=True)
-        # The history went on meanwhile: if it is still over the landing,
-        # fold the messages since the prepared cut into the summary, once.
-        snapshot = yield self._locked(self._repaired(), write=self._may_be_torn)
-        counts, core = yield self._counted(snapshot)
-        landing = self.options.budget.landing
-        if landing is not None and context_tokens(core, counts) > landing:
-            folded = yield from self._summarize_and_commit(True, "")
-            if folded is not None:
-                calls = result.summarizer_calls + folded.summarizer_calls
-                result = replace(folded, from_prepared=True, summarizer_calls=calls)
-        return replace(result, wait_seconds=time.monotonic() - started)
+    def _guarded(self, lease: LeaseLock | None, compaction: Flow[Outcome]) -> Call[Outcome | None]:
+        """The compaction and its commit, under the lease when there is one (one writer summarizes at a time)."""
 
-    def _counted(self, snapshot: list[BaseMessage]) -> Call[tuple[list[int], list[Message]]]:
-        return blocking(self._state.counted.counts_and_core, snapshot, self.options)
+        def committed() -> Flow[Outcome]:
+            outcome = yield from compaction
+            if outcome.result is None or outcome.messages is None or outcome.source is None:
+                return Outcome()
+            # The model was called with no write lock held: writers went on meanwhile.
+            if (yield self._locked(self._commit(outcome.messages, outcome.source), write=True)):
+                return outcome
+            return Outcome()
 
-    def _stage(self) -> Flow[tuple[Stage, list[BaseMessage], list[int]]]:
-        """Where the history stands now, what it holds and counts (one read; only new messages are counted)."""
+        return twin(leased, aleased, lease, False, committed())
+
+    def _counted(self) -> Flow[tuple[list[BaseMessage], tuple[list[int], list[Message]]]]:
+        """The history now, with its counts and core forms (one read; only new messages are counted)."""
         snapshot = yield from self._repaired()
-        counts, core = yield self._counted(snapshot)
-        return stage(core, counts, self.options), snapshot, counts
-
-    def _summarize_and_commit(self, force: bool, instructions: str) -> Flow[CompactionResult | None]:
-        # Read again: another writer may have compacted while this one waited
-        # for the lease. The summary reads every message afresh (converted and
-        # counted now), whatever the trigger's running counts assumed.
-        snapshot = yield self._locked(self._repaired(), write=self._may_be_torn)
-        trigger = "force" if force else "auto"
-        job = yield blocking(self._compactor.prepare, snapshot, instructions, trigger=trigger)
-        if job is None:
-            return None
-        # The model is called with no write lock held: writers go on meanwhile.
-        assert job.plan is not None  # chat memory never clears tool outputs (see __init__)
-        result, output = yield from self._compactor.compaction(job)
-        committed = yield self._locked(self._commit(job.plan, output, snapshot), write=True)
-        return result if committed else None
+        counted = yield blocking(self._state.counted.counts_and_core, snapshot, self.options)
+        return snapshot, counted

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from langchain_core.messages import BaseMessage, SystemMessage, message_to_dict
 
 from langchain_compaction._lc.convert import SUMMARY_MARK, fingerprint, is_compaction_message
-from langchain_compaction.core.plan import Plan
 
 JOURNAL_MARK = "langchain_compaction_journal"
 """Key in ``additional_kwargs`` of the journal's marker message."""
@@ -126,9 +125,9 @@ class Commit:
 
     @classmethod
     def build(
-        cls, plan: Plan, output: list[BaseMessage], snapshot: Sequence[BaseMessage], current: Sequence[BaseMessage]
+        cls, output: list[BaseMessage], snapshot: Sequence[BaseMessage], current: Sequence[BaseMessage]
     ) -> Commit | None:
-        """The new list: the compacted snapshot, then whatever was appended since.
+        """The new list: the compacted snapshot (``output``), then whatever was appended since.
 
         Returns:
             ``None`` when the snapshot is no longer a prefix of the store (it
@@ -136,13 +135,16 @@ class Commit:
         """
         if not starts_with(current, snapshot):
             return None
+        kept = {id(m) for m in output}
         # What this library wrote (an earlier summary, its bridge) is replaced,
         # not archived: the archive holds the caller's originals only.
-        originals = [snapshot[i] for i in plan.region if not is_compaction_message(snapshot[i])]
-        known = [c for c in (archive_counter(snapshot[i]) for i in plan.previous_summaries) if c is not None]
+        originals = [m for m in snapshot if id(m) not in kept and not is_compaction_message(m)]
+        replaced = [m for m in snapshot if id(m) not in kept and is_compaction_message(m)]
+        known = [c for c in map(archive_counter, replaced) if c is not None]
+        written = {id(m) for m in snapshot}
         return cls(
             messages=[*output, *current[len(snapshot) :]],
-            summary_index=len(plan.keep_head),
+            summary_index=next(i for i, m in enumerate(output) if id(m) not in written),
             originals=originals,
             previous_total=max(known) if known else None,
         )

@@ -12,6 +12,7 @@ from postgres_server import PostgresServer, postgres_server
 from langchain_compaction import CompactionOptions
 from langchain_compaction._lc.convert import is_summary_message
 from langchain_compaction.core.types import SummaryRequest
+from langchain_compaction.features import PrepareAhead, default_features
 from langchain_compaction.graph import CompactionNode, CompactionState, acompact_thread, compact_thread
 
 pytest.importorskip("langgraph.checkpoint.postgres", reason="pip install langgraph-checkpoint-postgres")
@@ -127,12 +128,13 @@ def test_a_summary_prepared_by_one_worker_is_applied_by_another_through_postgres
 
     from langgraph.store.postgres import PostgresStore
 
-    from langchain_compaction._lc.prepared import STORE_NAMESPACE
-    from langchain_compaction._lc.threads import thread_label
+    from langchain_compaction._lc.conversation import thread_label
+    from langchain_compaction.features.prepare import STORE_NAMESPACE
 
     options = CompactionOptions(
-        context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, summary_input_tokens=50_000, prepare_at=0.7
+        context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, summary_input_tokens=50_000
     )
+    in_store = [*default_features(), PrepareAhead(at=0.7, in_store=True)]
     calls: list[str] = []
     done = threading.Event()
 
@@ -156,9 +158,7 @@ def test_a_summary_prepared_by_one_worker_is_applied_by_another_through_postgres
     ):
         saver.setup()
         store.setup()
-        worker_a = graph(
-            CompactionNode(summarize, options, result_key="compaction", prepare_in_store=True), saver, store
-        )
+        worker_a = graph(CompactionNode(summarize, options, result_key="compaction", features=in_store), saver, store)
         number = 0
         while not done.is_set():
             worker_a.invoke({"messages": [HumanMessage(f"q{number} " + "word " * 60, id=f"h{number}")]}, config)
@@ -179,7 +179,7 @@ def test_a_summary_prepared_by_one_worker_is_applied_by_another_through_postgres
                 lambda p: other.append(p) or "## Goal\n- made on the spot",
                 options,
                 result_key="compaction",
-                prepare_in_store=True,
+                features=in_store,
             ),
             saver,
             store,
@@ -188,7 +188,7 @@ def test_a_summary_prepared_by_one_worker_is_applied_by_another_through_postgres
             out = worker_b.invoke({"messages": [HumanMessage(f"q{later} " + "word " * 60, id=f"h{later}")]}, config)
             if out.get("compaction"):
                 break
-        assert out["compaction"]["from_prepared"] is True
+        assert out["compaction"]["parts"]["prepared"]["applied"] is True
         # Worker B at most folded the newer messages into A's summary (an update, never a re-summary).
         assert len(other) <= 1
         assert all("prepared in worker A" in prompt for prompt in other)
@@ -202,6 +202,7 @@ def test_archive_in_postgres_store_graph_and_agent_sessions(postgres_server: Pos
         FACT,
         agent_middleware,
         agent_script,
+        archived_messages,
         assert_each_message_once,
         graph_session,
         lookup,
@@ -212,10 +213,11 @@ def test_archive_in_postgres_store_graph_and_agent_sessions(postgres_server: Pos
     from langchain_core.messages import ToolMessage
     from langgraph.store.postgres import PostgresStore
 
-    from langchain_compaction._lc.archive import archived
+    from langchain_compaction._lc.conversation import Conversation
     from langchain_compaction._lc.convert import is_compaction_message
     from langchain_compaction.archive import Archive
     from langchain_compaction.core.effects import drive
+    from langchain_compaction.features import Commit
 
     class ToolCallingFake(GenericFakeChatModel):
         def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
@@ -247,6 +249,14 @@ def test_archive_in_postgres_store_graph_and_agent_sessions(postgres_server: Pos
         assert user_text("tenant.7/agent", 3) in str(recalled.content)
         # The graph's thread never shows through the agent's tool, and a retry writes nothing twice.
         assert "tenant.7/graph" not in str(recalled.content)
-        before = list(session.sent[:10])
-        drive(archived(Archive(), store, session.config, before, before[8:]))
+        # The first compaction, committed again as a retry would: its own id, its own messages.
+        first = [(int(v["position"]), m, v["lineage"]) for _, v, m in archived_messages(store, "tenant.7/graph")]
+        first = [item for item in first if item[0] < 8]
+        again = Commit(
+            [(p, m) for p, m, _ in first],
+            {"lineage": [first[0][2]], "compaction": 1},
+            Conversation("tenant.7/graph"),
+            store,
+        )
+        assert drive(Archive().commit(again)) is True
         assert assert_each_message_once(session.sent, out["messages"], store, "tenant.7/graph") > 300

@@ -28,13 +28,18 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.store.memory import InMemoryStore
 
 from langchain_compaction import CompactingChatMessageHistory, CompactionNode
-from langchain_compaction._lc.archive import Batch, archived, leaving, write
+from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import is_compaction_message, is_summary_message
 from langchain_compaction.archive import Archive, recall_tool
 from langchain_compaction.core.effects import drive
 from langchain_compaction.core.layout import summary_body
 from langchain_compaction.errors import ConfigurationError, StoreError
+from langchain_compaction.features import Commit, default_features
 from langchain_compaction.graph import CompactionState
+
+
+def with_archive(archive: Archive | None = None) -> list[Any]:
+    return [*default_features(), archive or Archive()]
 
 
 class ToolCallingFake(GenericFakeChatModel):
@@ -150,37 +155,58 @@ def test_a_store_that_fails_on_write_leaves_the_state_unchanged() -> None:
     assert [m.id for m in state] == [m.id for m in session.sent]
 
 
-def test_on_error_warn_keeps_the_turn_going_uncompacted(caplog: pytest.LogCaptureFixture) -> None:
+def test_on_error_warn_holds_back_without_paying_for_a_summary_and_never_passes_the_window(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A store that cannot be written: with on_error="warn" the compaction is
+    # held back (no summary asked for) while the context fits the window with
+    # half the reserve to spare, then made without archiving, and said so.
     store = FailingStore()
-    node = CompactionNode(summarize, OPTIONS, archive=Archive(on_error="warn"))
+    calls: list[str] = []
+
+    def counted(prompt: str) -> str:
+        calls.append(prompt)
+        return summarize(prompt)
+
+    node = CompactionNode(counted, OPTIONS, result_key="compaction", features=with_archive(Archive(on_error="warn")))
     graph = compaction_graph(node, checkpointer=InMemorySaver(), store=store)
     config = {"configurable": {"thread_id": "t"}}
+    made: dict[str, int] = {}  # summary id -> the summary calls its compaction made
+    largest = 0
     with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
-        for number in range(80):
+        for number in range(200):
             state = graph.invoke({"messages": [HumanMessage(user_text("t", number), id=f"h{number}")]}, config)
-    assert len(state["messages"]) == 80
-    assert not any(is_summary_message(m) for m in state["messages"])
+            summary = next((m for m in state["messages"] if is_summary_message(m)), None)
+            if summary is not None and summary.id not in made:
+                made[str(summary.id)] = state["compaction"]["summarizer_calls"]
+            largest = max(largest, node.context_tokens(graph.get_state(config).values["messages"]))
+    assert len(made) >= 3
+    assert len(calls) == sum(made.values())  # every summary call made was used
+    assert largest <= OPTIONS.context_window
     assert "archiving failed" in caplog.text
+    assert "kept only in the summary" in caplog.text
+
+
+def _commit(removed: list[tuple[int, BaseMessage]], compaction: str = "c1", number: int = 1) -> Commit:
+    return Commit(removed, {"lineage": [compaction], "compaction": number}, Conversation("t"), None)
 
 
 def test_archiving_again_after_a_retry_writes_nothing_twice() -> None:
     store = InMemoryStore()
     before: list[BaseMessage] = [HumanMessage(f"m{i}", id=f"m{i}") for i in range(6)]
-    after = before[4:]
-    config = {"configurable": {"thread_id": "t"}}
-    assert drive(archived(Archive(), store, config, before, after))
-    assert drive(archived(Archive(), store, config, before, after))  # a retry, or a restarted process
+    commit = Commit(list(enumerate(before[:4])), {"lineage": ["c1"], "compaction": 1}, Conversation("t"), store)
+    assert drive(Archive().commit(commit))
+    assert drive(Archive().commit(commit))  # a retry, or a restarted process
     items = archived_messages(store, "t")
     assert sorted(m.id for _, _, m in items) == ["m0", "m1", "m2", "m3"]
-    assert drive(write(Archive(), store, Batch(("compaction_archive", "t"), leaving(before, after), 1))) == 0
 
 
 def test_a_reused_id_never_overwrites_the_earlier_message() -> None:
     store = InMemoryStore()
-    first = [HumanMessage("the first message", id="same"), HumanMessage("b", id="b")]
-    drive(write(Archive(), store, Batch(("compaction_archive", "t"), [(0, first[0])], 1)))
+    first = HumanMessage("the first message", id="same")
     later = HumanMessage("a different message under the same id", id="same")
-    assert drive(write(Archive(), store, Batch(("compaction_archive", "t"), [(9, later)], 2))) == 1
+    drive(Archive().commit(Commit([(0, first)], {"lineage": ["c1"], "compaction": 1}, Conversation("t"), store)))
+    drive(Archive().commit(Commit([(9, later)], {"lineage": ["c1", "c2"], "compaction": 2}, Conversation("t"), store)))
     contents = sorted(str(m.content) for _, _, m in archived_messages(store, "t"))
     assert contents == ["a different message under the same id", "the first message"]
 
@@ -196,7 +222,7 @@ def test_retention_by_count_keeps_the_newest() -> None:
 
 
 def test_without_a_store_the_archive_is_refused_with_the_fix() -> None:
-    node = CompactionNode(summarize, OPTIONS, archive=True)
+    node = CompactionNode(summarize, OPTIONS, features=with_archive())
     graph = compaction_graph(node, checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t"}}
     turns: list[int] = []
@@ -213,7 +239,7 @@ def test_without_a_store_the_archive_is_refused_with_the_fix() -> None:
 
 def test_without_a_thread_id_it_compacts_and_says_nothing_was_archived(caplog: pytest.LogCaptureFixture) -> None:
     store = InMemoryStore()
-    node = CompactionNode(summarize, OPTIONS, archive=True)
+    node = CompactionNode(summarize, OPTIONS, features=with_archive())
     graph = compaction_graph(node, store=store)
     history = [HumanMessage(user_text("t", n), id=f"h{n}") for n in range(80)]
     with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
@@ -224,9 +250,17 @@ def test_without_a_thread_id_it_compacts_and_says_nothing_was_archived(caplog: p
 
 
 @pytest.mark.parametrize("value", ["yes", 1, Archive])
-def test_archive_argument_is_checked(value: object) -> None:
-    with pytest.raises(ConfigurationError, match="archive"):
-        CompactionNode(summarize, OPTIONS, archive=value)  # type: ignore[arg-type]
+def test_features_are_checked(value: object) -> None:
+    with pytest.raises(ConfigurationError, match="features"):
+        CompactionNode(summarize, OPTIONS, features=[*default_features(), value])  # type: ignore[list-item]
+
+
+def test_the_0_2_archive_argument_still_works_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="Archive"):
+        node = CompactionNode(summarize, OPTIONS, archive=True)
+    assert node.archive == Archive()
+    with pytest.warns(DeprecationWarning, match="Archive"), pytest.raises(ConfigurationError, match="archive"):
+        CompactionNode(summarize, OPTIONS, archive="yes")
 
 
 @pytest.mark.parametrize(
@@ -394,7 +428,7 @@ def test_positions_stay_true_when_a_compaction_keeps_a_pinned_exchange() -> None
     from archive_sessions import GraphSession
 
     store = InMemoryStore()
-    node = CompactionNode(summarize, OPTIONS, result_key="compaction", archive=True)
+    node = CompactionNode(summarize, OPTIONS, result_key="compaction", features=with_archive())
     turns = [0]
 
     def agent(state: CompactionState) -> dict[str, Any]:

@@ -11,9 +11,11 @@ from langchain_anthropic import ChatAnthropic
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
-from langchain_compaction import CompactionOptions, ExtractiveSummarizer, acompact, compact
+from langchain_compaction import CompactionNode, CompactionOptions, ExtractiveSummarizer, acompact, compact
 from langchain_compaction.anthropic import AnthropicSummarizer
 from langchain_compaction.core.prompts import CACHE_ALIGNED_PROMPT
+from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.features import CacheAligned, default_features
 
 REPLY = "## Goal\n- finish the migration"
 
@@ -39,14 +41,19 @@ def conversation() -> list[BaseMessage]:
     return messages
 
 
-OPTIONS = CompactionOptions(keep_recent_tokens=600, summary_mode="cache_aligned")
+OPTIONS = CompactionOptions(keep_recent_tokens=600)
+ALIGNED = [*default_features(), CacheAligned()]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_chat_model_receives_the_callers_prefix_then_the_instruction(mode):
     messages = conversation()
     model = Recording(messages=iter([AIMessage(REPLY)]), inputs=[])
-    result, out = compact(model, messages, OPTIONS) if mode == "sync" else await acompact(model, messages, OPTIONS)
+    result, out = (
+        compact(model, messages, OPTIONS, features=ALIGNED)
+        if mode == "sync"
+        else await acompact(model, messages, OPTIONS, features=ALIGNED)
+    )
     assert result is not None
     sent = model.inputs[0]
     cut = result.cut_index
@@ -60,7 +67,7 @@ async def test_chat_model_receives_the_callers_prefix_then_the_instruction(mode)
 def test_the_prefix_is_byte_identical_to_the_agents_previous_request():
     messages = conversation()
     model = Recording(messages=iter([AIMessage(REPLY)]), inputs=[])
-    result, _ = compact(model, messages, OPTIONS)
+    result, _ = compact(model, messages, OPTIONS, features=ALIGNED)
     assert result is not None
     chat = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")
     agent = chat._get_request_payload(messages)
@@ -72,41 +79,49 @@ def test_the_prefix_is_byte_identical_to_the_agents_previous_request():
 
 def test_custom_instructions_ride_on_the_instruction():
     model = Recording(messages=iter([AIMessage(REPLY)]), inputs=[])
-    compact(model, conversation(), OPTIONS, "keep the table names")
+    compact(model, conversation(), OPTIONS, "keep the table names", features=ALIGNED)
     assert model.inputs[0][-1].content.endswith("Additional instructions: keep the table names")
 
 
 def test_summarizers_without_prefix_support_get_the_transcript():
     prompts: list[str] = []
-    result, _ = compact(lambda p: prompts.append(p) or REPLY, conversation(), OPTIONS)
+    result, _ = compact(lambda p: prompts.append(p) or REPLY, conversation(), OPTIONS, features=ALIGNED)
     assert result is not None
     assert "[User]" in prompts[0]  # the fenced transcript, as in the default mode
-    result, _ = compact(ExtractiveSummarizer(), conversation(), OPTIONS)
+    result, _ = compact(ExtractiveSummarizer(), conversation(), OPTIONS, features=ALIGNED)
     assert result is not None
     assert "t0" in result.summary
 
 
-def test_transcript_is_used_when_the_region_needs_chunks_or_redaction():
+def test_transcript_is_used_when_the_region_needs_chunks():
     model = Recording(messages=iter([AIMessage(REPLY)] * 10), inputs=[])
-    compact(
-        model,
-        conversation(),
-        CompactionOptions(keep_recent_tokens=600, summary_mode="cache_aligned", summary_input_tokens=1500),
-    )
+    options = CompactionOptions(keep_recent_tokens=600, summary_input_tokens=1500)
+    compact(model, conversation(), options, features=ALIGNED)
     assert all(isinstance(batch[0], SystemMessage) and len(batch) == 2 for batch in model.inputs)
-    model = Recording(messages=iter([AIMessage(REPLY)]), inputs=[])
-    compact(
-        model, conversation(), CompactionOptions(keep_recent_tokens=600, summary_mode="cache_aligned", redact=str.upper)
-    )
-    assert len(model.inputs[0]) == 2
+
+
+def test_redaction_cannot_be_combined_with_the_mode():
+    # It sends the prefix byte for byte so the cache serves it: redacting it
+    # would lose the cache, its only benefit. Said at construction.
+    with pytest.raises(ConfigurationError, match="CacheAligned") as info:
+        CompactionNode(REPLY, CompactionOptions(redact=str.upper), features=ALIGNED)
+    assert "redact" in str(info.value)
 
 
 def test_default_mode_is_the_transcript():
     model = Recording(messages=iter([AIMessage(REPLY)]), inputs=[])
     compact(model, conversation(), CompactionOptions(keep_recent_tokens=600))
     assert len(model.inputs[0]) == 2
-    with pytest.raises(ValueError, match="summary_mode='cached'"):
-        CompactionOptions(summary_mode="cached")  # type: ignore[arg-type]
+
+
+def test_the_0_2_keyword_still_works_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match="CacheAligned"):
+        options = CompactionOptions(keep_recent_tokens=600, summary_mode="cache_aligned")
+    model = Recording(messages=iter([AIMessage(REPLY)]), inputs=[])
+    compact(model, conversation(), options)
+    assert model.inputs[0][-1].content == CACHE_ALIGNED_PROMPT
+    with pytest.warns(DeprecationWarning, match="CacheAligned"), pytest.raises(ConfigurationError, match=r"summary_mode='cached'"):
+        compact(model, conversation(), CompactionOptions(summary_mode="cached"))
 
 
 def anthropic_client(bodies: list[dict]) -> anthropic.Anthropic:
@@ -138,7 +153,9 @@ def anthropic_client(bodies: list[dict]) -> anthropic.Anthropic:
 def test_anthropic_summarizer_sends_the_prefix_and_reports_cache_reads():
     bodies: list[dict] = []
     messages = conversation()
-    result, _ = compact(AnthropicSummarizer("claude-haiku-4-5", client=anthropic_client(bodies)), messages, OPTIONS)
+    result, _ = compact(
+        AnthropicSummarizer("claude-haiku-4-5", client=anthropic_client(bodies)), messages, OPTIONS, features=ALIGNED
+    )
     assert result is not None
     assert len(bodies) == 1  # the prefix covered the whole region in one call
     body = bodies[0]
@@ -157,7 +174,9 @@ def test_anthropic_summarizer_falls_back_to_the_transcript_for_a_prefix_the_api_
     # trim) went out in a request the API rejects, failing the compaction.
     messages = [m for m in conversation() if m.id != "a0"]
     bodies: list[dict] = []
-    result, out = compact(AnthropicSummarizer("claude-haiku-4-5", client=anthropic_client(bodies)), messages, OPTIONS)
+    result, out = compact(
+        AnthropicSummarizer("claude-haiku-4-5", client=anthropic_client(bodies)), messages, OPTIONS, features=ALIGNED
+    )
     assert result is not None
     assert result.summary == REPLY
     assert len(out) < len(messages)
@@ -198,7 +217,8 @@ def test_under_create_agent_the_summary_request_carries_the_agents_system_prompt
     summarizer = ToolRecording(messages=iter([AIMessage(REPLY) for _ in range(10)]), inputs=[], bound=[])
     middleware = CompactionMiddleware(
         summarizer,
-        CompactionOptions(context_window=8_000, keep_recent_tokens=2_000, summary_mode="cache_aligned"),
+        CompactionOptions(context_window=8_000, keep_recent_tokens=2_000),
+        features=ALIGNED,
     )
     agent = create_agent(agent_model, tools=[lookup], system_prompt="You are the order desk.", middleware=[middleware])
     messages: list = []

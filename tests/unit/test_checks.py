@@ -9,6 +9,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_compaction import CompactionOptions, ExtractiveSummarizer, acompact, compact
 from langchain_compaction.core.prompts import CHECKPOINT_FORMAT
 from langchain_compaction.errors import InvalidSummaryError, SummarizationError
+from langchain_compaction.features import CheckedFacts, Pins, RequireSections
 
 MESSAGES = [
     HumanMessage("fix src/a.py " * 40, id="h1"),
@@ -75,7 +76,7 @@ def test_sections_are_checked_only_when_asked():
     assert result is not None
     assert result.summarizer_calls == 1
     script = Script(GOOD, FULL)
-    result, _ = compact(script, MESSAGES, CompactionOptions(require_sections=True))
+    result, _ = compact(script, MESSAGES, CompactionOptions(), features=[CheckedFacts(), Pins(), RequireSections()])
     assert result is not None
     assert result.summarizer_calls == 2
     assert "lacks these headings: ## Constraints & Preferences" in script.prompts[1]

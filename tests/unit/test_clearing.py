@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
 from langchain_compaction import CompactionOptions, aauto_compact, auto_compact
-from langchain_compaction.core.clearing import CLEARED_PREFIX
+from langchain_compaction.features import ClearToolOutputs, default_features
+from langchain_compaction.features.clearing import CLEARED_PREFIX
 from langchain_compaction.tokens import estimate_message_tokens
 
 
@@ -33,8 +32,12 @@ def never_called(prompt: str) -> str:
 
 
 def options(**kw) -> CompactionOptions:
-    base = {"context_window": 20_000, "reserve_tokens": 2_000, "keep_recent_tokens": 4_000, "clear_tool_outputs": True}
+    base = {"context_window": 20_000, "reserve_tokens": 2_000, "keep_recent_tokens": 4_000}
     return CompactionOptions(**(base | kw))
+
+
+def clearing(**kw) -> list:
+    return [*default_features(), ClearToolOutputs(**kw)]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -42,17 +45,17 @@ async def test_clearing_alone_avoids_the_summary_call(mode):
     messages = agent_session(20)
     assert estimate_message_tokens(messages) > 18_000
     run = auto_compact if mode == "sync" else aauto_compact
-    result = run(never_called, messages, options())
+    result = run(never_called, messages, options(), features=clearing())
     result, out = (await result) if mode == "async" else result
     assert result is not None
     assert result.summarizer_calls == 0
     assert result.summary == ""
-    assert result.tool_outputs_cleared > 0
+    assert result.part("clearing").get("cleared", 0) > 0
     assert result.compacted_tokens < 18_000
     assert estimate_message_tokens(out) == result.compacted_tokens
     assert len(out) == len(messages)
     cleared = [m for m in out if isinstance(m, ToolMessage) and str(m.content).startswith(CLEARED_PREFIX)]
-    assert len(cleared) == result.tool_outputs_cleared
+    assert len(cleared) == result.part("clearing").get("cleared", 0)
     for before, after in zip(messages, out):
         if after in cleared:
             # Same id, same call id, the tool named; the pairing is intact.
@@ -66,7 +69,8 @@ async def test_clearing_alone_avoids_the_summary_call(mode):
 
 def test_oldest_first_recent_and_protected_kept():
     messages = agent_session(20)
-    result, out = auto_compact(never_called, messages, options(clear_exclude_tools=("read_plan",), keep_tool_uses=3))
+    features = clearing(exclude_tools=("read_plan",), keep_tool_uses=3)
+    result, out = auto_compact(never_called, messages, options(), features=features)
     assert result is not None
     tools = [(i, m) for i, m in enumerate(out) if isinstance(m, ToolMessage)]
     flags = [str(m.content).startswith(CLEARED_PREFIX) for _, m in tools]
@@ -80,7 +84,7 @@ def test_oldest_first_recent_and_protected_kept():
 
 def test_cleared_outputs_are_not_cleared_again_and_the_summary_follows():
     messages = agent_session(20)
-    _, once = auto_compact(never_called, messages, options())
+    _, once = auto_compact(never_called, messages, options(), features=clearing())
     grown = once + agent_session(20)[2:-1]
     prompts: list[str] = []
 
@@ -88,7 +92,7 @@ def test_cleared_outputs_are_not_cleared_again_and_the_summary_follows():
         prompts.append(prompt)
         return "## Goal\n- audit"
 
-    result, out = auto_compact(summarize, grown, options(keep_recent_tokens=3_000))
+    result, out = auto_compact(summarize, grown, options(keep_recent_tokens=3_000), features=clearing())
     assert result is not None
     # Either more clearing sufficed or a summary was made; never a second placeholder on a placeholder.
     for message in out:
@@ -105,9 +109,9 @@ def test_when_clearing_is_not_enough_the_summary_sees_the_outputs():
         return "## Goal\n- audit"
 
     # Only read_plan is big enough to clear: clearing cannot reach the target.
-    result, out = auto_compact(summarize, messages, options(clear_min_tokens=10**6))
+    result, out = auto_compact(summarize, messages, options(), features=clearing(min_tokens=10**6))
     assert result is not None
-    assert result.tool_outputs_cleared == 0
+    assert result.part("clearing").get("cleared", 0) == 0
     assert result.summarizer_calls >= 1
     assert "line of file 1" in "".join(prompts)
     assert CLEARED_PREFIX not in "".join(prompts)
@@ -122,19 +126,19 @@ def test_off_by_default_and_nothing_under_the_threshold():
         CompactionOptions(context_window=20_000, reserve_tokens=2_000, keep_recent_tokens=4_000),
     )
     assert result is not None
-    assert result.tool_outputs_cleared == 0
+    assert result.part("clearing").get("cleared", 0) == 0
     assert prompts
     small = agent_session(2)
-    result, out = auto_compact(never_called, small, options())
+    result, out = auto_compact(never_called, small, options(), features=clearing())
     assert result is None
     assert out is small
 
 
 def test_clearing_options_are_validated():
     with pytest.raises(ValueError, match="keep_tool_uses=-1"):
-        CompactionOptions(keep_tool_uses=-1)
-    with pytest.raises(ValueError, match="clear_exclude_tools='grep'"):
-        CompactionOptions(clear_exclude_tools="grep")  # type: ignore[arg-type]
+        ClearToolOutputs(keep_tool_uses=-1)
+    with pytest.raises(ValueError, match="exclude_tools='grep'"):
+        ClearToolOutputs(exclude_tools="grep")  # type: ignore[arg-type]
 
 
 def test_the_node_writes_cleared_outputs_into_the_state():
@@ -144,7 +148,7 @@ def test_the_node_writes_cleared_outputs_into_the_state():
     from langchain_compaction import CompactionNode
 
     builder = StateGraph(MessagesState)
-    builder.add_node("compact", CompactionNode(never_called, options()))
+    builder.add_node("compact", CompactionNode(never_called, options(), features=clearing()))
     builder.add_edge(START, "compact")
     graph = builder.compile(checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "c"}}
@@ -158,7 +162,8 @@ def test_the_node_writes_cleared_outputs_into_the_state():
 def test_the_middleware_returns_cleared_outputs():
     from langchain_compaction import CompactionMiddleware
 
-    update = CompactionMiddleware(never_called, options()).before_model({"messages": agent_session(20)}, None)  # type: ignore[arg-type]
+    middleware = CompactionMiddleware(never_called, options(), features=clearing())
+    update = middleware.before_model({"messages": agent_session(20)}, None)  # type: ignore[arg-type]
     assert update is not None
     written = update["messages"][1:]
     assert any(isinstance(m, ToolMessage) and str(m.content).startswith(CLEARED_PREFIX) for m in written)
@@ -172,14 +177,13 @@ def test_chat_memory_says_it_cannot_clear_instead_of_ignoring_it():
     from langchain_compaction import CompactingChatMessageHistory
     from langchain_compaction.errors import ConfigurationError
 
-    with pytest.raises(ConfigurationError, match="clear_tool_outputs=True is not available in chat memory"):
-        CompactingChatMessageHistory(InMemoryChatMessageHistory(), lambda p: "## Goal\n- audit", options())
+    with pytest.raises(ConfigurationError, match="ClearToolOutputs cannot be used here"):
+        CompactingChatMessageHistory(
+            InMemoryChatMessageHistory(), lambda p: "## Goal\n- audit", options(), features=clearing()
+        )
     archive = InMemoryChatMessageHistory()
     history = CompactingChatMessageHistory(
-        InMemoryChatMessageHistory(),
-        lambda p: "## Goal\n- audit",
-        replace(options(), clear_tool_outputs=False),
-        archive=archive,
+        InMemoryChatMessageHistory(), lambda p: "## Goal\n- audit", options(), archive=archive
     )
     history.add_messages(agent_session(20))
     assert not any(str(m.content).startswith(CLEARED_PREFIX) for m in history.messages)

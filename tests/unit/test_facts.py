@@ -30,6 +30,7 @@ from langchain_compaction.core.layout import compose_summary, summary_body
 from langchain_compaction.core.redact import redact_secrets
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact
+from langchain_compaction.features import CheckedFacts, Pins
 from tests.conftest import load_transcript
 
 # A plausible checkpoint that states nothing: what a poor model writes.
@@ -64,8 +65,8 @@ OWN_FACTS = {
 
 def own_compacted(check: bool) -> tuple[object, list[BaseMessage]]:
     messages = load_transcript("own-invoice-export")[:25]
-    options = CompactionOptions(keep_recent_tokens=60, check_facts=check)
-    return compact(poor, messages, options)
+    options = CompactionOptions(keep_recent_tokens=60)
+    return compact(poor, messages, options, features=[CheckedFacts(), Pins()] if check else [Pins()])
 
 
 def test_a_poor_summary_keeps_every_fact_the_user_needs() -> None:
@@ -77,16 +78,16 @@ def test_a_poor_summary_keeps_every_fact_the_user_needs() -> None:
     assert missing == []
     # The library wrote them under the summary, in the one layout.
     summary = next(m for m in out if is_summary_message(m))
-    assert summary.content == compose_summary(EMPTY_CHECKPOINT, [result.facts_section])
-    assert result.facts_section.startswith(SECTION_HEADING)
+    assert summary.content == compose_summary(EMPTY_CHECKPOINT, [result.part("facts")["section"]])[0]
+    assert result.part("facts")["section"].startswith(SECTION_HEADING)
     assert result.summary == EMPTY_CHECKPOINT  # the summarizer's own text, unchanged
 
 
 def test_without_the_check_the_poor_summary_loses_them() -> None:
     result, out = own_compacted(check=False)
     assert result is not None
-    assert result.facts_found == result.facts_added == 0
-    assert result.facts_section == ""
+    assert result.part("facts") == {}  # the feature took no part
+    assert "Checked facts" not in str(out[0].content)
     context = context_text(out)
     assert all(normalize(c) not in context for c in OWN_FACTS["constraint"])
 
@@ -94,9 +95,10 @@ def test_without_the_check_the_poor_summary_loses_them() -> None:
 def test_the_result_accounts_for_every_fact() -> None:
     result, _ = own_compacted(check=True)
     assert result is not None
-    assert result.facts_found > 0
-    assert result.facts_found == result.facts_in_summary + result.facts_added + result.facts_dropped
-    assert result.to_dict()["facts_section"] == result.facts_section
+    facts = result.part("facts")
+    assert facts["found"] > 0
+    assert facts["found"] == facts["in_summary"] + facts["added"] + facts["dropped"]
+    assert result.to_dict()["parts"]["facts"]["section"] == facts["section"]
 
 
 def test_a_summary_that_states_every_fact_gets_no_section() -> None:
@@ -109,10 +111,10 @@ def test_a_summary_that_states_every_fact_gets_no_section() -> None:
     reply = "## Goal\n- Never touch   PROD.db. Booking jg7fmm.\n- The user's last words: next"
     result, out = compact(lambda p: reply, messages, CompactionOptions(keep_recent_tokens=1))
     assert result is not None
-    assert result.facts_found >= 2
-    assert result.facts_added == 0
-    assert result.facts_in_summary == result.facts_found
-    assert out[0].content == compose_summary(reply)
+    assert result.part("facts")["found"] >= 2
+    assert result.part("facts")["added"] == 0
+    assert result.part("facts")["in_summary"] == result.part("facts")["found"]
+    assert out[0].content == compose_summary(reply)[0]
 
 
 def test_facts_are_carried_on_and_resolved_across_compactions() -> None:
@@ -129,8 +131,8 @@ def test_facts_are_carried_on_and_resolved_across_compactions() -> None:
     options = CompactionOptions(keep_recent_tokens=5)
     once, state = compact(poor, first, options)
     assert once is not None
-    assert "ValueError: bad offset 14" in once.facts_section
-    assert "app/export.py" in once.facts_section
+    assert "ValueError: bad offset 14" in once.part("facts")["section"]
+    assert "app/export.py" in once.part("facts")["section"]
     later = [
         AIMessage("", tool_calls=[{"name": "edit_file", "args": {"path": "app/export.py"}, "id": "c3"}], id="a5"),
         ToolMessage("Edited app/export.py", tool_call_id="c3", id="t3"),
@@ -142,7 +144,7 @@ def test_facts_are_carried_on_and_resolved_across_compactions() -> None:
     ]
     twice, state = compact(poor, [*state, *later], options)
     assert twice is not None
-    section = twice.facts_section
+    section = twice.part("facts")["section"]
     # The constraint from before the first compaction is carried on ...
     assert "Never edit tests/fixtures.json." in section
     # ... the error is resolved by the later clean run of the same command ...
@@ -164,16 +166,16 @@ def test_the_section_stays_within_its_budget_in_priority_order() -> None:
     assert "src/module_0.py" not in check.section
 
 
-def test_the_budget_comes_from_the_one_budget_rule() -> None:
-    assert CompactionOptions(context_window=200_000).budget.facts_max == 2048
-    assert CompactionOptions(context_window=24_000).budget.facts_max == 700
-    assert CompactionOptions(context_window=4_000).budget.facts_max == 128
-    assert CompactionOptions(check_facts=False).budget.facts_max == 0
+def test_the_budget_follows_the_summary_budget() -> None:
+    assert CheckedFacts().budget(CompactionOptions(context_window=200_000)) == 2048
+    assert CheckedFacts().budget(CompactionOptions(context_window=24_000)) == 700
+    assert CheckedFacts().budget(CompactionOptions(context_window=4_000)) == 128
+    assert CheckedFacts(max_tokens=300).budget(CompactionOptions(context_window=4_000)) == 300
 
 
-def test_the_switch_is_checked() -> None:
-    with pytest.raises(ValueError, match="check_facts"):
-        CompactionOptions(check_facts="yes")  # type: ignore[arg-type]
+def test_the_feature_checks_its_option() -> None:
+    with pytest.raises(ValueError, match="max_tokens"):
+        CheckedFacts(max_tokens="many")  # type: ignore[arg-type]
 
 
 def test_the_section_goes_through_redact() -> None:
@@ -187,7 +189,7 @@ def test_the_section_goes_through_redact() -> None:
     options = CompactionOptions(keep_recent_tokens=1, redact=redact_secrets)
     result, out = compact(poor, messages, options)
     assert result is not None
-    assert "Never restart db-7." in result.facts_section
+    assert "Never restart db-7." in result.part("facts")["section"]
     assert secret not in out[0].content
     assert secret not in json.dumps(out[0].additional_kwargs)  # nor in the recorded facts
 
@@ -264,7 +266,7 @@ def test_file_tools_of_each_agent_family() -> None:
         *call("get_reservation_details", {"reservation_id": "JG7FMM"}, 8),  # tau-bench
         *call("think", {"thought": "a long thought " * 20}, 9),  # prose, not a call to remember
     ]
-    facts = gather(to_core_list(messages), (), range(len(messages)), ())
+    facts = gather((), to_core_list(messages), range(len(messages)), ())
     by_kind = {(f.kind, f.text) for f in facts}
     assert by_kind == {
         ("read_file", "/repo/a.ts"),
@@ -285,7 +287,7 @@ def test_kept_messages_resolve_but_add_nothing() -> None:
         ToolMessage("built", tool_call_id="c2", id="t2"),
     ]
     core = to_core_list(messages)
-    facts = gather(core, (), range(2), range(2, 5))
+    facts = gather((), core, range(2), range(2, 5))
     assert facts == [Fact("done_call", "make", key="bash\x00make", detail="bash")]
 
 
@@ -352,7 +354,7 @@ def test_chat_memory_keeps_the_facts_across_two_compactions(tmp_path) -> None:
 
 
 def test_an_older_summary_without_recorded_facts_is_updated_as_before() -> None:
-    old = summary_message(compose_summary("## Goal\n- old work"))
+    old = summary_message(compose_summary("## Goal\n- old work")[0])
     old.additional_kwargs[SUMMARY_MARK].pop("facts", None)
     messages = [old, *long_session(6)[1:]]
     result, out = compact(poor, messages, CompactionOptions(keep_recent_tokens=200))

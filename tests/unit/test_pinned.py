@@ -13,6 +13,7 @@ from test_graph import assert_valid_anthropic_request
 
 from langchain_compaction import CompactionNode, CompactionOptions, auto_compact, compact
 from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.features import CheckedFacts, ClearToolOutputs, Pins
 from langchain_compaction.graph import CompactionState
 
 OPTIONS = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=400)
@@ -52,7 +53,7 @@ def test_the_latest_write_todos_call_survives_every_compaction_verbatim() -> Non
     assert [m.id for m in parts.recent[:2]] == ["plan-3", "plan-result-3"]  # the latest list, whole
     assert parts.bridge is not None  # the pinned exchange starts with the assistant: a user turn first
     assert "plan-1" not in {m.id for m in out}  # the older list was summarized
-    assert result.messages_pinned == 2
+    assert result.part("pins")["pinned"] == 2
     assert_valid_anthropic_request(out)
     # Compacted again (and again), it stays.
     for round_ in range(3):
@@ -93,7 +94,7 @@ def test_a_pinned_call_keeps_its_whole_message_and_every_parallel_result() -> No
     result, out = compact(summarize, messages, OPTIONS)
     parts = split_compacted(out)
     assert [m.id for m in parts.recent[:3]] == ["both", "res-t1", "res-r1"]
-    assert result.messages_pinned == 3
+    assert result.part("pins")["pinned"] == 3
     assert_valid_anthropic_request(out)
 
 
@@ -106,13 +107,13 @@ def test_the_pinned_total_has_a_cap_and_the_result_says_when_it_is_hit(caplog: p
                 HumanMessage(f"pinned note {turn}: " + "remember this " * 20, id=f"pin{turn}", additional_kwargs=PIN)
             )
             messages.append(AIMessage("Noted.", id=f"noted{turn}"))
-    options = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, pinned_max_tokens=120)
+    options = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=400)
     with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
-        result, out = compact(summarize, messages, options)
+        result, out = compact(summarize, messages, options, features=[CheckedFacts(), Pins(max_tokens=120)])
     ids = {m.id for m in out}
     assert "pin20" in ids  # the newest pin fits
     assert "pin0" not in ids  # older ones go to the summary
-    assert result.pinned_over_cap == 2
+    assert result.part("pins")["over_cap"] == 2
     assert "pinned exchange(s) were summarized" in caplog.text
 
 
@@ -120,15 +121,13 @@ def test_pinning_can_be_turned_off_and_is_checked() -> None:
     messages: list[BaseMessage] = [*chat(0), *todos(1, ["plan"])]
     for turn in range(2, 40):
         messages += chat(turn)
-    result, out = compact(
-        summarize,
-        messages,
-        CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, pin_tools=()),
-    )
-    assert result.messages_pinned == 0
-    assert "plan-1" not in {m.id for m in out}
-    with pytest.raises(ConfigurationError, match="pin_tools"):
-        CompactionOptions(pin_tools="write_todos")  # type: ignore[arg-type]
+    options = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=400)
+    for features in ([CheckedFacts(), Pins(tools=())], [CheckedFacts()]):
+        result, out = compact(summarize, messages, options, features=features)
+        assert result.part("pins").get("pinned", 0) == 0
+        assert "plan-1" not in {m.id for m in out}
+    with pytest.raises(ConfigurationError, match="tools"):
+        Pins(tools="write_todos")  # type: ignore[arg-type]
 
 
 def test_a_graph_agent_keeps_its_todo_list_across_compactions() -> None:
@@ -181,11 +180,10 @@ def test_clearing_old_tool_outputs_never_empties_a_pinned_result() -> None:
             AIMessage("", tool_calls=[call], id=f"ra{turn}"),
             ToolMessage("content " * 200, tool_call_id=f"r{turn}", id=f"rr{turn}"),
         ]
-    options = CompactionOptions(
-        context_window=24_000, reserve_tokens=2_000, keep_recent_tokens=2_000, clear_tool_outputs=True
-    )
-    result, out = auto_compact(summarize, messages, options)  # the automatic path clears first
+    options = CompactionOptions(context_window=24_000, reserve_tokens=2_000, keep_recent_tokens=2_000)
+    features = [CheckedFacts(), Pins(), ClearToolOutputs()]
+    result, out = auto_compact(summarize, messages, options, features=features)  # the automatic path clears first
     assert result is not None
-    assert result.tool_outputs_cleared > 10
+    assert result.part("clearing")["cleared"] > 10
     todo_result = next(m for m in out if m.id == "plan-result-1")
     assert todo_result.content == messages[3].content  # whole, never a placeholder

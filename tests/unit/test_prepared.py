@@ -1,4 +1,4 @@
-"""Prepared summaries: made in the background past ``prepare_at``, applied at the threshold without waiting."""
+"""Prepared summaries: made in the background past ``PrepareAhead(at=...)``, applied at the threshold without waiting."""
 
 from __future__ import annotations
 
@@ -24,28 +24,39 @@ from langchain_compaction import (
     auto_compact,
     compact,
 )
+from langchain_compaction._lc.conversation import thread_label
 from langchain_compaction._lc.convert import is_compaction_message, is_summary_message
-from langchain_compaction._lc.prepared import PREPARE_EVENT, STORE_NAMESPACE
-from langchain_compaction._lc.threads import thread_label
+from langchain_compaction._lc.events import PREPARE_EVENT
 from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.features import PrepareAhead, default_features
+from langchain_compaction.features.prepare import STORE_NAMESPACE
 from langchain_compaction.graph import CompactionState
 from langchain_compaction.history import FileLock
 
 # One summary request per compaction (a large summarizer input), so calls count compactions.
 OPTIONS = CompactionOptions(
-    context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, summary_input_tokens=50_000, prepare_at=0.7
+    context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, summary_input_tokens=50_000
 )
+
+
+def prepared(**kw: Any) -> list[Any]:
+    """The default features, and summaries prepared past 70% of the threshold."""
+    return [*default_features(), PrepareAhead(at=0.7, **kw)]
 
 
 class Recorder:
     """A summarizer that records each request, the thread that ran it, and when."""
 
-    def __init__(self, *, fail_first: bool = False, gate: threading.Event | None = None) -> None:
+    def __init__(
+        self, *, fail_first: bool = False, gate: threading.Event | None = None, gated: int = 1, hold: float = 2.0
+    ) -> None:
         self.requests: list[SummaryRequest] = []
         self.threads: list[str] = []
         self.fail_first = fail_first
         self.gate = gate
+        self.gated = gated  # how many of the first calls wait for the gate
+        self.hold = hold  # and for how long at most
         self.finished = 0
 
     @property
@@ -55,8 +66,8 @@ class Recorder:
     def summarize(self, request: SummaryRequest) -> str:
         self.requests.append(request)
         self.threads.append(threading.current_thread().name)
-        if self.gate is not None:
-            self.gate.wait(10)
+        if self.gate is not None and len(self.requests) <= self.gated:
+            self.gate.wait(self.hold)
         self.finished += 1
         if self.fail_first and len(self.requests) == 1:
             raise RuntimeError("the summary model is overloaded")
@@ -65,8 +76,8 @@ class Recorder:
     async def asummarize(self, request: SummaryRequest) -> str:
         self.requests.append(request)
         self.threads.append("task")
-        if self.gate is not None:
-            await asyncio.to_thread(self.gate.wait, 10)
+        if self.gate is not None and len(self.requests) <= self.gated:
+            await asyncio.to_thread(self.gate.wait, self.hold)
         self.finished += 1
         if self.fail_first and len(self.requests) == 1:
             raise RuntimeError("the summary model is overloaded")
@@ -150,31 +161,43 @@ def until_compaction(app: Any, config: Any, summarizer: Recorder, start: int = 0
 
 
 @pytest.mark.parametrize("share", [0.5, 0.2, 1.0, 1.5, 0, True, "0.7"])
-def test_prepare_at_must_lie_above_the_landing(share: Any) -> None:
-    with pytest.raises(ConfigurationError, match="prepare_at"):
-        CompactionOptions(context_window=200_000, prepare_at=share)
+def test_the_share_must_lie_above_the_landing(share: Any) -> None:
+    with pytest.raises(ConfigurationError, match="at="):
+        PrepareAhead(at=share)
 
 
-def test_prepare_at_sets_the_preparation_mark() -> None:
-    budget = CompactionOptions(context_window=200_000, prepare_at=0.7).budget
-    assert budget.prepare == int(budget.threshold * 0.7)  # type: ignore[operator]
-    assert budget.prepare > budget.landing  # type: ignore[operator]
+def test_the_share_sets_the_preparation_mark() -> None:
+    options = CompactionOptions(context_window=200_000)
+    mark = PrepareAhead(at=0.7).bind(options).mark
+    assert mark == round(options.budget.threshold * 0.7)  # type: ignore[operator]
+    assert mark > options.budget.landing  # type: ignore[operator]
 
 
 def test_the_functions_that_compact_at_once_refuse_it() -> None:
     messages = [HumanMessage("hi"), AIMessage("hello"), HumanMessage("bye")]
     for run in (
-        lambda: compact(lambda p: "## Goal\n- x", messages, OPTIONS),
-        lambda: auto_compact(lambda p: "## Goal\n- x", messages, OPTIONS),
-        lambda: asyncio.run(acompact(lambda p: "## Goal\n- x", messages, OPTIONS)),
+        lambda: compact(lambda p: "## Goal\n- x", messages, OPTIONS, features=prepared()),
+        lambda: auto_compact(lambda p: "## Goal\n- x", messages, OPTIONS, features=prepared()),
+        lambda: asyncio.run(acompact(lambda p: "## Goal\n- x", messages, OPTIONS, features=prepared())),
     ):
-        with pytest.raises(ConfigurationError, match="prepare_at"):
+        with pytest.raises(ConfigurationError, match="PrepareAhead cannot be used here"):
             run()
 
 
-def test_adapters_check_the_wait() -> None:
-    with pytest.raises(ConfigurationError, match="prepare_wait"):
-        CompactionNode(lambda p: "x", OPTIONS, prepare_wait=-1)
+def test_the_feature_checks_the_wait() -> None:
+    with pytest.raises(ConfigurationError, match="wait"):
+        PrepareAhead(wait=-1)
+
+
+def test_the_0_2_keywords_still_work_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="PrepareAhead"):
+        options = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, prepare_at=0.7)
+    with pytest.warns(DeprecationWarning, match=r"PrepareAhead\(wait=\.\.\.\)"):
+        node = CompactionNode(lambda p: "x", options, prepare_wait=0.5)
+    prepare = next(f for f in node.features if isinstance(f, PrepareAhead))
+    assert (prepare.at, prepare.wait) == (0.7, 0.5)
+    with pytest.warns(DeprecationWarning, match="PrepareAhead"), pytest.raises(ConfigurationError, match="at="):
+        CompactionNode(lambda p: "x", CompactionOptions(context_window=200_000, prepare_at=1.5))
 
 
 # -- the node ------------------------------------------------------------------------------
@@ -182,11 +205,11 @@ def test_adapters_check_the_wait() -> None:
 
 def test_the_node_applies_a_summary_prepared_in_the_background() -> None:
     summarizer = Recorder()
-    node = CompactionNode(summarizer, OPTIONS, result_key="compaction")
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared())
     app = graph(node)
     config = {"configurable": {"thread_id": "t1"}}
     turn, record, calls_before = until_compaction(app, config, summarizer)
-    assert record["from_prepared"] is True
+    assert record["parts"]["prepared"]["applied"] is True
     # The summary was made before the threshold turn, in a background thread:
     # the turn itself called no model.
     assert len(summarizer.requests) == calls_before == 1
@@ -200,7 +223,7 @@ def test_the_node_applies_a_summary_prepared_in_the_background() -> None:
 
 def test_a_grown_conversation_is_folded_in_by_one_small_update() -> None:
     summarizer = Recorder()
-    node = CompactionNode(summarizer, OPTIONS, result_key="compaction")
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared())
     app = graph(node)
     config = {"configurable": {"thread_id": "fold"}}
     # Reach the preparation mark, let the preparation finish ...
@@ -213,7 +236,7 @@ def test_a_grown_conversation_is_folded_in_by_one_small_update() -> None:
     many = [HumanMessage(words(f"late{i}"), id=f"late{i}") for i in range(30)]
     out = app.invoke({"messages": many}, config)
     record = out["compaction"]
-    assert record["from_prepared"] is True
+    assert record["parts"]["prepared"]["applied"] is True
     assert record["summarizer_calls"] == 2  # the preparation, and one update
     update = summarizer.requests[1]
     assert update.previous_summary is not None
@@ -226,7 +249,7 @@ def test_a_grown_conversation_is_folded_in_by_one_small_update() -> None:
 
 def test_an_edited_prefix_discards_the_prepared_summary() -> None:
     summarizer = Recorder()
-    node = CompactionNode(summarizer, OPTIONS, result_key="compaction")
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared())
     app = graph(node)
     config = {"configurable": {"thread_id": "edit"}}
     number = 0
@@ -234,21 +257,24 @@ def test_an_edited_prefix_discards_the_prepared_summary() -> None:
         app.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
         number += 1
     settle(summarizer)
+    first = len(summarizer.requests)
     # The user edits their first message (same id, new content).
     app.update_state(config, {"messages": [HumanMessage("an edited first question", id="h0")]})
     turn, record, calls_before = until_compaction(app, config, summarizer, start=number)
-    assert record["from_prepared"] is False
-    assert len(summarizer.requests) == calls_before + 1  # made on the spot
+    # The summary made before the edit is never applied: the one in the state
+    # was made (prepared again, or on the spot) from the edited conversation.
+    later = summarizer.requests[first:]
+    assert later
+    assert any("an edited first question" in r.prompt for r in later)
     state = app.get_state(config).values["messages"]
-    request = summarizer.requests[-1]
-    assert "an edited first question" in request.prompt  # the summary saw the edit
     assert is_summary_message(state[0])
+    assert f"summary {first}" not in str(state[0].content)
 
 
 def test_a_preparation_still_running_is_waited_for_only_up_to_the_bound() -> None:
     gate = threading.Event()
     summarizer = Recorder(gate=gate)
-    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", prepare_wait=0.0)
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared(wait=0.0))
     app = graph(node)
     config = {"configurable": {"thread_id": "slow"}}
     try:
@@ -258,12 +284,11 @@ def test_a_preparation_still_running_is_waited_for_only_up_to_the_bound() -> Non
                 break
         record = out["compaction"]
         # The preparation is blocked; the threshold compacted on the spot.
-        assert record["from_prepared"] is False
+        assert record["parts"]["prepared"]["applied"] is False
     finally:
         gate.set()
     assert summarizer.threads[0] == "langchain-compaction-prepare"
     assert summarizer.threads[-1] != "langchain-compaction-prepare"
-    wait_for(lambda: node._preparer is not None)
     time.sleep(0.1)
     # The abandoned preparation's result is never applied later: the state has one summary.
     state = app.get_state(config).values["messages"]
@@ -272,18 +297,18 @@ def test_a_preparation_still_running_is_waited_for_only_up_to_the_bound() -> Non
 
 def test_a_failed_preparation_never_surfaces_and_the_threshold_compacts() -> None:
     summarizer = Recorder(fail_first=True)
-    node = CompactionNode(summarizer, OPTIONS, result_key="compaction")
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared())
     app = graph(node)
     config = {"configurable": {"thread_id": "fail"}}
     turn, record, calls_before = until_compaction(app, config, summarizer)
-    assert record["from_prepared"] is False
+    assert record["parts"]["prepared"]["applied"] is False
     assert len(summarizer.requests) == 2  # the failed preparation, then the turn's own summary
     assert "summary 2" in str(app.get_state(config).values["messages"][0].content)
 
 
 def test_the_turn_that_starts_a_preparation_says_so() -> None:
     summarizer = Recorder()
-    node = CompactionNode(summarizer, OPTIONS)
+    node = CompactionNode(summarizer, OPTIONS, features=prepared())
     app = graph(node)
     config = {"configurable": {"thread_id": "events"}}
     seen: list[Any] = []
@@ -299,7 +324,7 @@ def test_the_turn_that_starts_a_preparation_says_so() -> None:
 
 def test_async_node_prepares_in_a_task() -> None:
     summarizer = Recorder()
-    node = CompactionNode(summarizer, OPTIONS, result_key="compaction")
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared())
     app = graph(node)
     config = {"configurable": {"thread_id": "async"}}
 
@@ -313,7 +338,7 @@ def test_async_node_prepares_in_a_task() -> None:
         raise AssertionError("no compaction")
 
     record = asyncio.run(session())
-    assert record["from_prepared"] is True
+    assert record["parts"]["prepared"]["applied"] is True
     assert summarizer.threads == ["task"]
     assert record["calls_before"] == 1
 
@@ -321,7 +346,7 @@ def test_async_node_prepares_in_a_task() -> None:
 def test_a_loop_closing_under_a_pending_preparation_breaks_nothing() -> None:
     gate = threading.Event()
     summarizer = Recorder(gate=gate)
-    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", prepare_wait=0.0)
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared(wait=0.0))
     app = graph(node)
     config = {"configurable": {"thread_id": "closing"}}
     records = []
@@ -336,7 +361,7 @@ def test_a_loop_closing_under_a_pending_preparation_breaks_nothing() -> None:
     finally:
         gate.set()
     assert records
-    assert all(r["from_prepared"] is False for r in records)
+    assert all(r["parts"]["prepared"]["applied"] is False for r in records)
     messages = app.get_state(config).values["messages"]
     assert sum(1 for m in messages if is_summary_message(m)) == 1
 
@@ -348,7 +373,7 @@ def test_another_worker_applies_the_summary_from_the_store() -> None:
     store = InMemoryStore()
     saver = InMemorySaver()
     summarizer = Recorder()
-    first = CompactionNode(summarizer, OPTIONS, result_key="compaction", prepare_in_store=True)
+    first = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared(in_store=True))
 
     def build(node: CompactionNode) -> Any:
         def agent(state: dict[str, Any]) -> dict[str, Any]:
@@ -371,12 +396,12 @@ def test_another_worker_applies_the_summary_from_the_store() -> None:
     wait_for(lambda: bool(store.search(namespace)))
     # The next turns run on another worker, which has nothing in memory.
     other = Recorder()
-    worker_b = build(CompactionNode(other, OPTIONS, result_key="compaction", prepare_in_store=True))
+    worker_b = build(CompactionNode(other, OPTIONS, result_key="compaction", features=prepared(in_store=True)))
     for later in range(number, number + 80):
         out = worker_b.invoke({"messages": [HumanMessage(words(f"q{later}"), id=f"h{later}")]}, config)
         if out.get("compaction"):
             break
-    assert out["compaction"]["from_prepared"] is True
+    assert out["compaction"]["parts"]["prepared"]["applied"] is True
     assert other.requests == [] or other.threads[0] == "langchain-compaction-prepare"
     assert "summary 1" in str(worker_b.get_state(config).values["messages"][0].content)
     assert store.search(namespace) == []  # applied, then removed
@@ -390,11 +415,11 @@ def test_two_workers_prepare_a_thread_once_under_a_lease(tmp_path: Any) -> None:
     def lease(thread: str) -> FileLock:
         return FileLock(tmp_path / f"{thread_label(thread)}.lock")
 
-    nodes = [CompactionNode(summarizer, OPTIONS, prepare_lease=lease) for _ in range(2)]
+    nodes = [CompactionNode(summarizer, OPTIONS, features=prepared(lease=lease)) for _ in range(2)]
     messages: list[BaseMessage] = []
     for number in range(40):
         messages += [HumanMessage(words(f"q{number}"), id=f"h{number}"), AIMessage(words("a"), id=f"a{number}")]
-        if nodes[0].context_tokens(messages) > OPTIONS.budget.prepare:  # type: ignore[operator]
+        if nodes[0].context_tokens(messages) > PrepareAhead(at=0.7).bind(OPTIONS).mark:  # type: ignore[operator]
             break
     config = {"configurable": {"thread_id": "shared"}}
     try:
@@ -416,7 +441,7 @@ def test_the_middleware_applies_a_prepared_summary() -> None:
 
     summarizer = Recorder()
     results: list[Any] = []
-    middleware = CompactionMiddleware(summarizer, OPTIONS, on_compaction=results.append)
+    middleware = CompactionMiddleware(summarizer, OPTIONS, on_compaction=results.append, features=prepared())
     replies = iter([AIMessage(words("reply")) for _ in range(200)])
     agent = create_agent(GenericFakeChatModel(messages=replies), middleware=[middleware], checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "agent"}}
@@ -426,14 +451,16 @@ def test_the_middleware_applies_a_prepared_summary() -> None:
         if results:
             break
         settle(summarizer)
-    assert results[0].from_prepared is True
+    assert results[0].part("prepared")["applied"] is True
     assert calls_before == len(summarizer.requests) == 1
 
 
 def test_chat_memory_commits_a_prepared_summary_and_keeps_what_came_after() -> None:
     summarizer = Recorder()
     archive = InMemoryChatMessageHistory()
-    history = CompactingChatMessageHistory(InMemoryChatMessageHistory(), summarizer, OPTIONS, archive=archive)
+    history = CompactingChatMessageHistory(
+        InMemoryChatMessageHistory(), summarizer, OPTIONS, archive=archive, features=prepared()
+    )
     sent: list[BaseMessage] = []
     for number in range(80):
         pair = [HumanMessage(words(f"q{number}"), id=f"h{number}"), AIMessage(words("a"), id=f"a{number}")]

@@ -28,9 +28,10 @@ from langchain_compaction import (
     should_compact,
 )
 from langchain_compaction._lc.convert import to_core_list
-from langchain_compaction.core.clearing import plan_clearing
 from langchain_compaction.core.prompts import CACHE_ALIGNED_PROMPT
 from langchain_compaction.core.tokens import estimate_message, estimate_tokens
+from langchain_compaction.features import CacheAligned, default_features
+from langchain_compaction.features.clearing import plan_clearing
 from langchain_compaction.history import InProcessLock
 from langchain_compaction.tokens import estimate_message_tokens
 
@@ -190,9 +191,9 @@ def test_should_compact_with_options_uses_the_token_counter() -> None:
 
 def test_cache_aligned_input_tokens_are_the_prefix_sent() -> None:
     messages = chat(6, size=50)
-    options = CompactionOptions(keep_recent_tokens=200, summary_mode="cache_aligned")
+    options = CompactionOptions(keep_recent_tokens=200)
     model = FakeListChatModel(responses=["## Goal\n- answer questions"])
-    result, _ = compact(model, messages, options)
+    result, _ = compact(model, messages, options, features=[*default_features(), CacheAligned()])
     assert result is not None
     sent = estimate_message_tokens(messages[: result.cut_index]) + estimate_tokens(CACHE_ALIGNED_PROMPT)
     assert result.summarizer_input_tokens == sent

@@ -10,6 +10,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_compaction import CompactionOptions, acompact, compact
 from langchain_compaction.cli import main
 from langchain_compaction.errors import InvalidMessagesError, SummarizationError, SummaryTimeoutError
+from langchain_compaction.features import CacheAligned, default_features
 from langchain_compaction.formats import ConversationFileError, parse_conversation
 
 
@@ -53,10 +54,8 @@ def test_cache_aligned_retry_still_covers_every_chunk():
     # The first answer (written from the whole prefix) is too long; the retry
     # and everything after are fine.
     fake = Recording(messages=iter([AIMessage("long " * 400)] + [AIMessage("## Goal\n- short")] * 20))
-    options = CompactionOptions(
-        summary_mode="cache_aligned", summary_input_tokens=1000, summary_max_tokens=64, keep_recent_tokens=10
-    )
-    result, _ = compact(fake, messages, options)
+    options = CompactionOptions(summary_input_tokens=1000, summary_max_tokens=64, keep_recent_tokens=10)
+    result, _ = compact(fake, messages, options, features=[*default_features(), CacheAligned()])
     assert result is not None
     accepted = "\n".join(seen[1:])  # everything after the rejected first answer
     assert all(f"FACT{i} " in accepted for i in range(12))

@@ -150,7 +150,7 @@ def test_a_fresh_node_still_moves_a_summary_found_mid_history():
     # A subgraph's summary merged into the middle of the parent's list: the
     # usage says the context fits, but the request would be invalid as it is.
     history = long_history(900)
-    stray = summary_message("## Goal\n- x", kept_from="h75")
+    stray = summary_message("## Goal\n- x", {"kind": "summary", "kept_from": "h75"})
     with_stray = [*history[:200], stray, *history[200:]]
     node = CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=30_000, reserve_tokens=1_000))
     state = add_messages(with_stray, node.invoke({"messages": with_stray})["messages"])

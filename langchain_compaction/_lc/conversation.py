@@ -1,0 +1,301 @@
+"""Which conversation a run belongs to, what a process may remember of it, and where its compaction goes.
+
+A conversation is a thread and the graph inside it whose state holds the
+messages: ``(thread_id, namespace)``, the namespace being the run's
+``checkpoint_ns`` without the running node's own segment and without task ids
+(LangGraph's rule for a namespace that names the same graph on every run).
+Two sub-agents of one thread are two conversations; the same graph on the
+next turn, on another worker or after a restart is the same one. A run
+without a thread id (a graph with no checkpointer, ``compact()``) is keyed by
+its first messages instead.
+
+Everything a process remembers about a conversation (a prepared summary, the
+request preamble of the last model call, whether its parent graph can be
+written) is a ``Bounded`` cache entry under that key: at most a fixed number
+of conversations, the least recently used dropped first, and always checked
+against the conversation's record (``core.record``) before use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from langchain_core.messages import BaseMessage
+
+from langchain_compaction._lc.convert import SUMMARY_MARK, fingerprint
+from langchain_compaction.core.record import LINEAGE_KEY
+
+logger = logging.getLogger("langchain_compaction")
+
+_V = TypeVar("_V")
+
+CONVERSATIONS_REMEMBERED = 1024
+"""How many conversations a process keeps in-memory state for (per adapter and kind), by default."""
+
+
+def thread_label(thread_id: object) -> str:
+    """A thread id (or namespace part) as a store namespace label.
+
+    Labels cannot contain ``.`` or be empty, and some stores reject control
+    characters, so ``%``, ``.`` and every control character are percent-encoded:
+    the encoding is one to one, and ``"user.123"`` becomes ``"user%2E123"``.
+
+    Example:
+        >>> thread_label("user.123"), thread_label("50%.x"), thread_label("a\\x00b"), thread_label(0)
+        ('user%2E123', '50%25%2Ex', 'a%00b', '0')
+    """
+    text = str(thread_id)
+    out = "".join(f"%{ord(c):02X}" if c in "%." or ord(c) < 0x20 or ord(c) == 0x7F else c for c in text)
+    return out or "%"
+
+
+def _recast(part: str) -> str:
+    return part.split(":", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """Which conversation a run works on.
+
+    Attributes:
+        thread: The thread id (``None``: the run has none).
+        namespace: The graphs, outermost first, between the thread's root and
+            the graph whose state holds the messages (empty at the top).
+        prefix: With no thread, a digest of the conversation's first messages.
+    """
+
+    thread: str | None
+    namespace: tuple[str, ...] = ()
+    prefix: str = ""
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """What in-process caches key this conversation by."""
+        if self.thread is None:
+            return ("", self.prefix, *self.namespace)
+        return ("thread", self.thread, *self.namespace)
+
+    def labels(self) -> tuple[str, ...]:
+        """The store namespace labels after a feature's prefix (a top-level graph: just the thread)."""
+        assert self.thread is not None
+        return (thread_label(self.thread), *(thread_label(p) for p in self.namespace))
+
+    def up(self) -> Conversation:
+        """The parent graph's conversation (one level up)."""
+        return Conversation(self.thread, self.namespace[:-1], self.prefix)
+
+
+def _configurable(config: Any) -> dict[str, Any]:
+    configurable = config.get("configurable") if isinstance(config, dict) else None
+    return configurable if isinstance(configurable, dict) else {}
+
+
+def thread_of(config: Any) -> str | None:
+    """The thread id of a run's config (``None`` when there is none: 0 is a thread, "" is not)."""
+    value = _configurable(config).get("thread_id")
+    return None if value is None or value == "" else str(value)
+
+
+def namespace_of(config: Any) -> tuple[str, ...]:
+    """The graphs around the running node, outermost first, without task ids (see the module docstring)."""
+    raw = str(_configurable(config).get("checkpoint_ns") or "")
+    parts = [_recast(p) for p in raw.split("|") if p and not p.isdigit()]
+    return tuple(parts[:-1])
+
+
+def conversation_of(config: Any, messages: Sequence[BaseMessage] = ()) -> Conversation:
+    """The conversation a run's ``config`` works on (keyed by ``messages``' start when it has no thread)."""
+    thread = thread_of(config)
+    if thread is not None:
+        return Conversation(thread, namespace_of(config))
+    return Conversation(None, namespace_of(config), opening(messages))
+
+
+def opening(messages: Sequence[BaseMessage]) -> str:
+    """A digest of how a conversation opens: its leading system messages and the two messages after them."""
+    lead = 0
+    while lead < len(messages) and messages[lead].type == "system":
+        lead += 1
+    digest = hashlib.blake2b(digest_size=12)
+    for message in messages[: lead + 2]:
+        digest.update(fingerprint(message).encode("ascii"))
+    return digest.hexdigest()
+
+
+class Bounded(Generic[_V]):
+    """A dict of at most ``size`` entries; the least recently used go first. Thread-safe.
+
+    Example:
+        >>> cache = Bounded(2)
+        >>> cache.put("a", 1); cache.put("b", 2); cache.put("c", 3)
+        >>> cache.get("a"), cache.get("c"), len(cache)
+        (None, 3, 2)
+    """
+
+    def __init__(self, size: int = CONVERSATIONS_REMEMBERED) -> None:
+        self.size = max(int(size), 1)
+        self._items: OrderedDict[Any, _V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: Any) -> _V | None:
+        """The entry under ``key`` (now the most recently used), or ``None``."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: _V) -> None:
+        """Keep ``value`` under ``key``, dropping the least recently used entry past the bound."""
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def pop(self, key: Any, expected: _V | None = None) -> _V | None:
+        """Remove and return the entry under ``key`` (only if it is ``expected``, when given)."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is None or (expected is not None and value is not expected):
+                return None
+            del self._items[key]
+            return value
+
+
+# -- where a compaction is written ----------------------------------------------------------
+
+
+def parent_node(config: Any) -> str | None:
+    """The parent graph's node that runs this subgraph, one level down; ``TOO_DEEP`` deeper; ``None`` at the top.
+
+    A node's ``checkpoint_ns`` names every enclosing node (``parent:<task>|node:<task>``);
+    ``Command(graph=Command.PARENT)`` reaches exactly one level up.
+    """
+    namespace = namespace_of(config)
+    if not namespace:
+        return None
+    return namespace[-1] if len(namespace) == 1 else TOO_DEEP
+
+
+TOO_DEEP = "\x00too deep"
+"""What ``parent_node`` says of a subgraph nested more than one level down."""
+
+
+class Delivery:
+    """Where an adapter in a subgraph writes its compaction: the parent's state, or its own.
+
+    A subgraph's state goes back to its parent merged by id, so a summary
+    written only in the subgraph lands mid-history in the parent, which never
+    shrinks. One level down (``nested="parent"``), the compaction is sent to
+    the parent (``Command.PARENT``), which runs the subgraph's node again on
+    the compacted list. LangGraph gives a subgraph added as a node and a graph
+    invoked inside a node function the same namespace, and in the second the
+    parent node re-runs with the messages it had: so the compaction sent up is
+    remembered per conversation, and when the next run of that conversation
+    does not carry it, the parent did not take it; from then on that
+    conversation's compactions are written to its own state, and a warning
+    (once) names ``nested="own"``.
+
+    Args:
+        nested: ``"parent"`` or ``"own"``.
+        who: The adapter, for the warnings.
+    """
+
+    def __init__(self, nested: str, who: str) -> None:
+        self.nested = nested
+        self.who = who
+        self._sent: Bounded[str] = Bounded()
+        self._own: Bounded[bool] = Bounded()
+        self._warned: set[str] = set()
+
+    def conversation(
+        self, config: Any, messages: Sequence[BaseMessage]
+    ) -> tuple[Conversation, Conversation, str | None]:
+        """This run's conversation, the one a compaction belongs to, and the parent node to send it to (if any).
+
+        Also settles whether the last compaction sent to the parent was taken
+        (see the class docstring).
+        """
+        own = conversation_of(config, messages)
+        parent = parent_node(config) if self.nested == "parent" else None
+        if parent is None or parent == TOO_DEEP or own.thread is None:
+            return own, own, None
+        sent = self._sent.pop(own.key)
+        if sent is not None and not _carries(messages, sent):
+            self._own.put(own.key, True)
+            self._say(
+                "not taken",
+                "its parent did not take the compaction it sent up (a graph invoked inside a node function, or one "
+                "with a checkpointer of its own): it now writes compactions to its own state; pass nested='own' to "
+                "say so",
+            )
+        if self._own.get(own.key):
+            return own, own, None
+        return own, own.up(), parent
+
+    def sent(self, conversation: Conversation, messages: Sequence[BaseMessage]) -> None:
+        """Remember what was sent to the parent of ``conversation``'s subgraph: ``messages``, led by a summary."""
+        compaction = leading_compaction(messages)
+        if compaction is not None:
+            self._sent.put(conversation.key, compaction)
+
+    def too_deep(self, config: Any) -> bool:
+        """Whether this run is nested more than one level down (say so once)."""
+        if self.nested != "parent" or parent_node(config) != TOO_DEEP:
+            return False
+        self._say(
+            "too deep",
+            "it runs in a subgraph nested more than one level deep, where LangGraph lets it update only its own "
+            "state: the summary lands mid-history in the outer graphs and is put back in place next turn; put "
+            "the compaction in the outermost graph that holds the conversation",
+        )
+        return True
+
+    def unreachable(self, where: str) -> None:
+        """Say once that a compaction was made where the parent's state cannot be written."""
+        self._say(
+            where,
+            f"it compacted where the parent graph's state cannot be written ({where}): the summary lands "
+            "mid-history there and is put back in place on the next turn; add the compaction to the outermost "
+            "graph that holds the conversation",
+        )
+
+    def _say(self, kind: str, text: str) -> None:
+        if kind in self._warned:
+            return
+        self._warned.add(kind)
+        logger.warning("%s: %s", self.who, text)
+
+
+def _lineages(messages: Sequence[BaseMessage]) -> list[list[Any]]:
+    """The lineage of each summary in ``messages``' leading system block."""
+    found = []
+    for message in messages:
+        if message.type != "system":
+            break
+        mark = message.additional_kwargs.get(SUMMARY_MARK)
+        lineage = mark.get(LINEAGE_KEY) if isinstance(mark, dict) else None
+        if isinstance(lineage, list) and lineage:
+            found.append(lineage)
+    return found
+
+
+def leading_compaction(messages: Sequence[BaseMessage]) -> str | None:
+    """The id of the newest compaction whose summary leads ``messages``, if any."""
+    found = _lineages(messages)
+    return str(found[-1][-1]) if found else None
+
+
+def _carries(messages: Sequence[BaseMessage], compaction: str) -> bool:
+    """Whether ``messages`` are led by a summary of ``compaction`` (or of a later compaction built on it)."""
+    return any(compaction in lineage for lineage in _lineages(messages))

@@ -1,0 +1,75 @@
+"""Telling whoever listens: the custom events and stream of a compaction, and the update that writes it.
+
+Every compaction logs at INFO on the ``langchain_compaction`` logger, sends the
+custom event ``COMPACTION_EVENT`` with its ``CompactionRecord`` to callbacks
+(and ``astream_events``), and writes ``{"langchain_compaction": record}`` to a
+graph's ``stream_mode="custom"``. A turn that starts a preparation sends
+``PREPARE_EVENT`` the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_event
+from langchain_core.messages import BaseMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import ensure_config, get_callback_manager_for_config
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
+
+from langchain_compaction._lc.convert import as_dict, is_compaction_message
+
+COMPACTION_EVENT = "langchain_compaction"
+"""Name of the LangChain custom event dispatched after each compaction.
+
+Its data is the ``CompactionRecord`` (``CompactionResult.to_dict()``).
+"""
+
+PREPARE_EVENT = "langchain_compaction_prepare"
+"""Name of the custom event (and custom-stream key) a turn that starts a preparation sends."""
+
+
+def _listening(config: RunnableConfig | None) -> bool:
+    # dispatch_custom_event raises outside a run (a hook called directly, as in
+    # a unit test of the hook); there is then no one to tell.
+    return get_callback_manager_for_config(ensure_config(config)).parent_run_id is not None
+
+
+def _to_custom_stream(name: str, data: Any) -> None:
+    # Inside a graph, ``stream_mode="custom"`` shows it too.
+    try:
+        from langgraph.config import get_stream_writer
+
+        writer = get_stream_writer()
+    except (ImportError, RuntimeError, KeyError):
+        return  # not inside a graph: nobody streams
+    writer({name: data})
+
+
+def tell(name: str, data: Any, config: RunnableConfig | None = None) -> None:
+    """Tell whoever listens: the callbacks' custom event ``name``, and a graph's custom stream."""
+    _to_custom_stream(name, data)
+    if _listening(config):
+        dispatch_custom_event(name, data, config=config)
+
+
+async def atell(name: str, data: Any, config: RunnableConfig | None = None) -> None:
+    """The async twin of ``tell``."""
+    _to_custom_stream(name, data)
+    if _listening(config):
+        await adispatch_custom_event(name, data, config=config)
+
+
+def replacement(messages: Sequence[BaseMessage]) -> list[BaseMessage | dict[str, Any]]:
+    """The state update that replaces a message list with ``messages`` (an ``add_messages`` list).
+
+    What this library wrote (the summary, the bridge, the removal of the old
+    list) goes as plain message dicts, which the ``add_messages`` reducer turns
+    back into messages: LangGraph's ``messages`` stream emits every message
+    object a node returns that was not in its input, and a chat UI should not
+    show a compaction's internals. Kept messages stay the caller's objects
+    (they were in the input, so they are not emitted again either).
+    """
+    remove: dict[str, Any] = {"type": "remove", "id": REMOVE_ALL_MESSAGES, "content": ""}
+    return [remove, *(as_dict(m) if is_compaction_message(m) else m for m in messages)]

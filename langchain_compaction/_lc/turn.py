@@ -1,0 +1,719 @@
+"""The one turn: check, stage, compact (or apply a prepared compaction), commit, announce.
+
+Every adapter calls ``Turn.run`` once per turn and only reads its inputs and
+writes its output: the node and the middleware read the state (and the
+overhead the request adds), chat memory reads its store; each writes what it
+gets back (a state update, a ``Command``, a store rewrite). ``run`` is a flow
+(``core.effects``): the same lines drive the sync and the async paths.
+
+1. check: the token cache counts what is new (a cold worker first asks the
+   last reply's reported usage, ``due_by_usage``); a summary found
+   mid-history is put back in place (``core.plan.reordered``);
+2. stage (``core.context.stage``), the one trigger rule: under the
+   preparation mark nothing; past it a preparation starts in the background;
+   over the threshold a prepared compaction is taken if one applies;
+3. compact: a cheaper step first (``ClearToolOutputs``), else the plan, the
+   summarizer calls (``core.engine``) and what the features add (``finish``);
+4. commit: the record is stamped (``core.record``) and each feature's
+   ``commit`` seam runs (the archive writes) before anything is written;
+5. announce: the result goes to the log, callbacks and the custom stream.
+
+The features are parts (``langchain_compaction.features``): the turn calls,
+at each seam, the features that implement it, and knows no feature by name
+but the three that change its course (prepare ahead, cache-aligned requests,
+required sections).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from langchain_core.messages import BaseMessage
+from langchain_core.runnables import RunnableConfig, RunnableLambda
+
+from langchain_compaction._lc.conversation import Conversation
+from langchain_compaction._lc.convert import SUMMARY_MARK, bridge_message, summary_message, to_core
+from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages, counts_and_core
+from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, atell, tell
+from langchain_compaction.core.context import context_tokens, stage
+from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
+from langchain_compaction.core.engine import DriverReport, Summarizer, summarize
+from langchain_compaction.core.flow import SummaryFlow, compaction_flow
+from langchain_compaction.core.layout import BODY_KEY, compaction_result, compose_summary, layout
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.plan import (
+    REPEAT_TURNS,
+    Plan,
+    misplaced,
+    plan_compaction,
+    reordered,
+    turns_since_summary,
+)
+from langchain_compaction.core.record import KEPT_BEFORE_KEY, KEPT_FROM_KEY, LINEAGE_KEY, numbering, stamp, written_here
+from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.core.types import Message, Preamble
+from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
+from langchain_compaction.features import CacheAligned, Commit, Draft, Feature, PrepareAhead, RequireSections, resolve
+from langchain_compaction.features.clearing import ClearingPlan, ClearToolOutputs
+from langchain_compaction.features.prepare import PreparedSummary
+from langchain_compaction.summarizers.chat_model import as_summarizer
+
+logger = logging.getLogger("langchain_compaction")
+
+Trigger = Literal["auto", "force"]
+"""``auto``: only when the trigger rule says so; ``force``: now."""
+
+Output = tuple[CompactionResult, list[BaseMessage]]
+"""A finished compaction: its figures and the compacted list."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A compaction planned over a LangChain list, ready to be driven.
+
+    Attributes:
+        messages: The caller's list.
+        core: Its core form.
+        counts: Token count per message.
+        plan: The plan (``None`` when clearing old tool outputs is enough).
+        flow: The summary flow for the plan (``None`` likewise).
+        clearing: Which tool outputs to clear instead of summarizing, if that is enough.
+        repeated: Whether it repeats a compaction a few turns old (and so keeps less).
+        kept: Indices of the messages the output keeps.
+    """
+
+    messages: Sequence[BaseMessage]
+    core: list[Message]
+    counts: list[int]
+    plan: Plan | None
+    flow: SummaryFlow | None
+    clearing: ClearingPlan | None = None
+    repeated: bool = False
+    kept: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a turn runs: which conversation, its store, and what the request adds besides the messages.
+
+    Attributes:
+        conversation: The conversation (``_lc.conversation``).
+        store: The graph's LangGraph store, if any.
+        config: The run's config (for events and traces).
+        overhead: Tokens the request carries besides the messages.
+        preamble: What the request carries besides the messages, for a cache-aligned summary.
+        guard: Runs the compaction (a flow) under the adapter's condition, as
+            a call that returns ``None`` when it may not (chat memory's lease).
+        refresh: Reads the conversation again (and counts it), first thing
+            under the guard.
+    """
+
+    conversation: Conversation
+    store: Any = None
+    config: RunnableConfig | None = None
+    overhead: int = 0
+    preamble: Preamble | None = None
+    guard: Callable[[Flow[Any]], Call[Any]] | None = None
+    refresh: Callable[[], Flow[tuple[list[BaseMessage], tuple[list[int], list[Message]]]]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a turn did.
+
+    Attributes:
+        result: The compaction's figures (``None``: nothing was compacted).
+        messages: The list to write (the compacted one, or one whose misplaced
+            summary was put back); ``None``: write nothing.
+        source: The conversation it was made from (what the adapter read,
+            or read again under its guard).
+    """
+
+    result: CompactionResult | None = None
+    messages: list[BaseMessage] | None = None
+    source: list[BaseMessage] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    """The conversation a turn works on, counted, with any misplaced summary put back."""
+
+    messages: list[BaseMessage]
+    core: list[Message]
+    counts: list[int]
+    reordered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """What the adapter asked of a compaction."""
+
+    place: Place
+    trigger: Trigger
+    instructions: str
+    summarizer: Summarizer | None
+
+
+def _check_messages(messages: object) -> Sequence[BaseMessage]:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        msg = (
+            f"messages is a {type(messages).__name__}, not a list of messages; pass a list of "
+            "LangChain messages (convert_to_messages converts dicts, tuples and strings)"
+        )
+        raise InvalidMessagesError(msg)
+    return messages
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What a compaction needs, and the one turn every adapter runs.
+
+    Attributes:
+        summarizer: Writes the summaries.
+        fallback: Takes over when the summarizer fails, if given.
+        options: The options in force.
+        features: The features, checked against the options.
+        given: The features as the user gave them (bound again when the window is learnt).
+        cache: Token counts per message, shared by every version of this turn.
+    """
+
+    summarizer: Summarizer
+    fallback: Summarizer | None
+    options: CompactionOptions
+    features: tuple[Feature, ...]
+    given: tuple[Feature, ...]
+    cache: TokenCountCache
+
+    @classmethod
+    def build(
+        cls,
+        model: Any,
+        options: object,
+        fallback: Any = None,
+        features: Sequence[Feature] | None = None,
+        *,
+        where: Literal["graph", "history", "function"] = "graph",
+        adapter: dict[str, Any] | None = None,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> Turn:
+        """Accept what a user passes (a model, options or ``None``, a fallback, features) and check it.
+
+        Raises:
+            ConfigurationError: An argument is not what it should be.
+        """
+        if options is None:
+            options = CompactionOptions()
+        if not isinstance(options, CompactionOptions):
+            raise ConfigurationError("options", options, "pass CompactionOptions(context_window=...), or None")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+            raise ConfigurationError("cache_size", cache_size, f"pass a positive number (default {DEFAULT_CACHE_SIZE})")
+        bound = resolve(features, options, where=where, adapter=adapter)
+        given = tuple(features) if features is not None else bound
+        backup = None if fallback is None else as_summarizer(fallback, field="fallback")
+        cache = TokenCountCache(options, max_entries=cache_size)
+        return cls(as_summarizer(model), backup, options, bound, given, cache)
+
+    def with_window(self, context_window: int) -> Turn:
+        """This turn for another context window: the features bound again, the caches kept."""
+        options = self.options.with_window(context_window)
+        return replace(self, options=options, features=tuple(f.bind(options) for f in self.features))
+
+    def feature(self, kind: type[Any]) -> Any:
+        """The feature of ``kind`` in force, or ``None``."""
+        return next((f for f in self.features if isinstance(f, kind)), None)
+
+    def _seam(self, name: str) -> list[Feature]:
+        return [f for f in self.features if type(f).overrides(name)]
+
+    # -- the turn ------------------------------------------------------------------------
+
+    def run(
+        self,
+        messages: Sequence[BaseMessage],
+        place: Place,
+        *,
+        trigger: Trigger = "auto",
+        instructions: str = "",
+        summarizer: Summarizer | None = None,
+        traced: Any = None,
+        counted: tuple[list[int], list[Message]] | None = None,
+    ) -> Flow[Outcome]:
+        """One turn over ``messages`` (see the module docstring).
+
+        Args:
+            messages: The conversation.
+            place: Where the turn runs.
+            trigger: ``"auto"`` asks the trigger rule; ``"force"`` compacts now.
+            instructions: Appended to the summary prompt.
+            summarizer: Summarizes instead of the turn's own.
+            traced: Run the compaction in a run of its own, with this input
+                (a node's state), so traces show it (``None``: no run).
+            counted: The messages' counts and core forms, when the adapter keeps them.
+        """
+        if not isinstance(instructions, str):
+            raise ConfigurationError("custom_instructions", instructions, "pass a string ('' for none)")
+        messages = _check_messages(messages)
+        prepare: PrepareAhead | None = self.feature(PrepareAhead)
+        mark = prepare.mark if prepare is not None else None
+        if trigger == "auto":
+            if self.options.budget.threshold is None:
+                return Outcome()
+            first = mark if mark is not None else self.options.budget.threshold
+            if counted is None and (yield self.cache.quick_check(messages, first)) is False:
+                return Outcome()  # the provider's reported usage says it fits: nothing else to count
+        if counted is None:
+            counted = yield twin(self.cache.counts_and_core, self.cache.acounts_and_core, messages)
+        staged = self._staged(messages, counted)
+        unchanged = Outcome(messages=staged.messages, source=staged.messages) if staged.reordered else Outcome()
+        if trigger == "auto":
+            where = stage(staged.core, staged.counts, self.options, place.overhead, mark)
+            if where != "due":
+                if where == "prepare" and prepare is not None:
+                    yield from self._ahead(prepare, staged.messages, staged.counts, place)
+                return unchanged
+        ask = _Asked(place, trigger, instructions.strip(), summarizer)
+
+        def compaction(config: RunnableConfig | None) -> Flow[Outcome]:
+            return self._compaction(staged, replace(ask, place=replace(place, config=config)))
+
+        if place.guard is not None:
+            outcome = yield place.guard(compaction(place.config))
+        elif traced is not None:
+            outcome = yield in_run(traced, compaction, place.config)
+        else:
+            outcome = yield from compaction(place.config)
+        return outcome if outcome is not None and outcome.messages is not None else unchanged
+
+    def _staged(self, messages: Sequence[BaseMessage], counted: tuple[list[int], list[Message]]) -> _Staged:
+        counts, core = counted
+        fixed = self._reorder(messages, core, counts)
+        if fixed is None:
+            return _Staged(list(messages), core, counts)
+        return _Staged(fixed[0], fixed[1], fixed[2], reordered=True)
+
+    def _compaction(self, staged: _Staged, ask: _Asked) -> Flow[Outcome]:
+        """The compaction itself: a prepared one applied, or one made now; committed; announced.
+
+        With ``place.refresh`` (chat memory, under its lease) the conversation
+        is read again first: another writer may have compacted meanwhile.
+        """
+        place = ask.place
+        if place.refresh is not None:
+            messages, counted = yield from place.refresh()
+            staged = self._staged(messages, counted)
+            due = stage(staged.core, staged.counts, self.options, place.overhead)
+            if ask.trigger == "auto" and due != "due":
+                return Outcome()
+        started = time.monotonic()
+        prepare: PrepareAhead | None = self.feature(PrepareAhead)
+        output: Output | None = None
+        waited = 0.0
+        if ask.trigger == "auto" and prepare is not None:
+            found, waited = yield from prepare.take(place.conversation, staged.messages, place.store)
+            if found is not None:
+                output = yield from self._apply(found, staged.messages, staged.core, place)
+        applied = output is not None
+        if output is None:
+            preamble = self._preamble(place)
+            job = yield blocking(
+                self.plan,
+                staged.messages,
+                staged.core,
+                staged.counts,
+                ask.instructions,
+                ask.trigger,
+                place.overhead,
+                preamble,
+            )
+            if job is None:
+                return Outcome()
+            output = yield from self._made(job, place, ask.summarizer)
+            if output is None:
+                return Outcome()
+        result, compacted = output
+        result = replace(result, wait_seconds=time.monotonic() - started)
+        if prepare is not None and ask.trigger == "auto":
+            result = result.with_part("prepared", applied=applied, waited=round(waited, 3))
+        _log(result, self.options)
+        yield twin(tell, atell, COMPACTION_EVENT, result.to_dict(), place.config)
+        return Outcome(result, compacted, staged.messages)
+
+    def _preamble(self, place: Place) -> Preamble | None:
+        aligned: CacheAligned | None = self.feature(CacheAligned)
+        if aligned is None:
+            return None
+        return place.preamble if place.preamble is not None else aligned.preamble(place.conversation.key)
+
+    def _made(self, job: Job, place: Place, summarizer: Summarizer | None) -> Flow[Output | None]:
+        """The compaction of ``job``: committed first (the archive), then summarized and finished."""
+        if job.clearing is not None:
+            removed = list(job.clearing.indices)
+            size = context_tokens(job.core, job.counts, place.overhead)
+            if not (
+                yield from self._commit(
+                    job.messages, job.core, removed=removed, record={}, place=place, size=size, cleared=True
+                )
+            ):
+                return None
+            return self._cleared(job, job.clearing)
+        assert job.plan is not None
+        assert job.flow is not None
+        removed = [i for i in range(len(job.core)) if i not in set(job.kept) and _leaves(job.core[i])]
+        cut = job.plan.cut
+        base = {
+            KEPT_FROM_KEY: job.messages[cut].id if cut < len(job.messages) else None,
+            KEPT_BEFORE_KEY: [job.messages[i].id for i in job.kept if i < cut and job.messages[i].id],
+        }
+        record = stamp(job.core, job.kept, removed, base, place.conversation.namespace)
+        size = context_tokens(job.core, job.counts, place.overhead)
+        if not (
+            yield from self._commit(job.messages, job.core, removed=removed, record=record, place=place, size=size)
+        ):
+            job.flow.close()
+            return None
+        report = yield from summarize(
+            job.flow, summarizer or self.summarizer, fallback=self.fallback, timeout=self.options.timeout
+        )
+        # Finishing counts what was written, with the user's counter if any:
+        # off the event loop on the async path.
+        result: Output = yield blocking(self.finish, job, report, record)
+        return result
+
+    def _commit(
+        self,
+        messages: Sequence[BaseMessage],
+        core: Sequence[Message],
+        *,
+        removed: Sequence[int],
+        record: dict[str, Any],
+        place: Place,
+        size: int,
+        cleared: bool = False,
+    ) -> Flow[bool]:
+        """Each feature's ``commit`` seam, in order; whether the compaction may be written.
+
+        A feature that holds the compaction back (an archive that could not
+        write, with ``on_error="warn"``) is obeyed while the context still fits
+        the window with half the reserve to spare: no summary is paid for, and
+        the next turn tries again. Past that the compaction goes ahead, and the
+        log says how many messages only the summary keeps.
+        """
+        committers = self._seam("commit")
+        if not committers:
+            return True
+        positions = _positions(core)
+        commit = Commit(
+            [(p, messages[i]) for i in removed if (p := positions[i]) is not None],
+            {**record, "cleared": True} if cleared else record,
+            place.conversation,
+            place.store,
+        )
+        budget = self.options.budget
+        for feature in committers:
+            if (yield from feature.commit(commit)):
+                continue
+            if size + budget.reserve // 2 <= budget.window:
+                logger.warning(
+                    "%s held the compaction back this turn (it fits the window still)", type(feature).__name__
+                )
+                return False
+            logger.warning(
+                "%s could not take the %d message(s) this compaction removes and the context no longer fits the "
+                "window: compacting anyway, they are kept only in the summary",
+                type(feature).__name__,
+                len(commit.removed),
+            )
+        return True
+
+    # -- planning and finishing ------------------------------------------------------------------
+
+    def plan(
+        self,
+        messages: Sequence[BaseMessage],
+        core: list[Message],
+        counts: list[int],
+        *,
+        instructions: str = "",
+        trigger: Trigger = "force",
+        overhead: int = 0,
+        preamble: Preamble | None = None,
+    ) -> Job | None:
+        """Plan a compaction of ``messages``: a cheaper step if one is enough, else the cut and the summary flow."""
+        if trigger == "auto":
+            cheaper = self._seam("instead")
+            if cheaper:
+                protected = frozenset(self._protected(core, counts, 0, len(core))[0])
+                for feature in cheaper:
+                    clearing = feature.instead(core, counts, protected)
+                    if clearing is not None:
+                        return Job(messages, core, counts, None, None, clearing)
+        keep, repeated = self._keep(core, trigger)
+        plan = plan_compaction(core, counts, keep, force=trigger == "force", protect=self._protected)
+        if plan is None:
+            return None
+        shape = layout(core, plan, self.options)
+        required: RequireSections | None = self.feature(RequireSections)
+        flow = compaction_flow(
+            core,
+            plan,
+            self.options,
+            instructions.strip(),
+            originals=tuple(messages),
+            counts=counts,
+            preamble=preamble,
+            required=required.headings if required is not None else (),
+        )
+        return Job(messages, core, counts, plan, flow, repeated=repeated, kept=(*shape.head, *shape.kept))
+
+    def _protected(
+        self, core: Sequence[Message], counts: Sequence[int], start: int, cut: int
+    ) -> tuple[tuple[int, ...], int]:
+        """What the features say may not be cut in ``[start, cut)`` (the ``protect`` seam); how many were left out."""
+        kept: set[int] = set()
+        over = 0
+        for feature in self._seam("protect"):
+            indices, left = feature.protect(core, counts, start, cut)
+            kept.update(indices)
+            over += left
+        return tuple(sorted(kept)), over
+
+    def _keep(self, core: Sequence[Message], trigger: Trigger) -> tuple[int, bool]:
+        """The keep budget for this compaction, and whether it repeats one a few turns old.
+
+        No death spiral: when the threshold is crossed again within
+        ``REPEAT_TURNS`` replies, what was kept is too large for the landing
+        target, so this compaction keeps half as much instead of summarizing
+        the same way again.
+        """
+        keep = self.options.budget.keep
+        since = turns_since_summary(core) if trigger == "auto" else None
+        if since is None or since > REPEAT_TURNS:
+            return keep, False
+        logger.warning(
+            "compaction fired again %d assistant turn(s) after the previous one: the messages kept were too large "
+            "to land under the target; keeping %d tokens instead of %d this time",
+            since,
+            keep // 2,
+            keep,
+        )
+        return max(keep // 2, 1), True
+
+    def finish(self, job: Job, report: DriverReport, record: dict[str, Any]) -> Output:
+        """The compacted list (the caller's objects around what was written) and its figures.
+
+        Args:
+            job: From ``plan``.
+            report: From the driver.
+            record: The summary's record (``core.record.stamp``).
+
+        Returns:
+            The result and the compacted list.
+        """
+        assert job.plan is not None
+        original, plan = job.messages, job.plan
+        shape = layout(job.core, plan, self.options)
+        draft = Draft(job.core, plan, shape.kept, report.outcome.summary, self.options)
+        added = [(f.name, f.add(draft)) for f in self._seam("add")]
+        content, body = compose_summary(report.outcome.summary, [a.section for _, a in added if a is not None])
+        mark: dict[str, Any] = {"kind": "summary", "version": 2, BODY_KEY: body}
+        for _, addition in added:
+            if addition is not None:
+                mark.update(addition.mark)
+        mark.update(record)
+        written: list[BaseMessage] = [summary_message(content, mark, _summary_id(record))]
+        if shape.bridge:
+            written.append(bridge_message())
+        output = [*(original[i] for i in shape.head), *written, *(original[i] for i in shape.kept)]
+        written_tokens = sum(count_messages(written, [to_core(m) for m in written], self.options))
+        result = compaction_result(plan, shape, job.counts, written_tokens, report=report, options=self.options)
+        parts = {name: dict(a.record) for name, a in added if a is not None and a.record}
+        return replace(result, repeated=job.repeated, parts=parts), output
+
+    def _cleared(self, job: Job, clearing: ClearingPlan) -> Output:
+        output = list(job.messages)
+        for index, text in zip(clearing.indices, clearing.contents):
+            message = output[index]
+            mark = {"kind": "cleared", "tokens": job.counts[index]}
+            output[index] = message.model_copy(
+                update={"content": text, "additional_kwargs": {**message.additional_kwargs, SUMMARY_MARK: mark}}
+            )
+        replaced = [output[i] for i in clearing.indices]
+        placeholders = sum(count_messages(replaced, [to_core(m) for m in replaced], self.options))
+        result = ClearToolOutputs.result(clearing, job.counts, placeholders)
+        return result, output
+
+    # -- what happens around a compaction ---------------------------------------------------------
+
+    def _reorder(
+        self, messages: Sequence[BaseMessage], core: list[Message], counts: list[int]
+    ) -> tuple[list[BaseMessage], list[Message], list[int]] | None:
+        """Summaries found mid-history put back where they belong (``core.plan.reordered``); ``None`` if none is."""
+        if not misplaced(core):
+            return None
+        shape = reordered(core, self.options.ensure_user_turn)
+        out = [(messages[i], core[i], counts[i]) for i in shape.head]
+        if shape.bridge:
+            bridge = bridge_message()
+            bridge_core = to_core(bridge)
+            out.append((bridge, bridge_core, count_messages([bridge], [bridge_core], self.options)[0]))
+        out += [(messages[i], core[i], counts[i]) for i in shape.kept]
+        logger.info(
+            "a summary was found mid-history (a subgraph's output merged into its parent): moved it to the front, "
+            "%d -> %d messages",
+            len(messages),
+            len(out),
+        )
+        return [m for m, _, _ in out], [c for _, c, _ in out], [n for _, _, n in out]
+
+    def _ahead(
+        self, prepare: PrepareAhead, messages: Sequence[BaseMessage], counts: list[int], place: Place
+    ) -> Flow[None]:
+        """Past the preparation mark: start preparing the next compaction in the background.
+
+        A finished preparation that still matches the conversation but would no
+        longer land under the landing target (the conversation went on) is
+        built on by a new one, so the threshold finds one ready that lands.
+        """
+        conversation = place.conversation
+        base = prepare.finished(conversation, messages)
+        landing = self.options.budget.landing
+        if base is not None and (landing is None or base.tokens_for(counts) <= landing):
+            return
+        started = yield from prepare.ahead(self._prepared, conversation, messages, base, place.store)
+        if started:
+            logger.info("the context passed the preparation mark: preparing the next summary in the background")
+            data = {"thread": conversation.thread or "", "messages": len(messages)}
+            yield twin(tell, atell, PREPARE_EVENT, data, place.config)
+
+    def _prepared(self, snapshot: list[BaseMessage], base: PreparedSummary | None) -> Flow[PreparedSummary | None]:
+        """The background preparation of ``snapshot`` (on top of ``base`` when it still applies)."""
+        chained = base is not None and base.matches(snapshot)
+        target = base.output_for(snapshot) if base is not None and chained else snapshot
+        counts, core = yield blocking(counts_and_core, target, self.options)
+        job = yield blocking(self.plan, target, core, counts, preamble=self._preamble_for_background())
+        if job is None or job.flow is None:
+            return None
+        report = yield from summarize(job.flow, self.summarizer, fallback=self.fallback, timeout=self.options.timeout)
+        result, output = yield blocking(self.finish, job, report, {})
+        if base is not None and chained:
+            result = replace(result, summarizer_calls=base.result.summarizer_calls + result.summarizer_calls)
+        known = {id(m) for m in snapshot}
+        written = [m for m in output if id(m) not in known]
+        tokens = yield blocking(count_messages, written, [to_core(m) for m in written], self.options)
+        logger.info("prepared a summary of %d messages in the background", result.messages_removed)
+        return PreparedSummary.of(snapshot, result, output, written_tokens=sum(tokens))
+
+    def _preamble_for_background(self) -> Preamble | None:
+        return None if self.feature(CacheAligned) is None else Preamble()
+
+    def _apply(
+        self, prepared: PreparedSummary, messages: Sequence[BaseMessage], core: list[Message], place: Place
+    ) -> Flow[Output | None]:
+        """``prepared`` applied to ``messages``, stamped with the conversation's record as it is now.
+
+        The conversation grew since it was made; when the result would not
+        land under the landing target, the messages between its cut and
+        today's are folded in by one ordinary compaction, which updates the
+        prepared summary (a small request, never a full re-summary).
+        """
+        combined = prepared.output_for(messages)
+        counts, combined_core = yield blocking(counts_and_core, combined, self.options)
+        result = replace(prepared.result, compacted_tokens=sum(counts))
+        landing = self.options.budget.landing
+        if landing is not None and context_tokens(combined_core, counts, place.overhead) > landing:
+            job = yield blocking(self.plan, combined, combined_core, counts, overhead=place.overhead)
+            if job is not None and job.flow is not None:
+                report = yield from summarize(
+                    job.flow, self.summarizer, fallback=self.fallback, timeout=self.options.timeout
+                )
+                folded, combined = yield blocking(self.finish, job, report, {})
+                calls = prepared.result.summarizer_calls + folded.summarizer_calls
+                result = replace(folded, summarizer_calls=calls, chunks=prepared.result.chunks + folded.chunks)
+        where = {id(m): i for i, m in enumerate(messages)}
+        kept = [where[id(m)] for m in combined if id(m) in where]
+        kept_set = set(kept)
+        removed = [i for i in range(len(messages)) if i not in kept_set and _leaves(core[i])]
+        summary_at = next(i for i, m in enumerate(combined) if id(m) not in where)
+        summary = combined[summary_at]
+        record = stamp(core, kept, removed, summary.additional_kwargs[SUMMARY_MARK], place.conversation.namespace)
+        if not (yield from self._commit(messages, core, removed=removed, record=record, place=place, size=sum(counts))):
+            return None
+        combined[summary_at] = summary.model_copy(
+            update={"id": _summary_id(record), "additional_kwargs": {**summary.additional_kwargs, SUMMARY_MARK: record}}
+        )
+        after = next((i for i, m in enumerate(combined) if i > summary_at and id(m) in where), len(combined))
+        first_kept = where[id(combined[after])] if after < len(combined) else len(messages)
+        return (
+            replace(
+                result,
+                original_tokens=sum(self.cache.counts_and_core(messages)[0]),
+                messages_removed=len(messages) - len(kept),
+                cut_index=first_kept,
+                messages_kept=len(kept),
+            ),
+            combined,
+        )
+
+
+def _leaves(message: Message) -> bool:
+    """Whether a message taken out of the state leaves it for good.
+
+    Not what the library wrote, nor the placeholder of an output cleared (and
+    so archived) earlier.
+    """
+    return not written_here(message) and message.mark.get("kind") != "cleared"
+
+
+def _positions(core: Sequence[Message]) -> tuple[int | None, ...]:
+    return numbering(core).positions
+
+
+def _summary_id(record: dict[str, Any]) -> str:
+    lineage = record.get(LINEAGE_KEY) or []
+    return f"compaction-summary-{lineage[-1]}" if lineage else f"compaction-summary-{time.monotonic_ns():x}"
+
+
+def _log(result: CompactionResult, options: CompactionOptions) -> None:
+    if result.over_budget:
+        # The kept part alone is over the threshold (one huge recent message):
+        # nothing more can be summarized without touching what must be kept.
+        logger.warning(
+            "the compacted context is still over budget: %d tokens > %d (the kept messages alone are too large)",
+            result.compacted_tokens,
+            options.budget.threshold,
+        )
+    logger.info(
+        "compacted %d messages into a summary: %d -> %d tokens (cut at %d, %d summarizer call(s)%s)",
+        result.messages_removed,
+        result.original_tokens,
+        result.compacted_tokens,
+        result.cut_index,
+        result.summarizer_calls,
+        ", fallback used" if result.fallback_used else "",
+    )
+
+
+RUN_NAME = "langchain_compaction"
+"""The name of the run a node's compaction runs in (its summary calls are runs inside it)."""
+
+
+def in_run(state: Any, flow: Any, config: RunnableConfig | None) -> Any:
+    """A step that runs ``flow(run_config)`` inside a run of its own: traces show it, and its events have a parent.
+
+    Its name is not the node's: LangGraph's ``messages`` stream emits the
+    messages in the output of a run named after the node, and a compaction's
+    internals are not for a chat UI.
+    """
+
+    def run(_value: Any, config: RunnableConfig) -> Any:
+        return drive(flow(config))
+
+    async def arun(_value: Any, config: RunnableConfig) -> Any:
+        return await adrive(flow(config))
+
+    runnable: RunnableLambda[Any, Any] = RunnableLambda(run, afunc=arun, name=RUN_NAME)
+    return twin(runnable.invoke, runnable.ainvoke, state, config)

@@ -1,0 +1,124 @@
+"""What a feature is: a part of the compaction that plugs into the turn at named seams.
+
+A compaction is one turn flow (``_lc.turn``): check, stage, plan, summarize,
+finish, commit. A feature is a small object that owns its options, its key in
+the summary's mark and its record in the result, and that the turn calls at
+one or more seams, the way LangChain's ``ContextEditingMiddleware`` calls each
+of its edits:
+
+- ``protect``: what may not be cut (kept verbatim after the summary);
+- ``instead``: a cheaper step than a summary, tried first;
+- ``add``: what is added after the summary (a section, keys in its mark);
+- ``commit``: what happens when a compaction is committed, before the state
+  or store is written (it may hold the compaction back for this turn).
+
+What runs ahead of the threshold (``PrepareAhead``), what the summarizer is
+sent (``CacheAligned``) and what its answer must hold (``RequireSections``)
+change the turn itself; the turn asks for each by its kind.
+
+A seam a feature does not override costs nothing: the turn calls, at each
+seam, only the features that implement it. Removing a feature is removing its
+module and its line in ``langchain_compaction.features``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.plan import Plan
+from langchain_compaction.core.types import Message
+
+if TYPE_CHECKING:
+    from langchain_compaction.core.effects import Flow
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A summary as the summarizer wrote it, before the features add theirs.
+
+    Attributes:
+        messages: The conversation, in core form.
+        plan: The compaction's plan.
+        kept: Indices of the messages kept after the summary.
+        summary: The summarizer's text.
+        options: The options in force.
+    """
+
+    messages: Sequence[Message]
+    plan: Plan
+    kept: Sequence[int]
+    summary: str
+    options: CompactionOptions
+
+
+@dataclass(frozen=True, slots=True)
+class Addition:
+    """What a feature adds to a summary.
+
+    Attributes:
+        section: Text written under the summary ("" for none).
+        mark: Keys it records in the summary's mark.
+        record: Its figures for ``CompactionResult.parts``.
+    """
+
+    section: str = ""
+    mark: Mapping[str, Any] = field(default_factory=dict)
+    record: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """A compaction about to be committed: what it takes out, and where.
+
+    Attributes:
+        removed: The caller's messages it takes out of the state (or clears),
+            with their positions in the whole conversation, in order.
+        mark: The summary's record as it will be written (``core.record``;
+            empty for a clearing, which writes no summary).
+        conversation: Which conversation (``_lc.conversation.Conversation``).
+        store: The graph's LangGraph store, if it has one.
+    """
+
+    removed: Sequence[tuple[int, Any]]
+    mark: Mapping[str, Any]
+    conversation: Any
+    store: Any = None
+
+
+class Feature:
+    """A part of the compaction; subclasses override the seams they plug into.
+
+    Attributes:
+        name: Its key in ``CompactionResult.parts`` (and in the mark, if it keeps one).
+    """
+
+    name: ClassVar[str] = ""
+
+    def bind(self, options: CompactionOptions) -> Feature:
+        """This feature checked against ``options`` (raises ``ConfigurationError`` when it cannot work)."""
+        return self
+
+    def protect(self, messages: Sequence[Message], counts: Sequence[int], start: int, cut: int) -> tuple[Any, ...]:
+        """What in ``[start, cut)`` may not be cut: ``(indices, left out for a cap)``."""
+        return (), 0
+
+    def instead(self, messages: Sequence[Message], counts: Sequence[int], protected: frozenset[int]) -> Any:
+        """A cheaper step than a summary, or ``None`` when it is not enough."""
+        return None
+
+    def add(self, draft: Draft) -> Addition | None:
+        """What to add to the summary ``draft``."""
+        return None
+
+    def commit(self, commit: Commit) -> Flow[bool]:
+        """Run before the compaction is written; ``False`` holds it back for this turn."""
+        return True
+        yield  # pragma: no cover - makes this a generator
+
+    @classmethod
+    def overrides(cls, seam: str) -> bool:
+        """Whether this kind of feature plugs into ``seam``."""
+        return getattr(cls, seam) is not getattr(Feature, seam)

@@ -1,0 +1,108 @@
+"""Checked facts: every summary is checked against facts found without a model.
+
+The rules that find the facts are ``core.facts``'; this part runs them on
+what a compaction removes (with the facts earlier summaries recorded, and the
+kept messages resolving and superseding), checks the summarizer's text against
+them, and adds what it does not state in a section under it. The facts ride in
+the summary's mark under ``facts`` and are carried to the next compaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, get_args
+
+from langchain_compaction.core.facts import check_summary, gather
+from langchain_compaction.core.options import CompactionOptions, check_int
+from langchain_compaction.core.redact import redact_message
+from langchain_compaction.core.tokens import estimate_tokens
+from langchain_compaction.core.types import Fact, FactKind
+from langchain_compaction.features.base import Addition, Draft, Feature
+
+FACTS_KEY = "facts"
+"""Key in a summary's mark: the facts it was checked against, as ``[kind, text, key, detail]`` lists."""
+
+MIN_FACTS_TOKENS = 128
+"""The smallest budget of the checked-facts section: a few constraints and paths."""
+
+MAX_FACTS_TOKENS = 2048
+"""The largest budget of the checked-facts section derived."""
+
+_KINDS = frozenset(get_args(FactKind))
+
+
+def recorded_facts(mark: Mapping[str, Any]) -> list[Fact]:
+    """The facts a summary's mark records; entries this version cannot read are skipped."""
+    raw = mark.get(FACTS_KEY)
+    if not isinstance(raw, list):
+        return []
+    return [
+        Fact(entry[0], entry[1], entry[2], entry[3])
+        for entry in raw
+        if isinstance(entry, list) and len(entry) == 4 and all(isinstance(v, str) for v in entry) and entry[0] in _KINDS
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedFacts(Feature):
+    """Check each summary against the facts a continuing agent needs, and add what it misses.
+
+    The facts (``core.facts``): the user's constraints and corrections, their
+    newest requests, identifiers they gave, files modified and read, errors
+    not resolved since, tool calls already made. Each one the summary does
+    not state goes into a "Checked facts" section under it, within
+    ``max_tokens`` plus what the summary left unused of its own budget.
+
+    Attributes:
+        max_tokens: The section's own budget; ``None`` derives it: a quarter
+            of the summary's budget, between 128 and 2,048 tokens.
+
+    Its record in ``CompactionResult.parts["facts"]``: ``found``,
+    ``in_summary``, ``added``, ``dropped``, ``section``.
+
+    Example:
+        >>> CheckedFacts().budget(CompactionOptions(context_window=200_000))
+        2048
+    """
+
+    name: ClassVar[str] = "facts"
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None:
+            check_int("max_tokens", self.max_tokens, minimum=0, advice="0 or more tokens, or None to derive it")
+
+    def budget(self, options: CompactionOptions) -> int:
+        """The section's own budget under ``options``."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return min(max(options.budget.summary_max // 4, MIN_FACTS_TOKENS), MAX_FACTS_TOKENS)
+
+    def add(self, draft: Draft) -> Addition:
+        """Check the summary against the facts in force; the section that adds what it misses."""
+        messages, plan, options = draft.messages, draft.plan, draft.options
+        region = [i for i in plan.region if not messages[i].is_summary]
+        redactor = options.redact
+        if redactor is not None:
+            # Facts are found in what the summarizer was shown: a secret's
+            # context ("password=...") is what the redactor recognizes it by.
+            view = list(messages)
+            for i in (*region, *draft.kept):
+                view[i] = redact_message(messages[i], redactor)
+            messages = view
+        carried = [f for i in plan.previous_summaries for f in recorded_facts(messages[i].mark)]
+        facts = gather(carried, messages, region, draft.kept)
+        # The section has its own budget, and what the summarizer left unused of
+        # the summary's: a terse (or poor) summary leaves room for more facts.
+        unused = max(options.budget.summary_max - estimate_tokens(draft.summary), 0)
+        check = check_summary(draft.summary, facts, self.budget(options) + unused)
+        record = {
+            "found": check.found,
+            "in_summary": check.in_summary,
+            "added": check.added,
+            "dropped": check.dropped,
+            "section": check.section,
+        }
+        mark = {FACTS_KEY: [[f.kind, f.text, f.key, f.detail] for f in check.facts]} if check.facts else {}
+        return Addition(check.section, mark, record)

@@ -1,0 +1,463 @@
+"""Summaries prepared ahead: made in the background before the threshold, applied at it without waiting.
+
+With ``PrepareAhead(at=0.7)``, once the context passes 70% of the threshold
+the turn starts the compaction it would make now (the same cut, summary and
+checked facts) in the background (a daemon thread on sync paths, a task on
+async ones) while the agent goes on. At the threshold the prepared result is
+applied at once if the messages it was made from are unchanged (same ids and
+content, compared by ``fingerprint``): its summary, then everything after its
+cut. It is stamped with the conversation's record when it is applied
+(``core.record``), so a preparation made before another worker's, a
+``/compact`` or an overflow compaction is simply found not to match and
+dropped, never applied to a list it does not describe.
+
+What a process keeps is a cache: one entry per conversation
+(``_lc.conversation.Conversation``), at most ``remember`` of them, checked
+against the conversation before use. With ``in_store=True`` a finished
+preparation is also kept in the graph's LangGraph store under
+``("compaction_prepared", <thread>, <namespace>...)``, keyed by the digest of
+the messages it was made from, so another worker or a restarted process
+applies it. Nothing a preparation does surfaces in a turn: a failure, a store
+that fails, a lease held elsewhere or a closed event loop is logged and the
+threshold compacts on the spot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
+
+from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED, Bounded, Conversation, opening
+from langchain_compaction._lc.convert import fingerprint
+from langchain_compaction.core.effects import Flow, adrive, drive, twin
+from langchain_compaction.core.options import CompactionOptions, check_int, check_seconds
+from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.features.base import Feature
+
+logger = logging.getLogger("langchain_compaction")
+
+PREPARE_WAIT_SECONDS = 5.0
+"""How long a turn at the threshold waits for a preparation still running, by default."""
+
+STORE_NAMESPACE = "compaction_prepared"
+"""First label of the store namespace prepared summaries are kept under."""
+
+_STORED = 20
+"""Prepared summaries looked at per conversation in a store (there is normally one)."""
+
+LeaseFactory = Callable[[str], Any]
+"""Gives the lease (a ``LeaseLock``) that says which process prepares a conversation's summary."""
+
+_ADVICE = (
+    "pass a share of the threshold above the landing (half the threshold) and below 1, e.g. 0.7, "
+    "or leave PrepareAhead out to summarize at the threshold"
+)
+
+
+def prefix_digest(messages: Sequence[BaseMessage]) -> str:
+    """The identity of a list of messages: a digest of their fingerprints, in order."""
+    digest = hashlib.blake2b(digest_size=16)
+    for message in messages:
+        digest.update(fingerprint(message).encode("ascii"))
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedSummary:
+    """A compaction made from the first ``size`` messages of a conversation.
+
+    It holds only what it wrote (the summary, and the bridge if any) and the
+    positions of what it kept, so it applies to the caller's current objects.
+
+    Attributes:
+        size: How many messages it was made from.
+        digest: ``prefix_digest`` of those messages.
+        head: Positions of the leading messages kept before the summary.
+        written: What the compaction wrote (the summary, the bridge).
+        kept: Positions of the messages kept after it.
+        result: The compaction's figures, as made.
+        written_tokens: What ``written`` counts.
+    """
+
+    size: int
+    digest: str
+    head: tuple[int, ...]
+    written: tuple[BaseMessage, ...]
+    kept: tuple[int, ...]
+    result: CompactionResult
+    written_tokens: int = 0
+
+    @classmethod
+    def of(
+        cls,
+        snapshot: Sequence[BaseMessage],
+        result: CompactionResult,
+        output: Sequence[BaseMessage],
+        written_tokens: int,
+    ) -> PreparedSummary:
+        """The prepared form of compacting ``snapshot`` into ``output``."""
+        where = {id(m): i for i, m in enumerate(snapshot)}
+        first_written = next(i for i, m in enumerate(output) if id(m) not in where)
+        written = [m for m in output if id(m) not in where]
+        after = first_written + len(written)
+        return cls(
+            size=len(snapshot),
+            digest=prefix_digest(snapshot),
+            head=tuple(where[id(m)] for m in output[:first_written]),
+            written=tuple(written),
+            kept=tuple(where[id(m)] for m in output[after:]),
+            result=result,
+            written_tokens=written_tokens,
+        )
+
+    def matches(self, messages: Sequence[BaseMessage]) -> bool:
+        """Whether ``messages`` starts with the very messages it was made from."""
+        return len(messages) >= self.size and prefix_digest(messages[: self.size]) == self.digest
+
+    def output_for(self, messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+        """The compacted conversation over ``messages``' own objects, then what came after (``matches`` first)."""
+        return [
+            *(messages[i] for i in self.head),
+            *self.written,
+            *(messages[i] for i in self.kept),
+            *messages[self.size :],
+        ]
+
+    def tokens_for(self, counts: Sequence[int]) -> int:
+        """What ``output_for`` would count, from per-message ``counts`` of a conversation it ``matches``."""
+        kept = sum(counts[i] for i in self.head) + sum(counts[i] for i in self.kept)
+        return kept + self.written_tokens + sum(counts[self.size :])
+
+    def to_value(self) -> dict[str, Any]:
+        """The JSON value kept in a LangGraph store."""
+        return {
+            "size": self.size,
+            "digest": self.digest,
+            "head": list(self.head),
+            "written": messages_to_dict(list(self.written)),
+            "kept": list(self.kept),
+            "result": self.result.to_dict(),
+            "written_tokens": self.written_tokens,
+        }
+
+    @classmethod
+    def from_value(cls, value: dict[str, Any]) -> PreparedSummary:
+        """Read back ``to_value``; raises ``KeyError``/``TypeError``/``ValueError`` on a foreign value."""
+        result = dict(value["result"])
+        return cls(
+            size=int(value["size"]),
+            digest=str(value["digest"]),
+            head=tuple(int(i) for i in value["head"]),
+            written=tuple(messages_from_dict(value["written"])),
+            kept=tuple(int(i) for i in value["kept"]),
+            result=CompactionResult(**result),
+            written_tokens=int(value.get("written_tokens", 0)),
+        )
+
+
+@dataclass(slots=True)
+class _Preparation:
+    """One preparation in this process: running, finished or failed."""
+
+    origin: str
+    done: threading.Event = field(default_factory=threading.Event)
+    value: PreparedSummary | None = None
+    task: asyncio.Task[None] | None = None
+
+
+Compact = Callable[[list[BaseMessage], "PreparedSummary | None"], Flow["PreparedSummary | None"]]
+"""Makes the preparation of a snapshot (the turn's own compaction, forced), on top of an earlier one if given."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One preparation to run in the background: how, for which conversation, from what."""
+
+    compact: Compact
+    conversation: Conversation
+    claim: _Preparation
+    snapshot: list[BaseMessage]
+    base: PreparedSummary | None
+    store: Any
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareAhead(Feature):
+    """Prepare the next compaction in the background, and apply it at the threshold without waiting.
+
+    Attributes:
+        at: The share of the threshold past which a preparation starts; it
+            must lie above the landing target (half the threshold).
+        wait: How many seconds a turn at the threshold waits for a
+            preparation still running before it compacts on the spot.
+        in_store: Also keep a finished preparation in the graph's LangGraph
+            store, so another worker or a restarted process applies it.
+        lease: With several processes serving the same threads, a function
+            from a conversation's key (its thread id) to a lock with a lease
+            (``history.FileLock``, ``history.PostgresAdvisoryLock``) that says
+            which process prepares it.
+        remember: How many conversations' preparations a process keeps (the
+            least recently used are dropped past it).
+
+    Its record in ``CompactionResult.parts["prepared"]``: ``applied`` (the
+    compaction applied a preparation) and ``waited`` (seconds the turn waited
+    for it).
+
+    Example:
+        >>> PrepareAhead(at=0.7).bind(CompactionOptions(context_window=24_000)).mark
+        14700
+    """
+
+    name: ClassVar[str] = "prepared"
+    at: float = 0.7
+    wait: float = PREPARE_WAIT_SECONDS
+    in_store: bool = False
+    lease: LeaseFactory | None = None
+    remember: int = CONVERSATIONS_REMEMBERED
+    mark: int | None = field(default=None, init=False, compare=False)
+    _cache: Bounded[_Preparation] = field(default_factory=Bounded, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        share = self.at
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.5 < share < 1:
+            raise ConfigurationError("at", share, _ADVICE)
+        check_seconds("wait", self.wait, f"pass seconds (0 or more; {PREPARE_WAIT_SECONDS} by default)", zero=True)
+        if not isinstance(self.in_store, bool):
+            raise ConfigurationError("in_store", self.in_store, "pass True or False")
+        if self.lease is not None and not callable(self.lease):
+            raise ConfigurationError("lease", self.lease, "pass a function from a thread id to a lock, or None")
+        check_int("remember", self.remember, minimum=1, advice="a positive number of conversations")
+        object.__setattr__(self, "_cache", Bounded(self.remember))
+
+    def bind(self, options: CompactionOptions) -> PrepareAhead:
+        """This feature with its mark worked out for ``options`` (the same cache: preparations carry over)."""
+        budget = options.budget
+        mark = round(budget.threshold * self.at) if budget.threshold is not None else None
+        if mark is not None and budget.landing is not None and mark <= budget.landing:
+            raise ConfigurationError("at", self.at, _ADVICE)
+        bound = PrepareAhead.__new__(PrepareAhead)
+        for name in ("at", "wait", "in_store", "lease", "remember", "_cache"):
+            object.__setattr__(bound, name, getattr(self, name))
+        object.__setattr__(bound, "mark", mark)
+        return bound
+
+    # -- what a turn asks ---------------------------------------------------------------
+
+    def finished(self, conversation: Conversation, messages: Sequence[BaseMessage]) -> PreparedSummary | None:
+        """The preparation finished for this conversation, if it still matches ``messages`` (else it is dropped)."""
+        claim = self._cache.get(conversation.key)
+        if claim is None or not claim.done.is_set() or claim.value is None:
+            return None
+        if claim.value.matches(messages):
+            return claim.value
+        self._cache.pop(conversation.key, claim)  # made from messages that are no longer there
+        return None
+
+    def running(self, conversation: Conversation) -> bool:
+        """Whether a preparation of this conversation is under way in this process."""
+        claim = self._cache.get(conversation.key)
+        return claim is not None and not claim.done.is_set()
+
+    def ahead(
+        self,
+        compact: Compact,
+        conversation: Conversation,
+        messages: Sequence[BaseMessage],
+        base: PreparedSummary | None,
+        store: Any = None,
+    ) -> Flow[bool]:
+        """Start preparing ``messages`` in the background (on top of ``base``); whether one was started.
+
+        A running preparation of the conversation is left to finish; a stored
+        one that another worker made for these messages is adopted instead.
+        """
+        claim = self._claim(conversation, messages, base)
+        if claim is None:
+            return False
+        if base is None and self.in_store and store is not None:
+            try:
+                found = yield from _read_store(store, conversation, messages)
+            except Exception as exc:  # the store is a second home for preparations, never needed
+                logger.warning("could not read prepared summaries from the store (%s: %s)", type(exc).__name__, exc)
+                found = None
+            if found is not None:
+                claim.value = found
+                claim.done.set()
+                return False
+        try:
+            started: bool = yield twin(
+                self._start, self._astart, compact, conversation, claim, list(messages), base, store
+            )
+        except Exception as exc:  # never surfaces in a turn: the threshold compacts as usual
+            logger.warning("could not start preparing a summary (%s: %s)", type(exc).__name__, exc)
+            self._cache.pop(conversation.key, claim)
+            return False
+        return started
+
+    def take(
+        self, conversation: Conversation, messages: Sequence[BaseMessage], store: Any = None
+    ) -> Flow[tuple[PreparedSummary | None, float]]:
+        """The preparation for ``messages`` (waiting for a running one up to ``wait``), and the seconds waited."""
+        started = time.monotonic()
+        claim = self._cache.get(conversation.key)
+        if claim is not None and not claim.done.is_set():
+            yield twin(_wait, _await, claim, self.wait)
+        found = None
+        if claim is not None:
+            self._cache.pop(conversation.key, claim)
+            if not claim.done.is_set():
+                logger.warning(
+                    "the summary being prepared was not ready within %.1f s; compacting on the spot", self.wait
+                )
+            elif claim.value is not None and claim.value.matches(messages):
+                found = claim.value
+            elif claim.value is not None:
+                logger.info("a prepared summary was discarded: the messages it covers changed since")
+        if self.in_store and store is not None:
+            try:
+                stored = yield from _read_store(store, conversation, messages, clear=True)
+            except Exception as exc:  # a store failure costs the stored preparation, never the turn
+                logger.warning("could not read prepared summaries from the store (%s: %s)", type(exc).__name__, exc)
+                stored = None
+            found = found or stored
+        return found, time.monotonic() - started
+
+    # -- the background run -----------------------------------------------------------------
+
+    def _claim(
+        self, conversation: Conversation, messages: Sequence[BaseMessage], base: PreparedSummary | None
+    ) -> _Preparation | None:
+        """A new preparation for the conversation, unless it has one.
+
+        One per conversation until the threshold takes it: a running one is
+        left to finish, a finished one waits to be applied (or, given as
+        ``base``, is built on), and a failed one is not retried every turn,
+        unless the conversation was compacted since it started.
+        """
+        origin = opening(messages)
+        current = self._cache.get(conversation.key)
+        if current is not None and not (current.done.is_set() and current.value is base):
+            return None
+        if current is not None and base is None and current.origin == origin:
+            return None  # it failed (or another process holds the lease): the threshold compacts as usual
+        claim = _Preparation(origin)
+        self._cache.put(conversation.key, claim)
+        return claim
+
+    def _lease_key(self, conversation: Conversation) -> str:
+        return "|".join((conversation.thread or "", *conversation.namespace))
+
+    def _lease_for(self, conversation: Conversation) -> AbstractContextManager[bool]:
+        if self.lease is None:
+            return nullcontext(True)
+        return self.lease(self._lease_key(conversation)).lease(wait=False)  # type: ignore[no-any-return]
+
+    def _start(self, run: _Run) -> bool:
+        def work() -> None:
+            claim = run.claim
+            try:
+                with self._lease_for(run.conversation) as held:
+                    if held:
+                        claim.value = drive(run.compact(run.snapshot, run.base))
+                if claim.value is not None and self.in_store and run.store is not None:
+                    drive(_write_store(run.store, run.conversation, claim.value))
+            except Exception as exc:  # never surfaces in a turn
+                _failed(exc)
+            finally:
+                claim.done.set()
+
+        threading.Thread(target=work, name="langchain-compaction-prepare", daemon=True).start()
+        return True
+
+    async def _astart(self, run: _Run) -> bool:
+        async def work() -> None:
+            claim = run.claim
+            try:
+                lease = self.lease(self._lease_key(run.conversation)).alease(wait=False) if self.lease else None
+                if lease is None:
+                    claim.value = await adrive(run.compact(run.snapshot, run.base))
+                else:
+                    async with lease as held:
+                        if held:
+                            claim.value = await adrive(run.compact(run.snapshot, run.base))
+                if claim.value is not None and self.in_store and run.store is not None:
+                    await adrive(_write_store(run.store, run.conversation, claim.value))
+            except asyncio.CancelledError:
+                logger.info("a summary being prepared was cancelled (its event loop closed); the threshold compacts")
+                raise
+            except Exception as exc:  # never surfaces in a turn
+                _failed(exc)
+            finally:
+                claim.done.set()
+
+        run.claim.task = asyncio.get_running_loop().create_task(work())
+        return True
+
+
+def _failed(exc: Exception) -> None:
+    logger.warning(
+        "preparing a summary in the background failed; the threshold compacts as usual: %s: %s", type(exc).__name__, exc
+    )
+
+
+def _wait(claim: _Preparation, seconds: float) -> None:
+    claim.done.wait(seconds)
+
+
+async def _await(claim: _Preparation, seconds: float) -> None:
+    task = claim.task
+    if task is not None and task.get_loop().is_closed():
+        claim.done.set()  # its loop closed under it: it will never finish
+        return
+    if task is not None and task.get_loop() is asyncio.get_running_loop():
+        await asyncio.wait({task}, timeout=seconds)
+    else:
+        # A thread (or a task of another loop): wait without holding up this one.
+        await asyncio.to_thread(claim.done.wait, seconds)
+
+
+# -- the store ------------------------------------------------------------------------------
+
+
+def namespace(conversation: Conversation) -> tuple[str, ...]:
+    """The store namespace of a conversation's prepared summaries."""
+    return (STORE_NAMESPACE, *conversation.labels())
+
+
+def _read_store(
+    store: Any, conversation: Conversation, messages: Sequence[BaseMessage], *, clear: bool = False
+) -> Flow[PreparedSummary | None]:
+    """The stored preparation made from a prefix of ``messages`` (the longest); with ``clear``, all are deleted."""
+    if conversation.thread is None:
+        return None
+    where = namespace(conversation)
+    items = yield twin(store.search, store.asearch, where, limit=_STORED)
+    found: list[PreparedSummary] = []
+    for item in items:
+        try:
+            prepared = PreparedSummary.from_value(item.value)
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.warning("ignored a stored prepared summary this version cannot read: %s", exc)
+            continue
+        if prepared.matches(messages):
+            found.append(prepared)
+    if clear:
+        for item in items:
+            yield twin(store.delete, store.adelete, where, item.key)  # applied now, or stale
+    return max(found, key=lambda p: p.size, default=None)
+
+
+def _write_store(store: Any, conversation: Conversation, prepared: PreparedSummary) -> Flow[None]:
+    if conversation.thread is None:
+        return
+    yield twin(store.put, store.aput, namespace(conversation), prepared.digest, prepared.to_value(), index=False)
