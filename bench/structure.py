@@ -10,7 +10,12 @@ python bench/structure.py [--json]
 - what ``langchain-compaction --help`` loads;
 - how many of the package's functions one compaction through ``CompactionNode``
   passes through, and in how many files (a profiler hook counts each distinct
-  function entered while the node compacts a state over its budget).
+  function entered while the node compacts a state over its budget): plain (the
+  default features: checked facts, pins), and with every feature on (prepared
+  summaries, the archive, pins, clearing; the turn that applies a prepared
+  compaction at the threshold, in a graph with a store). The summarizer is the
+  offline ``ExtractiveSummarizer``; its own functions are counted too, and
+  reported apart.
 """
 
 from __future__ import annotations
@@ -68,25 +73,51 @@ print(sorted(m for m in %r if m in sys.modules))
 """
 
 _WALK_PROBE = """
-import sys
+import sys, time
 from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, StateGraph
+from langgraph.store.memory import InMemoryStore
 from langchain_compaction import CompactionNode, CompactionOptions, ExtractiveSummarizer
+from langchain_compaction.features import Archive, ClearToolOutputs, PrepareAhead, default_features
+from langchain_compaction.graph import CompactionState
+
+package, every = %r, %r
 options = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=1_000)
-node = CompactionNode(ExtractiveSummarizer(), options)
-history = []
-for i in range(40):
-    history += [HumanMessage(f"question {i} about src/app_{i}.py " * 12, id=f"h{i}"),
-                AIMessage(f"answer {i} " * 40, id=f"a{i}")]
+features = [*default_features(), ClearToolOutputs(), PrepareAhead(at=0.7, wait=5.0), Archive()] if every else None
+node = CompactionNode(ExtractiveSummarizer(), options, features=features, result_key="compaction")
+turn = [0]
+def agent(state):
+    turn[0] += 1
+    return {"messages": [AIMessage(f"answer {turn[0]} " * 40, id=f"a{turn[0]}")]}
+builder = StateGraph(CompactionState)
+builder.add_node("compact", node)
+builder.add_node("agent", agent)
+builder.add_edge(START, "compact")
+builder.add_edge("compact", "agent")
+graph = builder.compile(checkpointer=InMemorySaver(), store=InMemoryStore())
+config = {"configurable": {"thread_id": "probe"}}
 seen = set()
-package = %r
 def hook(frame, event, arg):
     if event == "call" and frame.f_code.co_filename.startswith(package) and not frame.f_code.co_name.startswith("<"):
         seen.add((frame.f_code.co_filename, frame.f_code.co_qualname))
-sys.setprofile(hook)
-update = node.invoke({"messages": history})
-sys.setprofile(None)
-assert update, "the probe state should compact"
-print({"functions": len(seen), "files": len({f for f, _ in seen})})
+for i in range(60):
+    message = HumanMessage(f"question {i} about src/app_{i}.py " * 12, id=f"h{i}")
+    seen.clear()
+    sys.setprofile(hook)
+    state = graph.invoke({"messages": [message]}, config)
+    sys.setprofile(None)
+    if state.get("compaction"):
+        break
+    time.sleep(0.05)  # a background preparation finishes meanwhile, as during an agent's model call
+assert state.get("compaction"), "the probe should compact"
+if every:
+    assert state["compaction"]["parts"]["prepared"]["applied"], "the probe should apply a prepared compaction"
+summarizer = {(f, q) for f, q in seen if f.endswith("summarizers/extractive.py")}
+print({"functions": len(seen), "files": len({f for f, _ in seen}),
+       "without_the_summarizer": {"functions": len(seen - summarizer), "files": len({f for f, _ in seen - summarizer})},
+       "by_file": sorted(((f[len(package) + 1:], len([1 for g, _ in seen if g == f])) for f in {f for f, _ in seen}),
+                         key=lambda item: -item[1])})
 """
 
 
@@ -103,7 +134,8 @@ def runtime_figures() -> dict[str, object]:
         "import_seconds_best_of_5": round(best["seconds"], 3),  # type: ignore[index]
         "import_loads": best["loaded"],  # type: ignore[index]
         "cli_help_loads": _probe(_HELP_PROBE % (FRAMEWORKS,)),
-        "node_compaction_path": _probe(_WALK_PROBE % (str(PACKAGE),)),
+        "node_compaction_path": _probe(_WALK_PROBE % (str(PACKAGE), False)),
+        "node_compaction_path_every_feature": _probe(_WALK_PROBE % (str(PACKAGE), True)),
     }
 
 

@@ -177,22 +177,18 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             before a model call to the parent as well (``Command.PARENT``),
             which runs the agent again on the compacted list, so the parent
             shrinks too; ``"own"`` writes to the agent's state only.
-        prepare_wait: With ``options.prepare_at``, how many seconds a model
-            call at the threshold waits for a summary still being prepared
-            before it compacts on the spot.
-        prepare_in_store: With ``options.prepare_at``, also keep a prepared
-            summary in the agent's LangGraph store (``create_agent(store=...)``),
-            so another worker or a restarted process applies it.
-        prepare_lease: With ``options.prepare_at`` and several processes
-            serving the same threads: a function from a thread id to a lock
-            with a lease that says which process prepares its summary.
-        archive: Keep every message a compaction removes in the agent's
-            LangGraph store (``create_agent(store=...)``), under
-            ``("compaction_archive", <thread>)``, before the state is
-            rewritten; ``True`` for the defaults or ``Archive(...)`` for
-            retention, semantic indexing and error handling. The middleware
-            then registers the ``recall_messages`` tool that reads them back,
-            and each summary says it exists.
+        features: The features (``langchain_compaction.features``): checked
+            facts and pins by default; with ``Archive()`` every message a
+            compaction removes goes to the agent's LangGraph store
+            (``create_agent(store=...)``) and the middleware registers the
+            ``recall_messages`` tool that reads it back; ``PrepareAhead(at=0.7)``
+            prepares the next summary in the background; ``CacheAligned()``
+            sends the summarizer the agent's own prefix, system prompt and
+            tools included.
+        prepare_wait: Deprecated: ``PrepareAhead(wait=...)``.
+        prepare_in_store: Deprecated: ``PrepareAhead(in_store=...)``.
+        prepare_lease: Deprecated: ``PrepareAhead(lease=...)``.
+        archive: Deprecated: ``Archive(...)`` in ``features``.
 
     Raises:
         ConfigurationError: An argument is invalid.

@@ -28,8 +28,7 @@ from typing import Any, Generic, TypeVar
 
 from langchain_core.messages import BaseMessage
 
-from langchain_compaction._lc.convert import SUMMARY_MARK, fingerprint
-from langchain_compaction.core.record import LINEAGE_KEY
+from langchain_compaction._lc.convert import fingerprint, prefix_digest
 
 logger = logging.getLogger("langchain_compaction")
 
@@ -214,7 +213,7 @@ class Delivery:
     def __init__(self, nested: str, who: str) -> None:
         self.nested = nested
         self.who = who
-        self._sent: Bounded[str] = Bounded()
+        self._sent: Bounded[tuple[int, str]] = Bounded()
         self._own: Bounded[bool] = Bounded()
         self._warned: set[str] = set()
 
@@ -231,7 +230,7 @@ class Delivery:
         if parent is None or parent == TOO_DEEP or own.thread is None:
             return own, own, None
         sent = self._sent.pop(own.key)
-        if sent is not None and not _carries(messages, sent):
+        if sent is not None and not (len(messages) >= sent[0] and prefix_digest(messages[: sent[0]]) == sent[1]):
             self._own.put(own.key, True)
             self._say(
                 "not taken",
@@ -244,10 +243,12 @@ class Delivery:
         return own, own.up(), parent
 
     def sent(self, conversation: Conversation, messages: Sequence[BaseMessage]) -> None:
-        """Remember what was sent to the parent of ``conversation``'s subgraph: ``messages``, led by a summary."""
-        compaction = leading_compaction(messages)
-        if compaction is not None:
-            self._sent.put(conversation.key, compaction)
+        """Remember that ``messages`` (the list written) were sent to the parent of ``conversation``'s subgraph.
+
+        When the parent takes them, the subgraph's node runs again on exactly
+        that list (and what follows it); anything else means it did not.
+        """
+        self._sent.put(conversation.key, (len(messages), prefix_digest(messages)))
 
     def too_deep(self, config: Any) -> bool:
         """Whether this run is nested more than one level down (say so once)."""
@@ -275,27 +276,3 @@ class Delivery:
             return
         self._warned.add(kind)
         logger.warning("%s: %s", self.who, text)
-
-
-def _lineages(messages: Sequence[BaseMessage]) -> list[list[Any]]:
-    """The lineage of each summary in ``messages``' leading system block."""
-    found = []
-    for message in messages:
-        if message.type != "system":
-            break
-        mark = message.additional_kwargs.get(SUMMARY_MARK)
-        lineage = mark.get(LINEAGE_KEY) if isinstance(mark, dict) else None
-        if isinstance(lineage, list) and lineage:
-            found.append(lineage)
-    return found
-
-
-def leading_compaction(messages: Sequence[BaseMessage]) -> str | None:
-    """The id of the newest compaction whose summary leads ``messages``, if any."""
-    found = _lineages(messages)
-    return str(found[-1][-1]) if found else None
-
-
-def _carries(messages: Sequence[BaseMessage], compaction: str) -> bool:
-    """Whether ``messages`` are led by a summary of ``compaction`` (or of a later compaction built on it)."""
-    return any(compaction in lineage for lineage in _lineages(messages))

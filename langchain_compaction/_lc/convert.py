@@ -103,6 +103,14 @@ def fingerprint(message: BaseMessage) -> str:
     return digest.hexdigest()
 
 
+def prefix_digest(messages: Sequence[BaseMessage]) -> str:
+    """The identity of a list of messages: a digest of their fingerprints, in order."""
+    digest = hashlib.blake2b(digest_size=16)
+    for message in messages:
+        digest.update(fingerprint(message).encode("ascii"))
+    return digest.hexdigest()
+
+
 def _attachment(block: dict[str, Any], kind: str) -> str:
     """What the summarizer is told about an attachment: its kind, media type and URL (never inline data)."""
     raw = block.get("source")

@@ -284,6 +284,8 @@ class AnthropicSummarizer:
             params["extra_body"] = {"temperature": self.temperature}
         if self.extra_headers:
             params["extra_headers"] = self.extra_headers
+        if request.timeout is not None and (self.timeout is None or request.timeout < self.timeout):
+            params["timeout"] = request.timeout  # the library stops waiting then: so does the call
         return params, aligned
 
     def _finish(self, response: Any, request: SummaryRequest, *, aligned: bool) -> SummaryReply:

@@ -9,10 +9,9 @@ usable text, and sends it back; ``drive`` or ``adrive`` makes the calls.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from langchain_compaction.core.effects import Flow, twin
@@ -99,9 +98,28 @@ def _wrap(exc: Exception, request: SummaryRequest) -> CompactionError:
     )
 
 
+MAX_ABANDONED_CALLS = 4
+"""Timed-out blocking summary calls whose threads may still run before no new one is started.
+
+A blocking call cannot be interrupted in Python: its thread is abandoned at the
+deadline (the timeout is also given to the model's client where the library
+knows how, so the call itself ends soon after). While this many are still
+running, a new timed call fails at once instead of leaving one more thread.
+"""
+
+_abandoned = threading.BoundedSemaphore(MAX_ABANDONED_CALLS)
+
+
 def _call_with_timeout(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> object:
     if timeout is None:
         return summarizer.summarize(request)
+    if not _abandoned.acquire(blocking=False):
+        raise SummaryTimeoutError(
+            timeout,
+            chunk_index=request.chunk_index,
+            chunk_count=request.chunk_count,
+            detail=f"{MAX_ABANDONED_CALLS} earlier summary calls are still running past their timeout",
+        )
     # A blocking call cannot be interrupted; run it in a daemon thread with the
     # caller's context (callbacks, tracing) and stop waiting at the deadline.
     box: dict[str, object] = {}
@@ -112,6 +130,8 @@ def _call_with_timeout(summarizer: Summarizer, request: SummaryRequest, timeout:
             box["value"] = context.run(summarizer.summarize, request)
         except BaseException as exc:  # handed to the waiting thread
             box["error"] = exc
+        finally:
+            _abandoned.release()  # ended: it no longer counts, whether or not anyone waited
 
     worker = threading.Thread(target=target, name="langchain-compaction-summary", daemon=True)
     worker.start()
@@ -129,21 +149,26 @@ async def _await_with_timeout(summarizer: Summarizer, request: SummaryRequest, t
     task = asyncio.ensure_future(summarizer.asummarize(request))
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            task.cancel()
+            # Wait (briefly) for the call to wind down; a cancellation of the
+            # caller meanwhile propagates as itself, never as our timeout.
+            await asyncio.wait({task}, timeout=_WIND_DOWN_SECONDS)
+            raise SummaryTimeoutError(timeout, chunk_index=request.chunk_index, chunk_count=request.chunk_count)
     except asyncio.CancelledError:
         task.cancel()  # the caller was cancelled: do not leave the call running
         raise
-    if not done:
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        raise SummaryTimeoutError(timeout, chunk_index=request.chunk_index, chunk_count=request.chunk_count)
     # A TimeoutError raised by the model itself is a failure, not our deadline.
     return task.result()
 
 
+_WIND_DOWN_SECONDS = 1.0
+"""How long a timed-out async summary call is given to end after it is cancelled."""
+
+
 def _ask(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> SummaryReply:
     try:
-        value = _call_with_timeout(summarizer, request, timeout)
+        value = _call_with_timeout(summarizer, _timed(request, timeout), timeout)
     except Exception as exc:
         raise _wrap(exc, request) from exc
     return _reply(value, request)
@@ -151,10 +176,16 @@ def _ask(summarizer: Summarizer, request: SummaryRequest, timeout: float | None)
 
 async def _aask(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> SummaryReply:
     try:
-        value = await _await_with_timeout(summarizer, request, timeout)
+        value = await _await_with_timeout(summarizer, _timed(request, timeout), timeout)
     except Exception as exc:
         raise _wrap(exc, request) from exc
     return _reply(value, request)
+
+
+def _timed(request: SummaryRequest, timeout: float | None) -> SummaryRequest:
+    # The summarizer passes it on to its client where it can (a call that ends
+    # itself frees its thread).
+    return request if timeout is None else replace(request, timeout=timeout)
 
 
 class _Driver:

@@ -198,6 +198,9 @@ class SummaryRequest:
             prompt cache (tools, then system, then messages) matches it.
         max_tokens: The summary budget in force: an answer over it is
             rejected, so summarizers that can bound themselves should.
+        timeout: Seconds the call may take (``CompactionOptions.timeout``);
+            a summarizer that can passes it to its client, so a call the
+            library stopped waiting for also ends.
     """
 
     system: str
@@ -214,6 +217,7 @@ class SummaryRequest:
     prefix_prompt: str = ""
     prefix_tools: tuple[object, ...] = ()
     max_tokens: int = 8192
+    timeout: float | None = None
 
     @property
     def wants_fallback(self) -> bool:

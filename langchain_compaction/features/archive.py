@@ -91,8 +91,10 @@ class Archive(Feature):
             past that it compacts without archiving, and says so.
 
     Its record in ``CompactionResult.parts["archive"]``: ``archived`` (items
-    written), ``present`` (already there from an earlier try), ``skipped``
-    (``True`` when the compaction went ahead without archiving).
+    written), ``present`` (already there from an earlier try of the same
+    compaction), and ``skipped`` when the compaction went ahead without
+    archiving (no thread, or a failed write with ``on_error="warn"`` once the
+    context no longer fit).
 
     Example:
         >>> Archive(max_messages=500).namespace(Conversation("user.1"))
@@ -142,8 +144,8 @@ class Archive(Feature):
         """The line that tells the agent earlier messages can be read back."""
         return Addition(section=RECALL_NOTE.format(tool=RECALL_TOOL_NAME))
 
-    def commit(self, commit: Commit) -> Flow[bool]:
-        """Archive what the compaction removes, before anything else happens; whether it may go ahead."""
+    def commit(self, commit: Commit) -> Flow[Mapping[str, Any] | None]:
+        """Archive what the compaction removes, before anything else happens; ``None`` holds it back."""
         store, conversation = commit.store, commit.conversation
         if store is None:
             raise ConfigurationError(
@@ -157,22 +159,23 @@ class Archive(Feature):
                 "Archive is on but the run has no thread_id in its config, so the compacted messages of this run "
                 "are not archived (a run without a thread has no conversation to file them under)"
             )
-            return True
+            return {"archived": 0, "present": 0, "skipped": True}
         if not commit.removed:
-            return True
+            return {"archived": 0, "present": 0}
         try:
             written = yield from self._write(store, self.namespace(conversation), commit)
         except Exception as error:
             if self.on_error == "warn":
                 logger.warning("archiving failed (%s: %s)", type(error).__name__, error)
-                return False
+                return None
             msg = (
                 f"archiving the compacted messages failed ({type(error).__name__}: {error}); "
                 "the state was not changed and no summary was asked for"
             )
             raise StoreError(msg, operation="archive") from error
-        logger.info("archived %d compacted message(s) (%d already there)", written, len(commit.removed) - written)
-        return True
+        present = len(commit.removed) - written
+        logger.info("archived %d compacted message(s) (%d already there)", written, present)
+        return {"archived": written, "present": present}
 
     def _write(self, store: BaseStore, namespace: tuple[str, ...], commit: Commit) -> Flow[int]:
         mark = commit.mark

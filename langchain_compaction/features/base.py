@@ -9,8 +9,9 @@ of its edits:
 - ``protect``: what may not be cut (kept verbatim after the summary);
 - ``instead``: a cheaper step than a summary, tried first;
 - ``add``: what is added after the summary (a section, keys in its mark);
-- ``commit``: what happens when a compaction is committed, before the state
-  or store is written (it may hold the compaction back for this turn).
+- ``commit``: what happens when a compaction is committed, before the summary
+  is asked for (or a prepared one applied) and before the state or store is
+  written; it may hold the compaction back for this turn.
 
 What runs ahead of the threshold (``PrepareAhead``), what the summarizer is
 sent (``CacheAligned``) and what its answer must hold (``RequireSections``)
@@ -113,9 +114,9 @@ class Feature:
         """What to add to the summary ``draft``."""
         return None
 
-    def commit(self, commit: Commit) -> Flow[bool]:
-        """Run before the compaction is written; ``False`` holds it back for this turn."""
-        return True
+    def commit(self, commit: Commit) -> Flow[Mapping[str, Any] | None]:
+        """Run before the compaction is made and written: its figures, or ``None`` to hold it back this turn."""
+        return {}
         yield  # pragma: no cover - makes this a generator
 
     @classmethod

@@ -25,7 +25,6 @@ threshold compacts on the spot.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import threading
 import time
@@ -37,7 +36,7 @@ from typing import Any, ClassVar
 from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
 
 from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED, Bounded, Conversation, opening
-from langchain_compaction._lc.convert import fingerprint
+from langchain_compaction._lc.convert import prefix_digest
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.options import CompactionOptions, check_int, check_seconds
 from langchain_compaction.core.result import CompactionResult
@@ -62,14 +61,6 @@ _ADVICE = (
     "pass a share of the threshold above the landing (half the threshold) and below 1, e.g. 0.7, "
     "or leave PrepareAhead out to summarize at the threshold"
 )
-
-
-def prefix_digest(messages: Sequence[BaseMessage]) -> str:
-    """The identity of a list of messages: a digest of their fingerprints, in order."""
-    digest = hashlib.blake2b(digest_size=16)
-    for message in messages:
-        digest.update(fingerprint(message).encode("ascii"))
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,9 +286,8 @@ class PrepareAhead(Feature):
                 claim.done.set()
                 return False
         try:
-            started: bool = yield twin(
-                self._start, self._astart, compact, conversation, claim, list(messages), base, store
-            )
+            run = _Run(compact, conversation, claim, list(messages), base, store)
+            started: bool = yield twin(self._start, self._astart, run)
         except Exception as exc:  # never surfaces in a turn: the threshold compacts as usual
             logger.warning("could not start preparing a summary (%s: %s)", type(exc).__name__, exc)
             self._cache.pop(conversation.key, claim)

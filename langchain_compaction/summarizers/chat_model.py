@@ -69,6 +69,20 @@ def _config(request: SummaryRequest) -> RunnableConfig:
     )
 
 
+# Chat model classes whose client takes a per-call ``timeout`` keyword (their
+# ``invoke`` keywords go to the provider SDK's create call).
+_TIMEOUT_KEYWORD_MODULES = ("langchain_anthropic", "langchain_openai")
+
+
+def _client_timeout(model: Runnable[Any, Any], request: SummaryRequest) -> dict[str, Any]:
+    """``{"timeout": seconds}`` when ``model``'s client is known to take it per call, else nothing."""
+    if request.timeout is None:
+        return {}
+    bound = getattr(model, "bound", model)  # a model with tools bound is a RunnableBinding
+    module = type(bound).__module__
+    return {"timeout": request.timeout} if module.startswith(_TIMEOUT_KEYWORD_MODULES) else {}
+
+
 @dataclass(frozen=True, slots=True)
 class ChatModelSummarizer:
     """Summarizes with any LangChain chat model or Runnable over messages.
@@ -115,13 +129,15 @@ class ChatModelSummarizer:
     def summarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Invoke the model; see ``Summarizer``."""
         messages, aligned = self._input(request)
-        output = self._model(request, aligned).invoke(messages, config=_config(request))
+        model = self._model(request, aligned)
+        output = model.invoke(messages, config=_config(request), **_client_timeout(model, request))
         return _reply(output, covers_prefix=aligned)
 
     async def asummarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Await the model's ``ainvoke``; see ``Summarizer``."""
         messages, aligned = self._input(request)
-        output = await self._model(request, aligned).ainvoke(messages, config=_config(request))
+        model = self._model(request, aligned)
+        output = await model.ainvoke(messages, config=_config(request), **_client_timeout(model, request))
         return _reply(output, covers_prefix=aligned)
 
 

@@ -258,5 +258,5 @@ def test_archive_in_postgres_store_graph_and_agent_sessions(postgres_server: Pos
             Conversation("tenant.7/graph"),
             store,
         )
-        assert drive(Archive().commit(again)) is True
+        assert drive(Archive().commit(again)) == {"archived": 0, "present": 8}
         assert assert_each_message_once(session.sent, out["messages"], store, "tenant.7/graph") > 300

@@ -195,8 +195,8 @@ def test_archiving_again_after_a_retry_writes_nothing_twice() -> None:
     store = InMemoryStore()
     before: list[BaseMessage] = [HumanMessage(f"m{i}", id=f"m{i}") for i in range(6)]
     commit = Commit(list(enumerate(before[:4])), {"lineage": ["c1"], "compaction": 1}, Conversation("t"), store)
-    assert drive(Archive().commit(commit))
-    assert drive(Archive().commit(commit))  # a retry, or a restarted process
+    assert drive(Archive().commit(commit)) == {"archived": 4, "present": 0}
+    assert drive(Archive().commit(commit)) == {"archived": 0, "present": 4}  # a retry, or a restarted process
     items = archived_messages(store, "t")
     assert sorted(m.id for _, _, m in items) == ["m0", "m1", "m2", "m3"]
 

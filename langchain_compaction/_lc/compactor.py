@@ -1,0 +1,323 @@
+"""What makes a compaction: the plan, what the features add, and the compacted list.
+
+``Compactor`` holds what every compaction needs (the summarizer and its
+fallback, the options, the features bound to them, the token cache) and makes
+the pieces ``Turn`` (``_lc.turn``) puts together: ``plan`` (a cheaper step
+first, else the cut and the summary flow), ``finish`` (the summary message with
+what the features add, laid out around the caller's own objects), a clearing's
+output, and a list whose misplaced summary is put back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from langchain_core.messages import BaseMessage
+from typing_extensions import Self
+
+from langchain_compaction._lc.convert import SUMMARY_MARK, bridge_message, summary_message, to_core
+from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages
+from langchain_compaction.core.engine import DriverReport, Summarizer
+from langchain_compaction.core.flow import SummaryFlow, compaction_flow
+from langchain_compaction.core.layout import BODY_KEY, compaction_result, compose_summary, layout
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.plan import (
+    REPEAT_TURNS,
+    Plan,
+    misplaced,
+    plan_compaction,
+    reordered,
+    turns_since_summary,
+)
+from langchain_compaction.core.record import LINEAGE_KEY, numbering, written_here
+from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.core.types import Message, Preamble
+from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.features import Draft, Feature, RequireSections, resolve
+from langchain_compaction.features.clearing import ClearingPlan, ClearToolOutputs
+from langchain_compaction.summarizers.chat_model import as_summarizer
+
+logger = logging.getLogger("langchain_compaction")
+
+Trigger = Literal["auto", "force"]
+"""``auto``: only when the trigger rule says so; ``force``: now."""
+
+Output = tuple[CompactionResult, list[BaseMessage]]
+"""A finished compaction: its figures and the compacted list."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A compaction planned over a LangChain list, ready to be driven.
+
+    Attributes:
+        messages: The caller's list.
+        core: Its core form.
+        counts: Token count per message.
+        plan: The plan (``None`` when clearing old tool outputs is enough).
+        flow: The summary flow for the plan (``None`` likewise).
+        clearing: Which tool outputs to clear instead of summarizing, if that is enough.
+        repeated: Whether it repeats a compaction a few turns old (and so keeps less).
+        kept: Indices of the messages the output keeps.
+    """
+
+    messages: Sequence[BaseMessage]
+    core: list[Message]
+    counts: list[int]
+    plan: Plan | None
+    flow: SummaryFlow | None
+    clearing: ClearingPlan | None = None
+    repeated: bool = False
+    kept: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Compactor:
+    """What a compaction needs, and the pieces every compaction is made of.
+
+    Attributes:
+        summarizer: Writes the summaries.
+        fallback: Takes over when the summarizer fails, if given.
+        options: The options in force.
+        features: The features, checked against the options.
+        given: The features as the user gave them (bound again when the window is learnt).
+        cache: Token counts per message, shared by every version of this turn.
+    """
+
+    summarizer: Summarizer
+    fallback: Summarizer | None
+    options: CompactionOptions
+    features: tuple[Feature, ...]
+    given: tuple[Feature, ...]
+    cache: TokenCountCache
+
+    @classmethod
+    def build(
+        cls,
+        model: Any,
+        options: object,
+        fallback: Any = None,
+        features: Sequence[Feature] | None = None,
+        *,
+        where: Literal["graph", "history", "function"] = "graph",
+        adapter: dict[str, Any] | None = None,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> Self:
+        """Accept what a user passes (a model, options or ``None``, a fallback, features) and check it.
+
+        Raises:
+            ConfigurationError: An argument is not what it should be.
+        """
+        if options is None:
+            options = CompactionOptions()
+        if not isinstance(options, CompactionOptions):
+            raise ConfigurationError("options", options, "pass CompactionOptions(context_window=...), or None")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+            raise ConfigurationError("cache_size", cache_size, f"pass a positive number (default {DEFAULT_CACHE_SIZE})")
+        bound = resolve(features, options, where=where, adapter=adapter)
+        given = tuple(features) if features is not None else bound
+        backup = None if fallback is None else as_summarizer(fallback, field="fallback")
+        cache = TokenCountCache(options, max_entries=cache_size)
+        return cls(as_summarizer(model), backup, options, bound, given, cache)
+
+    def with_window(self, context_window: int) -> Self:
+        """This turn for another context window: the features bound again, the caches kept."""
+        options = self.options.with_window(context_window)
+        return replace(self, options=options, features=tuple(f.bind(options) for f in self.features))
+
+    def feature(self, kind: type[Any]) -> Any:
+        """The feature of ``kind`` in force, or ``None``."""
+        return next((f for f in self.features if isinstance(f, kind)), None)
+
+    def seam(self, name: str) -> list[Feature]:
+        return [f for f in self.features if type(f).overrides(name)]
+
+    def plan(
+        self,
+        messages: Sequence[BaseMessage],
+        core: list[Message],
+        counts: list[int],
+        *,
+        instructions: str = "",
+        trigger: Trigger = "force",
+        overhead: int = 0,
+        preamble: Preamble | None = None,
+    ) -> Job | None:
+        """Plan a compaction of ``messages``: a cheaper step if one is enough, else the cut and the summary flow."""
+        if trigger == "auto":
+            cheaper = self.seam("instead")
+            if cheaper:
+                protected = frozenset(self._protected(core, counts, 0, len(core))[0])
+                for feature in cheaper:
+                    clearing = feature.instead(core, counts, protected)
+                    if clearing is not None:
+                        return Job(messages, core, counts, None, None, clearing)
+        keep, repeated = self._keep(core, trigger)
+        plan = plan_compaction(core, counts, keep, force=trigger == "force", protect=self._protected)
+        if plan is None:
+            return None
+        shape = layout(core, plan, self.options)
+        required: RequireSections | None = self.feature(RequireSections)
+        flow = compaction_flow(
+            core,
+            plan,
+            self.options,
+            instructions.strip(),
+            originals=tuple(messages),
+            counts=counts,
+            preamble=preamble,
+            required=required.headings if required is not None else (),
+        )
+        return Job(messages, core, counts, plan, flow, repeated=repeated, kept=(*shape.head, *shape.kept))
+
+    def _protected(
+        self, core: Sequence[Message], counts: Sequence[int], start: int, cut: int
+    ) -> tuple[tuple[int, ...], int]:
+        """What the features say may not be cut in ``[start, cut)`` (the ``protect`` seam); how many were left out."""
+        kept: set[int] = set()
+        over = 0
+        for feature in self.seam("protect"):
+            indices, left = feature.protect(core, counts, start, cut)
+            kept.update(indices)
+            over += left
+        return tuple(sorted(kept)), over
+
+    def _keep(self, core: Sequence[Message], trigger: Trigger) -> tuple[int, bool]:
+        """The keep budget for this compaction, and whether it repeats one a few turns old.
+
+        No death spiral: when the threshold is crossed again within
+        ``REPEAT_TURNS`` replies, what was kept is too large for the landing
+        target, so this compaction keeps half as much instead of summarizing
+        the same way again.
+        """
+        keep = self.options.budget.keep
+        since = turns_since_summary(core) if trigger == "auto" else None
+        if since is None or since > REPEAT_TURNS:
+            return keep, False
+        logger.warning(
+            "compaction fired again %d assistant turn(s) after the previous one: the messages kept were too large "
+            "to land under the target; keeping %d tokens instead of %d this time",
+            since,
+            keep // 2,
+            keep,
+        )
+        return max(keep // 2, 1), True
+
+    def finish(self, job: Job, report: DriverReport, record: dict[str, Any]) -> Output:
+        """The compacted list (the caller's objects around what was written) and its figures.
+
+        Args:
+            job: From ``plan``.
+            report: From the driver.
+            record: The summary's record (``core.record.stamp``).
+
+        Returns:
+            The result and the compacted list.
+        """
+        assert job.plan is not None
+        original, plan = job.messages, job.plan
+        shape = layout(job.core, plan, self.options)
+        draft = Draft(job.core, plan, shape.kept, report.outcome.summary, self.options)
+        added = [(f.name, f.add(draft)) for f in self.seam("add")]
+        content, body = compose_summary(report.outcome.summary, [a.section for _, a in added if a is not None])
+        mark: dict[str, Any] = {"kind": "summary", "version": 2, BODY_KEY: body}
+        for _, addition in added:
+            if addition is not None:
+                mark.update(addition.mark)
+        mark.update(record)
+        written: list[BaseMessage] = [summary_message(content, mark, summary_id(record))]
+        if shape.bridge:
+            written.append(bridge_message())
+        output = [*(original[i] for i in shape.head), *written, *(original[i] for i in shape.kept)]
+        written_tokens = sum(count_messages(written, [to_core(m) for m in written], self.options))
+        result = compaction_result(plan, shape, job.counts, written_tokens, report=report, options=self.options)
+        parts = {name: dict(a.record) for name, a in added if a is not None and a.record}
+        return replace(result, repeated=job.repeated, parts=parts), output
+
+    def _cleared(self, job: Job, clearing: ClearingPlan) -> Output:
+        output = list(job.messages)
+        for index, text in zip(clearing.indices, clearing.contents):
+            message = output[index]
+            mark = {"kind": "cleared", "tokens": job.counts[index]}
+            output[index] = message.model_copy(
+                update={"content": text, "additional_kwargs": {**message.additional_kwargs, SUMMARY_MARK: mark}}
+            )
+        replaced = [output[i] for i in clearing.indices]
+        placeholders = sum(count_messages(replaced, [to_core(m) for m in replaced], self.options))
+        result = ClearToolOutputs.result(clearing, job.counts, placeholders)
+        return result, output
+
+    # -- what happens around a compaction ---------------------------------------------------------
+
+    def _reorder(
+        self, messages: Sequence[BaseMessage], core: list[Message], counts: list[int]
+    ) -> tuple[list[BaseMessage], list[Message], list[int]] | None:
+        """Summaries found mid-history put back where they belong (``core.plan.reordered``); ``None`` if none is."""
+        if not misplaced(core):
+            return None
+        shape = reordered(core, self.options.ensure_user_turn)
+        out = [(messages[i], core[i], counts[i]) for i in shape.head]
+        if shape.bridge:
+            bridge = bridge_message()
+            bridge_core = to_core(bridge)
+            out.append((bridge, bridge_core, count_messages([bridge], [bridge_core], self.options)[0]))
+        out += [(messages[i], core[i], counts[i]) for i in shape.kept]
+        logger.info(
+            "a summary was found mid-history (a subgraph's output merged into its parent): moved it to the front, "
+            "%d -> %d messages",
+            len(messages),
+            len(out),
+        )
+        return [m for m, _, _ in out], [c for _, c, _ in out], [n for _, _, n in out]
+
+
+def leaves(message: Message) -> bool:
+    """Whether a message taken out of the state leaves it for good.
+
+    Not what the library wrote, nor the placeholder of an output cleared (and
+    so archived) earlier.
+    """
+    return not written_here(message) and message.mark.get("kind") != "cleared"
+
+
+def positions(core: Sequence[Message]) -> tuple[int | None, ...]:
+    return numbering(core).positions
+
+
+def summary_id(record: dict[str, Any]) -> str:
+    lineage = record.get(LINEAGE_KEY) or []
+    return f"compaction-summary-{lineage[-1]}" if lineage else f"compaction-summary-{time.monotonic_ns():x}"
+
+
+def log(result: CompactionResult, options: CompactionOptions) -> None:
+    """Log what a compaction did: at INFO, and a warning when what must be kept is over the threshold."""
+    if result.over_budget:
+        # The kept part alone is over the threshold (one huge recent message):
+        # nothing more can be summarized without touching what must be kept.
+        logger.warning(
+            "the compacted context is still over budget: %d tokens > %d (the kept messages alone are too large)",
+            result.compacted_tokens,
+            options.budget.threshold,
+        )
+    cleared = result.part("clearing").get("cleared")
+    if cleared:
+        logger.info(
+            "cleared %d old tool outputs instead of summarizing: %d -> %d tokens",
+            cleared,
+            result.original_tokens,
+            result.compacted_tokens,
+        )
+        return
+    logger.info(
+        "compacted %d messages into a summary: %d -> %d tokens (cut at %d, %d summarizer call(s)%s)",
+        result.messages_removed,
+        result.original_tokens,
+        result.compacted_tokens,
+        result.cut_index,
+        result.summarizer_calls,
+        ", fallback used" if result.fallback_used else "",
+    )
