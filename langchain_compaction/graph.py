@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, ToolMessage
 from langchain_core.runnables import Runnable, RunnableConfig
@@ -30,11 +30,11 @@ from langgraph.graph import MessagesState
 from langgraph.pregel import Pregel
 from langgraph.types import Command
 
-from langchain_compaction._lc.conversation import Delivery, thread_of
+from langchain_compaction._lc.conversation import Delivery, Nesting, thread_of
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, replacement
-from langchain_compaction._lc.legacy import UNSET, adapter_keywords
-from langchain_compaction._lc.turn import Outcome, Place, Trigger, Turn
+from langchain_compaction._lc.legacy import adapter_keywords
+from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.context import context_tokens
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.engine import Summarizer
@@ -60,9 +60,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("langchain_compaction")
-
-Nesting = Literal["parent", "own"]
-"""Where a node in a subgraph writes a compaction (see ``CompactionNode(nested=...)``)."""
 
 COMPACT_COMMAND = "/compact"
 """The chat command that forces a compaction when ``enable_compact_command`` is set."""
@@ -159,7 +156,7 @@ class _Ask:
     command: BaseMessage | None = None
 
 
-class CompactionNode(Runnable[Any, Any]):
+class CompactionNode(Runnable[Any, Any], Adapter):
     """A LangGraph node that keeps the message list inside the context window.
 
     Add it before the model node of any ``StateGraph`` whose message list uses
@@ -215,10 +212,8 @@ class CompactionNode(Runnable[Any, Any]):
             reads it back), ``PrepareAhead(at=0.7)`` to prepare the next
             summary in the background, ``ClearToolOutputs()`` to clear old
             tool outputs first.
-        prepare_wait: Deprecated: ``PrepareAhead(wait=...)``.
-        prepare_in_store: Deprecated: ``PrepareAhead(in_store=...)``.
-        prepare_lease: Deprecated: ``PrepareAhead(lease=...)``.
-        archive: Deprecated: ``Archive(...)`` in ``features``.
+        **deprecated: The 0.2 keywords ``prepare_wait``, ``prepare_in_store``,
+            ``prepare_lease`` and ``archive`` (see ``_lc.legacy``).
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -250,10 +245,7 @@ class CompactionNode(Runnable[Any, Any]):
         cache_size: int = DEFAULT_CACHE_SIZE,
         nested: Nesting = "parent",
         features: Sequence[Feature] | None = None,
-        prepare_wait: Any = UNSET,
-        prepare_in_store: Any = UNSET,
-        prepare_lease: Any = UNSET,
-        archive: Any = UNSET,
+        **deprecated: Any,
     ) -> None:
         if not isinstance(messages_key, str) or not messages_key:
             raise ConfigurationError("messages_key", messages_key, "pass the state key of the message list")
@@ -261,15 +253,7 @@ class CompactionNode(Runnable[Any, Any]):
             raise ConfigurationError(
                 "result_key", result_key, "pass a state key other than messages_key (e.g. 'compaction'), or None"
             )
-        if nested not in ("parent", "own"):
-            raise ConfigurationError("nested", nested, "pass 'parent' or 'own'")
-        legacy = adapter_keywords(
-            "CompactionNode",
-            prepare_wait=prepare_wait,
-            prepare_in_store=prepare_in_store,
-            prepare_lease=prepare_lease,
-            archive=archive,
-        )
+        legacy = adapter_keywords("CompactionNode", deprecated)
         self._turn = Turn.build(model, options, fallback, features, adapter=legacy, cache_size=cache_size)
         self.messages_key = messages_key
         self.result_key = result_key
@@ -278,16 +262,6 @@ class CompactionNode(Runnable[Any, Any]):
         self.nested: Nesting = nested
         self._delivery = Delivery(nested, f"CompactionNode {name!r}")
         self._warned_no_window = False
-
-    @property
-    def options(self) -> CompactionOptions:
-        """The options in force."""
-        return self._turn.options
-
-    @property
-    def features(self) -> tuple[Feature, ...]:
-        """The features in force (``langchain_compaction.features``)."""
-        return self._turn.features
 
     @property
     def archive(self) -> Archive | None:
@@ -339,13 +313,13 @@ class CompactionNode(Runnable[Any, Any]):
         config: RunnableConfig | None,
         manual: str | None = None,
         model: Summarizer | None = None,
-        store: Any = UNSET,
+        store: Any = None,
     ) -> Flow[tuple[CompactionResult | None, dict[str, Any] | Command[Any]]]:
         ask = self._ask(state, manual)
         if ask is None:
             return None, {}
         own, conversation, parent = self._delivery.conversation(config, ask.messages)
-        place = Place(conversation, current_store() if store is UNSET else store, config)
+        place = Place(conversation, store if store is not None else current_store(), config)
         trigger: Trigger = "force" if ask.forced else "auto"
         outcome: Outcome = yield from self._turn.run(
             ask.messages, place, trigger=trigger, instructions=ask.instructions, summarizer=model, traced=state

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Annotated, Any, Literal, TypeAlias, cast
+from typing import Annotated, Any, TypeAlias, cast
 
 from typing_extensions import NotRequired
 
@@ -88,12 +88,12 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from langchain_compaction._lc.conversation import Delivery, conversation_of
+from langchain_compaction._lc.conversation import Delivery, Nesting, conversation_of
 from langchain_compaction._lc.convert import json_text, to_core
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, count_messages, counting
 from langchain_compaction._lc.events import COMPACTION_EVENT, replacement
-from langchain_compaction._lc.legacy import UNSET, adapter_keywords
-from langchain_compaction._lc.turn import Outcome, Place, Trigger, Turn
+from langchain_compaction._lc.legacy import adapter_keywords
+from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
@@ -138,7 +138,7 @@ class CompactionAgentState(AgentState[Any]):
 _CallResult: TypeAlias = "ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]"
 
 
-class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
+class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adapter):
     """Keeps a ``create_agent`` conversation inside the model's context window.
 
     Before each model call, when the conversation plus the request's system
@@ -185,10 +185,8 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
             prepares the next summary in the background; ``CacheAligned()``
             sends the summarizer the agent's own prefix, system prompt and
             tools included.
-        prepare_wait: Deprecated: ``PrepareAhead(wait=...)``.
-        prepare_in_store: Deprecated: ``PrepareAhead(in_store=...)``.
-        prepare_lease: Deprecated: ``PrepareAhead(lease=...)``.
-        archive: Deprecated: ``Archive(...)`` in ``features``.
+        **deprecated: The 0.2 keywords ``prepare_wait``, ``prepare_in_store``,
+            ``prepare_lease`` and ``archive`` (see ``_lc.legacy``).
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -217,27 +215,16 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         custom_instructions: str = "",
         on_compaction: Callable[[CompactionResult], object] | None = None,
         cache_size: int = DEFAULT_CACHE_SIZE,
-        nested: Literal["parent", "own"] = "parent",
+        nested: Nesting = "parent",
         features: Sequence[Feature] | None = None,
-        prepare_wait: Any = UNSET,
-        prepare_in_store: Any = UNSET,
-        prepare_lease: Any = UNSET,
-        archive: Any = UNSET,
+        **deprecated: Any,
     ) -> None:
         super().__init__()
         if not isinstance(custom_instructions, str):
             raise ConfigurationError("custom_instructions", custom_instructions, "pass a string ('' for none)")
-        if nested not in ("parent", "own"):
-            raise ConfigurationError("nested", nested, "pass 'parent' or 'own'")
         if on_compaction is not None and not callable(on_compaction):
             raise ConfigurationError("on_compaction", on_compaction, "pass a function of one CompactionResult, or None")
-        legacy = adapter_keywords(
-            "CompactionMiddleware",
-            prepare_wait=prepare_wait,
-            prepare_in_store=prepare_in_store,
-            prepare_lease=prepare_lease,
-            archive=archive,
-        )
+        legacy = adapter_keywords("CompactionMiddleware", deprecated)
         self._turn = Turn.build(model, options, fallback, features, adapter=legacy, cache_size=cache_size)
         archived: Archive | None = self._turn.feature(Archive)
         # With the archive on, the agent gets the tool that reads it back.
@@ -249,16 +236,6 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any]):
         self._window_checked = self._turn.options.context_window > 0
         self._delivery = Delivery(nested, "CompactionMiddleware")
         self._system_tokens: tuple[BaseMessage, int] | None = None
-
-    @property
-    def options(self) -> CompactionOptions:
-        """The options in force."""
-        return self._turn.options
-
-    @property
-    def features(self) -> tuple[Feature, ...]:
-        """The features in force (``langchain_compaction.features``)."""
-        return self._turn.features
 
     # -- hooks: one line each over the shared flows ---------------------------
 

@@ -24,11 +24,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from langchain_core.messages import BaseMessage
 
 from langchain_compaction._lc.convert import fingerprint, prefix_digest
+from langchain_compaction.errors import ConfigurationError
 
 logger = logging.getLogger("langchain_compaction")
 
@@ -186,6 +187,9 @@ def parent_node(config: Any) -> str | None:
     return namespace[-1] if len(namespace) == 1 else TOO_DEEP
 
 
+Nesting = Literal["parent", "own"]
+"""Where an adapter in a subgraph writes a compaction: the parent's state (one level up), or its own."""
+
 TOO_DEEP = "\x00too deep"
 """What ``parent_node`` says of a subgraph nested more than one level down."""
 
@@ -210,7 +214,9 @@ class Delivery:
         who: The adapter, for the warnings.
     """
 
-    def __init__(self, nested: str, who: str) -> None:
+    def __init__(self, nested: Nesting, who: str) -> None:
+        if nested not in ("parent", "own"):
+            raise ConfigurationError("nested", nested, "pass 'parent' or 'own'")
         self.nested = nested
         self.who = who
         self._sent: Bounded[tuple[int, str]] = Bounded()

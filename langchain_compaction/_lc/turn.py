@@ -43,14 +43,15 @@ from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, ate
 from langchain_compaction.core.context import context_tokens, stage
 from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.engine import Summarizer, summarize
+from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.record import KEPT_BEFORE_KEY, KEPT_FROM_KEY, stamp
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message, Preamble
 from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
-from langchain_compaction.features import CacheAligned, Commit, PrepareAhead
+from langchain_compaction.features import CacheAligned, Commit, Feature, PrepareAhead
 from langchain_compaction.features.prepare import PreparedSummary
 
-__all__ = ["Outcome", "Place", "Trigger", "Turn", "in_run"]
+__all__ = ["Adapter", "Outcome", "Place", "Trigger", "Turn", "in_run"]
 
 logger = logging.getLogger("langchain_compaction")
 
@@ -427,6 +428,22 @@ class Turn(Compactor):
             ),
             combined,
         )
+
+
+class Adapter:
+    """What every adapter shows of its turn: the options and the features in force."""
+
+    _turn: Turn
+
+    @property
+    def options(self) -> CompactionOptions:
+        """The options in force."""
+        return self._turn.options
+
+    @property
+    def features(self) -> tuple[Feature, ...]:
+        """The features in force (``langchain_compaction.features``)."""
+        return self._turn.features
 
 
 RUN_NAME = "langchain_compaction"

@@ -64,8 +64,8 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage
 
 from langchain_compaction._lc.conversation import Conversation
-from langchain_compaction._lc.legacy import UNSET, adapter_keywords
-from langchain_compaction._lc.turn import Outcome, Place, Trigger, Turn
+from langchain_compaction._lc.legacy import adapter_keywords
+from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.recall import Lookup
@@ -127,7 +127,7 @@ def _check_arguments(inner: object, archive: object, journal: object, on_error: 
         raise ConfigurationError("lock", lock, "pass an object with hold() and ahold(), e.g. FileLock(path)")
 
 
-class CompactingChatMessageHistory(BaseChatMessageHistory):
+class CompactingChatMessageHistory(BaseChatMessageHistory, Adapter):
     """A chat history that compacts itself when it outgrows the window.
 
     Args:
@@ -155,7 +155,7 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
             process prepares). ``ClearToolOutputs`` and ``Archive`` are
             refused: chat memory summarizes everything and archives into
             ``archive=``.
-        prepare_wait: Deprecated: ``PrepareAhead(wait=...)``.
+        **deprecated: The 0.2 keyword ``prepare_wait`` (``PrepareAhead(wait=...)``).
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -193,11 +193,11 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         lock: CompactionLock | None = None,
         journal: BaseChatMessageHistory | None = None,
         features: Sequence[Feature] | None = None,
-        prepare_wait: Any = UNSET,
+        **deprecated: Any,
     ) -> None:
         super().__init__()
         _check_arguments(inner, archive, journal, on_error, lock)
-        legacy = adapter_keywords("CompactingChatMessageHistory", prepare_wait=prepare_wait)
+        legacy = adapter_keywords("CompactingChatMessageHistory", deprecated, ("prepare_wait",))
         if isinstance(lock, LeaseLock) and options is not None and "prepare_at" in options.legacy:
             # Across processes the lock's lease says who prepares, as it says who summarizes.
             legacy.setdefault("prepare", {})["lease"] = lambda _key: lock
@@ -210,11 +210,6 @@ class CompactingChatMessageHistory(BaseChatMessageHistory):
         self._strategy: stores.Strategy = stores.strategy(inner)
         self._state = session_state(inner)
         self._conversation = Conversation(f"history:{stores.session_key(inner)!r}")
-
-    @property
-    def options(self) -> CompactionOptions:
-        """The options in force."""
-        return self._turn.options
 
     # -- the public API: one line each over the flows -----------------------------
 
