@@ -18,18 +18,23 @@ force a compaction through the same run.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, ToolMessage
+from langchain_core.messages import BaseMessage, RemoveMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
-from langgraph.constants import END
 from langgraph.graph import MessagesState
 from langgraph.pregel import Pregel
 from langgraph.types import Command
 
+from langchain_compaction._lc.commands import (
+    COMPACT_COMMAND,
+    parse_compact_command,
+    read_messages,
+    route_after_compaction,
+)
 from langchain_compaction._lc.conversation import Delivery, Nesting, thread_of
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, replacement
@@ -40,7 +45,7 @@ from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.engine import Summarizer
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionRecord, CompactionResult
-from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
+from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features import Archive, Feature
 from langchain_compaction.features.archive import recall_tool
 from langchain_compaction.summarizers.chat_model import as_summarizer
@@ -61,9 +66,6 @@ __all__ = [
 
 logger = logging.getLogger("langchain_compaction")
 
-COMPACT_COMMAND = "/compact"
-"""The chat command that forces a compaction when ``enable_compact_command`` is set."""
-
 
 class CompactionState(MessagesState, total=False):
     """``MessagesState`` plus the key ``CompactionNode(result_key="compaction")`` writes.
@@ -77,73 +79,6 @@ class CompactionState(MessagesState, total=False):
 
     compaction: CompactionRecord
     """The last compaction's figures (plain JSON data, safe in any checkpointer)."""
-
-
-def parse_compact_command(message: object) -> str | None:
-    """The instructions of a ``/compact [instructions]`` human message.
-
-    Args:
-        message: Any message.
-
-    Returns:
-        The instructions (``""`` for a bare ``/compact``), or ``None`` when
-        ``message`` is not a human message holding the command.
-
-    Example:
-        >>> from langchain_core.messages import HumanMessage
-        >>> parse_compact_command(HumanMessage("/compact keep the API design"))
-        'keep the API design'
-        >>> parse_compact_command(HumanMessage("/compactify")) is None
-        True
-    """
-    if not isinstance(message, HumanMessage):
-        return None
-    text = message.text.strip()
-    if not text.startswith(COMPACT_COMMAND):
-        return None
-    rest = text[len(COMPACT_COMMAND) :]
-    if rest and not rest[0].isspace():
-        return None  # "/compactify" is not the command
-    return rest.strip()
-
-
-def route_after_compaction(state: Any, *, goto: str = "model", messages_key: str = "messages") -> str:
-    """A conditional edge for after the compaction node: call the model only if needed.
-
-    The model runs when the last message asks for an answer (a human message
-    or a tool result). After a ``/compact`` command the command message is
-    gone and the last message is the previous reply, so the run ends without
-    a model call.
-
-    Args:
-        state: The graph state.
-        goto: The model node's name.
-        messages_key: The state key holding the messages.
-
-    Returns:
-        ``goto`` or ``END``.
-
-    Example:
-        >>> from langchain_core.messages import AIMessage, HumanMessage
-        >>> route_after_compaction({"messages": [HumanMessage("hi")]})
-        'model'
-        >>> route_after_compaction({"messages": [HumanMessage("hi"), AIMessage("hello")]})
-        '__end__'
-    """
-    messages = _read_messages(state, messages_key)
-    if messages and isinstance(messages[-1], (HumanMessage, ToolMessage)):
-        return goto
-    return END
-
-
-def _read_messages(state: Any, key: str) -> list[BaseMessage]:
-    value = state.get(key) if isinstance(state, Mapping) else getattr(state, key, None)
-    if value is None:
-        return []
-    if isinstance(value, BaseMessage) or not isinstance(value, Sequence) or isinstance(value, str):
-        msg = f"state[{key!r}] is a {type(value).__name__}, not a list of messages; pass messages_key= naming the list"
-        raise InvalidMessagesError(msg)
-    return list(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +220,7 @@ class CompactionNode(Runnable[Any, Any], Adapter):
 
     def _ask(self, state: Any, manual: str | None) -> _Ask | None:
         """What this run must do; ``None`` when automatic compaction is off and nothing forces one."""
-        messages = _read_messages(state, self.messages_key)
+        messages = read_messages(state, self.messages_key)
         if manual is not None:
             return _Ask(messages, manual, forced=True)
         if self.enable_compact_command and messages:

@@ -34,13 +34,37 @@ cut: an error fixed there is not reported as open.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from langchain_compaction.core.extract import (
+    SHELL,
+    call_arguments,
+    clip,
+    constraints,
+    error_line,
+    file_use,
+    identifiers,
+    key_argument,
+    normalize,
+    prose,
+)
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact, FactKind, Message, ToolCall
+
+__all__ = [
+    "PRIORITY",
+    "SECTION_HEADING",
+    "SECTION_NOTE",
+    "FactCheck",
+    "check_summary",
+    "constraints",
+    "error_line",
+    "gather",
+    "identifiers",
+    "normalize",
+    "render_section",
+]
 
 PRIORITY: tuple[FactKind, ...] = (
     "constraint",
@@ -65,242 +89,9 @@ _TITLES: dict[FactKind, str] = {
     "done_call": "Tool calls already made",
     "read_file": "Files read",
 }
-
-_MAX_FACT_CHARS = 240
 REQUESTS_KEPT = 2
 """How many of the user's newest requests are facts."""
 _EARLIER_REQUEST_CHARS = 120
-_MAX_KEY_CHARS = 160
-_SHORT_ARGUMENT = 80
-
-# A user's rule or preference, or a correction of the agent.
-_CONSTRAINT = re.compile(
-    r"\b(?:never|always|don'?t|do not|must|mustn'?t|only|avoid|make sure|should(?:n'?t| not)|no longer|"
-    r"instead of|keep|prefer|not allowed|forbidden|from now on|going forward|"
-    r"please (?:answer|reply|respond|write|use|call|name))\b",
-    re.IGNORECASE,
-)
-_CONSTRAINT_WORDS = (
-    "never",
-    "always",
-    "don",
-    "do not",
-    "must",
-    "only",
-    "avoid",
-    "make sure",
-    "should",
-    "no longer",
-    "instead of",
-    "keep",
-    "prefer",
-    "not allowed",
-    "forbidden",
-    "from now on",
-    "going forward",
-    "please",
-)
-_CORRECTION = re.compile(r"^(?:no\b[,.!]?|actually\b|wait\b|sorry\b|i meant\b|correction\b|that'?s wrong\b)", re.I)
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
-_FENCED = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
-# Pasted material rather than the user's words: a numbered listing ("1535: ..."),
-# an indented code line, a file viewer's banner.
-_LISTING = re.compile(r"^(?:\s*\d+[:|]|    |\t|\s*[\[(](?:File|Open file|Current directory)\b).*$", re.MULTILINE)
-
-# Identifiers are matched token by token (whitespace-separated words, trimmed
-# of brackets and punctuation), so a pathological input stays linear.
-_URL = re.compile(r"https?://[^\s)>\]\"'`]+")
-_TOKEN = re.compile(
-    r"""
-      [\w.+-]+@[\w-]+(?:\.[\w-]+)+                         # e-mail addresses
-    | [\w.~@/-]*/[\w.@/-]+                                 # paths (checked by _is_path)
-    | [\w-]+\.(?:py|pyi|js|ts|tsx|jsx|json|ya?ml|toml|md|txt|csv|c|h|cc|cpp|hpp|go|rs|java|kt|rb|php|sh|sql
-        |html|css|cfg|ini|lock|xml|ipynb|env|pony)         # bare file names
-    | [$€£¥]\d[\d,]*(?:\.\d+)?                             # amounts
-    | \d{4}-\d{2}-\d{2}                                    # dates
-    | v?\d+\.\d+(?:\.\d+)+                                 # versions
-    | (?=[A-Za-z_-]*\d)(?=[\d_-]*[A-Za-z])[A-Za-z0-9][A-Za-z0-9_-]{3,}  # codes mixing letters and digits
-    | \d[\d,]{3,}(?:\.\d+)?                                # long numbers
-    """,
-    re.VERBOSE,
-)
-_MAX_TOKEN_CHARS = 200
-# camelCase, PascalCase with an inner capital, snake_case; tried at word starts only.
-_CODE_NAME = re.compile(
-    r"\b(?:[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][a-z0-9]+[A-Z][A-Za-z0-9]*|[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]+)\b"
-)
-# Tried only where a word starts, and it scans that word once: linear.
-_MAYBE_IDENTIFIER = re.compile(r"(?<!\S)(?=\S*[\d/.@$€£¥])\S+")
-
-# Which argument says what a call was about, most telling first.
-_PATH_KEYS = ("file_path", "path", "filename", "file", "target_file", "notebook_path")
-_KEY_ARGS = (*_PATH_KEYS, "command", "cmd", "url", "query", "pattern", "expression")
-
-_WRITES = re.compile(r"write|edit|create|patch|replace|insert|append|apply|undo|rename|move|delete", re.I)
-_READS = re.compile(r"read|view|open|show|cat\b|load", re.I)
-_SHELL = re.compile(r"bash|shell|terminal|exec|run|command|console|python|cmd", re.I)
-
-# An exception or a compiler's "error:" says what went wrong; a failure count
-# or an exit status only that something did.
-# (No pattern starts with a repeated class: each text position is tried once.)
-_SPECIFIC_ERROR = r"(?:Error|Exception)(?:\b|\w*:)|\berror(?:\[\w+\])?:|\bfatal:|\bpanic:"
-_ERROR = re.compile(
-    rf"{_SPECIFIC_ERROR}|\bFAILED\b|\bfailed\b|command not found|No such file or directory|exit (?:code|status) [1-9]"
-)
-_SPECIFIC = re.compile(_SPECIFIC_ERROR)
-# Every error line holds one of these (lowercased): a cheap test before the regex.
-_ERROR_WORDS = (
-    "error",
-    "exception",
-    "fatal:",
-    "panic:",
-    "failed",
-    "not found",
-    "no such file",
-    "exit code",
-    "exit status",
-)
-
-
-def normalize(text: str) -> str:
-    """``text`` as facts are compared: case folded, runs of whitespace made one space."""
-    return " ".join(text.split()).casefold()
-
-
-def _clip(text: str, limit: int = _MAX_FACT_CHARS) -> str:
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    cut = text.rfind(" ", 0, limit)
-    return text[: cut if cut > limit // 2 else limit]
-
-
-def _prose(text: str) -> str:
-    """The user's own words: code blocks, listings and indented code removed."""
-    return _LISTING.sub("", _FENCED.sub(" ", text))
-
-
-def constraints(text: str) -> list[str]:
-    """The user's rules, preferences and corrections in ``text``, one sentence each.
-
-    Example:
-        >>> constraints("Fix the crash. Never edit tests/fixtures.json. Thanks!")
-        ['Never edit tests/fixtures.json.']
-    """
-    found = []
-    prose = _prose(text)
-    low = prose.lower()
-    # Plain substring scans first: most messages hold no rule at all.
-    rules = any(word in low for word in _CONSTRAINT_WORDS)
-    for raw in _SENTENCE_END.split(prose):
-        sentence = raw.strip(" -*\t")
-        if 8 <= len(sentence) <= 400 and ((rules and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)):
-            found.append(_clip(sentence))
-    return found
-
-
-def identifiers(text: str, *, code_names: bool = True) -> list[str]:
-    """Ids, codes, amounts, dates, versions, paths, URLs, addresses and code names in ``text``.
-
-    Example:
-        >>> identifiers("Rebook JG7FMM for $1,250.50 on 2024-05-21, see docs/booking.md")
-        ['JG7FMM', '$1,250.50', '2024-05-21', 'docs/booking.md']
-        >>> identifiers("Use the useTodos hook in TodoList and keep max_retries")
-        ['useTodos', 'TodoList', 'max_retries']
-    """
-    prose = _prose(text)
-    found: list[str] = []
-    for url in _URL.findall(prose):
-        _add_new(found, url.rstrip(".,;:!?"))
-    # Only words with a digit, a dot, a slash, an @ or a currency sign can be
-    # identifiers: one pass finds them, plain words are never looked at.
-    for word in _MAYBE_IDENTIFIER.findall(prose):
-        token = word.lstrip("([{<\"'`*").rstrip(")]}>\"'`*.,;:!?")
-        if len(token) > _MAX_TOKEN_CHARS or "://" in token or not _TOKEN.fullmatch(token):
-            continue
-        if "/" in token and not _is_path(token):
-            continue  # "and/or", "yes/no"
-        _add_new(found, token)
-    # Names from code the user wrote in prose (camelCase, PascalCase with an
-    # inner capital, snake_case): a model paraphrases them into plain words.
-    for name in _CODE_NAME.findall(prose) if code_names else ():
-        _add_new(found, name)
-    return found
-
-
-def _add_new(found: list[str], value: str) -> None:
-    if value and value not in found:
-        found.append(_clip(value, _MAX_KEY_CHARS))
-
-
-def _is_path(value: str) -> bool:
-    last = value.rstrip("/").rsplit("/", 1)[-1]
-    return value.startswith(("/", "~", "./", "../", "http")) or "." in last or value.count("/") >= 2
-
-
-def _arguments(call: ToolCall) -> dict[str, object]:
-    try:
-        value = json.loads(call.arguments) if call.arguments else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def key_argument(call: ToolCall, arguments: dict[str, object] | None = None) -> str:
-    """What a call was about: its path, command, URL or query, else an id or its first text argument."""
-    args = _arguments(call) if arguments is None else arguments
-    for key in _KEY_ARGS:
-        value = args.get(key)
-        if isinstance(value, str) and value.strip():
-            return _clip(value.strip().splitlines()[0], _MAX_KEY_CHARS)
-    for key, value in args.items():
-        if (key == "id" or key.endswith("_id")) and isinstance(value, (str, int)) and not isinstance(value, bool):
-            return _clip(str(value), _MAX_KEY_CHARS)
-    # Else a short text argument; a long one is prose (a "think" tool's thought).
-    text = next((v.strip() for v in args.values() if isinstance(v, str) and v.strip()), "")
-    return text if len(text) <= _SHORT_ARGUMENT and "\n" not in text else ""
-
-
-def _file_use(call: ToolCall, args: dict[str, object], last_opened: str | None) -> tuple[str, str] | None:
-    """``("read" | "modified", path)`` when ``call`` reads or changes a file."""
-    command = args.get("command")
-    # An editor tool names its operation in "command" (str_replace_editor view/create);
-    # a command-line tool (SWE-agent's "open path 293") names itself and the path.
-    verb = command if isinstance(command, str) and command.isidentifier() else call.name
-    path = next((v for k in _PATH_KEYS if isinstance(v := args.get(k), str) and v.strip()), None)
-    own_command = isinstance(command, str) and command.split()[:1] == [call.name]
-    if path is None and own_command:
-        words = str(command).split()
-        path = words[1] if len(words) >= 2 and _is_path(words[1]) else None
-    if _WRITES.search(verb):
-        if path is None and own_command:
-            path = last_opened  # SWE-agent's "edit 1:1" edits the file it opened last
-        return ("modified", path) if path else None
-    if path and _READS.search(verb):
-        return "read", path
-    return None
-
-
-# Lines that name an error without reporting one: a traceback's banner, code
-# that raises, a diff's changed line.
-_NOT_AN_ERROR = re.compile(r"Traceback \(most recent call last\)|[+-]|\s*(?:raise|throw|except|catch)\b")
-
-
-def error_line(text: str) -> str:
-    """The last line of ``text`` that reports an error ("" if none does).
-
-    Example:
-        >>> error_line("collected 3 items\\nE   ValueError: bad offset 14\\n1 failed")
-        'E ValueError: bad offset 14'
-    """
-    low = text.lower()
-    if not any(word in low for word in _ERROR_WORDS):
-        return ""  # the common case, found by plain substring scans
-    lines = [line.strip() for line in text.splitlines() if _ERROR.search(line)]
-    lines = [line for line in lines if line and not _NOT_AN_ERROR.match(line)]
-    # A summary line ("1 failed, 2 passed") says less than the exception above it.
-    specific = [line for line in lines if _SPECIFIC.search(line)]
-    return _clip((specific or lines or [""])[-1])
 
 
 @dataclass
@@ -341,7 +132,7 @@ class _Tracker:
             self.add(Fact("constraint", sentence))
         for value in identifiers(text):
             self.add(Fact("identifier", value))
-        request = _clip(_prose(text))
+        request = clip(prose(text))
         if not request:
             return
         # The newest requests: what the user is after now in full, and, shorter,
@@ -353,15 +144,15 @@ class _Tracker:
             del self.facts[key]
         for key in requests[cut:]:
             earlier = self.facts[key]
-            self.facts[key] = replace(earlier, text=_clip(earlier.text, _EARLIER_REQUEST_CHARS))
+            self.facts[key] = replace(earlier, text=clip(earlier.text, _EARLIER_REQUEST_CHARS))
         self.requests = requests[cut:]
         self.add(Fact("request", request, key=f"request:{normalize(request)}"))
 
     def _call(self, call: ToolCall, *, record: bool) -> None:
-        args = _arguments(call)
+        args = call_arguments(call)
         if call.id:
             self.calls[call.id] = (call, args)
-        use = _file_use(call, args, self.last_opened)
+        use = file_use(call, args, self.last_opened)
         if use is not None:
             kind, path = use
             self.last_opened = path
@@ -391,9 +182,9 @@ class _Tracker:
         # only a first or last line that reports one counts.
         lines = text.splitlines()
         edges = "\n".join(lines[:1] + lines[-1:]) if lines else ""
-        line = error_line(text if _SHELL.search(call.name) else edges)
+        line = error_line(text if SHELL.search(call.name) else edges)
         if message.is_error and not line:
-            line = _clip(lines[-1]) if lines else "failed"
+            line = clip(lines[-1]) if lines else "failed"
         if not line:
             self.drop("error", key)  # the command ran cleanly: its earlier error is resolved
         elif record:

@@ -160,6 +160,25 @@ class _Setup:
         return self.system_tokens + self.fixed_prompt
 
 
+def _shown(
+    messages: Sequence[Message], plan: Plan, region: Sequence[int], options: CompactionOptions
+) -> tuple[dict[int, Message], str | None]:
+    """What the summarizer is shown of the region, and the previous summary's text, through the redactor."""
+    parts = [
+        summary_body(messages[i].text, messages[i].mark.get(BODY_KEY))
+        for i in plan.previous_summaries
+        if messages[i].carries_summary
+    ]
+    previous = "\n\n".join(p for p in parts if p) or None
+    redactor = options.redact
+    # Everything the summarizer sees goes through the redactor; the caller's
+    # messages are not touched.
+    shown = {i: redact_message(messages[i], redactor) if redactor else messages[i] for i in region}
+    if redactor is not None and previous is not None:
+        previous = apply_redactor(redactor, previous)
+    return shown, previous
+
+
 def _setup(
     messages: Sequence[Message],
     plan: Plan,
@@ -172,19 +191,8 @@ def _setup(
     required: tuple[str, ...],
 ) -> _Setup:
     system = options.system_prompt or prompts.SYSTEM_PROMPT
-    parts = [
-        summary_body(messages[i].text, messages[i].mark.get(BODY_KEY))
-        for i in plan.previous_summaries
-        if messages[i].carries_summary
-    ]
-    previous = "\n\n".join(p for p in parts if p) or None
     region = [i for i in plan.region if not messages[i].is_summary]
-    redactor = options.redact
-    # Everything the summarizer sees goes through the redactor; the caller's
-    # messages are not touched.
-    shown = {i: redact_message(messages[i], redactor) if redactor else messages[i] for i in region}
-    if redactor is not None and previous is not None:
-        previous = apply_redactor(redactor, previous)
+    shown, previous = _shown(messages, plan, region, options)
     extra = prompts.ADDITIONAL_INSTRUCTIONS + instructions if instructions else ""
     budget = options.budget.summary_input
     longest = max(estimate_tokens(instructions_text(options, True)), estimate_tokens(instructions_text(options, False)))

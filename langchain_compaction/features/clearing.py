@@ -131,19 +131,32 @@ def plan_clearing(
     results = [i for i, m in enumerate(messages) if m.role == "tool"]
     # The last ``keep_tool_uses`` results, however few there are.
     untouched = {*protected, *(results[-keep_tool_uses:] if keep_tool_uses > 0 else ())}
+    candidates = [i for i in results if i < boundary and counts[i] >= min_tokens]
+    plan = _cleared(messages, counts, candidates, needed, untouched=untouched, exclude_tools=exclude_tools)
+    return plan if plan.saved_tokens >= needed else None
+
+
+def _cleared(
+    messages: Sequence[Message],
+    counts: Sequence[int],
+    candidates: Sequence[int],
+    needed: int,
+    *,
+    untouched: Collection[int],
+    exclude_tools: Collection[str],
+) -> ClearingPlan:
+    """The oldest eligible results cleared until ``needed`` tokens are saved (or none is left)."""
     # A result often carries no tool name: the call it answers has it.
     called = {c.id: c.name for m in messages for c in m.tool_calls if c.id} if exclude_tools else {}
     chosen: list[int] = []
     contents: list[str] = []
     saved = 0
-    for index in results:
-        if index >= boundary or saved >= needed:
+    for index in candidates:
+        if saved >= needed:
             break
         message = messages[index]
         tool = message.name or called.get(message.tool_call_id or "")
-        if counts[index] < min_tokens or not _eligible(
-            message, index, protected=untouched, exclude=exclude_tools, tool=tool
-        ):
+        if not _eligible(message, index, protected=untouched, exclude=exclude_tools, tool=tool):
             continue
         text = placeholder(message, counts[index])
         gain = _gain(message, counts[index], text)
@@ -151,8 +164,6 @@ def plan_clearing(
             chosen.append(index)
             contents.append(text)
             saved += gain
-    if saved < needed:
-        return None
     return ClearingPlan(tuple(chosen), tuple(contents), saved)
 
 

@@ -72,11 +72,11 @@ from langchain_compaction.core.recall import Lookup
 from langchain_compaction.core.redact import Redactor
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message
-from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
+from langchain_compaction.errors import CompactionError, ConfigurationError
 from langchain_compaction.features import Feature
 from langchain_compaction.features.archive import recall_from
 from langchain_compaction.history import stores
-from langchain_compaction.history.journal import JOURNAL_MARK, Commit, Rewrite, archive_memo
+from langchain_compaction.history.journal import JOURNAL_MARK, Commit, archive_memo
 from langchain_compaction.history.locks import (
     CompactionLock,
     FileLock,
@@ -84,7 +84,8 @@ from langchain_compaction.history.locks import (
     LeaseLock,
     PostgresAdvisoryLock,
 )
-from langchain_compaction.history.session import ahold, aleased, hold, leased, session_state
+from langchain_compaction.history.session import aleased, leased, session_state
+from langchain_compaction.history.store import Store
 
 __all__ = [
     "JOURNAL_MARK",
@@ -127,7 +128,7 @@ def _check_arguments(inner: object, archive: object, journal: object, on_error: 
         raise ConfigurationError("lock", lock, "pass an object with hold() and ahold(), e.g. FileLock(path)")
 
 
-class CompactingChatMessageHistory(BaseChatMessageHistory, Adapter):
+class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
     """A chat history that compacts itself when it outgrows the window.
 
     Args:
@@ -322,38 +323,6 @@ class CompactingChatMessageHistory(BaseChatMessageHistory, Adapter):
     def __repr__(self) -> str:
         return f"CompactingChatMessageHistory(inner={type(self.inner).__name__}, rewrite={self._strategy!r})"
 
-    # -- store calls and locks ------------------------------------------------------
-
-    def _io(self, call: Call[Any], operation: str, store: BaseChatMessageHistory | None = None) -> Flow[Any]:
-        """Make one store call; a failure becomes a ``StoreError`` naming the store and the operation."""
-        try:
-            return (yield call)
-        except CompactionError:
-            raise
-        except Exception as exc:
-            target = store or self.inner
-            where, _, method = operation.rpartition(":")
-            msg = (
-                f"{type(target).__name__}.{method} failed ({where or 'store'}): {type(exc).__name__}: {exc}. "
-                "No message was lost: a compaction leaves the store as it was or finishes the rewrite on the next call"
-            )
-            raise StoreError(msg, operation=operation) from exc
-
-    @property
-    def _may_be_torn(self) -> bool:
-        # A journaled rewrite may be half done; so may one that an earlier
-        # process, whatever its store class, left in the journal.
-        return self._strategy == "journal" or self.journal is not None
-
-    def _locked(self, flow: Flow[Any], *, write: bool) -> Call[Any]:
-        """``flow`` under the in-process lock, and the cross-process one when needed."""
-        locks: list[CompactionLock] = [self._state.lock]
-        # Atomic rewrites never show a half-written store, so reads skip the
-        # cross-process lock; the journaled rewrite does show one.
-        if self.lock is not None and (write or self._may_be_torn):
-            locks.append(self.lock)
-        return twin(hold, ahold, locks, flow)
-
     # -- the flows ----------------------------------------------------------------
 
     def _read_flow(self) -> Flow[list[BaseMessage]]:
@@ -390,70 +359,6 @@ class CompactingChatMessageHistory(BaseChatMessageHistory, Adapter):
     def _clear(self) -> Flow[None]:
         yield from self._drop_pending()
         yield from self._io(stores.clear(self.inner), "clear")
-
-    def _repair_flow(self) -> Flow[bool]:
-        repaired: bool = yield self._locked(self._repair(), write=True)
-        return repaired
-
-    def _repair(self) -> Flow[bool]:
-        if not self._may_be_torn or (yield from self._load_pending()) is None:
-            return False
-        yield from self._repaired()
-        if self._state.pending is not None:
-            msg = "the interrupted compaction rewrite could not be finished; it stays pending"
-            raise StoreError(msg, operation="repair")
-        return True
-
-    # -- the rewrite, journaled where the store has no atomic one ----------------------
-
-    def _load_pending(self) -> Flow[Rewrite | None]:
-        if self._state.pending is not None or self.journal is None:
-            return self._state.pending
-        entries = yield from self._io(stores.read(self.journal), "journal:read", self.journal)
-        return Rewrite.from_journal(entries)
-
-    def _drop_pending(self) -> Flow[None]:
-        self._state.pending = None
-        if self.journal is None:
-            return
-        try:
-            yield from self._io(stores.clear(self.journal), "journal:clear", self.journal)
-        except StoreError as exc:
-            # Harmless: the journal now describes a finished rewrite, and the
-            # next read finds the store already holds its target.
-            logger.warning("%s", exc)
-
-    def _rewrite(self, current: Sequence[BaseMessage], target: Sequence[BaseMessage]) -> Flow[None]:
-        self._state.counted.forget()
-        if self._strategy != "journal":
-            yield from self._io(stores.replace_all(self._strategy, self.inner, target), "rewrite")
-            return
-        pending = Rewrite.of(current, target)
-        if self.journal is not None:
-            yield from self._io(stores.clear(self.journal), "journal:clear", self.journal)
-            entries = [pending.marker(), *target]
-            yield from self._io(stores.append(self.journal, entries), "journal:add_messages", self.journal)
-        self._state.pending = pending  # from here on the next call can finish it
-        yield from self._io(stores.clear(self.inner), "clear")
-        yield from self._io(stores.append(self.inner, target), "add_messages")
-        yield from self._drop_pending()
-
-    def _repaired(self) -> Flow[list[BaseMessage]]:
-        """The store's messages, after finishing an interrupted rewrite."""
-        pending = (yield from self._load_pending()) if self._may_be_torn else None
-        current: list[BaseMessage] = yield from self._io(stores.read(self.inner, self._strategy), "read")
-        if pending is None:
-            return current
-        target, write = pending.reconcile(current)
-        try:
-            if write:
-                yield from self._rewrite(current, target)
-            if not write or self._strategy != "journal":  # a journaled rewrite drops it itself
-                yield from self._drop_pending()
-        except StoreError as exc:
-            # Still pending: report the full history, try again next call.
-            logger.warning("could not finish an interrupted compaction rewrite yet: %s", exc)
-        return target
 
     # -- compaction ---------------------------------------------------------------------
 

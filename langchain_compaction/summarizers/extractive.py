@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from langchain_compaction.core.effects import off_loop
-from langchain_compaction.core.facts import identifiers as core_identifiers
+from langchain_compaction.core.extract import identifiers as core_identifiers
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.transcript import shorten
 from langchain_compaction.core.types import Message, SummaryRequest
