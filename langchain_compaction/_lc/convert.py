@@ -94,9 +94,16 @@ def fingerprint(message: BaseMessage) -> str:
         extra = f"{message.tool_call_id}\x00{message.status}"
     elif isinstance(message, ChatMessage):
         extra = message.role
-    if message.additional_kwargs:
-        # The mark and a pin change what the message is to the library.
-        extra += _canonical(message.additional_kwargs)
+    kwargs = message.additional_kwargs
+    if kwargs:
+        # The mark and a pin change what the message is to the library. (The
+        # mark alone is digested as 0.2 did, so its journals still reconcile.)
+        mark = kwargs.get(SUMMARY_MARK)
+        if mark:
+            extra += _canonical(mark)
+        rest = {k: v for k, v in kwargs.items() if k != SUMMARY_MARK} if mark is not None else kwargs
+        if rest:
+            extra += _canonical(rest)
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{message.type}\x00{message.id}\x00{message.name}\x00{extra}\x00".encode("utf-8", "surrogatepass"))
     digest.update(body.encode("utf-8", "surrogatepass"))

@@ -65,6 +65,18 @@ HOMES = {
     "langchain_compaction.summarizers": ["ExtractiveSummarizer", "Summarizer", "SummaryReply", "SummaryRequest"],
     "langchain_compaction.middleware": ["COMPACTION_EVENT", "CompactionAgentState", "CompactionMiddleware"],
     "langchain_compaction.anthropic": ["AnthropicSummarizer", "AnthropicTokenCounter"],
+    "langchain_compaction.features": [
+        "Archive",
+        "CacheAligned",
+        "CheckedFacts",
+        "ClearToolOutputs",
+        "Feature",
+        "Pins",
+        "PrepareAhead",
+        "RequireSections",
+        "default_features",
+    ],
+    "langchain_compaction.archive": ["ARCHIVE_NAMESPACE", "RECALL_TOOL_NAME", "Archive", "recall_tool"],
     "langchain_compaction.errors": [
         "CompactionError",
         "ConfigurationError",
@@ -167,3 +179,62 @@ def test_errors_descend_from_compaction_error() -> None:
     assert issubclass(InvalidMessagesError, ValueError)
     assert issubclass(EmptySummaryError, SummarizationError)
     assert issubclass(SummaryTimeoutError, SummarizationError)
+
+
+def test_the_options_hold_the_budgets_and_prompts_only() -> None:
+    # Twelve fields; every feature's option lives in the feature.
+    from dataclasses import fields
+
+    from langchain_compaction import CompactionOptions
+
+    names = [f.name for f in fields(CompactionOptions)]
+    assert len(names) <= 12, names
+    assert not {"prepare_at", "check_facts", "pin_tools", "clear_tool_outputs", "summary_mode"} & set(names)
+
+
+# Each 0.2 keyword, and the feature it turns into (checked on the features a node ends up with).
+LEGACY = [
+    ({"check_facts": False}, {}, lambda fs: not any(type(f).__name__ == "CheckedFacts" for f in fs)),
+    ({"pin_tools": ("plan",)}, {}, lambda fs: next(f for f in fs if type(f).__name__ == "Pins").tools == ("plan",)),
+    ({"pinned_max_tokens": 50}, {}, lambda fs: next(f for f in fs if type(f).__name__ == "Pins").max_tokens == 50),
+    (
+        {"clear_tool_outputs": True, "keep_tool_uses": 5, "clear_exclude_tools": ("x",), "clear_min_tokens": 7},
+        {},
+        lambda fs: any(
+            type(f).__name__ == "ClearToolOutputs"
+            and (f.keep_tool_uses, f.exclude_tools, f.min_tokens) == (5, ("x",), 7)
+            for f in fs
+        ),
+    ),
+    (
+        {"prepare_at": 0.8},
+        {"prepare_wait": 1.5},
+        lambda fs: any(getattr(f, "at", None) == 0.8 and f.wait == 1.5 for f in fs),
+    ),
+    ({"summary_mode": "cache_aligned"}, {}, lambda fs: any(type(f).__name__ == "CacheAligned" for f in fs)),
+    ({"require_sections": True}, {}, lambda fs: any(type(f).__name__ == "RequireSections" for f in fs)),
+    ({}, {"archive": True}, lambda fs: any(type(f).__name__ == "Archive" for f in fs)),
+]
+
+
+@pytest.mark.parametrize(("options", "adapter", "holds"), LEGACY)
+def test_the_0_2_keywords_keep_working_for_one_release(options: dict, adapter: dict, holds: object) -> None:
+    from langchain_compaction import CompactionNode, CompactionOptions
+
+    with pytest.warns(DeprecationWarning, match="deprecated and will be removed in 0.4") as caught:
+        node = CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=200_000, **options), **adapter)
+    assert len(caught) == len(options) + len(adapter)  # one warning per keyword, naming its replacement
+    assert holds(node.features)  # type: ignore[operator]
+
+
+def test_features_and_deprecated_keywords_do_not_mix() -> None:
+    from langchain_compaction import CompactionNode, CompactionOptions
+    from langchain_compaction.errors import ConfigurationError
+    from langchain_compaction.features import default_features
+
+    with pytest.warns(DeprecationWarning, match="prepare_at"):
+        options = CompactionOptions(context_window=200_000, prepare_at=0.7)
+    with pytest.raises(ConfigurationError, match="not both"):
+        CompactionNode(lambda p: "x", options, features=default_features())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'archiv'"):
+        CompactionNode(lambda p: "x", archiv=True)
