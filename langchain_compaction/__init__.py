@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from langchain_compaction.history import CompactingChatMessageHistory
     from langchain_compaction.middleware import CompactionMiddleware
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # Imported on first use: the adapters need LangChain and LangGraph (the
 # middleware needs the optional ``langchain`` package, the ``agents`` extra).
