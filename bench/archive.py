@@ -1,15 +1,15 @@
 """What archiving compacted messages costs, on InMemoryStore and a real PostgreSQL store.
 
-python bench/archive.py [--turns N] [--json]
+python bench/archive.py [--turns N] [--repeats R] [--json] [--out PATH]
 
 A graph session (``CompactionNode`` before an agent node, ``InMemorySaver``)
 runs ``--turns`` turns of a real coding session (``bench.workloads``) twice
-on the same store, with ``archive=False`` and with ``archive=True`` (another
-thread), the summarizer an instant fake. Reported per store: compactions,
-messages archived, the wall time of the compaction turns with and without
-the archive, and the archive's own time (the node's archive step, timed whole:
-choosing what leaves the state and writing it) per archived message and per
-compaction.
+on the same store, with the default features and with ``Archive()`` added
+(another thread), the summarizer an instant fake. Reported per store:
+compactions, messages archived, the wall time of the compaction turns with and
+without the archive, and the archive's own time (the ``Archive`` feature's
+commit step, timed whole: reading and writing the store) per archived message
+and per compaction.
 A compaction's summary call with a real model takes seconds (``bench/stall.py``
 models Claude Sonnet 4.5: 1.8 s to the first token, 0.1 ms per input token,
 800 output tokens at 63 per second), so the archive's share is also given
@@ -38,32 +38,40 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.memory import InMemoryStore
 
-import langchain_compaction.graph as graph_module
 from bench.stall import summary_seconds
 from bench.workloads import coding_session
 from langchain_compaction import CompactionNode, CompactionOptions
+from langchain_compaction.features import Archive, default_features
+from langchain_compaction.features.base import Commit
 from langchain_compaction.graph import CompactionState
 
 OPTIONS = CompactionOptions(context_window=60_000, reserve_tokens=8_000, keep_recent_tokens=8_000)
 SUMMARY = "## Goal\n- continue the coding session\n\n## Progress\n- steps done"
 
 
-def _timed() -> tuple[list[float], Any]:
-    """Time spent archiving from now on (the node's whole archive step, its store calls included), and the stop."""
-    spent = [0.0]
-    plain = graph_module.archived
+class _TimedArchive(Archive):
+    """``Archive()`` with its commit step (what it reads and writes in the store) timed into ``_SPENT``."""
 
-    def timed(*args: Any, **kwargs: Any) -> Any:
+    __slots__ = ()
+
+    def commit(self, commit: Commit) -> Any:
         # On the sync path the driver makes the flow's store calls between its
         # steps, on this thread: the flow's wall time is the archive's.
         started = time.perf_counter()
         try:
-            return (yield from plain(*args, **kwargs))
+            return (yield from super().commit(commit))
         finally:
-            spent[0] += time.perf_counter() - started
+            _SPENT[0] += time.perf_counter() - started
 
-    graph_module.archived = timed
-    return spent, lambda: setattr(graph_module, "archived", plain)
+
+_SPENT = [0.0]
+"""Seconds spent archiving since the last ``_timed()``."""
+
+
+def _timed() -> list[float]:
+    """Time spent archiving from now on (the archive's whole commit step, its store calls included)."""
+    _SPENT[0] = 0.0
+    return _SPENT
 
 
 def session(store: Any, thread: str, turns: int, *, archive: bool) -> dict[str, float]:
@@ -73,10 +81,10 @@ def session(store: Any, thread: str, turns: int, *, archive: bool) -> dict[str, 
         prompts.append(prompt)
         return SUMMARY
 
-    node = CompactionNode(summarize, OPTIONS, result_key="compaction", archive=archive)
-    # The archive's own time: what leaves the state, its items, the store's
-    # reads and writes.
-    in_store, restore = _timed()
+    features = [*default_features(), _TimedArchive()] if archive else None
+    node = CompactionNode(summarize, OPTIONS, features=features, result_key="compaction")
+    # The archive's own time: its items, the store's reads and writes.
+    in_store = _timed()
     messages, _ = coding_session(turns)
     script = iter(messages)
 
@@ -108,7 +116,6 @@ def session(store: Any, thread: str, turns: int, *, archive: bool) -> dict[str, 
             times.append(took)
             removed += int(out["compaction"]["messages_removed"])
     modelled = sum(summary_seconds(p) for p in prompts)
-    restore()
     return {
         "archive_s": in_store[0],
         "compactions": len(times),
@@ -153,6 +160,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("archive.json"), help="with --json")
     args = parser.parse_args()
     figures: dict[str, dict[str, float]] = {}
     for name, opened in stores():
@@ -194,8 +202,7 @@ def main() -> None:
             f"| {100 * f['share_of_compaction_turns']:.0f}% | {100 * f['share_of_modelled_summary_call']:.2f}% |"
         )
     if args.json:
-        out = Path(__file__).with_name("archive.json")
-        out.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
+        args.out.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """Issue 7's figures: what each compaction costs, by mode.
 
-Run: python bench/cost.py   (needs langchain-anthropic, in the test extra)
+Run: python bench/cost.py [--turns N] [--agent-turns N] [--out PATH]   (needs langchain-anthropic, in the test extra)
 
 Three modes on the same sessions, with an instant recording chat model as the
 summarizer and ChatAnthropic's own payload builder to see the bytes:
 
   transcript     the default: a fenced transcript of the compacted messages
-  cache_aligned  the conversation's own prefix, then the instruction
-  clear_first    transcript mode, but old tool outputs are cleared first
+  cache_aligned  the conversation's own prefix, then the instruction (``CacheAligned()``)
+  clear_first    transcript mode, but old tool outputs are cleared first (``ClearToolOutputs()``)
 
 Per compaction it reports the summarizer's input tokens, how many of them are
 a byte-identical prefix of the agent's preceding request (what a prompt cache
@@ -18,8 +18,10 @@ no longer a prefix of its previous one (its own cache must be rewritten).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
 from bench.workloads import coding_session, load_transcripts
 from langchain_compaction import CompactionOptions, auto_compact
+from langchain_compaction.features import CacheAligned, ClearToolOutputs, Feature, default_features
 from langchain_compaction.tokens import estimate_tokens
 
 SUMMARY = "## Goal\n- continue\n\n## Critical Context\n- (see recent messages)"
@@ -81,14 +84,24 @@ class ModeRun:
     per_compaction: list[dict[str, Any]] = field(default_factory=list)
 
 
-def run(mode: str, session: list[BaseMessage], options: CompactionOptions) -> ModeRun:
+def mode_features(mode: str) -> list[Feature]:
+    """The features of a mode: the defaults, plus what the mode changes."""
+    extra: dict[str, list[Feature]] = {
+        "transcript": [],
+        "cache_aligned": [CacheAligned()],
+        "clear_first": [ClearToolOutputs()],
+    }
+    return [*default_features(), *extra[mode]]
+
+
+def run(mode: str, session: list[BaseMessage], options: CompactionOptions, features: Sequence[Feature]) -> ModeRun:
     model = Recording(messages=iter([AIMessage(SUMMARY)] * 10_000), inputs=[])
     out = ModeRun(mode)
     state: list[BaseMessage] = []
     for message in session:
         if isinstance(message, AIMessage) and state:
             seen = len(model.inputs)
-            result, new_state = auto_compact(model, state, options)
+            result, new_state = auto_compact(model, state, options, features=features)
             if result is not None:
                 out.compactions += 1
                 before = _pieces(state)
@@ -98,14 +111,15 @@ def run(mode: str, session: list[BaseMessage], options: CompactionOptions) -> Mo
                     sent += total
                     cached += shared
                 out.summaries += 1 if result.summarizer_calls else 0
-                out.cleared_only += 1 if result.tool_outputs_cleared else 0
+                cleared = result.part("clearing").get("cleared", 0)
+                out.cleared_only += 1 if cleared else 0
                 out.sent += sent
                 out.cached += cached
                 out.cost += (sent - cached) + cached * READ_PRICE
                 after = _pieces(new_state)
                 shared, total = _shared_prefix_tokens(before, after)
                 out.agent_rewrite += total - shared
-                out.per_compaction.append({"sent": sent, "cached": cached, "cleared": result.tool_outputs_cleared})
+                out.per_compaction.append({"sent": sent, "cached": cached, "cleared": cleared})
                 state = new_state
         state.append(message)
     return out
@@ -155,8 +169,8 @@ def run_agent(mode: str, turns: int = 60) -> ModeRun:
 
     replies = [AIMessage(SUMMARY if i % 7 == 6 else f"Step {i}: done. " + "details " * 300) for i in range(10_000)]
     model = ToolRecording(messages=iter(replies), inputs=[])
-    options = CompactionOptions(context_window=24_000, summary_mode=mode)  # type: ignore[arg-type]
-    middleware = CompactionMiddleware(model, options)
+    options = CompactionOptions(context_window=24_000)
+    middleware = CompactionMiddleware(model, options, features=mode_features(mode))
     agent = create_agent(
         model, tools=[read_file, run_tests, edit_file], system_prompt=SYSTEM_PROMPT, middleware=[middleware]
     )
@@ -191,13 +205,13 @@ def _is_summary_request(messages: list[BaseMessage]) -> bool:
 SYSTEM_PROMPT = "You are a careful coding agent. Read before you edit; run the tests after every change. " * 20
 
 
-def workloads() -> list[tuple[str, list[BaseMessage], CompactionOptions]]:
-    session, _ = coding_session(600)
+def workloads(turns: int = 600) -> list[tuple[str, list[BaseMessage], CompactionOptions]]:
+    session, _ = coding_session(turns)
     transcripts: list[BaseMessage] = [SystemMessage("You are a careful software agent.")]
     for messages in load_transcripts().values():
         transcripts += [m for m in messages if not isinstance(m, SystemMessage)]
     return [
-        ("synthetic 600-turn session", session, CompactionOptions(context_window=200_000)),
+        (f"synthetic {turns}-turn session", session, CompactionOptions(context_window=200_000)),
         (
             "six real transcripts",
             transcripts,
@@ -207,21 +221,24 @@ def workloads() -> list[tuple[str, list[BaseMessage], CompactionOptions]]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=600, help="turns of the synthetic session")
+    parser.add_argument("--agent-turns", type=int, default=60, help="turns of the create_agent run")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "cost.json")
+    args = parser.parse_args()
     print(
         "| workload | mode | compactions (summaries) | summarizer input tokens | of which a cached prefix | cache-weighted input cost | agent request tokens to re-cache |"
     )
     print("|---|---|---|---|---|---|---|")
     results = {}
-    for name, session, base in workloads():
+    for name, session, base in workloads(args.turns):
         for mode in ("transcript", "cache_aligned", "clear_first"):
             options = CompactionOptions(
                 context_window=base.context_window,
                 reserve_tokens=base.reserve_tokens,
                 keep_recent_tokens=base.keep_recent_tokens,
-                summary_mode="cache_aligned" if mode == "cache_aligned" else "transcript",
-                clear_tool_outputs=mode == "clear_first",
             )
-            r = run(mode, session, options)
+            r = run(mode, session, options, mode_features(mode))
             results[f"{name}/{mode}"] = r.__dict__
             share = r.cached / r.sent if r.sent else 0.0
             print(
@@ -233,15 +250,15 @@ def main() -> None:
         # create_agent: the agent's requests carry a system prompt and tools; a
         # cache-aligned summary request sends them too. The saving holds only
         # when the summarizer is the agent's own model (a cache is per model).
-        r = run_agent(mode)
+        r = run_agent(mode, args.agent_turns)
         results[f"create_agent, summarizer = the agent's model/{mode}"] = r.__dict__
         share = r.cached / r.sent if r.sent else 0.0
         print(
-            f"| create_agent, 60 turns, summarizer = the agent's model | {mode} | {r.compactions} ({r.summaries}) "
+            f"| create_agent, {args.agent_turns} turns, summarizer = the agent's model | {mode} | {r.compactions} ({r.summaries}) "
             f"| {r.sent:,} | {r.cached:,} ({share:.0%}) | {r.cost:,.0f} | |",
             flush=True,
         )
-    (Path(__file__).resolve().parent / "cost.json").write_text(json.dumps(results, indent=2) + "\n")
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """How many planted facts survive one and five successive offline compactions.
 
-Run: python bench/fact_survival.py
+Run: python bench/fact_survival.py [--out PATH]
 
 For each workload it replays the conversation, compacting with the offline
 ExtractiveSummarizer whenever ``should_compact`` fires, and checks which planted
@@ -11,11 +11,13 @@ and after the fifth.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,6 +28,7 @@ from bench.workloads import Facts, coding_session, load_transcripts, planted_tra
 from langchain_compaction import CompactionOptions, compact, should_compact
 from langchain_compaction._lc.convert import is_summary_message, to_core_list
 from langchain_compaction.core.facts import gather
+from langchain_compaction.features import Feature, Pins
 from langchain_compaction.summarizers.extractive import ExtractiveSummarizer
 
 
@@ -50,7 +53,13 @@ def _summary_text(state: list[BaseMessage]) -> str:
     return next((str(m.content) for m in state if is_summary_message(m)), "")
 
 
-def replay(messages: list[BaseMessage], facts: Facts, options: CompactionOptions, summarizer: object) -> Survival:
+def replay(
+    messages: list[BaseMessage],
+    facts: Facts,
+    options: CompactionOptions,
+    summarizer: object,
+    features: Sequence[Feature] | None = None,
+) -> Survival:
     """Replay ``messages`` with auto-compaction; score after the 1st and 5th compaction."""
     state: list[BaseMessage] = []
     positions: list[int] = []  # original index of each state message (-1 for summaries)
@@ -61,7 +70,7 @@ def replay(messages: list[BaseMessage], facts: Facts, options: CompactionOptions
     critical = [f for f in facts.items if f[0] != "marker"]  # markers measure coverage, not survival
     for index, message in enumerate(messages):
         if isinstance(message, AIMessage) and should_compact(state, options=options):
-            result, new_state = compact(summarizer, state, options)
+            result, new_state = compact(summarizer, state, options, features=features)
             if result is not None:
                 count += 1
                 removed = {p for p in positions[: result.cut_index] if p >= 0}
@@ -123,6 +132,9 @@ def workloads() -> list[tuple[str, list[BaseMessage], Facts]]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("fact_survival.json"))
+    args = parser.parse_args()
     options = CompactionOptions(context_window=24_000, reserve_tokens=4_000, keep_recent_tokens=6_000)
     summarizers = {"offline (extractive)": ExtractiveSummarizer(), "poor model (empty checkpoint)": _empty_checkpoint}
     print(f"window {options.context_window}, reserve {options.reserve_tokens}, keep {options.keep_recent_tokens}")
@@ -132,7 +144,8 @@ def main() -> None:
     for name, messages, planted in workloads():
         for label, summarizer in summarizers.items():
             for check in (False, True):
-                s = replay(messages, planted, replace(options, check_facts=check), summarizer)
+                # Checked facts on: the default features; off: the defaults without CheckedFacts.
+                s = replay(messages, planted, options, summarizer, None if check else [Pins()])
                 on = "on" if check else "off"
                 print(
                     f"| {name} | {label} | {on} | {s.compactions} | {_overall(s.after_one)} | "
@@ -147,8 +160,7 @@ def main() -> None:
         cost = extraction_cost(messages)
         figures[f"{name} / extraction_us_per_message"] = round(cost, 1)
         print(f"fact extraction on {name}: {cost:.1f} us per compacted message ({len(messages)} messages)")
-    out = Path(__file__).with_name("fact_survival.json")
-    out.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
+    args.out.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Fidelity: how many of the facts a continuing agent needs are still in its context after repeated compactions.
 
-python bench/fidelity.py [--json]
+python bench/fidelity.py [--json] [--out PATH]
 
 Ground truth that does not come from the library's own extractor:
 
@@ -34,7 +34,7 @@ import random
 import sys
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from bench.run import RecordingChatModel
 from bench.workloads import load_transcripts
 from langchain_compaction import CompactionNode, CompactionOptions, ExtractiveSummarizer
 from langchain_compaction._lc.convert import is_summary_message
+from langchain_compaction.features import Feature, Pins
 
 HERE = Path(__file__).resolve().parent
 POOR = "## Goal\n- Continue the task.\n\n## Progress\n- Work is ongoing.\n\n## Next Steps\n- Keep going."
@@ -131,8 +132,8 @@ def _with_ids(messages: list[BaseMessage]) -> list[BaseMessage]:
 
 
 class Ours:
-    def __init__(self, summarizer: Any, options: CompactionOptions) -> None:
-        self.node = CompactionNode(summarizer, options)
+    def __init__(self, summarizer: Any, options: CompactionOptions, features: list[Feature] | None = None) -> None:
+        self.node = CompactionNode(summarizer, options, features=features)
         self.context: list[BaseMessage] = []
 
     def step(self, state: list[BaseMessage]) -> tuple[list[BaseMessage], bool]:
@@ -238,9 +239,9 @@ def systems(window: int, keep: int) -> dict[str, Callable[[], Any]]:
     threshold = options.budget.threshold or window
     return {
         "ours, offline, checked": lambda: Ours(ExtractiveSummarizer(), options),
-        "ours, offline, unchecked": lambda: Ours(ExtractiveSummarizer(), replace(options, check_facts=False)),
+        "ours, offline, unchecked": lambda: Ours(ExtractiveSummarizer(), options, [Pins()]),
         "ours, poor model, checked": lambda: Ours(_poor_model, options),
-        "ours, poor model, unchecked": lambda: Ours(_poor_model, replace(options, check_facts=False)),
+        "ours, poor model, unchecked": lambda: Ours(_poor_model, options, [Pins()]),
         "LangChain SummarizationMiddleware, poor model": lambda: LangChainPeer(threshold, keep),
         "langmem summarize_messages, poor model": lambda: LangMemPeer(threshold, keep),
     }
@@ -249,6 +250,7 @@ def systems(window: int, keep: int) -> dict[str, Callable[[], Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", type=Path, default=HERE / "fidelity.json", help="with --json")
     args = parser.parse_args()
     workloads: list[tuple[str, list[BaseMessage], Truth]] = []
     real = real_transcripts()
@@ -272,7 +274,7 @@ def main() -> None:
                     "pending_reported": s.pending,
                 }
     if args.json:
-        (HERE / "fidelity.json").write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
+        args.out.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The user-visible stall of compaction turns, with summaries made on the spot or prepared ahead.
 
-python bench/stall.py [--turns N] [--window W] [--keep K] [--json]
+python bench/stall.py [--turns N] [--window W] [--keep K] [--json] [--out PATH]
 
 A latency model, run in scaled real time (one modelled second is ``SCALE``
 real seconds, so threads and tasks really run side by side):
@@ -15,7 +15,8 @@ real seconds, so threads and tasks really run side by side):
 
 A synthetic coding session (``bench.workloads.coding_session``) is replayed
 through ``CompactionNode`` and ``CompactionMiddleware.before_model``, plain and
-with ``prepare_at=0.7``, and through LangChain's ``SummarizationMiddleware``
+with ``PrepareAhead(at=0.7)`` added to the default features (the runs keep
+their 0.2 label, ``prepare_at=0.7``), and through LangChain's ``SummarizationMiddleware``
 (its documented trigger and keep, the same threshold and keep). The stall of a
 compaction turn is its wall time minus the agent's own, in modelled seconds:
 time spent waiting is scaled back, CPU time of the turn's own thread counts as
@@ -33,7 +34,8 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,8 @@ from langgraph.graph.message import add_messages
 
 from bench.run import MARKER
 from bench.workloads import coding_session
-from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions
+from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions, CompactionResult
+from langchain_compaction.features import Feature, PrepareAhead, default_features
 from langchain_compaction.tokens import estimate_tokens
 
 SCALE = 0.004
@@ -115,8 +118,11 @@ def _markers(messages: list[BaseMessage]) -> set[str]:
     return found
 
 
-def replay(name: str, step: Any, model: Model, session: list[BaseMessage], results: list[Any]) -> Run:
-    """Run the agent loop: the step before every model call, then the agent's own time."""
+def replay(name: str, step: Any, model: Model, session: list[BaseMessage], results: list[bool]) -> Run:
+    """Run the agent loop: the step before every model call, then the agent's own time.
+
+    ``results``: per compaction, whether a summary prepared ahead was applied.
+    """
     run = Run(name)
     state: list[BaseMessage] = []
     compacted: set[str] = set()
@@ -140,25 +146,33 @@ def replay(name: str, step: Any, model: Model, session: list[BaseMessage], resul
     run.input_tokens = sum(estimate_tokens(p) for p in model.prompts)
     shown = "\n".join(model.prompts)
     run.coverage = len({m for m in compacted if m in shown}) / len(compacted) if compacted else 1.0
-    run.from_prepared = sum(1 for r in results if r.from_prepared)
+    run.from_prepared = sum(1 for applied in results if applied)
     return run
 
 
-def _node_step(options: CompactionOptions, model: Model, results: list[Any]) -> Any:
-    node = CompactionNode(model, options, result_key="compaction")
+def _node_step(
+    options: CompactionOptions, features: Sequence[Feature] | None, model: Model, results: list[bool]
+) -> Any:
+    node = CompactionNode(model, options, features=features, result_key="compaction")
 
     def step(state: list[BaseMessage]) -> list[BaseMessage] | None:
         update = node.invoke({"messages": state})
         if not update:
             return None
-        results.append(_Record(update["compaction"]["from_prepared"]))
+        record = update["compaction"]
+        results.append(bool(record.get("parts", {}).get("prepared", {}).get("applied", False)))
         return add_messages(state, update["messages"])  # what LangGraph does with it
 
     return step
 
 
-def _middleware_step(options: CompactionOptions, model: Model, results: list[Any]) -> Any:
-    middleware = CompactionMiddleware(model, options, on_compaction=results.append)
+def _middleware_step(
+    options: CompactionOptions, features: Sequence[Feature] | None, model: Model, results: list[bool]
+) -> Any:
+    def on_compaction(result: CompactionResult) -> None:
+        results.append(bool(result.part("prepared").get("applied", False)))
+
+    middleware = CompactionMiddleware(model, options, features=features, on_compaction=on_compaction)
 
     def step(state: list[BaseMessage]) -> list[BaseMessage] | None:
         update = middleware.before_model({"messages": state}, None)  # type: ignore[arg-type]
@@ -184,32 +198,34 @@ def _langchain_step(model: Model, options: CompactionOptions) -> Any:
     return step
 
 
-@dataclass
-class _Record:
-    from_prepared: bool
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=1500)
     parser.add_argument("--window", type=int, default=200_000)
     parser.add_argument("--keep", type=int, default=None)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("stall.json"), help="with --json")
     args = parser.parse_args()
     session, _ = coding_session(args.turns)
     plain = CompactionOptions(
         context_window=args.window, keep_recent_tokens=args.keep, summary_input_tokens=SUMMARY_INPUT
     )
-    prepared = replace(plain, prepare_at=0.7)
+
+    # Prepared ahead: the same options, the default features plus PrepareAhead(at=0.7); a new
+    # PrepareAhead per adapter (it holds its preparations, as each adapter did with prepare_at).
+    def prepared() -> list[Feature]:
+        return [*default_features(), PrepareAhead(at=0.7)]
+
     runs: list[Run] = []
     for name, build in (
-        ("node, on the spot", lambda m, r: _node_step(plain, m, r)),
-        ("node, prepared (prepare_at=0.7)", lambda m, r: _node_step(prepared, m, r)),
-        ("middleware, on the spot", lambda m, r: _middleware_step(plain, m, r)),
-        ("middleware, prepared (prepare_at=0.7)", lambda m, r: _middleware_step(prepared, m, r)),
+        ("node, on the spot", lambda m, r: _node_step(plain, None, m, r)),
+        ("node, prepared (prepare_at=0.7)", lambda m, r: _node_step(plain, prepared(), m, r)),
+        ("middleware, on the spot", lambda m, r: _middleware_step(plain, None, m, r)),
+        ("middleware, prepared (prepare_at=0.7)", lambda m, r: _middleware_step(plain, prepared(), m, r)),
         ("LangChain SummarizationMiddleware", lambda m, r: _langchain_step(m, plain)),
     ):
-        model, results = Model(), []
+        model = Model()
+        results: list[bool] = []
         runs.append(replay(name, build(model, results), model, session, results))
         print(f"  {name}: done", flush=True)
     budget = plain.budget
@@ -247,7 +263,7 @@ def main() -> None:
         ahead = figures[f"{kind}, prepared (prepare_at=0.7)"]["stall_total_s"]
         print(f"{kind}: prepared total stall is {ahead / on_spot:.1%} of on the spot" if on_spot else "")
     if args.json:
-        out = Path(__file__).with_name("stall.json")
+        out = args.out
         saved = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
         saved[f"window {args.window}, {args.turns} turns"] = figures
         out.write_text(json.dumps(saved, indent=1) + "\n", encoding="utf-8")

@@ -9,7 +9,10 @@ skipped, with the reason, when they are not.
 
 from __future__ import annotations
 
+import functools
 import json
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -229,3 +232,58 @@ def compaction_graph(node: object, agent: object = None, **compile_kwargs: objec
         last = "agent"
     builder.add_edge(last, END)
     return builder.compile(**compile_kwargs)  # type: ignore[arg-type]
+
+
+# --- a request as ChatAnthropic would send it ------------------------------------------
+
+
+@functools.cache
+def anthropic_model() -> Any:
+    """A ChatAnthropic that is never called: its payload builder checks what a request holds."""
+    from langchain_anthropic import ChatAnthropic
+
+    return ChatAnthropic(model="claude-sonnet-4-5", api_key="x")  # type: ignore[call-arg,arg-type]
+
+
+def assert_valid_anthropic_request(
+    messages: Sequence[BaseMessage], system_prompt: str | None = None, *, ends_with_user: bool = False
+) -> None:
+    """ChatAnthropic builds the payload without a warning, and tool uses and results pair up.
+
+    At most one summary; the conversation starts with the user's turn; each tool
+    result answers a tool use of the assistant's turn right before it, and each
+    tool use is answered in the turn after it (a state may end on a tool call).
+    With ``system_prompt``, the list starts with that system message and the
+    payload's system text starts with it. With ``ends_with_user``, the list is a
+    request as sent: it must end on the user's side (no prefill).
+    """
+    messages = list(messages)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        payload = anthropic_model()._get_request_payload(messages)
+    if system_prompt is not None:
+        assert isinstance(messages[0], SystemMessage)
+        assert messages[0].content == system_prompt
+        system = payload["system"]
+        text = system if isinstance(system, str) else "".join(b["text"] for b in system)
+        assert text.startswith(system_prompt)
+    assert sum(1 for m in messages if is_summary_message(m)) <= 1
+    turns = payload["messages"]
+    assert turns, "the request holds no conversation turns"
+    assert turns[0]["role"] == "user", "the Messages API wants the user's turn first"
+    if ends_with_user:
+        assert turns[-1]["role"] == "user", "the request must end on the user's side (no prefill)"
+    for index, turn in enumerate(turns):
+        blocks = turn["content"] if isinstance(turn["content"], list) else []
+        results = {b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"}
+        uses = {b["id"] for b in blocks if b.get("type") == "tool_use"}
+        if results:
+            previous = turns[index - 1] if index else {"role": "", "content": []}
+            prev_blocks = previous["content"] if isinstance(previous["content"], list) else []
+            called = {b["id"] for b in prev_blocks if isinstance(b, dict) and b.get("type") == "tool_use"}
+            assert previous["role"] == "assistant"
+            assert results <= called, f"tool_result without its tool_use at turn {index}"
+        if uses and index + 1 < len(turns):
+            following = turns[index + 1]["content"]
+            answered = {b["tool_use_id"] for b in following if isinstance(b, dict) and b.get("type") == "tool_result"}
+            assert uses <= answered, f"tool_use without its tool_result at turn {index}"

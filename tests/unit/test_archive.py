@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any
 
 import pytest
 from archive_sessions import (
@@ -20,22 +21,36 @@ from archive_sessions import (
     user_text,
 )
 from conftest import compaction_graph
+from helpers_turns import (
+    SMALL_WINDOW,
+    archive_graph_with_recall,
+    archive_items,
+    archived,
+    cfg,
+    graph_with,
+    short_summary,
+    words,
+)
 from langchain.agents import create_agent
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode
 from langgraph.store.memory import InMemoryStore
+from typing_extensions import TypedDict
 
 from langchain_compaction import CompactingChatMessageHistory, CompactionNode
 from langchain_compaction._lc.conversation import Conversation
-from langchain_compaction._lc.convert import is_compaction_message, is_summary_message
+from langchain_compaction._lc.convert import SUMMARY_MARK, is_compaction_message, is_summary_message
 from langchain_compaction.archive import Archive, recall_tool
 from langchain_compaction.core.effects import drive
 from langchain_compaction.core.layout import summary_body
 from langchain_compaction.errors import ConfigurationError, StoreError
 from langchain_compaction.features import Commit, default_features
-from langchain_compaction.graph import CompactionState
+from langchain_compaction.graph import CompactionState, acompact_thread, compact_thread
 
 
 def with_archive(archive: Archive | None = None) -> list[Any]:
@@ -462,3 +477,234 @@ def test_the_tool_matches_on_redacted_text_and_needs_an_archive() -> None:
     assert "No archived message matches" in tool.invoke({"query": FACT})  # no yes/no test for a secret
     with pytest.raises(ConfigurationError, match="history"):
         recall_tool(history=CompactingChatMessageHistory(InMemoryChatMessageHistory(), summarize, OPTIONS))
+
+
+# -- compact_thread with the archive -----------------------------------------------------------------
+
+
+def _archived_graph() -> tuple[Any, Any, dict[str, Any]]:
+    store = InMemoryStore()
+    node = CompactionNode(short_summary, SMALL_WINDOW, features=archived())
+    graph = graph_with(node, store=store)
+    config = cfg("manual-archive")
+    for turn in range(6):
+        graph.invoke({"messages": [HumanMessage(words(f"q{turn}"))]}, config)
+    return graph, store, config
+
+
+def test_compact_thread_with_archive_uses_the_graphs_store() -> None:
+    """compact_thread on a graph with Archive() archives into the graph's store."""
+    graph, store, config = _archived_graph()
+    result = compact_thread(graph, config)
+    assert result is not None
+    assert result.messages_removed > 0
+    assert len(archive_items(store, "manual-archive")) == result.messages_removed
+
+
+async def test_acompact_thread_with_archive_uses_the_graphs_store() -> None:
+    """acompact_thread on a graph with Archive() archives into the graph's store."""
+    graph, store, config = _archived_graph()
+    result = await acompact_thread(graph, config)
+    assert result is not None
+    assert result.messages_removed > 0
+    assert len(archive_items(store, "manual-archive")) == result.messages_removed
+
+
+# -- time travel: a forked thread --------------------------------------------------------------------
+
+
+def _time_travel_session() -> tuple[Any, Any, dict[str, Any], int]:
+    store = InMemoryStore()
+    graph, _ = archive_graph_with_recall(store)
+    config = cfg("travel")
+    compaction_turns, previous = [], 0
+    for turn in range(30):
+        state = graph.invoke({"messages": [HumanMessage(words(f"old{turn}", 120), id=f"old{turn}")]}, config)
+        if len(state["messages"]) < previous:
+            compaction_turns.append(turn)
+        previous = len(state["messages"])
+    assert len(compaction_turns) >= 2, compaction_turns
+    # Fork: the finished turn just before the last compactions (the second to last one).
+    fork_turn = compaction_turns[-2] - 1
+    snapshot = next(
+        s
+        for s in graph.get_state_history(config)
+        if not s.next and len(s.values["messages"]) > 1 and s.values["messages"][-2].id == f"old{fork_turn}"
+    )
+    branch = snapshot.config
+    for turn in range(20):
+        graph.invoke({"messages": [HumanMessage(words(f"new{turn}", 120), id=f"new{turn}")]}, branch)
+        branch = graph.get_state(config).config  # the head of the new branch
+    return graph, store, config, fork_turn
+
+
+def _timeline_items(store: Any, messages: Sequence[BaseMessage]) -> list[Any]:
+    """The thread's archived items that belong to the timeline of ``messages``' summary."""
+    summary = next(m for m in messages if is_summary_message(m))
+    lineage = set(summary.additional_kwargs[SUMMARY_MARK]["lineage"])
+    return [i for i in archive_items(store, "travel") if i.value["lineage"] in lineage]
+
+
+def test_forked_thread_archives_each_message_once_at_one_position() -> None:
+    """After a fork, the current timeline holds each message once, each at its own position."""
+    graph, store, config, fork_turn = _time_travel_session()
+    state = graph.get_state(config).values["messages"]
+    items = _timeline_items(store, state)
+    ids = Counter(i.value["message"]["data"]["id"] for i in items)
+    assert not [k for k, n in ids.items() if n > 1], "a message id is archived more than once in this timeline"
+    positions = Counter(i.value["position"] for i in items)
+    doubled = sorted(p for p, n in positions.items() if n > 1)
+    assert not doubled, f"{len(doubled)} positions of this timeline hold two messages, e.g. {doubled[:3]}"
+    # Each message of the branch is in the state or in its timeline's archive, exactly once;
+    # none of the abandoned branch is in either.
+    where = Counter(m.id for m in state if not is_compaction_message(m))
+    where.update(ids)
+    branch = [f"old{t}" for t in range(fork_turn + 1)] + [f"new{t}" for t in range(20)]
+    assert {label: where[label] for label in branch if where[label] != 1} == {}
+    abandoned = [f"old{t}" for t in range(fork_turn + 1, 30)]
+    assert not [label for label in abandoned if where[label]], "the abandoned branch is in this timeline"
+
+
+def test_recall_in_the_new_branch_does_not_return_the_abandoned_branch() -> None:
+    """Recall in the new branch returns its own messages, never one only the abandoned branch had."""
+    graph, _, config, fork_turn = _time_travel_session()
+    state = graph.invoke({"messages": [HumanMessage("RECALL old")]}, config)
+    answer = state["messages"][-1]
+    assert isinstance(answer, ToolMessage)
+    assert "id=old0]" in str(answer.content), str(answer.content)[:200]  # the shared history is recalled
+    abandoned = [f"old{t}" for t in range(fork_turn + 1, 30)]
+    leaked = [label for label in abandoned if f"id={label}]" in str(answer.content)]
+    assert not leaked, f"recall in the new branch returned abandoned-branch messages: {leaked[:5]}"
+
+
+# -- two sub-agents in one thread --------------------------------------------------------------------
+
+
+def _sub_agent(key: str, archive: Archive) -> tuple[Any, CompactionNode]:
+    """A sub-agent keeping its messages under ``key``, with the archive and a recall ToolNode of its own."""
+
+    class SubState(TypedDict):
+        pass
+
+    SubState.__annotations__[key] = Annotated[list[BaseMessage], add_messages]
+    node = CompactionNode(
+        short_summary, SMALL_WINDOW, messages_key=key, nested="own", features=[*default_features(), archive]
+    )
+    tool = node.recall_tool(max_chars=200_000)
+
+    def agent(state: dict[str, Any]) -> dict[str, Any]:
+        last = state[key][-1]
+        if isinstance(last, HumanMessage) and str(last.content).startswith("RECALL "):
+            query = str(last.content).split(" ", 1)[1]
+            call = {"name": tool.name, "args": {"query": query, "limit": 50}, "id": f"r-{key}", "type": "tool_call"}
+            return {key: [AIMessage("", tool_calls=[call])]}
+        return {key: [AIMessage(words(f"{key}-answer", 60))]}
+
+    builder = StateGraph(SubState)
+    builder.add_node("compact", node)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([tool], messages_key=key))
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    builder.add_conditional_edges("agent", lambda s: "tools" if s[key][-1].tool_calls else END, ["tools", END])
+    builder.add_edge("tools", END)
+    return builder.compile(), node
+
+
+class TwoAgents(TypedDict):
+    alpha: Annotated[list[BaseMessage], add_messages]
+    beta: Annotated[list[BaseMessage], add_messages]
+
+
+def _two_sub_agents(beta_archive: Archive) -> tuple[Any, Any]:
+    store = InMemoryStore()
+    alpha, _ = _sub_agent("alpha", Archive())
+    beta, _ = _sub_agent("beta", beta_archive)
+    builder = StateGraph(TwoAgents)
+    builder.add_node("alpha_agent", alpha)
+    builder.add_node("beta_agent", beta)
+    builder.add_edge(START, "alpha_agent")
+    builder.add_edge("alpha_agent", "beta_agent")
+    builder.add_edge("beta_agent", END)
+    graph = builder.compile(checkpointer=InMemorySaver(), store=store)
+    for turn in range(40):
+        graph.invoke(
+            {
+                "alpha": [HumanMessage(words(f"ALPHASECRET{turn}", 60), id=f"alpha-{turn}")],
+                "beta": [HumanMessage(words(f"beta-question{turn}", 60), id=f"beta-{turn}")],
+            },
+            cfg("shared-thread"),
+        )
+    return graph, store
+
+
+def _beta_recall(graph: Any, query: str) -> str:
+    out = graph.invoke(
+        {"alpha": [HumanMessage(words("alpha-idle", 5))], "beta": [HumanMessage(f"RECALL {query}")]},
+        cfg("shared-thread"),
+    )
+    answer = out["beta"][-1]
+    assert isinstance(answer, ToolMessage), answer
+    return str(answer.content)
+
+
+def test_sub_agents_do_not_read_each_others_archive() -> None:
+    """One sub-agent's recall (same thread) returns its own archived messages, never another sub-agent's."""
+    graph, store = _two_sub_agents(Archive())
+    ids = [i.value["message"]["data"]["id"] for i in archive_items(store, "shared-thread")]
+    assert any(i.startswith("alpha-") for i in ids)
+    assert any(i.startswith("beta-") for i in ids)
+    assert "id=beta-3]" in _beta_recall(graph, "beta-question3")  # control: beta reads its own archive
+    answer = _beta_recall(graph, "ALPHASECRET3")
+    assert "id=alpha-" not in answer, f"beta's recall returned alpha's archived messages: {answer[:120]!r}"
+
+
+def test_retention_of_one_sub_agent_keeps_the_others_archive() -> None:
+    """One sub-agent's Archive(max_messages=5) never deletes another sub-agent's archived messages."""
+
+    def alpha_archived(store: Any) -> set[str]:
+        return {
+            i.value["message"]["data"]["id"]
+            for i in archive_items(store, "shared-thread")
+            if i.value["message"]["data"]["id"].startswith("alpha-")
+        }
+
+    _, control = _two_sub_agents(Archive())  # beta without retention
+    expected = alpha_archived(control)
+    assert len(expected) > 10  # alpha compacted several times
+    _, store = _two_sub_agents(Archive(max_messages=5))
+    lost = sorted(expected - alpha_archived(store), key=lambda k: int(k.split("-")[1]))
+    # alpha has no retention: every alpha message it compacted must still be in the archive.
+    assert not lost, f"beta's Archive(max_messages=5) deleted {len(lost)} of alpha's archived messages, e.g. {lost[:5]}"
+
+
+# -- a store that cannot be written, with on_error='warn' --------------------------------------------
+
+
+def test_archive_warn_does_not_summarize_and_discard_every_turn() -> None:
+    """With Archive(on_error="warn") and a failing store, no summary call is paid for and thrown away."""
+    prompts: list[str] = []
+
+    def counting_summarizer(prompt: str) -> str:
+        prompts.append(prompt)
+        return "## Goal\n- x"
+
+    node = CompactionNode(
+        counting_summarizer, SMALL_WINDOW, result_key="compaction", features=archived(on_error="warn")
+    )
+    graph = graph_with(node, store=FailingStore())
+    over = 0
+    used = 0  # summary calls that went into a compaction written to the state
+    for turn in range(40):
+        for update in graph.stream(
+            {"messages": [HumanMessage(words(f"q{turn}"))]}, cfg("readonly"), stream_mode="updates"
+        ):
+            record = (update.get("compact") or {}).get("compaction")
+            if record:
+                used += record["summarizer_calls"]
+        messages = graph.get_state(cfg("readonly")).values["messages"]
+        over += node.context_tokens(messages) > node.options.budget.threshold
+    assert over > 1, "the thread never passed the threshold"
+    discarded = len(prompts) - used
+    assert discarded == 0, f"{discarded} summary calls made and discarded ({over} turns past the threshold)"
+    assert len(prompts) <= 5, f"{len(prompts)} summary calls over {over} turns past the threshold"

@@ -3,19 +3,32 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import anthropic
 import httpx2
 import pytest
+from helpers_turns import SMALL_WINDOW, RequestRecorder, ToolCallingFake, cfg, chat, words
+from langchain.agents import create_agent
 from langchain_anthropic import ChatAnthropic
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.language_models.fake_chat_models import FakeListChatModel, GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
 
-from langchain_compaction import CompactionNode, CompactionOptions, ExtractiveSummarizer, acompact, compact
+from langchain_compaction import (
+    CompactionMiddleware,
+    CompactionNode,
+    CompactionOptions,
+    ExtractiveSummarizer,
+    acompact,
+    compact,
+)
 from langchain_compaction.anthropic import AnthropicSummarizer
 from langchain_compaction.core.prompts import CACHE_ALIGNED_PROMPT
+from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features import CacheAligned, default_features
+from langchain_compaction.tokens import estimate_message_tokens, estimate_tokens
 
 REPLY = "## Goal\n- finish the migration"
 
@@ -120,7 +133,10 @@ def test_the_0_2_keyword_still_works_with_a_deprecation_warning():
     model = Recording(messages=iter([AIMessage(REPLY)]), inputs=[])
     compact(model, conversation(), options)
     assert model.inputs[0][-1].content == CACHE_ALIGNED_PROMPT
-    with pytest.warns(DeprecationWarning, match="CacheAligned"), pytest.raises(ConfigurationError, match=r"summary_mode='cached'"):
+    with (
+        pytest.warns(DeprecationWarning, match="CacheAligned"),
+        pytest.raises(ConfigurationError, match=r"summary_mode='cached'"),
+    ):
         compact(model, conversation(), CompactionOptions(summary_mode="cached"))
 
 
@@ -233,3 +249,83 @@ def test_under_create_agent_the_summary_request_carries_the_agents_system_prompt
     # What came before the instruction is what the agent sent before the cut.
     agent_request = next(r for r in agent_model.inputs if len(r) >= len(sent) - 1)
     assert [m.content for m in sent[1:-1]] == [m.content for m in agent_request[1 : len(sent) - 1]]
+
+
+def test_cache_aligned_input_tokens_are_the_prefix_sent() -> None:
+    """summarizer_input_tokens reports what a cache-aligned request sent: the prefix and the instruction."""
+    messages = chat(6, size=50)
+    options = CompactionOptions(keep_recent_tokens=200)
+    model = FakeListChatModel(responses=["## Goal\n- answer questions"])
+    result, _ = compact(model, messages, options, features=[*default_features(), CacheAligned()])
+    assert result is not None
+    sent = estimate_message_tokens(messages[: result.cut_index]) + estimate_tokens(CACHE_ALIGNED_PROMPT)
+    assert result.summarizer_input_tokens == sent
+    transcript, _ = compact(model, messages, CompactionOptions(keep_recent_tokens=200))
+    assert transcript is not None
+    assert transcript.summarizer_input_tokens != sent  # the transcript is another size
+
+
+def test_cache_aligned_retry_still_covers_every_chunk():
+    """After a too-long first answer, the chunked retry of a cache-aligned summary still covers every message."""
+    messages = [SystemMessage("sys")]
+    for i in range(12):
+        messages += [HumanMessage(f"FACT{i} " + "words " * 40), AIMessage("ok " * 40)]
+    messages.append(HumanMessage("last"))
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    seen: list[str] = []
+
+    class Recording(GenericFakeChatModel):
+        def _generate(self, msgs, stop=None, run_manager=None, **kw):
+            seen.append("\n".join(str(m.content) for m in msgs))
+            return super()._generate(msgs, stop=stop, run_manager=run_manager, **kw)
+
+    # The first answer (written from the whole prefix) is too long; the retry
+    # and everything after are fine.
+    fake = Recording(messages=iter([AIMessage("long " * 400)] + [AIMessage("## Goal\n- short")] * 20))
+    options = CompactionOptions(summary_input_tokens=1000, summary_max_tokens=64, keep_recent_tokens=10)
+    result, _ = compact(fake, messages, options, features=[*default_features(), CacheAligned()])
+    assert result is not None
+    accepted = "\n".join(seen[1:])  # everything after the rejected first answer
+    assert all(f"FACT{i} " in accepted for i in range(12))
+    assert result.chunks > 1
+
+
+class ThreadRecorder(RequestRecorder):
+    """Records each summary request with the thread it was made for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    def summarize(self, request: SummaryRequest) -> str:
+        from langgraph.config import get_config
+
+        self.threads.append(str(get_config()["configurable"].get("thread_id")))
+        return super().summarize(request)
+
+
+def test_cache_aligned_summary_uses_its_own_threads_system_prompt() -> None:
+    """A cache-aligned summary request of one thread carries that thread's system prompt, never another's."""
+    from langchain.agents.middleware import dynamic_prompt
+    from langgraph.config import get_config
+
+    @dynamic_prompt
+    def per_thread_prompt(request: Any) -> str:
+        return f"SYSTEM-PROMPT-OF-{get_config()['configurable']['thread_id']}"
+
+    recorder = ThreadRecorder()
+    middleware = CompactionMiddleware(recorder, SMALL_WINDOW, features=[*default_features(), CacheAligned()])
+    model = ToolCallingFake(messages=iter([AIMessage(words("reply", 40)) for _ in range(200)]))
+    agent = create_agent(model, middleware=[per_thread_prompt, middleware], checkpointer=InMemorySaver())
+    for turn in range(25):
+        for thread in ("A", "B"):
+            agent.invoke({"messages": [HumanMessage(words(f"{thread}{turn}", 40))]}, cfg(thread))
+    with_prefix = [(t, r) for t, r in zip(recorder.threads, recorder.requests) if r.prefix]
+    assert with_prefix, "no cache-aligned request was made"
+    mixed = []
+    for thread, request in with_prefix:
+        systems = [str(m.content) for m in request.prefix if getattr(m, "type", "") == "system"]
+        if any("SYSTEM-PROMPT-OF-" in text and text != f"SYSTEM-PROMPT-OF-{thread}" for text in systems):
+            mixed.append((thread, systems))
+    assert not mixed, f"a summary request for one thread carried another thread's system prompt: {mixed[:2]}"

@@ -7,8 +7,10 @@ from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
 from langchain_compaction import CompactionOptions, aauto_compact, auto_compact
+from langchain_compaction._lc.convert import to_core_list
+from langchain_compaction.core.tokens import estimate_message
 from langchain_compaction.features import ClearToolOutputs, default_features
-from langchain_compaction.features.clearing import CLEARED_PREFIX
+from langchain_compaction.features.clearing import CLEARED_PREFIX, plan_clearing
 from langchain_compaction.tokens import estimate_message_tokens
 
 
@@ -188,3 +190,24 @@ def test_chat_memory_says_it_cannot_clear_instead_of_ignoring_it():
     history.add_messages(agent_session(20))
     assert not any(str(m.content).startswith(CLEARED_PREFIX) for m in history.messages)
     assert len(archive.messages) + len(history.messages) >= len(agent_session(20))
+
+
+# -- fewer results than keep_tool_uses ---------------------------------------------------------------
+
+
+def test_clearing_protects_every_result_when_there_are_fewer_than_keep_tool_uses() -> None:
+    """Fewer tool results than keep_tool_uses: every one of them is protected from clearing."""
+    messages = []
+    for i in range(2):
+        call = {"name": "read", "args": {"path": f"f{i}"}, "id": f"c{i}"}
+        messages += [AIMessage("", tool_calls=[call], id=f"a{i}"), ToolMessage("x " * 2_000, tool_call_id=f"c{i}")]
+    messages.append(HumanMessage("go on " * 100))
+    core = to_core_list(messages)
+    counts = [estimate_message(m) for m in core]
+    # Clearing the first result alone would reach the target, and it lies outside the keep budget.
+    assert sum(counts) > 1_500 > sum(counts) - counts[1] + 100
+    plan = plan_clearing(core, counts, keep_recent_tokens=200, target_tokens=1_500, keep_tool_uses=3, min_tokens=10)
+    assert plan is None  # nothing may be cleared: both are among the last three results
+    plan = plan_clearing(core, counts, keep_recent_tokens=200, target_tokens=1_500, keep_tool_uses=1, min_tokens=10)
+    assert plan is not None
+    assert plan.indices == (1,)

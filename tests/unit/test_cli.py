@@ -11,6 +11,7 @@ import pytest
 from langchain_core.messages import messages_from_dict
 
 from langchain_compaction.cli import main
+from langchain_compaction.formats import ConversationFileError, parse_conversation
 from tests.conftest import transcript_path
 
 
@@ -107,6 +108,16 @@ def test_bad_file_gives_one_line_and_exit_2(tmp_path, capsys, content, needle):
     assert len(err.splitlines()) == 1
     assert str(path) in err
     assert needle in err
+
+
+def test_deeply_nested_json_is_one_clean_error(tmp_path, capsys):
+    """Deeply nested JSON is one clean ConversationFileError, and one line and exit status 2 on the command line."""
+    with pytest.raises(ConversationFileError, match="nested too deeply"):
+        parse_conversation("[" * 100_000)
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000)
+    assert main(["inspect", str(path)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 def test_missing_file_and_bad_options_exit_2(capsys, ponyc):

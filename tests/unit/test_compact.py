@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 from conftest import assert_compacted, is_user_turn, split_compacted
+from helpers_turns import RequestRecorder, chat, words
 from langchain_anthropic import ChatAnthropic
 from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import FakeListChatModel, GenericFakeChatModel
 from langchain_core.messages import (
     AIMessage,
@@ -30,12 +32,17 @@ from langgraph.constants import TAG_NOSTREAM
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from langchain_compaction import (
+    CompactingChatMessageHistory,
     CompactionError,
+    CompactionMiddleware,
+    CompactionNode,
     CompactionOptions,
     CompactionResult,
     ExtractiveSummarizer,
     acompact,
+    auto_compact,
     compact,
+    should_compact,
 )
 from langchain_compaction._lc.convert import (
     BRIDGE_TEXT,
@@ -264,6 +271,25 @@ def test_valid_window_options_are_accepted() -> None:
     options = CompactionOptions(context_window=200_000, timeout=30, summary_input_tokens=1000)
     assert options.budget.summary_input == 1000
     assert CompactionOptions(context_window=200_000).budget.summary_input == 200_000 - 16384
+
+
+def test_a_zero_reserve_means_the_default_and_every_adapter_compacts() -> None:
+    """reserve_tokens=0 means the default reserve (as in pi's options), and every adapter compacts with it."""
+    options = CompactionOptions(context_window=20_000, reserve_tokens=0, keep_recent_tokens=1_000)
+    assert options.reserve_tokens is None  # derived, like an option left out
+    assert options.budget.reserve == 20_000 // 8
+    history = chat(40)  # 80 messages, about 10x the window
+    assert estimate_message_tokens(history) > 10 * 20_000 // 2
+    summarize = ExtractiveSummarizer()
+    assert should_compact(history, options=options)
+    assert auto_compact(summarize, history, options)[0] is not None
+    assert CompactionNode(summarize, options).invoke({"messages": history})
+    assert CompactionMiddleware(summarize, options).before_model({"messages": history}, None)  # type: ignore[arg-type]
+    memory = CompactingChatMessageHistory(InMemoryChatMessageHistory(), summarize, options)
+    memory.add_messages(history)
+    assert len(memory.messages) < len(history)
+    # The bare seed signature keeps the seed's rule: a reserve of 0 or less answers no.
+    assert should_compact(history, 20_000, 0) is False
 
 
 # --- the basic compaction ----------------------------------------------------
@@ -1000,6 +1026,13 @@ async def test_huge_old_message_is_shortened_to_fit_the_window(mode: str) -> Non
         assert estimate_tokens(prompt) <= options.context_window - options.reserve_tokens
 
 
+def test_a_non_list_is_an_invalid_messages_error():
+    """Messages that are not a list are an InvalidMessagesError."""
+    for bad in (None, 5, "hello"):
+        with pytest.raises(InvalidMessagesError):
+            compact(lambda p: "x", bad)  # type: ignore[arg-type]
+
+
 # --- ChatAnthropic validity ------------------------------------------------------------
 
 
@@ -1405,3 +1438,52 @@ async def test_the_offline_summarizer_reports_no_finished_call_as_pending_across
     assert result is not None
     assert result.chunks > 3
     assert "no result yet" not in result.summary
+
+
+def _tool_call(call_id: str) -> dict[str, Any]:
+    return {"name": "lookup", "args": {"topic": call_id}, "id": call_id, "type": "tool_call"}
+
+
+@pytest.mark.parametrize("shape", ["user_message_before_the_result", "interleaved_late_results"])
+def test_chunks_never_split_a_tool_call_from_its_results(shape: str) -> None:
+    """A chunked summary never sends a tool call in one request and its result in another."""
+    splits = []
+    for filler in range(40, 400, 12):
+        history: list[BaseMessage] = []
+        for i in range(6):
+            history += [HumanMessage(words(f"q{i}", filler), id=f"h{i}"), AIMessage(words(f"a{i}", filler), id=f"a{i}")]
+        if shape == "user_message_before_the_result":
+            history += [
+                HumanMessage("look it up", id="ask"),
+                AIMessage("", tool_calls=[_tool_call("c1")], id="call"),
+                HumanMessage(words("and hurry, please", 40), id="hurry"),
+                ToolMessage(words("result", 60), tool_call_id="c1", id="res1"),
+            ]
+        else:
+            history += [
+                HumanMessage("look both up", id="ask"),
+                AIMessage("", tool_calls=[_tool_call("c1")], id="call1"),
+                AIMessage(words("also", 20), tool_calls=[_tool_call("c2")], id="call2"),
+                ToolMessage(words("result one", 40), tool_call_id="c1", id="res1"),
+                ToolMessage(words("result two", 40), tool_call_id="c2", id="res2"),
+            ]
+        for i in range(6, 30):
+            history += [HumanMessage(words(f"q{i}", 60), id=f"h{i}"), AIMessage(words(f"a{i}", 60), id=f"a{i}")]
+        recorder = RequestRecorder()
+        options = CompactionOptions(context_window=6_000, summary_input_tokens=1_000, keep_recent_tokens=500)
+        result, _ = compact(recorder, history, options)
+        assert result is not None
+        assert result.chunks > 1
+        where: dict[str, int] = {}
+        for number, request in enumerate(recorder.requests):
+            for message in request.messages:
+                for call in message.tool_calls:
+                    where.setdefault(f"call:{call.id}", number)
+                if message.role == "tool" and message.tool_call_id:
+                    where.setdefault(f"result:{message.tool_call_id}", number)
+        for call_id in ("c1", "c2"):
+            if f"call:{call_id}" in where and where[f"call:{call_id}"] != where.get(f"result:{call_id}"):
+                splits.append((filler, call_id, where[f"call:{call_id}"], where.get(f"result:{call_id}")))
+    assert not splits, (
+        f"a chunk boundary split a tool call from its result (filler, call, chunk of call, chunk of result): {splits[:3]}"
+    )

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
+from helpers_turns import PREPARE_OPTS, cfg, long_history, prepare_of, prepared, wait_for
 from langchain.agents import create_agent
 from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -36,8 +38,10 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 
 from langchain_compaction import CompactingChatMessageHistory, CompactionNode, CompactionOptions, acompact, compact
+from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import is_summary_message
 from langchain_compaction.core.tokens import estimate_tokens
+from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import (
     EmptySummaryError,
     InvalidSummaryError,
@@ -447,3 +451,93 @@ async def test_store_fault(fault: str, mode: str) -> None:
     ids = [m.id for m in archive.messages]
     assert len(ids) == len(set(ids))
     figure(f"store {fault}", "history wrapper", mode, f"StoreError({operation}) then repaired", count)
+
+
+# -- timeouts and cancellation of the summary call ---------------------------------------------------
+
+
+def test_a_model_raising_timeout_error_is_a_failure_not_our_deadline():
+    """A model that raises TimeoutError itself is a SummarizationError, not the library's SummaryTimeoutError."""
+
+    def flaky(prompt: str) -> str:
+        raise TimeoutError("the model service is down")
+
+    messages = [HumanMessage("a " * 300), AIMessage("b " * 300), HumanMessage("c")]
+    with pytest.raises(SummarizationError) as sync_error:
+        compact(flaky, messages, CompactionOptions(timeout=30))
+    with pytest.raises(SummarizationError) as async_error:
+        asyncio.run(acompact(flaky, messages, CompactionOptions(timeout=30)))
+    for info in (sync_error, async_error):
+        assert not isinstance(info.value, SummaryTimeoutError)
+        assert "the model service is down" in str(info.value)
+
+
+class SlowToCancel:
+    """An async summarizer that hangs, and on cancellation cleans up for a moment (closing a
+    connection) before it lets the cancellation through, as HTTP clients do."""
+
+    name = "slow-to-cancel"
+
+    def summarize(self, request: SummaryRequest) -> str:
+        raise NotImplementedError
+
+    async def asummarize(self, request: SummaryRequest) -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.4)  # cleanup
+            raise
+        return "## Goal\n- x"
+
+
+async def test_caller_cancellation_with_timeout_stays_a_cancellation() -> None:
+    """A caller's cancellation during a timed-out summary call surfaces as CancelledError, not a timeout."""
+    options = CompactionOptions(context_window=3_000, timeout=0.1)
+    caller = asyncio.ensure_future(acompact(SlowToCancel(), long_history(), options))
+    await asyncio.sleep(0.25)  # past the 0.1 s deadline: the library is awaiting the cancelled summary call
+    caller.cancel()
+    outcome = (await asyncio.gather(caller, return_exceptions=True))[0]
+    assert isinstance(outcome, asyncio.CancelledError), f"the caller's cancellation became {outcome!r}"
+
+
+async def test_cancelled_background_preparation_task_is_cancelled() -> None:
+    """A background preparation task that is cancelled ends cancelled (it does not swallow the cancellation)."""
+    node = CompactionNode(SlowToCancel(), PREPARE_OPTS, features=prepared(wait=0.1))
+    history = long_history(48, 40)
+    assert prepare_of(node).mark < node.context_tokens(history) < PREPARE_OPTS.budget.threshold
+    before = asyncio.all_tasks()
+    await node.ainvoke({"messages": history}, cfg("bg"))
+    started = asyncio.all_tasks() - before - {asyncio.current_task()}
+    assert prepare_of(node).running(Conversation("bg")), "no preparation is running after a turn past the mark"
+    assert len(started) == 1, started  # the preparation's task
+    (task,) = started
+    assert not task.done()
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.wait({task}, timeout=2)
+    assert task.done()
+    assert task.cancelled(), "the cancelled background preparation task returned normally"
+
+
+def test_timed_out_sync_summary_calls_do_not_pile_up_threads() -> None:
+    """Summary calls that hang past their timeout leave a bounded number of threads behind."""
+    release = threading.Event()
+
+    def hanging(prompt: str) -> str:
+        release.wait(30)
+        return "## Goal\n- x"
+
+    def alive() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "langchain-compaction-summary" and t.is_alive())
+
+    options = CompactionOptions(context_window=3_000, timeout=0.05)
+    baseline = alive()
+    try:
+        for _ in range(8):
+            with pytest.raises(SummaryTimeoutError):
+                compact(hanging, long_history(), options)
+        leaked = alive() - baseline
+    finally:
+        release.set()
+    wait_for(lambda: alive() <= baseline, 3.0)  # released: they end
+    assert leaked <= 4, f"{leaked} summary threads are still alive after 8 timed-out calls"

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from conftest import as_state, assert_compacted, split_compacted
-from langchain_anthropic import ChatAnthropic
+from conftest import as_state, assert_compacted, assert_valid_anthropic_request, split_compacted
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
@@ -51,7 +49,6 @@ from langchain_compaction.tokens import estimate_message_tokens
 
 # A large summarizer budget keeps each compaction to one summary call.
 SMALL = CompactionOptions(context_window=2_000, reserve_tokens=400, keep_recent_tokens=500, summary_input_tokens=50_000)
-ANTHROPIC = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")  # type: ignore[call-arg]
 
 
 # -- fakes implementing the real interfaces ------------------------------------------
@@ -181,32 +178,6 @@ def history(turns: int, size: int = 400) -> list[BaseMessage]:
         out.append(HumanMessage(f"question {turn} " + "x" * size, id=f"h{turn}"))
         out.append(AIMessage(f"answer {turn} " + "y" * size, id=f"a{turn}"))
     return out
-
-
-def assert_valid_anthropic_request(messages: Sequence[BaseMessage]) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        payload = ANTHROPIC._get_request_payload(list(messages))
-    turns = payload["messages"]
-    assert turns, "the request holds no conversation turns"
-    assert turns[0]["role"] == "user", "the Messages API wants the user's turn first"
-    for index, turn in enumerate(turns):
-        blocks = turn["content"] if isinstance(turn["content"], list) else []
-        uses = {b["id"] for b in blocks if b.get("type") == "tool_use"}
-        results = {b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"}
-        if results:
-            previous = turns[index - 1] if index else {"content": []}
-            prev_blocks = previous["content"] if isinstance(previous["content"], list) else []
-            called = {b["id"] for b in prev_blocks if b.get("type") == "tool_use"}
-            assert results <= called, f"tool_result without its tool_use at turn {index}"
-        if uses:
-            assert index + 1 < len(turns) or turn is turns[-1]
-            if index + 1 < len(turns):
-                following = turns[index + 1]["content"]
-                answered = {
-                    b["tool_use_id"] for b in following if isinstance(b, dict) and b.get("type") == "tool_result"
-                }
-                assert uses <= answered, f"tool_use without its tool_result at turn {index}"
 
 
 def summaries(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
@@ -448,6 +419,28 @@ def test_cache_stays_bounded() -> None:
     cache = TokenCountCache(CompactionOptions(), max_entries=100)
     cache.counts([HumanMessage(str(i), id=str(i)) for i in range(250)])
     assert len(cache) <= 100
+
+
+def test_the_token_cache_reads_the_previous_call_once() -> None:
+    """The token count cache reads its record of the previous call once: never another thread's counts."""
+    # Another thread swapping the cache's memory of the previous call in the
+    # middle of a call must not hand this call the other conversation's counts.
+    cache = TokenCountCache(CompactionOptions())
+    mine = [HumanMessage("a" * 40, id=f"a{i}") for i in range(5)]
+    theirs = [HumanMessage("b" * 4000, id=f"b{i}") for i in range(5)]
+    cache.counts_and_core(mine)
+    truth = TokenCountCache(CompactionOptions()).counts(mine)
+    reused = cache._reused
+
+    def other_thread_runs_meanwhile(messages: Any, last: Any) -> int:
+        count = reused(messages, last)
+        cache._last = (theirs, *TokenCountCache(CompactionOptions()).counts_and_core(theirs))
+        return count
+
+    cache._reused = other_thread_runs_meanwhile  # type: ignore[method-assign]
+    counts, core = cache.counts_and_core(mine)
+    assert counts == truth
+    assert all(m.text.startswith("a") for m in core)
 
 
 # -- usage anchoring ----------------------------------------------------------------

@@ -7,6 +7,8 @@ is either in the store or in the archive, exactly once.
 from __future__ import annotations
 
 import asyncio
+import gc
+import json
 import logging
 import subprocess
 import sys
@@ -21,9 +23,17 @@ from typing import Any
 
 import pytest
 from conftest import assert_bridge, split_compacted
+from helpers_turns import SUMMARY
 from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import FakeListChatModel, GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    message_to_dict,
+    messages_from_dict,
+)
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables import RunnableLambda
 from langchain_core.runnables.history import RunnableWithMessageHistory
@@ -35,13 +45,14 @@ from langchain_compaction._lc.convert import BRIDGE_TEXT, is_bridge_message, is_
 from langchain_compaction.core.layout import summary_body
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.errors import (
+    CompactionError,
     ConfigurationError,
     EmptySummaryError,
     StoreError,
     SummarizationError,
     SummaryTimeoutError,
 )
-from langchain_compaction.history import CompactingChatMessageHistory, FileLock, InProcessLock
+from langchain_compaction.history import CompactingChatMessageHistory, FileLock, InProcessLock, stores
 
 with warnings.catch_warnings():
     # langchain-community warns on import that it is being sunset.
@@ -115,6 +126,14 @@ def turn(i: int) -> list[BaseMessage]:
 # ---------------------------------------------------------------------------
 # Stores
 # ---------------------------------------------------------------------------
+
+
+def chat(turns: int) -> list[BaseMessage]:
+    """``turns`` short question/answer pairs (ids h0, a0, ...)."""
+    messages: list[BaseMessage] = []
+    for i in range(turns):
+        messages += [HumanMessage(f"q{i} " * 50, id=f"h{i}"), AIMessage(f"a{i} " * 50, id=f"a{i}")]
+    return messages
 
 
 def sqlite_url(tmp_path: Path, name: str = "chat.db") -> str:
@@ -722,6 +741,104 @@ async def test_file_lock_async_and_sync_exclude_each_other(tmp_path: Path) -> No
     assert order == ["sync-release", "async"]
 
 
+def test_blocking_hold_on_the_loop_thread_while_a_task_holds_the_lock_raises() -> None:
+    """A blocking hold on the loop's thread while a task on that loop holds the lock raises, never deadlocks."""
+    lock = InProcessLock()
+
+    async def main() -> None:
+        async with lock.ahold():
+            with pytest.raises(CompactionError, match="deadlock the loop"), lock.hold():
+                pass
+
+    asyncio.run(main())
+    with lock.hold():  # released: usable again
+        pass
+
+
+def test_hold_and_ahold_exclude_each_other_across_threads() -> None:
+    """The lock's blocking and async holds exclude each other across threads."""
+    lock = InProcessLock()
+    inside = threading.Event()
+    release = threading.Event()
+    order: list[str] = []
+
+    def holder() -> None:
+        with lock.hold():
+            inside.set()
+            release.wait(5)
+            order.append("thread out")
+
+    async def main() -> None:
+        worker = threading.Thread(target=holder)
+        worker.start()
+        inside.wait(5)
+        waiting = asyncio.ensure_future(_enter(lock, order))
+        await asyncio.sleep(0.05)
+        assert order == []  # the task waits for the thread
+        release.set()
+        await waiting
+        worker.join()
+
+    asyncio.run(main())
+    assert order == ["thread out", "task in"]
+
+
+async def _enter(lock: InProcessLock, order: list[str]) -> None:
+    async with lock.ahold():
+        order.append("task in")
+
+
+async def test_a_blocking_compact_on_the_loop_thread_during_acompact_raises() -> None:
+    """A blocking compact() on the loop's thread while acompact() runs raises, never deadlocks."""
+    started = asyncio.Event()
+
+    async def slow_summary(prompt: str) -> str:
+        started.set()
+        await asyncio.sleep(0.2)
+        return SUMMARY
+
+    memory = CompactingChatMessageHistory(
+        InMemoryChatMessageHistory(messages=chat(6)), slow_summary, CompactionOptions(keep_recent_tokens=100)
+    )
+    running = asyncio.ensure_future(memory.acompact())
+    await started.wait()
+    with pytest.raises(CompactionError, match="deadlock the loop"):
+        memory.compact()
+    assert await running is not None
+
+
+async def test_a_cancelled_compaction_holds_the_lock_until_its_write_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancelled acompact() keeps the lock until its write lands: a later writer's message is never lost."""
+    real = stores._file_replace
+    writing, landed = threading.Event(), threading.Event()
+
+    def slow_replace(store: Any, messages: Any) -> None:
+        if writing.is_set():  # a later writer's append: on a fast disk, so it would land first
+            real(store, messages)
+            return
+        writing.set()
+        time.sleep(0.2)  # a slow disk: the write is still running when the caller gives up
+        real(store, messages)
+        landed.set()
+
+    monkeypatch.setattr(stores, "_file_replace", slow_replace)
+    path = tmp_path / "chat.json"
+    inner = FileChatMessageHistory(str(path))
+    inner.add_messages(chat(6))
+    memory = CompactingChatMessageHistory(inner, lambda p: SUMMARY, CompactionOptions(keep_recent_tokens=100))
+    task = asyncio.ensure_future(memory.acompact())
+    await asyncio.to_thread(writing.wait, 2)  # the rewrite is in its worker thread now
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    other = CompactingChatMessageHistory(FileChatMessageHistory(str(path)), lambda p: SUMMARY, CompactionOptions())
+    await other.aadd_messages([HumanMessage("IMPORTANT NEW MESSAGE", id="new")])
+    await asyncio.to_thread(landed.wait, 2)  # the write that was in flight has landed
+    assert "new" in [m.id for m in FileChatMessageHistory(str(path)).messages]
+
+
 # ---------------------------------------------------------------------------
 # Faults: the model
 # ---------------------------------------------------------------------------
@@ -986,6 +1103,79 @@ def test_user_append_failure_is_a_store_error() -> None:
         history.add_messages([HumanMessage("lost?")])
     assert info.value.operation == "add_messages"
     assert "FlakyMemory" in str(info.value)
+
+
+class SortedJsonStore(BaseChatMessageHistory):
+    """Keeps messages as key-sorted JSON (as a JSONB column does); one write may commit, then fail."""
+
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+        self.fail_after_write = False
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        return messages_from_dict([json.loads(r) for r in self.rows])
+
+    def add_messages(self, messages: Any) -> None:
+        self.rows += [json.dumps(message_to_dict(m), sort_keys=True) for m in messages]
+        if self.fail_after_write:
+            self.fail_after_write = False
+            raise TimeoutError("the write committed, but its reply timed out")
+
+    def clear(self) -> None:
+        self.rows = []
+        self.fail_after_write = True
+
+
+def test_a_store_that_reorders_keys_is_not_rewritten_twice() -> None:
+    """A store that reorders JSON keys (as a JSONB column does) never gets a rewrite applied twice."""
+    inner = SortedJsonStore()
+    inner.rows = [json.dumps(message_to_dict(m), sort_keys=True) for m in chat(6)]
+    memory = CompactingChatMessageHistory(inner, lambda p: SUMMARY, CompactionOptions(keep_recent_tokens=100))
+    with pytest.raises(CompactionError):
+        memory.compact()  # the rewrite landed, but the store reported a failure
+    kinds = [m.type for m in memory.messages]  # the next call finishes (or recognizes) the rewrite
+    assert kinds.count("system") == 1
+    assert [m.type for m in inner.messages] == kinds
+
+
+class BlippingStore(BaseChatMessageHistory):
+    """No atomic rewrite (the journaled path); the add right after a clear fails once."""
+
+    def __init__(self) -> None:
+        self.messages: list[BaseMessage] = []
+        self.session_id = "blipping-session"
+        self.fail = False
+
+    def add_messages(self, messages: Any) -> None:
+        if self.fail:
+            self.fail = False
+            raise ConnectionError("a database blip")
+        self.messages = [*self.messages, *messages]
+
+    def clear(self) -> None:
+        self.messages = []
+        self.fail = True
+
+
+def test_an_unfinished_rewrite_outlives_the_wrapper_that_started_it() -> None:
+    """A rewrite that failed halfway is finished by the next wrapper over the store (one wrapper per request)."""
+    store = BlippingStore()
+    store.messages = chat(6)
+
+    def request(action: Any) -> Any:
+        # RunnableWithMessageHistory's pattern: a new wrapper per request.
+        memory = CompactingChatMessageHistory(store, lambda p: SUMMARY, CompactionOptions(keep_recent_tokens=100))
+        return action(memory)
+
+    with pytest.raises(CompactionError):
+        request(lambda m: m.compact())
+    gc.collect()
+    messages = request(lambda m: m.messages)
+    # The pending rewrite survived the wrapper: the history is the compacted one, not lost.
+    assert messages[0].type == "system"
+    assert messages[0].additional_kwargs["langchain_compaction"]["kind"] == "summary"
+    assert messages[-1].id == "a5"
 
 
 # ---------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, TypedDict
 
 import pytest
+from conftest import assert_valid_anthropic_request
 from langchain.agents import create_agent
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.exceptions import ContextOverflowError
@@ -60,7 +61,6 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 from langgraph.store.memory import InMemoryStore
 from pydantic import Field
-from test_graph import assert_valid_anthropic_request
 
 from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions
 from langchain_compaction._lc.conversation import thread_label

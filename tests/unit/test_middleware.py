@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import pytest
-from conftest import as_state, assert_compacted, split_compacted
+from conftest import as_state, assert_compacted, assert_valid_anthropic_request, split_compacted
+from helpers_turns import SMALL_WINDOW, ToolCallingFake, cfg, short_summary, words
 from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware
 from langchain.agents.middleware.types import ModelRequest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.callbacks import BaseCallbackHandler
@@ -133,42 +134,6 @@ class Failing:
         raise RuntimeError(msg)
 
 
-# -- request checks ------------------------------------------------------------------
-
-
-def assert_valid_anthropic_request(messages: list[BaseMessage], system_prompt: str | None) -> None:
-    """ChatAnthropic builds the payload without a warning, and tool uses and results pair up."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        payload = ANTHROPIC._get_request_payload(messages)
-    if system_prompt is not None:
-        assert isinstance(messages[0], SystemMessage)
-        assert messages[0].content == system_prompt
-        system = payload["system"]
-        text = system if isinstance(system, str) else "".join(b["text"] for b in system)
-        assert text.startswith(system_prompt)
-    assert sum(1 for m in messages if is_summary_message(m)) <= 1
-    turns = payload["messages"]
-    assert turns, "no conversation turns"
-    assert turns[0]["role"] == "user", "the Messages API wants the user's turn first"
-    assert turns[-1]["role"] == "user", "the request must end on the user's side (no prefill)"
-    for index, turn in enumerate(turns):
-        blocks = turn["content"] if isinstance(turn["content"], list) else []
-        results = [b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"]
-        uses = [b["id"] for b in blocks if b.get("type") == "tool_use"]
-        if results:
-            previous = turns[index - 1] if index else {"role": "", "content": []}
-            previous_uses = {
-                b["id"] for b in previous["content"] if isinstance(b, dict) and b.get("type") == "tool_use"
-            }
-            assert previous["role"] == "assistant"
-            assert set(results) <= previous_uses, f"tool result without its call in turn {index}"
-        if uses:
-            following = turns[index + 1]["content"]
-            answered = {b["tool_use_id"] for b in following if isinstance(b, dict) and b.get("type") == "tool_result"}
-            assert set(uses) <= answered, f"tool call without its result in turn {index}"
-
-
 # -- the long scripted session ------------------------------------------------------------------
 
 SYSTEM_PROMPT = "You are a careful research assistant. Use the tools to look things up before answering."
@@ -192,7 +157,7 @@ def _check_session(agent: Any, model: ToolCallingFakeModel, results: list[Compac
     # Two model calls per user turn, no retries.
     assert len(model.requests) == 2 * turns
     for request in model.requests:
-        assert_valid_anthropic_request(request, SYSTEM_PROMPT)
+        assert_valid_anthropic_request(request, SYSTEM_PROMPT, ends_with_user=True)
     # The requests stay within the window: compaction fired ahead of time.
     threshold = SESSION_OPTIONS.context_window - SESSION_OPTIONS.reserve_tokens
     assert max(estimate_message_tokens(r) for r in model.requests) <= threshold + 400
@@ -357,7 +322,7 @@ async def test_overflow_compacts_and_retries_once(mode: str) -> None:
     assert len(first) == len(start) + 1  # system prompt + the whole history
     assert estimate_message_tokens(retry) <= 800
     assert is_summary_message(retry[1])
-    assert_valid_anthropic_request(retry, SYSTEM_PROMPT)
+    assert_valid_anthropic_request(retry, SYSTEM_PROMPT, ends_with_user=True)
     assert len(results) == 1
     assert results[0].forced
     assert out["messages"][-1].content == "reply 0"
@@ -574,6 +539,40 @@ def test_wrap_persists_the_states_messages_not_an_outer_middlewares_transient_ed
     assert state[-2].content == "go on"  # the state's own message, not the redacted copy
 
 
+class TransientNote(AgentMiddleware):
+    """An outer middleware that adds a note to the model request only (never to the state)."""
+
+    def wrap_model_call(self, request: Any, handler: Any) -> Any:
+        return handler(request.override(messages=[*request.messages, HumanMessage("transient note")]))
+
+
+def test_transient_request_message_is_not_written_into_the_state() -> None:
+    """A message an outer middleware adds to the request only never lands in the checkpoint."""
+    middleware = CompactionMiddleware(short_summary, SMALL_WINDOW)
+    model = ToolCallingFake(messages=iter([AIMessage(words("reply", 20)) for _ in range(50)]))
+    agent = create_agent(
+        model,
+        system_prompt="You are careful. " * 200,  # a large prompt: only wrap_model_call sees it
+        middleware=[TransientNote(), middleware],
+        checkpointer=InMemorySaver(),
+    )
+    # First call of the thread: a history under the threshold on its own, over it with the prompt.
+    history: list[BaseMessage] = []
+    for i in range(14):
+        history += [HumanMessage(words(f"q{i}")), AIMessage(words(f"a{i}"))]
+    history.append(HumanMessage("go on"))
+    state = agent.invoke({"messages": history}, cfg("transient"))
+    if not any(is_summary_message(m) for m in state["messages"]):
+        # The request was not the state's list (the note was added to it): the compaction made in the
+        # model call may be left out of the state, for before_model to make on the next call.
+        state = agent.invoke({"messages": [HumanMessage("and then?")]}, cfg("transient"))
+    assert any(is_summary_message(m) for m in state["messages"]), "the state was never compacted"
+    copies = sum(1 for m in state["messages"] if m.content == "transient note")
+    assert copies == 0, f"{copies} copies of the request-only note were written into the state"
+    saved = [s for s in agent.get_state_history(cfg("transient")) if "messages" in s.values]
+    assert not [s for s in saved if any(m.content == "transient note" for m in s.values["messages"])]
+
+
 # -- compacted mid-loop: the bridge ---------------------------------------------------------------
 
 
@@ -637,7 +636,7 @@ async def test_wrap_model_call_mid_loop_persists_the_bridge_and_the_next_compact
     parts = split_compacted(sent[1:])
     assert parts.bridge is not None
     assert [m.id for m in parts.recent] == ["call", "res"]
-    assert_valid_anthropic_request(sent, BIG_PROMPT)
+    assert_valid_anthropic_request(sent, BIG_PROMPT, ends_with_user=True)
     # The checkpointed state holds the same layout, then the reply.
     state = agent.get_state(config()).values["messages"]
     stored = split_compacted(state)
@@ -661,7 +660,7 @@ async def test_wrap_model_call_mid_loop_persists_the_bridge_and_the_next_compact
     split_compacted(state)
     assert all(BRIDGE_TEXT not in p for p in prompts)
     for request in model.requests:
-        assert_valid_anthropic_request(request, BIG_PROMPT)
+        assert_valid_anthropic_request(request, BIG_PROMPT, ends_with_user=True)
 
 
 @pytest.mark.parametrize(

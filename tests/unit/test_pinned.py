@@ -6,10 +6,10 @@ import logging
 from typing import Any
 
 import pytest
-from conftest import compaction_graph, split_compacted
+from conftest import assert_valid_anthropic_request, compaction_graph, split_compacted
+from helpers_turns import SMALL_WINDOW, cfg, graph_with, short_summary, words
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
-from test_graph import assert_valid_anthropic_request
 
 from langchain_compaction import CompactionNode, CompactionOptions, auto_compact, compact
 from langchain_compaction.errors import ConfigurationError
@@ -187,3 +187,29 @@ def test_clearing_old_tool_outputs_never_empties_a_pinned_result() -> None:
     assert result.part("clearing")["cleared"] > 10
     todo_result = next(m for m in out if m.id == "plan-result-1")
     assert todo_result.content == messages[3].content  # whole, never a placeholder
+
+
+def test_pin_added_by_update_state_is_honoured_by_a_warm_node() -> None:
+    """A message pinned later (same id, same content) is kept verbatim by a node that counted it unpinned."""
+    node = CompactionNode(short_summary, SMALL_WINDOW, result_key="compaction")
+    graph = graph_with(node)
+    config = cfg("pin")
+    rule_text = "The production database is read-only until Friday."
+    graph.invoke({"messages": [HumanMessage(rule_text, id="rule")]}, config)
+    for turn in range(3):
+        graph.invoke({"messages": [HumanMessage(words(f"q{turn}"))]}, config)
+    # The user pins the rule now: same id, same content, pinned.
+    pinned = HumanMessage(rule_text, id="rule", additional_kwargs={"compaction_pin": True})
+    graph.update_state(config, {"messages": [pinned]})
+    assert graph.get_state(config).values["messages"][0].additional_kwargs.get("compaction_pin") is True
+    for turn in range(3, 40):
+        state = graph.invoke({"messages": [HumanMessage(words(f"q{turn}"))]}, config)
+        if state.get("compaction"):
+            break
+    assert state.get("compaction"), "no compaction happened"
+    # Control: a fresh node instance, given the very state the warm one compacted, pins the rule.
+    fresh = CompactionNode(short_summary, SMALL_WINDOW, result_key="compaction")
+    before = next(s for s in graph.get_state_history(config) if s.next == ("compact",)).values
+    assert fresh.invoke(before, config)["compaction"]["parts"]["pins"]["pinned"] == 1
+    assert state["compaction"]["parts"]["pins"]["pinned"] == 1
+    assert any(m.id == "rule" for m in state["messages"]), "the pinned rule was summarized"

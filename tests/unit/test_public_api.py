@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
 import langchain_compaction
 
@@ -238,3 +239,11 @@ def test_features_and_deprecated_keywords_do_not_mix() -> None:
         CompactionNode(lambda p: "x", options, features=default_features())
     with pytest.raises(TypeError, match="unexpected keyword argument 'archiv'"):
         CompactionNode(lambda p: "x", archiv=True)
+
+
+def test_no_calibrating_counter_is_claimed() -> None:
+    """CalibratedEstimate (it never learned through the adapters) is gone, and the README does not claim it."""
+    import langchain_compaction.anthropic as anthropic_module
+
+    assert not hasattr(anthropic_module, "CalibratedEstimate")
+    assert "CalibratedEstimate" not in (ROOT / "README.md").read_text(encoding="utf-8")

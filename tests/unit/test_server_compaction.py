@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
 from langchain_compaction import CompactionOptions, compact
 from langchain_compaction._lc.convert import is_summary_message
@@ -84,3 +84,27 @@ def test_what_precedes_a_server_block_is_not_counted_without_usage():
     # Once what follows the block outgrows the window, it compacts.
     grown = [*messages, *(HumanMessage("more " * 400, id=f"m{i}") for i in range(80))]
     assert should_compact(grown, options=options) is True
+
+
+def test_a_tool_call_made_with_a_compaction_block_keeps_its_result():
+    """A tool call made in the message that holds a compaction block keeps its result right after it."""
+    messages = [
+        SystemMessage("sys"),
+        HumanMessage("start " * 50),
+        AIMessage(
+            content=[
+                {"type": "compaction", "content": "server summary"},
+                {"type": "tool_use", "id": "t1", "name": "read", "input": {}},
+            ],
+            tool_calls=[{"id": "t1", "name": "read", "args": {}}],
+        ),
+        ToolMessage("file " * 300, tool_call_id="t1"),
+        AIMessage("done " * 300),
+        HumanMessage("more " * 300),
+        AIMessage("ok " * 300),
+        HumanMessage("last"),
+    ]
+    result, out = compact(lambda p: "## Goal\n- x", messages, CompactionOptions(keep_recent_tokens=200))
+    assert result is not None
+    position = next(i for i, m in enumerate(out) if m is messages[2])
+    assert out[position + 1] is messages[3]  # the result follows its call

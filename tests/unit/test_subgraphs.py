@@ -13,13 +13,16 @@ import logging
 from typing import Any
 
 import pytest
+from helpers_turns import ToolCallingFake, cfg, short_summary, words
 from langchain.agents import create_agent
 from langchain_anthropic import ChatAnthropic
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.errors import GraphRecursionError
+from langgraph.graph import END, START, MessagesState, StateGraph
 
 from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions
 from langchain_compaction._lc.convert import is_summary_message, to_core_list
@@ -239,3 +242,56 @@ def test_what_a_misplaced_summary_covers_is_dropped_and_the_rest_kept_in_order()
     shape = reordered(to_core_list(unmarked))
     assert [unmarked[i].id for i in shape.head] == ["p", "s1"]
     assert [unmarked[i].id for i in shape.kept] == ["h0", "a0", "h2", "a2", "r"]
+
+
+# -- a sub-agent invoked inside a parent's node function ---------------------------------------------
+
+
+def _sub_agent_graph(kind: str) -> Any:
+    if kind == "middleware":
+        model = ToolCallingFake(messages=iter([AIMessage(words("answer")) for _ in range(200)]))
+        middleware = CompactionMiddleware(short_summary, OPTIONS)
+        return create_agent(model, middleware=[middleware], checkpointer=True)
+    node = CompactionNode(short_summary, OPTIONS)
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(words("answer"))]}
+
+    sub_builder = StateGraph(MessagesState)
+    sub_builder.add_node("compact", node)
+    sub_builder.add_node("agent", agent)
+    sub_builder.add_edge(START, "compact")
+    sub_builder.add_edge("compact", "agent")
+    sub_builder.add_edge("agent", END)
+    return sub_builder.compile(checkpointer=True)  # the sub-agent keeps its own conversation
+
+
+@pytest.mark.parametrize("kind", ["node", "middleware"])
+def test_subgraph_invoked_inside_a_parent_node_function_finishes(kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A sub-agent called from a parent node function finishes, compacts its own state, and says nested='own'."""
+    sub = _sub_agent_graph(kind)
+
+    def parent_node(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
+        out = sub.invoke({"messages": [state["messages"][-1]]})
+        return {"messages": [out["messages"][-1]]}
+
+    parent = StateGraph(MessagesState)
+    parent.add_node("parent_node", parent_node)
+    parent.add_edge(START, "parent_node")
+    parent.add_edge("parent_node", END)
+    graph = parent.compile(checkpointer=InMemorySaver())
+    config = {**cfg("nested"), "recursion_limit": 25}
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for turn in range(30):
+            try:
+                graph.invoke({"messages": [HumanMessage(words(f"q{turn}"))]}, config)
+            except GraphRecursionError as error:
+                pytest.fail(f"turn {turn}: the parent node re-ran until {type(error).__name__}")
+    # The sub-agent's own conversation (kept under the parent's thread, namespace "parent_node") was compacted.
+    saved = graph.checkpointer.get_tuple({"configurable": {"thread_id": "nested", "checkpoint_ns": "parent_node"}})
+    assert saved is not None, "the sub-agent's own conversation was not checkpointed"
+    sub_messages = saved.checkpoint["channel_values"]["messages"]
+    assert any(is_summary_message(m) for m in sub_messages)
+    assert len(sub_messages) < 60
+    said = [r for r in caplog.records if r.name == "langchain_compaction" and "nested='own'" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]

@@ -7,10 +7,11 @@ import json
 import random
 
 import pytest
+from helpers_turns import chat
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
-from langchain_compaction import CompactionOptions, acompact, compact, should_compact
+from langchain_compaction import CompactionNode, CompactionOptions, acompact, compact, should_compact
 from langchain_compaction.core.tokens import (
     IMAGE_TOKENS,
     MESSAGE_OVERHEAD_TOKENS,
@@ -308,3 +309,16 @@ def test_should_compact_counts_tool_calls_the_reference_missed() -> None:
         ToolMessage("ok", tool_call_id="c1"),
     ]
     assert should_compact(messages, 4000, 1000) is True
+
+
+def test_should_compact_with_options_uses_the_token_counter() -> None:
+    """should_compact(options=...) answers what the adapters decide, with the options' token counter."""
+    options = CompactionOptions(context_window=10_000, reserve_tokens=1_000, keep_recent_tokens=100)
+    heavy = CompactionOptions(
+        context_window=10_000, reserve_tokens=1_000, keep_recent_tokens=100, token_counter=lambda m: 1_000 * len(m)
+    )
+    messages = chat(5, size=5)  # ten short messages: the estimate says they fit
+    assert should_compact(messages, options=options) is False
+    assert should_compact(messages, 10_000, 1_000) is False
+    assert should_compact(messages, options=heavy) is True
+    assert bool(CompactionNode(lambda p: "## Goal\n- x", heavy).invoke({"messages": messages})) is True

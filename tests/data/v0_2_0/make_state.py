@@ -40,8 +40,15 @@ def agent(state: CompactionState) -> dict:
     turn = int(str(last.id).split("-")[1])
     if turn == 2:
         call = {"name": "write_todos", "args": {"todos": ["port the parser", "ship"]}, "id": "todos-2"}
-        return {"messages": [AIMessage("", tool_calls=[call], id="todo-call"), ToolMessage("Updated", tool_call_id="todos-2", id="todo-result")]}
-    return {"messages": [AIMessage(f"Done with step {turn}: edited src/mod_{turn}.py. " + "details " * 30, id=f"ai-{turn}")]}
+        return {
+            "messages": [
+                AIMessage("", tool_calls=[call], id="todo-call"),
+                ToolMessage("Updated", tool_call_id="todos-2", id="todo-result"),
+            ]
+        }
+    return {
+        "messages": [AIMessage(f"Done with step {turn}: edited src/mod_{turn}.py. " + "details " * 30, id=f"ai-{turn}")]
+    }
 
 
 def make_graph() -> None:
@@ -57,7 +64,11 @@ def make_graph() -> None:
     config = {"configurable": {"thread_id": "old-thread"}}
     graph.update_state(config, {"messages": [SystemMessage("You port parsers.", id="system-prompt")]}, as_node="agent")
     for turn in range(40):
-        text = f"Step {turn}: port module mod_{turn}. " + ("Never touch vendor/. Booking ref QX7-2210. " if turn == 1 else "") + "words " * 30
+        text = (
+            f"Step {turn}: port module mod_{turn}. "
+            + ("Never touch vendor/. Booking ref QX7-2210. " if turn == 1 else "")
+            + "words " * 30
+        )
         graph.invoke({"messages": [HumanMessage(text, id=f"user-{turn}")]}, config)
         time.sleep(0.05)
     state = graph.get_state(config).values
@@ -82,7 +93,9 @@ def make_history() -> None:
         archive=FileChatMessageHistory(str(HERE / "history_archive.json")),
     )
     for i in range(60):
-        history.add_messages([HumanMessage(f"question {i} " * 8, id=f"q-{i}"), AIMessage(f"answer {i} " * 12, id=f"a-{i}")])
+        history.add_messages(
+            [HumanMessage(f"question {i} " * 8, id=f"q-{i}"), AIMessage(f"answer {i} " * 12, id=f"a-{i}")]
+        )
 
 
 if __name__ == "__main__":

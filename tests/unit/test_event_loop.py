@@ -1,0 +1,126 @@
+"""Blocking work never runs on the event loop: token counters and sync summarizers, in every async adapter."""
+
+from __future__ import annotations
+
+import asyncio
+
+from helpers_turns import SUMMARY, chat
+from langchain.agents import create_agent
+from langchain_core.chat_history import InMemoryChatMessageHistory
+from langchain_core.language_models import FakeListChatModel
+from langchain_core.messages import BaseMessage
+
+from langchain_compaction import (
+    CompactingChatMessageHistory,
+    CompactionMiddleware,
+    CompactionNode,
+    CompactionOptions,
+    ExtractiveSummarizer,
+    acompact,
+)
+from langchain_compaction.tokens import estimate_message_tokens
+
+
+class ThreadRecordingCounter:
+    """A custom token_counter that notes whether it ran on an event loop's thread."""
+
+    def __init__(self) -> None:
+        self.on_loop = 0
+        self.calls = 0
+
+    def __call__(self, messages: list[BaseMessage]) -> int:
+        self.calls += 1
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            self.on_loop += 1
+        return estimate_message_tokens(messages)
+
+
+async def test_token_counters_run_off_the_event_loop() -> None:
+    """A custom token counter never runs on the event loop's thread, in any async adapter."""
+    counter = ThreadRecordingCounter()
+    options = CompactionOptions(
+        context_window=20_000, reserve_tokens=4_000, keep_recent_tokens=2_000, token_counter=counter
+    )
+    history = chat(20, size=200)
+    summarize = ExtractiveSummarizer()
+    await CompactionNode(summarize, options).ainvoke({"messages": history})
+    await CompactionMiddleware(summarize, options).abefore_model({"messages": history}, None)  # type: ignore[arg-type]
+    await acompact(summarize, history, options)
+    memory = CompactingChatMessageHistory(InMemoryChatMessageHistory(), summarize, options)
+    await memory.aadd_messages(history)
+    assert counter.calls > 0
+    assert counter.on_loop == 0
+
+
+class LoopCheckingExtractive(ExtractiveSummarizer):
+    """The offline summarizer, noting whether it ran on an event loop's thread."""
+
+    def summarize(self, request):  # type: ignore[no-untyped-def]
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            RAN["off the loop"] = RAN.get("off the loop", 0) + 1
+        else:
+            RAN["on the loop"] = RAN.get("on the loop", 0) + 1
+        return super().summarize(request)
+
+
+RAN: dict[str, int] = {}
+
+
+async def test_sync_summarizers_run_off_the_event_loop() -> None:
+    """Sync summarizers (a Summarizer or a plain function) run off the event loop in every async adapter."""
+    RAN.clear()
+    on_loop: list[str] = []
+
+    def plain(prompt: str) -> str:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append("plain")
+        except RuntimeError:
+            pass
+        return "## Goal\n- answer"
+
+    options = CompactionOptions(context_window=20_000, reserve_tokens=4_000, keep_recent_tokens=2_000)
+    history = chat(20, size=200)
+    for summarizer in (LoopCheckingExtractive(), plain):
+        await CompactionNode(summarizer, options).ainvoke({"messages": history})
+        await CompactionMiddleware(summarizer, options).abefore_model({"messages": history}, None)  # type: ignore[arg-type]
+        await acompact(summarizer, history, options)
+        memory = CompactingChatMessageHistory(InMemoryChatMessageHistory(), summarizer, options)
+        await memory.aadd_messages(history)
+    assert RAN.get("off the loop", 0) >= 4
+    assert RAN.get("on the loop", 0) == 0
+    assert on_loop == []
+
+
+class LoopRecordingCounter:
+    def __init__(self) -> None:
+        self.on_loop: list[str] = []
+        self.calls = 0
+
+    def __call__(self, messages: list[BaseMessage]) -> int:
+        self.calls += 1
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            self.on_loop.append(type(messages[0]).__name__)
+        return estimate_message_tokens(messages)
+
+
+async def test_the_middleware_counts_the_system_prompt_off_the_loop() -> None:
+    """The middleware counts the agent's system prompt off the event loop too."""
+    counter = LoopRecordingCounter()
+    middleware = CompactionMiddleware(
+        lambda p: SUMMARY, CompactionOptions(context_window=200_000, token_counter=counter)
+    )
+    agent = create_agent(FakeListChatModel(responses=["hi"]), system_prompt="You are helpful.", middleware=[middleware])
+    await agent.ainvoke({"messages": [("user", "hello")]})
+    assert counter.calls > 0
+    assert counter.on_loop == []
