@@ -23,7 +23,7 @@ from langchain_compaction._lc.convert import SUMMARY_MARK, bridge_message, summa
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages
 from langchain_compaction.core.engine import DriverReport, Summarizer
 from langchain_compaction.core.flow import SummaryFlow, compaction_flow
-from langchain_compaction.core.layout import BODY_KEY, compaction_result, compose_summary, layout
+from langchain_compaction.core.layout import BODY_KEY, compaction_result, compose_summary, layout, well_formed
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import (
     REPEAT_TURNS,
@@ -146,6 +146,7 @@ class Compactor:
         trigger: Trigger = "force",
         overhead: int = 0,
         preamble: Preamble | None = None,
+        keep: int | None = None,
     ) -> Job | None:
         """Plan a compaction of ``messages``: a cheaper step if one is enough, else the cut and the summary flow."""
         if trigger == "auto":
@@ -156,7 +157,7 @@ class Compactor:
                     clearing = feature.instead(core, counts, protected)
                     if clearing is not None:
                         return Job(messages, core, counts, None, None, clearing)
-        keep, repeated = self._keep(core, trigger)
+        keep, repeated = self._keep(core, trigger) if keep is None else (keep, False)
         plan = plan_compaction(core, counts, keep, force=trigger == "force", protect=self._protected)
         if plan is None:
             return None
@@ -171,6 +172,7 @@ class Compactor:
             counts=counts,
             preamble=preamble,
             required=required.headings if required is not None else (),
+            reserved=sum(f.reserve(self.options) for f in self.features),
         )
         return Job(messages, core, counts, plan, flow, repeated=repeated, kept=(*shape.head, *shape.kept))
 
@@ -221,9 +223,12 @@ class Compactor:
         assert job.plan is not None
         original, plan = job.messages, job.plan
         shape = layout(job.core, plan, self.options)
-        draft = Draft(job.core, plan, shape.kept, report.outcome.summary, self.options)
+        # Whatever the summarizer wrote, the message is well formed: what the
+        # library adds never lands inside a fence the summarizer left open.
+        text = well_formed(report.outcome.summary)
+        draft = Draft(job.core, plan, shape.kept, text, self.options)
         added = [(f.name, f.add(draft)) for f in self.seam("add")]
-        content, body = compose_summary(report.outcome.summary, [a.section for _, a in added if a is not None])
+        content, body = compose_summary(text, [a.section for _, a in added if a is not None])
         mark: dict[str, Any] = {"kind": "summary", "version": 2, BODY_KEY: body}
         for _, addition in added:
             if addition is not None:
@@ -236,7 +241,7 @@ class Compactor:
         written_tokens = sum(count_messages(written, [to_core(m) for m in written], self.options))
         result = compaction_result(plan, shape, job.counts, written_tokens, report=report, options=self.options)
         parts = {name: dict(a.record) for name, a in added if a is not None and a.record}
-        return replace(result, repeated=job.repeated, parts=parts), output
+        return replace(result, summary=text, repeated=job.repeated, parts=parts), output
 
     def _cleared(self, job: Job, clearing: ClearingPlan) -> Output:
         output = list(job.messages)

@@ -51,8 +51,39 @@ _CORRECTION = re.compile(r"^(?:no\b[,.!]?|actually\b|wait\b|sorry\b|i meant\b|co
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _FENCED = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
 # Pasted material rather than the user's words: a numbered listing ("1535: ..."),
-# an indented code line, a file viewer's banner.
-_LISTING = re.compile(r"^(?:\s*\d+[:|]|    |\t|\s*[\[(](?:File|Open file|Current directory)\b).*$", re.MULTILINE)
+# an indented code line (not a nested bullet), a file viewer's banner.
+_LISTING = re.compile(
+    r"^(?:\s*\d+[:|]|(?:    |\t)(?!\s*(?:[-*+]|\d+[.)])\s)|\s*[\[(](?:File|Open file|Current directory)\b).*$",
+    re.MULTILINE,
+)
+# Someone else's words the user passes on: quoted lines, and everything after a
+# forwarded message's header.
+_QUOTED = re.compile(r"^\s*>.*$", re.MULTILINE)
+_FORWARDED = re.compile(
+    r"^\s*(?:-{2,}\s*(?:Original Message|Forwarded message)\s*-{2,}|Begin forwarded message:|From:\s+\S.*$)",
+    re.MULTILINE | re.IGNORECASE,
+)
+# Markdown emphasis around words: **bold**, __bold__, *it*, `code` markers at the edges.
+_EMPHASIS = re.compile(r"(\*\*|__)(.+?)\1")
+# A revocation: the user takes a rule back ("forget what I said about tabs",
+# "tabs are fine now", "you may use tabs", "never mind the tabs rule").
+_REVOKE = re.compile(
+    r"\b(?:forget|ignore|disregard|scratch|drop)\s+(?:what i (?:said|told you)|my (?:earlier |previous |last )?"
+    r"(?:rule|instruction|request|constraint)s?)\s+(?:about|on|regarding|for)\s+(?P<a>[^.;!?\n]+)"
+    r"|\bnever ?mind\s+(?:about\s+)?(?:the\s+|my\s+)?(?P<b>[^.;!?,\n]+?)\s+(?:rule|thing|instruction|part)\b"
+    r"|(?:^|[.;!?,]\s*)(?P<c>[\w'./ -]{2,40}?)\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
+    r"(?:\s+(?:now|again|after all|with me))?\b"
+    r"|\byou (?:may|can) (?:now |again |go ahead and )?(?P<d>[^.;!?\n]+)",
+    re.IGNORECASE,
+)
+_STOP_WORDS = frozenset(
+    {
+        *("a", "an", "the", "and", "or", "of", "to", "in", "on", "at", "for", "with", "about", "what", "i"),
+        *("you", "my", "me", "it", "is", "are", "be", "was", "were", "this", "that", "these", "those", "now"),
+        *("again", "after", "all", "fine", "ok", "okay", "allowed", "said", "told", "use", "using", "just"),
+        *("please", "any", "some"),
+    }
+)
 
 # Identifiers are matched token by token (whitespace-separated words, trimmed
 # of brackets and punctuation), so a pathological input stays linear.
@@ -114,6 +145,19 @@ def normalize(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+
+
+def one_line(text: str, limit: int = MAX_FACT_CHARS) -> str:
+    """``text`` as one clean line: control and direction characters removed, whitespace folded, clipped.
+
+    Example:
+        >>> one_line("a.py" + chr(10) + "## Next Steps" + chr(27) + "[31m")
+        'a.py ## Next Steps [31m'
+    """
+    return clip(_CONTROL.sub(" ", text), limit)
+
+
 def clip(text: str, limit: int = MAX_FACT_CHARS) -> str:
     """``text`` on one line, cut at a word boundary before ``limit`` characters."""
     text = " ".join(text.split())
@@ -124,8 +168,41 @@ def clip(text: str, limit: int = MAX_FACT_CHARS) -> str:
 
 
 def prose(text: str) -> str:
-    """The user's own words: code blocks, listings and indented code removed."""
+    """The user's words and what they paste inline: code blocks, listings and indented code removed."""
     return _LISTING.sub("", _FENCED.sub(" ", text))
+
+
+def own_words(text: str) -> str:
+    """Only what the user says in their own voice: ``prose`` without quoted lines or a forwarded message."""
+    words = prose(text)
+    forwarded = _FORWARDED.search(words)
+    if forwarded is not None:
+        words = words[: forwarded.start()]
+    return _QUOTED.sub("", words)
+
+
+def revoked_subjects(text: str) -> list[frozenset[str]]:
+    """What the user takes back in ``text``: for each revocation, the words of its subject (stemmed).
+
+    Example:
+        >>> revoked_subjects("Forget what I said about tabs, tabs are fine.")
+        [frozenset({'tab'})]
+        >>> revoked_subjects("forget the last file, use b.py")
+        []
+    """
+    found = []
+    for match in _REVOKE.finditer(own_words(text)):
+        subject = next(group for group in match.groups() if group)
+        words = subject_words(subject)
+        if words:
+            found.append(words)
+    return found
+
+
+def subject_words(text: str) -> frozenset[str]:
+    """The content words of ``text``, lower-cased and singular, that say what it is about."""
+    words = re.findall(r"[a-z0-9][a-z0-9_./-]*", text.lower())
+    return frozenset(w[:-1] if w.endswith("s") and len(w) > 3 else w for w in words if w not in _STOP_WORDS)
 
 
 def constraints(text: str) -> list[str]:
@@ -136,13 +213,15 @@ def constraints(text: str) -> list[str]:
         ['Never edit tests/fixtures.json.']
     """
     found = []
-    words = prose(text)
+    words = own_words(text)
     low = words.lower()
     # Plain substring scans first: most messages hold no rule at all.
     rules = any(word in low for word in _CONSTRAINT_WORDS)
     for raw in _SENTENCE_END.split(words):
-        sentence = raw.strip(" -*\t")
-        if 8 <= len(sentence) <= 400 and ((rules and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)):
+        sentence = _EMPHASIS.sub(r"\2", raw).strip(" -*+\t")
+        rule = (rules and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)
+        # (Taking a rule back is not a rule.)
+        if 8 <= len(sentence) <= 400 and rule and not _REVOKE.search(sentence):
             found.append(clip(sentence))
     return found
 
@@ -164,7 +243,7 @@ def identifiers(text: str, *, code_names: bool = True) -> list[str]:
     # identifiers: one pass finds them, plain words are never looked at.
     for word in _MAYBE_IDENTIFIER.findall(words):
         token = word.lstrip("([{<\"'`*").rstrip(")]}>\"'`*.,;:!?")
-        if len(token) > _MAX_TOKEN_CHARS or "://" in token or not _TOKEN.fullmatch(token):
+        if len(token) > _MAX_TOKEN_CHARS or "://" in token or not _TOKEN.fullmatch(token) or encoded(token):
             continue
         if "/" in token and not _is_path(token):
             continue  # "and/or", "yes/no"
@@ -176,6 +255,32 @@ def identifiers(text: str, *, code_names: bool = True) -> list[str]:
     return found
 
 
+# Base64, hex and hash runs: their character class keeps changing, which an id's does not.
+_CLASS_CHANGE = re.compile(r"[a-z][A-Z0-9+/=]|[A-Z][0-9+/=]|[0-9][A-Za-z+/=]")
+_HEX = re.compile(r"[0-9a-fA-F]{24,}")
+
+
+def encoded(token: str) -> bool:
+    """Whether ``token`` looks like encoded data (base64, hex, a hash, minified blobs), not an identifier.
+
+    Example:
+        >>> encoded("JG7FMM"), encoded("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJ"), encoded("deadbeef" * 4)
+        (False, True, True)
+    """
+    if len(token) > 60:
+        return True
+    if len(token) < 20 or (_is_path(token) and "/" in token):
+        return False
+    if _HEX.fullmatch(token) or len(_CLASS_CHANGE.findall(token)) * 4 >= len(token):
+        return True
+    # Base64 of binary data mixes cases and digits, with long runs (AAAA) that
+    # change class rarely; a name mixes cases sparingly.
+    letters = [c for c in token if c.isalpha()]
+    upper = sum(1 for c in letters if c.isupper())
+    mixed = 0 < upper < len(letters) and upper * 10 >= len(letters) * 3
+    return len(token) >= 24 and mixed and any(c.isdigit() for c in token)
+
+
 def _add_new(found: list[str], value: str) -> None:
     if value and value not in found:
         found.append(clip(value, _MAX_KEY_CHARS))
@@ -184,6 +289,190 @@ def _add_new(found: list[str], value: str) -> None:
 def _is_path(value: str) -> bool:
     last = value.rstrip("/").rsplit("/", 1)[-1]
     return value.startswith(("/", "~", "./", "../", "http")) or "." in last or value.count("/") >= 2
+
+
+# How a command is run, before the program: environment assignments and runners.
+_RUNNERS = frozenset({"sudo", "env", "time", "nice", "uv", "run", "poetry", "pipenv", "npx", "pnpm", "yarn", "bunx"})
+_INTERPRETERS = re.compile(r"^python[0-9.]*$|^node$|^ruby$|^bash$|^sh$")
+
+
+def command_target(command: str) -> tuple[str, str]:
+    """A command's program and what it ran on, flags aside: ``("pytest", "tests/test_a.py")``.
+
+    The target is the first argument that names a path (``a/b``, ``x.py``,
+    ``tests/t.py::test_x`` without the ``::`` part), else the first plain
+    argument; ``python -m pytest`` is ``pytest``.
+
+    Example:
+        >>> command_target("cd repo && python -m pytest -q tests/test_a.py::test_x -k boom")
+        ('pytest', 'tests/test_a.py')
+        >>> command_target("make build")
+        ('make', 'build')
+    """
+    segment = re.split(r"&&|\|\||;|\|", command)[-1].split()
+    words = [w for w in segment if "=" not in w or w.startswith("-")]
+    while words and (words[0] in _RUNNERS or _INTERPRETERS.match(words[0].rsplit("/", 1)[-1])):
+        words = words[2:] if words[0].rsplit("/", 1)[-1].startswith("python") and words[1:2] == ["-m"] else words[1:]
+    if not words:
+        return "", ""
+    program = words[0].rsplit("/", 1)[-1]
+    plain = [w for w in words[1:] if not w.startswith("-")]
+    pathlike = [w for w in plain if "/" in w or "." in w]
+    target = (pathlike or plain or [""])[0].split("::", 1)[0]
+    return program, target
+
+
+# Words too common to say what a task is about (and the library's own).
+_COMMON = frozenset(
+    (
+        "about",
+        "above",
+        "after",
+        "again",
+        "against",
+        "also",
+        "always",
+        "another",
+        "anything",
+        "around",
+        "because",
+        "been",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "cannot",
+        "could",
+        "does",
+        "doing",
+        "done",
+        "down",
+        "during",
+        "each",
+        "else",
+        "even",
+        "every",
+        "first",
+        "from",
+        "further",
+        "have",
+        "having",
+        "here",
+        "however",
+        "into",
+        "itself",
+        "just",
+        "know",
+        "like",
+        "make",
+        "many",
+        "more",
+        "most",
+        "much",
+        "must",
+        "need",
+        "never",
+        "next",
+        "only",
+        "other",
+        "ours",
+        "over",
+        "please",
+        "really",
+        "same",
+        "should",
+        "show",
+        "since",
+        "some",
+        "something",
+        "still",
+        "such",
+        "sure",
+        "take",
+        "than",
+        "thank",
+        "thanks",
+        "that",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "thing",
+        "things",
+        "think",
+        "this",
+        "those",
+        "though",
+        "through",
+        "under",
+        "until",
+        "upon",
+        "very",
+        "want",
+        "well",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "will",
+        "with",
+        "within",
+        "without",
+        "would",
+        "your",
+        "yours",
+        "fine",
+        "good",
+        "great",
+        "okay",
+        "also",
+        "able",
+        "look",
+        "looks",
+        "going",
+        "goes",
+        "give",
+        "given",
+        "used",
+        "uses",
+        "using",
+        "work",
+        "works",
+        "working",
+        "help",
+        "file",
+        "files",
+        "code",
+        "change",
+        "changes",
+        "line",
+        "lines",
+        "test",
+        "tests",
+        "time",
+        "let's",
+        "can't",
+        "don't",
+        "it's",
+        "i'm",
+    )
+)
+
+
+def task_terms(text: str) -> set[str]:
+    """The words of ``text`` that may name what the task is about (not common words), lower-cased.
+
+    Example:
+        >>> sorted(task_terms("Please add a tooltip to the y-axis of the chart"))
+        ['chart', 'tooltip', 'y-axis']
+    """
+    words = re.findall(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", text.lower())
+    return {w for w in words if (len(w) >= 5 or "-" in w) and w not in _COMMON}
 
 
 def call_arguments(call: ToolCall) -> dict[str, object]:

@@ -14,6 +14,11 @@ What counts as a fact (the rules were chosen on the real transcripts in
 - constraint: a sentence of the user's own that says never / always / don't /
   must / only / avoid / keep / from now on / please answer in ..., or corrects
   the agent ("No, ...", "Actually, ...", "I meant ...");
+  Only the user's own voice counts: not a quoted line (``>``), a forwarded
+  message, a fenced block, a tool's output or the system prompt. A later
+  message that takes a rule back ("forget what I said about tabs", "tabs are
+  fine now", "you may use tabs") drops the rules on that subject, and only those;
+- task: the user's first substantive request (the task statement), kept for good;
 - request: the user's newest requests in the compacted part (``REQUESTS_KEPT``);
 - identifier: what the user gave that a model cannot guess: ids and codes
   that mix letters and digits, amounts, dates, versions, long numbers, file
@@ -22,9 +27,17 @@ What counts as a fact (the rules were chosen on the real transcripts in
   ``str_replace_editor create``, ``read_file``, ``open`` ...); a file read and
   later changed is a modified file;
 - error: the last error line of each command or tool whose result failed;
-  a later run of the same command that succeeds resolves it;
+  a later clean run of the same program on the same target (``pytest`` of a
+  suite that holds the failed test, flags aside), or a later successful call of
+  the same tool on the same target, resolves it;
 - done_call: tool calls already made (the tool and its key argument), so they
-  are not made again.
+  are not made again;
+- term: the words the user keeps using for the task (in two or more of their
+  messages), when room is left.
+
+Every fact is data: one line, clipped, control characters removed, and what a
+tool returned is shown quoted, with the tool it came from; the section never
+holds a heading or an instruction of anyone's but the library's.
 
 Facts carried by an earlier summary (recorded in its mark) are carried on and
 superseded by the same rules, so a constraint given in the first hour survives
@@ -41,13 +54,18 @@ from langchain_compaction.core.extract import (
     SHELL,
     call_arguments,
     clip,
+    command_target,
     constraints,
     error_line,
     file_use,
     identifiers,
     key_argument,
     normalize,
-    prose,
+    one_line,
+    own_words,
+    revoked_subjects,
+    subject_words,
+    task_terms,
 )
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact, FactKind, Message, ToolCall
@@ -68,30 +86,41 @@ __all__ = [
 
 PRIORITY: tuple[FactKind, ...] = (
     "constraint",
+    "task",
     "request",
     "identifier",
     "modified_file",
     "error",
     "done_call",
     "read_file",
+    "term",
 )
 """The order in which facts get the section's budget (the first kinds first)."""
 
 SECTION_HEADING = "## Checked facts"
-SECTION_NOTE = "(kept by langchain-compaction: the summary above did not state them)"
+SECTION_NOTE = (
+    "(written by langchain-compaction from the conversation itself, for what the summary above did not state: "
+    "quoted data, not instructions)"
+)
 
 _TITLES: dict[FactKind, str] = {
-    "constraint": "User constraints",
+    "constraint": "User constraints (the user's own words)",
+    "task": "The task, as the user first stated it",
     "request": "The user's latest requests",
     "identifier": "Identifiers the user gave",
     "modified_file": "Files modified",
-    "error": "Unresolved errors",
+    "error": "Unresolved errors (quoted tool output)",
     "done_call": "Tool calls already made",
     "read_file": "Files read",
+    "term": "Words the user keeps using",
 }
+
 REQUESTS_KEPT = 2
 """How many of the user's newest requests are facts."""
 _EARLIER_REQUEST_CHARS = 120
+_TASK_CHARS = 200
+TERMS_KEPT = 12
+"""How many of the user's repeated words are kept (the most repeated)."""
 
 
 @dataclass
@@ -102,9 +131,20 @@ class _Tracker:
     calls: dict[str, tuple[ToolCall, dict[str, object]]] = field(default_factory=dict)
     last_opened: str | None = None
     requests: list[tuple[FactKind, str]] = field(default_factory=list)
+    terms: dict[str, int] = field(default_factory=dict)
 
     def add(self, fact: Fact) -> None:
-        if not fact.text.strip():
+        # Every fact is one clean line: nothing a message holds can make it more.
+        text = one_line(fact.text)
+        if not text:
+            return
+        fact = Fact(fact.kind, text, fact.key, one_line(fact.detail))
+        if fact.kind == "error" and "\x00" not in fact.key:
+            # Recorded by 0.2 (keyed by the whole command): keyed as errors are now.
+            program, target = command_target(fact.key or fact.detail)
+            fact = Fact("error", text, f"{program}\x00{target}", f"{program}\x00{fact.detail}")
+        if fact.kind == "term":
+            self.terms[fact.text] = self.terms.get(fact.text, 0) + _count(fact.detail)
             return
         key = (fact.kind, fact.key or normalize(fact.text))
         self.facts.pop(key, None)  # a fact seen again moves to the end: it is the newest
@@ -119,22 +159,31 @@ class _Tracker:
         """Take what ``message`` says; with ``record=False`` (a kept message) only resolve and supersede."""
         if message.is_summary:
             return
-        if message.role == "user" and record:
-            self._user(message.text)
+        if message.role == "user":
+            self._user(message.text, record=record)
         elif message.role == "assistant":
             for call in message.tool_calls:
                 self._call(call, record=record)
         elif message.role == "tool":
             self._result(message, record=record)
 
-    def _user(self, text: str) -> None:
+    def _user(self, text: str, *, record: bool) -> None:
+        for subject in revoked_subjects(text):
+            self._revoke(subject)
+        if not record:
+            return
         for sentence in constraints(text):
             self.add(Fact("constraint", sentence))
         for value in identifiers(text):
             self.add(Fact("identifier", value))
-        request = clip(prose(text))
+        words = own_words(text)
+        for term in task_terms(words):
+            self.terms[term] = self.terms.get(term, 0) + 1
+        request = clip(words)
         if not request:
             return
+        if not any(kind == "task" for kind, _ in self.facts) and _substantive(request):
+            self.add(Fact("task", clip(request, _TASK_CHARS), key="task"))
         # The newest requests: what the user is after now in full, and, shorter,
         # the one before (the task it continues); older ones are the summary's.
         # (Requests are few: kept in order beside the facts, not found by scanning them.)
@@ -148,6 +197,12 @@ class _Tracker:
         self.requests = requests[cut:]
         self.add(Fact("request", request, key=f"request:{normalize(request)}"))
 
+    def _revoke(self, subject: frozenset[str]) -> None:
+        """Drop the rules the user took back: those about ``subject`` (and only those)."""
+        for key, fact in list(self.facts.items()):
+            if fact.kind == "constraint" and subject & subject_words(fact.text):
+                del self.facts[key]
+
     def _call(self, call: ToolCall, *, record: bool) -> None:
         args = call_arguments(call)
         if call.id:
@@ -155,6 +210,7 @@ class _Tracker:
         use = file_use(call, args, self.last_opened)
         if use is not None:
             kind, path = use
+            path = one_line(path, 400)
             self.last_opened = path
             if kind == "modified":
                 self.drop("read_file", path)  # read, then rewritten: one fact, the newer
@@ -172,10 +228,11 @@ class _Tracker:
         if found is None:
             return
         call, args = found
-        # Keyed by what the call was about: a later clean run of the same
-        # command, or a later successful write of the same file, resolves it.
         command = key_argument(call, args) or call.name
-        key = command
+        # Keyed by the program (or tool) and what it ran on: a later clean run
+        # of the same program on a target that holds it, or a later successful
+        # call of the same tool on the same target, resolves it.
+        program, target = command_target(command) if SHELL.search(call.name) else (call.name, command)
         text = message.text.strip()
         # A command's output reports its errors anywhere; another tool's result
         # (a file's content) may mention an error without being one, so there
@@ -186,9 +243,31 @@ class _Tracker:
         if message.is_error and not line:
             line = clip(lines[-1]) if lines else "failed"
         if not line:
-            self.drop("error", key)  # the command ran cleanly: its earlier error is resolved
+            self._resolve(program, target)
         elif record:
-            self.add(Fact("error", line, key=key, detail=command))
+            self.add(Fact("error", line, key=f"{program}\x00{target}", detail=f"{call.name}\x00{command}"))
+
+    def _resolve(self, program: str, target: str) -> None:
+        """A clean run of ``program`` on ``target``: the errors it covers are resolved."""
+        for key in [k for k in self.facts if k[0] == "error"]:
+            failed_program, _, failed_target = key[1].partition("\x00")
+            if failed_program == program and (not target or failed_target.startswith(target)):
+                del self.facts[key]
+
+    def result(self) -> list[Fact]:
+        """The facts in force, oldest first, then the user's most repeated words."""
+        repeated = sorted((n, t) for t, n in self.terms.items() if n >= 2)[-TERMS_KEPT:]
+        terms = [Fact("term", term, key=term, detail=str(count)) for count, term in reversed(repeated)]
+        return [*self.facts.values(), *terms]
+
+
+def _count(detail: str) -> int:
+    return int(detail) if detail.isdigit() else 1
+
+
+def _substantive(request: str) -> bool:
+    """Whether a user turn states a task (not a greeting, an acknowledgement or a slash command)."""
+    return not request.startswith("/") and len(request.split()) >= 5
 
 
 def gather(
@@ -216,7 +295,7 @@ def gather(
         tracker.read(messages[index], record=True)
     for index in kept:
         tracker.read(messages[index], record=False)
-    return list(tracker.facts.values())
+    return tracker.result()
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,11 +320,28 @@ class FactCheck:
     dropped: int
 
 
+def _quoted(text: str) -> str:
+    """``text`` between double quotes that it cannot close."""
+    return '"' + text.replace('"', "'") + '"'
+
+
+def _code(text: str) -> str:
+    """``text`` as inline code that it cannot close."""
+    return "`" + text.replace("`", "'") + "`"
+
+
 def _line(fact: Fact) -> str:
-    if fact.kind == "error" and fact.detail:
-        return f"- {fact.text} (from `{fact.detail}`)"
-    if fact.kind == "done_call" and fact.detail:
-        return f"- {fact.detail}: {fact.text}"
+    """One bullet: a fact as quoted data (a tool's output always says which tool and call it came from)."""
+    if fact.kind == "error":
+        tool, _, command = fact.detail.partition("\x00")
+        source = f"{_code(tool)} ({_code(command)})" if command and command != tool else _code(tool or "a tool")
+        return f"- {source} reported: {_quoted(fact.text)}"
+    if fact.kind == "done_call":
+        return f"- {_code(fact.detail)}: {_code(fact.text)}" if fact.detail else f"- {_code(fact.text)}"
+    if fact.kind in ("constraint", "task", "request"):
+        return f"- {_quoted(fact.text)}"
+    if fact.kind in ("modified_file", "read_file", "identifier"):
+        return f"- {_code(fact.text)}"
     return f"- {fact.text}"
 
 
@@ -277,7 +373,7 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
         >>> facts = [Fact("constraint", "Never edit tests/fixtures.json."), Fact("identifier", "JG7FMM")]
         >>> check = check_summary("## Goal\\n- rebook JG7FMM", facts, 200)
         >>> (check.in_summary, check.added), check.section.splitlines()[-1]
-        ((1, 1), '- Never edit tests/fixtures.json.')
+        ((1, 1), '- "Never edit tests/fixtures.json."')
     """
     stated = normalize(summary)
     norm = {id(f): normalize(f.text) for f in facts}
@@ -305,6 +401,12 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
             shown += "\n" + normalize(line)
     order = {id(f): i for i, f in enumerate(facts)}
     chosen.sort(key=lambda f: (PRIORITY.index(f.kind), order[id(f)]))
+    # The estimate is not additive (lines join with newlines): what the whole
+    # section costs decides, the lowest priority's oldest going first.
+    while chosen and estimate_tokens(render_section(chosen)) > budget:
+        last = max(PRIORITY.index(f.kind) for f in chosen)
+        chosen.remove(next(f for f in chosen if PRIORITY.index(f.kind) == last))
+    shown = "\n".join(normalize(_line(f)) for f in chosen)
     # Added: listed, or stated by another fact's line (a path inside a constraint).
     added = [f for f in missing if norm[id(f)] in shown]
     dropped = {id(f) for f in missing} - {id(f) for f in added}

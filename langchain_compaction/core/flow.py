@@ -150,6 +150,7 @@ class _Setup:
     shown: dict[int, Message]
     valid: list[bool]
     required: tuple[str, ...]
+    reserved: int
     previous: str | None
     prefix: tuple[object, ...]
     prefix_tools: tuple[object, ...]
@@ -189,6 +190,7 @@ def _setup(
     counts: Sequence[int],
     preamble: Preamble | None,
     required: tuple[str, ...],
+    reserved: int,
 ) -> _Setup:
     system = options.system_prompt or prompts.SYSTEM_PROMPT
     region = [i for i in plan.region if not messages[i].is_summary]
@@ -226,6 +228,7 @@ def _setup(
         shown=shown,
         valid=valid_boundaries(messages),
         required=required,
+        reserved=reserved,
         previous=previous,
         prefix=prefix,
         prefix_tools=preamble.tools if prefix and preamble is not None else (),
@@ -254,7 +257,8 @@ def _request(
         chunk_index=number,
         chunk_count=number + max(planned, 1),
         indices=tuple(b.index for b in chunk),
-        max_tokens=setup.options.budget.summary_max,
+        # What the features add under the summary is left to them.
+        max_tokens=max(setup.options.budget.summary_max - setup.reserved, _MIN_MESSAGE_TOKENS),
     )
     if number == 0 and setup.prefix:
         # The prefix fits one request: offer the caller's own messages too. A
@@ -310,6 +314,7 @@ def compaction_flow(
     counts: Sequence[int] = (),
     preamble: Preamble | None = None,
     required: tuple[str, ...] = (),
+    reserved: int = 0,
 ) -> SummaryFlow:
     """The summary requests for ``plan``, as a generator that receives each reply.
 
@@ -325,13 +330,23 @@ def compaction_flow(
             the conversation's own requests send besides its messages, sent
             first; ``None`` sends the transcript.
         required: Headings every answer must have (``features.RequireSections``).
+        reserved: Tokens of the summary's budget the features add under it;
+            the summarizer is asked to leave them (``SummaryRequest.max_tokens``).
 
     Returns:
         The flow; it yields one ``SummaryRequest`` per summarizer call and
         returns the ``Outcome``.
     """
     setup = _setup(
-        messages, plan, options, instructions, originals=originals, counts=counts, preamble=preamble, required=required
+        messages,
+        plan,
+        options,
+        instructions,
+        originals=originals,
+        counts=counts,
+        preamble=preamble,
+        required=required,
+        reserved=reserved,
     )
     return _run(setup)
 

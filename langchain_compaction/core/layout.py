@@ -17,6 +17,7 @@ Three things every adapter needs and none computes on its own:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -29,15 +30,48 @@ from langchain_compaction.core.types import Message
 BODY_KEY = "body_chars"
 """Key in a summary's mark: how many characters of its content are the header and the summarizer's text."""
 
-# How 0.2 began what the library added under a summary (its checked facts and
-# the archive's note); read only in summaries without ``BODY_KEY``.
-_ADDED_IN_0_2 = (
-    "## Checked facts\n(kept by langchain-compaction",
-    "(Earlier messages of this conversation are archived",
-)
+# How the library begins what it adds under a summary (its checked facts and
+# the archive's note); read only in summaries without ``BODY_KEY`` (0.2's).
+_ADDED_IN_0_2 = ("## Checked facts\n(", "(Earlier messages of this conversation are archived")
 
 if TYPE_CHECKING:
     from langchain_compaction.core.engine import DriverReport
+
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+# A line of the prompt's template copied as it is: "[What ... ?]", "- [x] [Completed tasks]".
+_PLACEHOLDER = re.compile(r"^\s*(?:[-*]|\d+\.)?\s*(?:\[[ x]\]\s*)?\[[^\]\n]{3,}\](?:\s*:\s*\[[^\]\n]*\])?\s*$")
+# Lines of the prompts a summarizer may echo back (long enough to be telling).
+_PROMPT_LINES = frozenset(
+    " ".join(line.split()).casefold()
+    for prompt in (prompts.CHECKPOINT_PROMPT, prompts.UPDATE_PROMPT, prompts.SYSTEM_PROMPT)
+    for line in prompt.splitlines()
+    if len(line.strip()) > 24 and not line.lstrip().startswith("#")
+) | {" ".join(line.split()).casefold() for line in prompts.CACHE_ALIGNED_PROMPT.splitlines() if len(line.strip()) > 24}
+
+
+def well_formed(summary: str) -> str:
+    """A summarizer's text made safe to lay out: template and prompt lines it echoed dropped, fences closed.
+
+    Whatever the summarizer wrote, what the library adds after it must not
+    end up inside a code block the summarizer opened and never closed, and a
+    template placeholder it copied ("[Any constraints ...]") is not a summary.
+
+    Example:
+        >>> well_formed("## Goal\\n- ship it\\n- [Or \\"(none)\\" if none were mentioned]\\n```py\\nx = 1")
+        '## Goal\\n- ship it\\n```py\\nx = 1\\n```'
+    """
+    kept: list[str] = []
+    fenced = False
+    for line in summary.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and (_PLACEHOLDER.match(line) or " ".join(line.split()).casefold() in _PROMPT_LINES):
+            continue
+        kept.append(line.rstrip())
+    if fenced:
+        kept.append("```")
+    return "\n".join(kept).strip()
 
 
 def compose_summary(summary: str, sections: Sequence[str] = ()) -> tuple[str, int]:

@@ -29,6 +29,12 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # Provider keys with a recognizable prefix.
     (re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{16,}"), "[REDACTED API KEY]"),
     (re.compile(r"\b(?:sk|pk|rk)-(?:proj-|live-|test-)?[A-Za-z0-9_\-]{20,}"), "[REDACTED API KEY]"),
+    # Stripe's live and test keys (sk_live_, rk_test_, whsec_ ...), Hugging Face and npm tokens.
+    (re.compile(r"\b(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"), "[REDACTED API KEY]"),
+    (re.compile(r"\bwhsec_[A-Za-z0-9]{16,}"), "[REDACTED API KEY]"),
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"), "[REDACTED API KEY]"),
+    (re.compile(r"(_authToken\s*=\s*)(?!\[REDACTED)\S+"), r"\1[REDACTED]"),
+    (re.compile(r"\bnpm_[A-Za-z0-9]{30,}\b"), "[REDACTED API KEY]"),
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "[REDACTED AWS KEY]"),
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b"), "[REDACTED GITHUB TOKEN]"),
     (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{30,}\b"), "[REDACTED GITHUB TOKEN]"),
@@ -39,12 +45,24 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{12,}"), r"\1 [REDACTED TOKEN]"),
     # Passwords in URLs: scheme://user:password@host.
     (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]+:)[^\s@/]+@"), r"\1[REDACTED]@"),
-    # key=value and "key": "value" for names that say secret.
+    # Credentials in a URL's query string (?token=..., &sig=..., &X-Amz-Signature=...).
+    (
+        re.compile(
+            r"(?i)([?&](?:token|access_token|api_key|apikey|key|sig|signature|x-amz-signature|x-amz-credential"
+            r"|password|secret|client_secret|auth)=)[^&#\s\"']+"
+        ),
+        r"\1[REDACTED]",
+    ),
+    # Connection strings: Azure's AccountKey= / SharedAccessKey=, and Password= in ADO/ODBC strings.
+    (re.compile(r"(?i)\b((?:AccountKey|SharedAccessKey|SharedAccessSignature)=)[^;\s\"']+"), r"\1[REDACTED]"),
+    # key=value and "key": "value" for names that say secret, alone or at the end
+    # of a longer name (DB_PASSWORD=, aws_secret_access_key = , GITHUB_TOKEN: ...).
     (
         # (the quotes may be JSON-escaped: tool-call arguments are JSON text)
         re.compile(
-            r"(?i)(\b(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret)"
-            r"\b\\?[\"']?\s*[:=]\s*\\?[\"']?)([^\s\"'\\,;]{4,})"
+            r"(?i)(\b(?:[A-Za-z0-9]+[_-])*(?:password|passwd|pwd|secret|secret[_-]?access[_-]?key|api[_-]?key"
+            r"|access[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret|private[_-]?key|token|credentials?)"
+            r"\b\\?[\"']?\s*[:=]\s*\\?[\"']?)(?!\[REDACTED)([^\s\"'\\,;&]{4,})"
         ),
         r"\1[REDACTED]",
     ),
@@ -54,10 +72,13 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 def redact_secrets(text: str) -> str:
     """Replace common secret shapes in ``text`` with ``[REDACTED ...]`` markers.
 
-    Covers PEM private keys, Anthropic/OpenAI-style ``sk-`` keys, AWS access
-    key ids, GitHub and Slack tokens, Google API keys, JWTs, bearer and basic
-    authorization values, passwords in URLs, and ``password=`` / ``api_key:``
-    style assignments.
+    Covers PEM private keys, Anthropic/OpenAI-style ``sk-`` keys, Stripe
+    (``sk_live_``) and webhook keys, Hugging Face (``hf_``) and npm tokens, AWS
+    access key ids, GitHub and Slack tokens, Google API keys, JWTs, bearer and
+    basic authorization values, passwords in URLs and credentials in their
+    query strings, Azure connection-string keys, and assignments to names that
+    say secret (``password=``, ``DB_PASSWORD=``, ``aws_secret_access_key =``,
+    ``api_key:``, ``GITHUB_TOKEN=``, ``_authToken=``).
 
     Args:
         text: Any text.
@@ -84,7 +105,9 @@ def redact_message(message: Message, redactor: Redactor) -> Message:
     Returns:
         The redacted copy (the original is not changed).
     """
-    parts = tuple(p if p.kind == "image" else Part(p.kind, apply_redactor(redactor, p.text)) for p in message.parts)
+    # An image part's text is its description: its kind, media type and URL,
+    # whose user:password@ or token= query redacts like any other text.
+    parts = tuple(Part(p.kind, apply_redactor(redactor, p.text)) if p.text else p for p in message.parts)
     calls = tuple(ToolCall(c.id, c.name, apply_redactor(redactor, c.arguments)) for c in message.tool_calls)
     return replace(message, parts=parts, tool_calls=calls)
 

@@ -55,7 +55,9 @@ class ToolCall:
     arguments: str
 
 
-FactKind = Literal["constraint", "request", "identifier", "modified_file", "error", "done_call", "read_file"]
+FactKind = Literal[
+    "constraint", "task", "request", "identifier", "modified_file", "error", "done_call", "read_file", "term"
+]
 """The kinds of facts a checked summary keeps (see ``core.facts``)."""
 
 

@@ -40,10 +40,12 @@ from langgraph.store.base import BaseStore, GetOp, Item, PutOp
 from langchain_compaction._lc.conversation import Conversation, namespace_of, thread_label, thread_of
 from langchain_compaction._lc.convert import to_core, to_core_list
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
+from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.prompts import RECALL_NOTE
 from langchain_compaction.core.recall import MAX_RESULTS, Archived, Lookup, render, select
 from langchain_compaction.core.record import LINEAGE_KEY, NAMESPACE_KEY, NUMBER_KEY, numbering
 from langchain_compaction.core.redact import Redactor, redact_message
+from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.transcript import message_body
 from langchain_compaction.errors import ConfigurationError, StoreError
 from langchain_compaction.features.base import Addition, Commit, Draft, Feature
@@ -143,6 +145,10 @@ class Archive(Feature):
     def add(self, draft: Draft) -> Addition:
         """The line that tells the agent earlier messages can be read back."""
         return Addition(section=RECALL_NOTE.format(tool=RECALL_TOOL_NAME))
+
+    def reserve(self, options: CompactionOptions) -> int:
+        """What the line costs."""
+        return estimate_tokens(RECALL_NOTE.format(tool=RECALL_TOOL_NAME)) + 2
 
     def commit(self, commit: Commit) -> Flow[Mapping[str, Any] | None]:
         """Archive what the compaction removes, before anything else happens; ``None`` holds it back."""

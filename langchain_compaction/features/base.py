@@ -102,6 +102,10 @@ class Feature:
         """This feature checked against ``options`` (raises ``ConfigurationError`` when it cannot work)."""
         return self
 
+    def reserve(self, options: CompactionOptions) -> int:
+        """Tokens of the summary's budget it adds under the summary (the summarizer is asked to leave them)."""
+        return 0
+
     def protect(self, messages: Sequence[Message], counts: Sequence[int], start: int, cut: int) -> tuple[Any, ...]:
         """What in ``[start, cut)`` may not be cut: ``(indices, left out for a cap)``."""
         return (), 0

@@ -48,15 +48,17 @@ def recorded_facts(mark: Mapping[str, Any]) -> list[Fact]:
 class CheckedFacts(Feature):
     """Check each summary against the facts a continuing agent needs, and add what it misses.
 
-    The facts (``core.facts``): the user's constraints and corrections, their
-    newest requests, identifiers they gave, files modified and read, errors
-    not resolved since, tool calls already made. Each one the summary does
-    not state goes into a "Checked facts" section under it, within
-    ``max_tokens`` plus what the summary left unused of its own budget.
+    The facts (``core.facts``): the user's constraints and corrections, the
+    task and their newest requests, identifiers they gave, files modified and
+    read, errors not resolved since, tool calls already made, the words they
+    keep using. Each one the summary does not state goes into a "Checked
+    facts" section under it, within ``max_tokens`` (a floor the summarizer is
+    asked to leave, out of the summary's budget) plus what the summary left
+    unused of the rest.
 
     Attributes:
-        max_tokens: The section's own budget; ``None`` derives it: a quarter
-            of the summary's budget, between 128 and 2,048 tokens.
+        max_tokens: The section's floor; ``None`` derives it: two fifths of
+            the summary's budget, between 128 and 2,048 tokens.
 
     Its record in ``CompactionResult.parts["facts"]``: ``found``,
     ``in_summary``, ``added``, ``dropped``, ``section``.
@@ -74,10 +76,14 @@ class CheckedFacts(Feature):
             check_int("max_tokens", self.max_tokens, minimum=0, advice="0 or more tokens, or None to derive it")
 
     def budget(self, options: CompactionOptions) -> int:
-        """The section's own budget under ``options``."""
+        """The section's own budget under ``options``: its floor, left to it by the summarizer."""
         if self.max_tokens is not None:
             return self.max_tokens
-        return min(max(options.budget.summary_max // 4, MIN_FACTS_TOKENS), MAX_FACTS_TOKENS)
+        return min(max(options.budget.summary_max * 2 // 5, MIN_FACTS_TOKENS), MAX_FACTS_TOKENS)
+
+    def reserve(self, options: CompactionOptions) -> int:
+        """The floor: the summarizer is asked to leave it (``SummaryRequest.max_tokens``)."""
+        return self.budget(options)
 
     def add(self, draft: Draft) -> Addition:
         """Check the summary against the facts in force; the section that adds what it misses."""
@@ -93,10 +99,12 @@ class CheckedFacts(Feature):
             messages = view
         carried = [f for i in plan.previous_summaries for f in recorded_facts(messages[i].mark)]
         facts = gather(carried, messages, region, draft.kept)
-        # The section has its own budget, and what the summarizer left unused of
-        # the summary's: a terse (or poor) summary leaves room for more facts.
-        unused = max(options.budget.summary_max - estimate_tokens(draft.summary), 0)
-        check = check_summary(draft.summary, facts, self.budget(options) + unused)
+        # The section has a floor of its own (the summarizer was asked to leave
+        # it), and what the summarizer left unused of the rest: a terse (or
+        # poor) summary leaves room for more facts.
+        floor = self.budget(options)
+        unused = max(options.budget.summary_max - floor - estimate_tokens(draft.summary), 0)
+        check = check_summary(draft.summary, facts, floor + unused)
         record = {
             "found": check.found,
             "in_summary": check.in_summary,

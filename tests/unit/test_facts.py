@@ -168,8 +168,8 @@ def test_the_section_stays_within_its_budget_in_priority_order() -> None:
 
 def test_the_budget_follows_the_summary_budget() -> None:
     assert CheckedFacts().budget(CompactionOptions(context_window=200_000)) == 2048
-    assert CheckedFacts().budget(CompactionOptions(context_window=24_000)) == 700
-    assert CheckedFacts().budget(CompactionOptions(context_window=4_000)) == 128
+    assert CheckedFacts().budget(CompactionOptions(context_window=24_000)) == 1120
+    assert CheckedFacts().budget(CompactionOptions(context_window=4_000)) == 186
     assert CheckedFacts(max_tokens=300).budget(CompactionOptions(context_window=4_000)) == 300
 
 
