@@ -26,6 +26,7 @@ required sections).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -215,10 +216,19 @@ class Turn(Compactor):
         prepare: PrepareAhead | None = self.feature(PrepareAhead)
         output: Output | None = None
         waited = 0.0
+        spent = (0, 0)
         if ask.trigger == "auto" and prepare is not None:
-            found, waited = yield from prepare.take(place.conversation, staged.messages, place.store)
+            # Nothing is waited for while the request still fits the window:
+            # a preparation still running is applied on a later turn.
+            room = self._room(staged, place)
+            found, waited, spent = yield from prepare.take(
+                place.conversation, staged.messages, place.store, wait=not room
+            )
             if found is not None:
                 output = yield from self._apply(found, staged.messages, staged.core, place)
+            elif room:
+                yield from self._ahead(prepare, staged.messages, staged.counts, place)
+                return Outcome()
         applied = output is not None
         if output is None:
             preamble = self._preamble(place)
@@ -238,12 +248,24 @@ class Turn(Compactor):
             if output is None:
                 return Outcome()
         result, compacted = output
-        result = replace(result, wait_seconds=time.monotonic() - started)
+        # What was sent for it, exactly: preparations discarded since the last
+        # compaction (their prefix changed) included.
+        result = replace(
+            result,
+            wait_seconds=time.monotonic() - started,
+            summarizer_calls=result.summarizer_calls + spent[0],
+            summarizer_input_tokens=result.summarizer_input_tokens + spent[1],
+        )
         if prepare is not None and ask.trigger == "auto":
-            result = result.with_part("prepared", applied=applied, waited=round(waited, 3))
+            result = result.with_part("prepared", applied=applied, waited=round(waited, 3), discarded_calls=spent[0])
         log(result, self.options)
         yield twin(tell, atell, COMPACTION_EVENT, result.to_dict(), place.config)
         return Outcome(result, compacted, staged.messages)
+
+    def _room(self, staged: _Staged, place: Place) -> bool:
+        """Whether the request, over the threshold, still leaves half the reserve for the reply."""
+        budget = self.options.budget
+        return context_tokens(staged.core, staged.counts, place.overhead) + budget.reserve // 2 <= budget.window
 
     def _preamble(self, place: Place) -> Preamble | None:
         aligned: CacheAligned | None = self.feature(CacheAligned)
@@ -342,33 +364,50 @@ class Turn(Compactor):
     ) -> Flow[None]:
         """Past the preparation mark: start preparing the next compaction in the background.
 
-        A finished preparation that still matches the conversation but would no
-        longer land under the landing target (the conversation went on) is
-        built on by a new one, so the threshold finds one ready that lands.
+        The compaction is planned to land when it is applied, at the threshold:
+        the messages that come in meanwhile stay verbatim after it, so it keeps
+        fewer of today's (the keep budget less the room still left before the
+        threshold; a quarter of it at least). A finished preparation is built
+        on by a new one only when, applied at the threshold, it would leave the
+        context above halfway from the landing to the threshold (the agent went
+        on faster than planned): one summary call per compaction, about.
         """
         conversation = place.conversation
+        budget = self.options.budget
+        assert budget.threshold is not None  # preparing needs a window
+        assert budget.landing is not None
+        size = sum(counts) + place.overhead
         base = prepare.finished(conversation, messages)
-        landing = self.options.budget.landing
-        if base is not None and (landing is None or base.tokens_for(counts) <= landing):
+        ceiling = (budget.landing + budget.threshold) // 2
+        if base is not None and base.tokens_for(counts) + place.overhead + max(budget.threshold - size, 0) <= ceiling:
             return
-        started = yield from prepare.ahead(self._prepared, conversation, messages, base, place.store)
+        keep = max(budget.keep - max(budget.threshold - size, 0), budget.keep // 4, 1)
+        compact = functools.partial(self._prepared, keep=keep)
+        started = yield from prepare.ahead(compact, conversation, messages, base, place.store)
         if started:
             logger.info("the context passed the preparation mark: preparing the next summary in the background")
             data = {"thread": conversation.thread or "", "messages": len(messages)}
             yield twin(tell, atell, PREPARE_EVENT, data, place.config)
 
-    def _prepared(self, snapshot: list[BaseMessage], base: PreparedSummary | None) -> Flow[PreparedSummary | None]:
-        """The background preparation of ``snapshot`` (on top of ``base`` when it still applies)."""
+    def _prepared(
+        self, snapshot: list[BaseMessage], base: PreparedSummary | None, *, keep: int
+    ) -> Flow[PreparedSummary | None]:
+        """The background preparation of ``snapshot`` (on top of ``base`` when it still applies), keeping ``keep``."""
         chained = base is not None and base.matches(snapshot)
         target = base.output_for(snapshot) if base is not None and chained else snapshot
         counts, core = yield blocking(counts_and_core, target, self.options)
-        job = yield blocking(self.plan, target, core, counts, preamble=self._preamble_for_background())
+        job = yield blocking(self.plan, target, core, counts, keep=keep, preamble=self._preamble_for_background())
         if job is None or job.flow is None:
             return None
         report = yield from summarize(job.flow, self.summarizer, fallback=self.fallback, timeout=self.options.timeout)
         result, output = yield blocking(self.finish, job, report, {})
         if base is not None and chained:
-            result = replace(result, summarizer_calls=base.result.summarizer_calls + result.summarizer_calls)
+            # One compaction, made in two steps: what both sent.
+            result = replace(
+                result,
+                summarizer_calls=base.result.summarizer_calls + result.summarizer_calls,
+                summarizer_input_tokens=base.result.summarizer_input_tokens + result.summarizer_input_tokens,
+            )
         known = {id(m) for m in snapshot}
         written = [m for m in output if id(m) not in known]
         tokens = yield blocking(count_messages, written, [to_core(m) for m in written], self.options)
@@ -383,24 +422,21 @@ class Turn(Compactor):
     ) -> Flow[Output | None]:
         """``prepared`` applied to ``messages``, stamped with the conversation's record as it is now.
 
-        The conversation grew since it was made; when the result would not
-        land under the landing target, the messages between its cut and
-        today's are folded in by one ordinary compaction, which updates the
-        prepared summary (a small request, never a full re-summary).
+        What came after the messages it was made from stays verbatim after it:
+        no summary call is made on this turn. (It was planned to land here;
+        if the agent went on faster, the next turns prepare again in the
+        background.)
         """
         combined = prepared.output_for(messages)
         counts, combined_core = yield blocking(counts_and_core, combined, self.options)
-        result = replace(prepared.result, compacted_tokens=sum(counts))
-        landing = self.options.budget.landing
-        if landing is not None and context_tokens(combined_core, counts, place.overhead) > landing:
-            job = yield blocking(self.plan, combined, combined_core, counts, overhead=place.overhead)
-            if job is not None and job.flow is not None:
-                report = yield from summarize(
-                    job.flow, self.summarizer, fallback=self.fallback, timeout=self.options.timeout
-                )
-                folded, combined = yield blocking(self.finish, job, report, {})
-                calls = prepared.result.summarizer_calls + folded.summarizer_calls
-                result = replace(folded, summarizer_calls=calls, chunks=prepared.result.chunks + folded.chunks)
+        size = context_tokens(combined_core, counts, place.overhead)
+        budget = self.options.budget
+        result = replace(
+            prepared.result,
+            compacted_tokens=sum(counts),
+            over_budget=budget.threshold is not None and size > budget.threshold,
+            above_landing=budget.landing is not None and size > budget.landing,
+        )
         where = {id(m): i for i, m in enumerate(messages)}
         kept = [where[id(m)] for m in combined if id(m) in where]
         kept_set = set(kept)

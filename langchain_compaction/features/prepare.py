@@ -217,6 +217,7 @@ class PrepareAhead(Feature):
     remember: int = CONVERSATIONS_REMEMBERED
     mark: int | None = field(default=None, init=False, compare=False)
     _cache: Bounded[_Preparation] = field(default_factory=Bounded, init=False, repr=False, compare=False)
+    _spent: Bounded[tuple[int, int]] = field(default_factory=Bounded, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         share = self.at
@@ -229,6 +230,7 @@ class PrepareAhead(Feature):
             raise ConfigurationError("lease", self.lease, "pass a function from a thread id to a lock, or None")
         check_int("remember", self.remember, minimum=1, advice="a positive number of conversations")
         object.__setattr__(self, "_cache", Bounded(self.remember))
+        object.__setattr__(self, "_spent", Bounded(self.remember))
 
     def bind(self, options: CompactionOptions) -> PrepareAhead:
         """This feature with its mark worked out for ``options`` (the same cache: preparations carry over)."""
@@ -237,7 +239,7 @@ class PrepareAhead(Feature):
         if mark is not None and budget.landing is not None and mark <= budget.landing:
             raise ConfigurationError("at", self.at, _ADVICE)
         bound = PrepareAhead.__new__(PrepareAhead)
-        for name in ("at", "wait", "in_store", "lease", "remember", "_cache"):
+        for name in ("at", "wait", "in_store", "lease", "remember", "_cache", "_spent"):
             object.__setattr__(bound, name, getattr(self, name))
         object.__setattr__(bound, "mark", mark)
         return bound
@@ -252,7 +254,14 @@ class PrepareAhead(Feature):
         if claim.value.matches(messages):
             return claim.value
         self._cache.pop(conversation.key, claim)  # made from messages that are no longer there
+        self._discard(conversation, claim.value)
         return None
+
+    def _discard(self, conversation: Conversation, prepared: PreparedSummary) -> None:
+        """Count what a preparation that will never be applied cost (the next compaction reports it)."""
+        calls, sent = self._spent.get(conversation.key) or (0, 0)
+        result = prepared.result
+        self._spent.put(conversation.key, (calls + result.summarizer_calls, sent + result.summarizer_input_tokens))
 
     def running(self, conversation: Conversation) -> bool:
         """Whether a preparation of this conversation is under way in this process."""
@@ -295,12 +304,18 @@ class PrepareAhead(Feature):
         return started
 
     def take(
-        self, conversation: Conversation, messages: Sequence[BaseMessage], store: Any = None
-    ) -> Flow[tuple[PreparedSummary | None, float]]:
-        """The preparation for ``messages`` (waiting for a running one up to ``wait``), and the seconds waited."""
+        self, conversation: Conversation, messages: Sequence[BaseMessage], store: Any = None, *, wait: bool = True
+    ) -> Flow[tuple[PreparedSummary | None, float, tuple[int, int]]]:
+        """The preparation for ``messages``, the seconds waited, and what discarded ones cost (calls, tokens sent).
+
+        A running preparation is waited for up to ``wait`` seconds, or, with
+        ``wait=False``, left running (it is applied on a later turn).
+        """
         started = time.monotonic()
         claim = self._cache.get(conversation.key)
         if claim is not None and not claim.done.is_set():
+            if not wait:
+                return None, 0.0, (0, 0)
             yield twin(_wait, _await, claim, self.wait)
         found = None
         if claim is not None:
@@ -313,6 +328,7 @@ class PrepareAhead(Feature):
                 found = claim.value
             elif claim.value is not None:
                 logger.info("a prepared summary was discarded: the messages it covers changed since")
+                self._discard(conversation, claim.value)
         if self.in_store and store is not None:
             try:
                 stored = yield from _read_store(store, conversation, messages, clear=True)
@@ -320,7 +336,7 @@ class PrepareAhead(Feature):
                 logger.warning("could not read prepared summaries from the store (%s: %s)", type(exc).__name__, exc)
                 stored = None
             found = found or stored
-        return found, time.monotonic() - started
+        return found, time.monotonic() - started, self._spent.pop(conversation.key) or (0, 0)
 
     # -- the background run -----------------------------------------------------------------
 

@@ -9,7 +9,22 @@ import time
 from typing import Any
 
 import pytest
+from helpers_turns import (
+    PREPARE_OPTS,
+    ToolCallingFake,
+    cfg,
+    graph_with,
+    long_history,
+    prepare_of,
+    prepared,
+    short_summary,
+    wait_for,
+    wait_for_preparations,
+    words,
+)
+from langchain.agents import create_agent
 from langchain_core.chat_history import InMemoryChatMessageHistory
+from langchain_core.exceptions import ContextOverflowError
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
@@ -24,25 +39,18 @@ from langchain_compaction import (
     auto_compact,
     compact,
 )
-from langchain_compaction._lc.conversation import thread_label
+from langchain_compaction._lc.conversation import Conversation, thread_label
 from langchain_compaction._lc.convert import is_compaction_message, is_summary_message
 from langchain_compaction._lc.events import PREPARE_EVENT
 from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import ConfigurationError
-from langchain_compaction.features import PrepareAhead, default_features
+from langchain_compaction.features import PrepareAhead
 from langchain_compaction.features.prepare import STORE_NAMESPACE
-from langchain_compaction.graph import CompactionState
+from langchain_compaction.graph import CompactionState, compact_thread
 from langchain_compaction.history import FileLock
 
 # One summary request per compaction (a large summarizer input), so calls count compactions.
-OPTIONS = CompactionOptions(
-    context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, summary_input_tokens=50_000
-)
-
-
-def prepared(**kw: Any) -> list[Any]:
-    """The default features, and summaries prepared past 70% of the threshold."""
-    return [*default_features(), PrepareAhead(at=0.7, **kw)]
+OPTIONS = PREPARE_OPTS
 
 
 class Recorder:
@@ -82,10 +90,6 @@ class Recorder:
         if self.fail_first and len(self.requests) == 1:
             raise RuntimeError("the summary model is overloaded")
         return f"## Goal\n- summary {len(self.requests)}"
-
-
-def words(label: str) -> str:
-    return f"{label} " + "word " * 60
 
 
 def graph(node: CompactionNode, store: Any = None) -> Any:
@@ -131,13 +135,6 @@ def settle(summarizer: Recorder) -> None:
     """Wait until every preparation started so far has finished its summary call."""
     wait_for(lambda: summarizer.finished >= STARTED.count)
     time.sleep(0.02)  # and handed its result back
-
-
-def wait_for(condition: Any, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the background preparation never finished"
-        time.sleep(0.01)
 
 
 def until_compaction(app: Any, config: Any, summarizer: Recorder, start: int = 0) -> tuple[int, dict[str, Any], int]:
@@ -221,7 +218,7 @@ def test_the_node_applies_a_summary_prepared_in_the_background() -> None:
     assert record["messages_removed"] + record["messages_kept"] == 2 * turn + 1
 
 
-def test_a_grown_conversation_is_folded_in_by_one_small_update() -> None:
+def test_a_grown_conversation_is_never_summarized_on_the_threshold_turn() -> None:
     summarizer = Recorder()
     node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared())
     app = graph(node)
@@ -232,19 +229,26 @@ def test_a_grown_conversation_is_folded_in_by_one_small_update() -> None:
         app.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
         number += 1
     settle(summarizer)
-    # ... then the agent goes on (in one big step) well past the threshold.
-    many = [HumanMessage(words(f"late{i}"), id=f"late{i}") for i in range(30)]
+    # ... then the agent goes on (in one big step) past the threshold.
+    many = [HumanMessage(words(f"late{i}"), id=f"late{i}") for i in range(12)]
     out = app.invoke({"messages": many}, config)
     record = out["compaction"]
     assert record["parts"]["prepared"]["applied"] is True
-    assert record["summarizer_calls"] == 2  # the preparation, and one update
+    assert len(summarizer.requests) == record["summarizer_calls"] == 1  # no call on the threshold turn
+    assert all(t == "langchain-compaction-prepare" for t in summarizer.threads)
+    # What came since the preparation stays verbatim after the prepared summary.
+    state = out["messages"]
+    assert [m.id for m in state if str(m.id).startswith("late")] == [f"late{i}" for i in range(12)]
+    # Later turns prepare the next compaction on top of it, in the background.
+    for later in range(number, number + 60):
+        settle(summarizer)
+        app.invoke({"messages": [HumanMessage(words(f"q{later}"), id=f"h{later}")]}, config)
+        if len(summarizer.requests) > 1:
+            break
     update = summarizer.requests[1]
+    assert summarizer.threads[1] == "langchain-compaction-prepare"
     assert update.previous_summary is not None
     assert "summary 1" in update.previous_summary  # the prepared summary, updated, not redone
-    # Only what came after the prepared cut is sent again: a small request.
-    covered = {m.id for m in summarizer.requests[0].messages}
-    assert update.messages
-    assert covered.isdisjoint(m.id for m in update.messages)
 
 
 def test_an_edited_prefix_discards_the_prepared_summary() -> None:
@@ -295,14 +299,17 @@ def test_a_preparation_still_running_is_waited_for_only_up_to_the_bound() -> Non
     assert sum(1 for m in state if is_summary_message(m)) == 1
 
 
-def test_a_failed_preparation_never_surfaces_and_the_threshold_compacts() -> None:
+def test_a_failed_preparation_never_surfaces_and_is_tried_again_in_the_background() -> None:
     summarizer = Recorder(fail_first=True)
     node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared())
     app = graph(node)
     config = {"configurable": {"thread_id": "fail"}}
     turn, record, calls_before = until_compaction(app, config, summarizer)
-    assert record["parts"]["prepared"]["applied"] is False
-    assert len(summarizer.requests) == 2  # the failed preparation, then the turn's own summary
+    # The threshold turn found the failure, started again in the background
+    # and went on (the request still fit); a later turn applied the retry.
+    assert record["parts"]["prepared"]["applied"] is True
+    assert len(summarizer.requests) == 2  # the failed preparation, then its retry
+    assert summarizer.threads == ["langchain-compaction-prepare"] * 2
     assert "summary 2" in str(app.get_state(config).values["messages"][0].content)
 
 
@@ -345,7 +352,8 @@ def test_async_node_prepares_in_a_task() -> None:
 
 def test_a_loop_closing_under_a_pending_preparation_breaks_nothing() -> None:
     gate = threading.Event()
-    summarizer = Recorder(gate=gate)
+    # The gated preparation is still pending when its turn's loop closes (the close waits out the hold).
+    summarizer = Recorder(gate=gate, hold=0.5)
     node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared(wait=0.0))
     app = graph(node)
     config = {"configurable": {"thread_id": "closing"}}
@@ -476,3 +484,263 @@ def test_chat_memory_commits_a_prepared_summary_and_keeps_what_came_after() -> N
     # Nothing lost: every message sent is in the store or in the archive, once.
     ids = [m.id for m in stored if not is_compaction_message(m)] + [m.id for m in archive.messages]
     assert sorted(i for i in ids if i) == sorted(m.id for m in sent if m.id)
+
+
+# -- another compaction between a preparation and the threshold --------------------------------------
+
+
+class Calls:
+    """A plain-function summarizer that records which thread made each call."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def __call__(self, prompt: str) -> str:
+        self.threads.append(threading.current_thread().name)
+        return "## Goal\n- x"
+
+    @property
+    def background(self) -> int:
+        """Calls made by background preparations."""
+        return sum(1 for name in self.threads if name == "langchain-compaction-prepare")
+
+
+def no_index_error(app: Any, text: str, config: dict[str, Any]) -> Any:
+    """One turn of ``app``; a bare IndexError (a stale preparation measured against a shorter list) fails the test."""
+    try:
+        return app.invoke({"messages": [HumanMessage(text)]}, config)
+    except IndexError as error:
+        pytest.fail(f"a turn raised a bare IndexError: {error!r}")
+
+
+@pytest.mark.parametrize("in_store", [False, True], ids=["local", "in_store"])
+def test_two_node_instances_alternating_turns_never_raise_index_error(in_store: bool) -> None:
+    """Two workers serving one thread: a preparation made before the other's compaction never breaks a turn."""
+    saver = InMemorySaver()
+    store = InMemoryStore() if in_store else None
+    calls = Calls()
+    a = CompactionNode(calls, PREPARE_OPTS, result_key="compaction", features=prepared(wait=0.5, in_store=in_store))
+    b = CompactionNode(calls, PREPARE_OPTS, result_key="compaction", features=prepared(wait=0.5, in_store=in_store))
+    ga, gb = graph_with(a, saver=saver, store=store), graph_with(b, saver=saver, store=store)
+    config = cfg("workers")
+    compacted = False
+    for turn in range(90):
+        graph = ga if turn % 2 == 0 else gb
+        # Short turns until the first compaction, longer ones after it (real turns vary), so the
+        # preparation mark is passed again with fewer messages than the stale preparation was made from.
+        size = 250 if compacted else 40
+        state = no_index_error(graph, words(f"q{turn}", size), config)
+        wait_for_preparations(a, b, thread="workers")
+        compacted = compacted or any(is_summary_message(m) for m in state["messages"])
+    assert compacted
+    assert calls.background, "no summary was ever prepared in the background: nothing stale was exercised"
+
+
+def test_compact_command_between_preparation_and_threshold() -> None:
+    """A /compact after a preparation finished never makes a later turn fail on the stale preparation."""
+    node = CompactionNode(
+        short_summary, PREPARE_OPTS, result_key="compaction", features=prepared(wait=0.5), enable_compact_command=True
+    )
+    graph = graph_with(node, route=True)
+    config = cfg("cmd")
+    prepare = prepare_of(node)
+    commanded = False
+    for turn in range(70):
+        messages = graph.get_state(config).values.get("messages", [])
+        if not commanded and messages and prepare.finished(Conversation("cmd"), messages) is not None:
+            before = len(messages)
+            state = graph.invoke({"messages": [HumanMessage("/compact")]}, config)
+            assert len(state["messages"]) < before  # the command compacted
+            commanded = True
+        size = 250 if commanded else 40
+        no_index_error(graph, words(f"q{turn}", size), config)
+        wait_for_preparations(node, thread="cmd")
+    assert commanded, "no preparation ever finished, so /compact never came between one and the threshold"
+
+
+def test_compact_thread_between_preparation_and_threshold() -> None:
+    """compact_thread after a preparation finished never makes a later turn fail on the stale preparation."""
+    node = CompactionNode(short_summary, PREPARE_OPTS, result_key="compaction", features=prepared(wait=0.5))
+    graph = graph_with(node)
+    config = cfg("manual")
+    prepare = prepare_of(node)
+    done = False
+    for turn in range(70):
+        messages = graph.get_state(config).values.get("messages", [])
+        if not done and messages and prepare.finished(Conversation("manual"), messages) is not None:
+            assert compact_thread(graph, config) is not None
+            done = True
+        size = 250 if done else 40
+        no_index_error(graph, words(f"q{turn}", size), config)
+        wait_for_preparations(node, thread="manual")
+    assert done, "no preparation ever finished, so compact_thread never came between one and the threshold"
+
+
+class OverflowOnce(ToolCallingFake):
+    """A fake chat model that rejects one request as too long when `overflow` is set."""
+
+    overflow: bool = False
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        if self.overflow:
+            self.overflow = False
+            raise ContextOverflowError("prompt is too long")
+        return super()._generate(*args, **kwargs)
+
+
+def test_context_overflow_in_the_middleware_between_preparation_and_threshold() -> None:
+    """An overflow compaction in the middleware after a preparation finished never breaks a later call."""
+    middleware = CompactionMiddleware(short_summary, PREPARE_OPTS, features=prepared(wait=0.5))
+    model = OverflowOnce(messages=iter([AIMessage(words("reply", 20)) for _ in range(300)]))
+    agent = create_agent(model, middleware=[middleware], checkpointer=InMemorySaver())
+    config = cfg("overflow")
+    prepare = prepare_of(middleware)
+    overflowed = False
+    for turn in range(80):
+        messages = agent.get_state(config).values.get("messages", [])
+        if not overflowed and messages and prepare.finished(Conversation("overflow"), messages) is not None:
+            model.overflow = overflowed = True
+        size = 250 if overflowed else 40
+        no_index_error(agent, words(f"q{turn}", size), config)
+        wait_for_preparations(middleware, thread="overflow")
+    assert overflowed, "no preparation ever finished, so no overflow came between one and the threshold"
+    assert not model.overflow  # the overflow happened and was recovered
+
+
+# -- a store that cannot be searched -----------------------------------------------------------------
+
+
+class FlakySearchStore(InMemoryStore):
+    """An InMemoryStore whose search fails (ConnectionError) while `failures` > 0 (-1: always)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def _maybe_fail(self) -> None:
+        if self.failures:
+            self.failures -= 1 if self.failures > 0 else 0
+            raise ConnectionError("the store is unreachable")
+
+    def search(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail()
+        return super().search(*args, **kwargs)
+
+    async def asearch(self, *args: Any, **kwargs: Any) -> Any:
+        self._maybe_fail()
+        return await super().asearch(*args, **kwargs)
+
+
+def test_failing_store_search_never_surfaces_in_a_turn() -> None:
+    """A store that cannot be searched never fails a turn of PrepareAhead(in_store=True); the thread compacts."""
+    store = FlakySearchStore(failures=-1)
+    node = CompactionNode(
+        short_summary, PREPARE_OPTS, result_key="compaction", features=prepared(wait=0.5, in_store=True)
+    )
+    graph = graph_with(node, store=store)
+    for turn in range(60):
+        try:
+            state = graph.invoke({"messages": [HumanMessage(words(f"q{turn}"))]}, cfg("flaky"))
+        except ConnectionError as error:
+            pytest.fail(f"turn {turn} raised {type(error).__name__}: {error}")
+        wait_for_preparations(node, thread="flaky")
+    assert state.get("compaction"), "the thread never compacted"
+
+
+def test_one_transient_search_error_does_not_stall_the_threshold_turn() -> None:
+    """One failed store search never makes the threshold turn wait for a preparation that never runs."""
+    wait = 1.5
+    store = FlakySearchStore(failures=1)
+    node = CompactionNode(
+        short_summary, PREPARE_OPTS, result_key="compaction", features=prepared(wait=wait, in_store=True)
+    )
+    graph = graph_with(node, store=store)
+    config = cfg("transient")
+    prepare = prepare_of(node)
+    state: dict[str, Any] = {}
+    for turn in range(60):
+        started = time.monotonic()
+        try:
+            state = graph.invoke({"messages": [HumanMessage(words(f"q{turn}"))]}, config)
+        except ConnectionError as error:
+            pytest.fail(f"turn {turn} raised {type(error).__name__}: {error}")
+        elapsed = time.monotonic() - started
+        # Short: a preparation that never runs must not be waited for here either.
+        deadline = time.monotonic() + 0.5
+        while prepare.running(Conversation("transient")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if state.get("compaction"):
+            break
+    result = state.get("compaction")
+    assert result, "the thread never compacted"
+    assert store.failures == 0, "the transient failure did not happen"
+    applied = result["parts"]["prepared"]["applied"]
+    assert applied or elapsed < wait - 0.5, (
+        f"the threshold turn took {elapsed:.2f}s waiting for a preparation that never ran "
+        f"(applied={applied}, reported wait_seconds={result['wait_seconds']:.3f})"
+    )
+    assert result["wait_seconds"] >= elapsed * 0.5 or elapsed < 0.2, (
+        "wait_seconds does not report the time the turn waited"
+    )
+
+
+# -- the window, and how many preparations are kept --------------------------------------------------
+
+
+def test_window_from_the_model_profile_reaches_the_cache_and_preparer() -> None:
+    """A window learnt from the model's profile is the one preparations are made and applied with."""
+    results: list[Any] = []
+    middleware = CompactionMiddleware(
+        short_summary, CompactionOptions(), features=prepared(wait=1.0), on_compaction=results.append
+    )
+    model = ToolCallingFake(
+        messages=iter([AIMessage(words("reply", 40)) for _ in range(200)]), profile={"max_input_tokens": 4_000}
+    )
+    agent = create_agent(model, middleware=[middleware], checkpointer=InMemorySaver())
+    for turn in range(60):
+        agent.invoke({"messages": [HumanMessage(words(f"q{turn}", 40))]}, cfg("profile"))
+        wait_for_preparations(middleware, thread="profile")
+        if results:
+            break
+    options = middleware.options
+    assert options.context_window == 4_000  # learned
+    # The preparation mark follows the learned window ...
+    assert prepare_of(middleware).mark == round(options.budget.threshold * 0.7)
+    # ... a preparation was made and applied at the threshold ...
+    assert results, "nothing was compacted"
+    assert results[0].parts["prepared"]["applied"], "the learned window never prepared a summary"
+    # ... and what it made was planned for the learned window: it lands under that window's landing target.
+    assert results[0].compacted_tokens <= options.budget.landing, (results[0].compacted_tokens, options.budget)
+
+
+class Counting:
+    """A cheap plain-function summarizer that counts its calls (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, prompt: str) -> str:
+        with self._lock:
+            self.calls += 1
+        return "## Goal\n- x"
+
+
+def test_preparer_does_not_keep_a_summary_for_every_thread_ever_seen() -> None:
+    """A process keeps finished preparations for a bounded number of threads, not for every thread ever seen."""
+    threads = 1_500
+    summarizer = Counting()
+    # Only PrepareAhead (no checked facts) and a short history: 1,500 cheap preparations.
+    node = CompactionNode(summarizer, PREPARE_OPTS, features=[PrepareAhead(at=0.7, wait=0.5)])
+    prepare = prepare_of(node)
+    history = long_history(14, 160)
+    assert prepare.mark < node.context_tokens(history) < PREPARE_OPTS.budget.threshold
+    for n in range(threads):
+        node.invoke({"messages": history}, cfg(f"user-{n}"))
+    try:
+        wait_for(lambda: summarizer.calls >= threads, 2.0)  # every thread's preparation ran
+    except AssertionError:
+        pytest.fail(f"only {summarizer.calls} of {threads} background preparations ran")
+    time.sleep(0.05)
+    kept = sum(1 for n in range(threads) if prepare.finished(Conversation(f"user-{n}"), history) is not None)
+    assert 0 < kept <= prepare.remember < threads, f"{kept} finished preparations kept for {threads} threads"
