@@ -14,11 +14,12 @@ from typing import Any
 
 from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_event
 from langchain_core.messages import BaseMessage
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.runnables.config import ensure_config, get_callback_manager_for_config
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from langchain_compaction._lc.convert import as_dict, is_compaction_message
+from langchain_compaction.core.effects import adrive, drive, twin
 
 COMPACTION_EVENT = "langchain_compaction"
 """Name of the LangChain custom event dispatched after each compaction.
@@ -73,3 +74,25 @@ def replacement(messages: Sequence[BaseMessage]) -> list[BaseMessage | dict[str,
     """
     remove: dict[str, Any] = {"type": "remove", "id": REMOVE_ALL_MESSAGES, "content": ""}
     return [remove, *(as_dict(m) if is_compaction_message(m) else m for m in messages)]
+
+
+RUN_NAME = "langchain_compaction"
+"""The name of the run a node's compaction runs in (its summary calls are runs inside it)."""
+
+
+def in_run(state: Any, flow: Any, config: RunnableConfig | None) -> Any:
+    """A step that runs ``flow(run_config)`` inside a run of its own: traces show it, and its events have a parent.
+
+    Its name is not the node's: LangGraph's ``messages`` stream emits the
+    messages in the output of a run named after the node, and a compaction's
+    internals are not for a chat UI.
+    """
+
+    def run(_value: Any, config: RunnableConfig) -> Any:
+        return drive(flow(config))
+
+    async def arun(_value: Any, config: RunnableConfig) -> Any:
+        return await adrive(flow(config))
+
+    runnable: RunnableLambda[Any, Any] = RunnableLambda(run, afunc=arun, name=RUN_NAME)
+    return twin(runnable.invoke, runnable.ainvoke, state, config)

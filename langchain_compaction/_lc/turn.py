@@ -34,15 +34,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from langchain_core.messages import BaseMessage
-from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.runnables import RunnableConfig
 
 from langchain_compaction._lc.compactor import Compactor, Job, Output, Trigger, leaves, log, positions, summary_id
 from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import SUMMARY_MARK, to_core
 from langchain_compaction._lc.counting import count_messages, counts_and_core
-from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, atell, tell
+from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, atell, in_run, tell
 from langchain_compaction.core.context import context_tokens, stage
-from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
+from langchain_compaction.core.effects import Call, Flow, blocking, twin
 from langchain_compaction.core.engine import Summarizer, summarize
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.record import KEPT_BEFORE_KEY, KEPT_FROM_KEY, stamp
@@ -52,7 +52,7 @@ from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
 from langchain_compaction.features import CacheAligned, Commit, Feature, PrepareAhead
 from langchain_compaction.features.prepare import PreparedSummary
 
-__all__ = ["Adapter", "Outcome", "Place", "Trigger", "Turn", "in_run"]
+__all__ = ["Adapter", "Outcome", "Place", "Trigger", "Turn"]
 
 logger = logging.getLogger("langchain_compaction")
 
@@ -231,20 +231,7 @@ class Turn(Compactor):
                 return Outcome()
         applied = output is not None
         if output is None:
-            preamble = self._preamble(place)
-            job = yield blocking(
-                self.plan,
-                staged.messages,
-                staged.core,
-                staged.counts,
-                instructions=ask.instructions,
-                trigger=ask.trigger,
-                overhead=place.overhead,
-                preamble=preamble,
-            )
-            if job is None:
-                return Outcome()
-            output = yield from self._made(job, place, ask.summarizer)
+            output = yield from self._now(staged, ask)
             if output is None:
                 return Outcome()
         result, compacted = output
@@ -261,6 +248,24 @@ class Turn(Compactor):
         log(result, self.options)
         yield twin(tell, atell, COMPACTION_EVENT, result.to_dict(), place.config)
         return Outcome(result, compacted, staged.messages)
+
+    def _now(self, staged: _Staged, ask: _Asked) -> Flow[Output | None]:
+        """A compaction made on the spot: planned, summarized, finished; ``None`` when there is nothing to do."""
+        place = ask.place
+        job = yield blocking(
+            self.plan,
+            staged.messages,
+            staged.core,
+            staged.counts,
+            instructions=ask.instructions,
+            trigger=ask.trigger,
+            overhead=place.overhead,
+            preamble=self._preamble(place),
+        )
+        if job is None:
+            return None
+        output: Output | None = yield from self._made(job, place, ask.summarizer)
+        return output
 
     def _room(self, staged: _Staged, place: Place) -> bool:
         """Whether the request, over the threshold, still leaves half the reserve for the reply."""
@@ -480,25 +485,3 @@ class Adapter:
     def features(self) -> tuple[Feature, ...]:
         """The features in force (``langchain_compaction.features``)."""
         return self._turn.features
-
-
-RUN_NAME = "langchain_compaction"
-"""The name of the run a node's compaction runs in (its summary calls are runs inside it)."""
-
-
-def in_run(state: Any, flow: Any, config: RunnableConfig | None) -> Any:
-    """A step that runs ``flow(run_config)`` inside a run of its own: traces show it, and its events have a parent.
-
-    Its name is not the node's: LangGraph's ``messages`` stream emits the
-    messages in the output of a run named after the node, and a compaction's
-    internals are not for a chat UI.
-    """
-
-    def run(_value: Any, config: RunnableConfig) -> Any:
-        return drive(flow(config))
-
-    async def arun(_value: Any, config: RunnableConfig) -> Any:
-        return await adrive(flow(config))
-
-    runnable: RunnableLambda[Any, Any] = RunnableLambda(run, afunc=arun, name=RUN_NAME)
-    return twin(runnable.invoke, runnable.ainvoke, state, config)

@@ -378,6 +378,24 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
     stated = normalize(summary)
     norm = {id(f): normalize(f.text) for f in facts}
     missing = [f for f in facts if norm[id(f)] not in stated]
+    chosen = _fitting(missing, norm, budget)
+    shown = "\n".join(normalize(_line(f)) for f in chosen)
+    # Added: listed, or stated by another fact's line (a path inside a constraint).
+    added = [f for f in missing if norm[id(f)] in shown]
+    dropped = {id(f) for f in missing} - {id(f) for f in added}
+    kept = tuple(f for f in facts if id(f) not in dropped)
+    return FactCheck(
+        facts=kept,
+        section=render_section(chosen),
+        found=len(facts),
+        in_summary=len(facts) - len(missing),
+        added=len(added),
+        dropped=len(missing) - len(added),
+    )
+
+
+def _fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[Fact]:
+    """The missing facts the section can hold within ``budget``, in the section's order."""
     chosen: list[Fact] = []
     shown = ""
     used = estimate_tokens(f"{SECTION_HEADING}\n{SECTION_NOTE}")
@@ -399,23 +417,11 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
             used += cost
             title = 0  # the kind's title is paid once
             shown += "\n" + normalize(line)
-    order = {id(f): i for i, f in enumerate(facts)}
+    order = {id(f): i for i, f in enumerate(missing)}
     chosen.sort(key=lambda f: (PRIORITY.index(f.kind), order[id(f)]))
     # The estimate is not additive (lines join with newlines): what the whole
     # section costs decides, the lowest priority's oldest going first.
     while chosen and estimate_tokens(render_section(chosen)) > budget:
         last = max(PRIORITY.index(f.kind) for f in chosen)
         chosen.remove(next(f for f in chosen if PRIORITY.index(f.kind) == last))
-    shown = "\n".join(normalize(_line(f)) for f in chosen)
-    # Added: listed, or stated by another fact's line (a path inside a constraint).
-    added = [f for f in missing if norm[id(f)] in shown]
-    dropped = {id(f) for f in missing} - {id(f) for f in added}
-    kept = tuple(f for f in facts if id(f) not in dropped)
-    return FactCheck(
-        facts=kept,
-        section=render_section(chosen),
-        found=len(facts),
-        in_summary=len(facts) - len(missing),
-        added=len(added),
-        dropped=len(missing) - len(added),
-    )
+    return chosen
