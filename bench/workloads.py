@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,8 +117,10 @@ def coding_session(turns: int, *, filler: int = 2, parallel_every: int = 3) -> t
 def planted_transcript(messages: list[BaseMessage], seed: int = 0) -> tuple[list[BaseMessage], Facts]:
     """Plant facts into a copy of a real transcript, keeping its tool pairs.
 
-    Every human message gets a constraint and a file path appended; every
-    fourth tool result gets an error line appended.
+    Every human message gets a constraint and a file path appended, except a
+    slash command's turn ("/undo" and the harness's answer to it: the user
+    writes no rules there); every fourth tool result gets an error line
+    appended.
 
     Args:
         messages: A transcript.
@@ -130,7 +133,8 @@ def planted_transcript(messages: list[BaseMessage], seed: int = 0) -> tuple[list
     out: list[BaseMessage] = []
     tools = 0
     for index, message in enumerate(messages):
-        if isinstance(message, HumanMessage) and isinstance(message.content, str):
+        command = isinstance(message.content, str) and re.match(r"\s*/[A-Za-z][\w-]*(\s|$)", message.content)
+        if isinstance(message, HumanMessage) and isinstance(message.content, str) and not command:
             path = f"/srv/planted_{seed}_{index}/config.yaml"
             constraint = f"Do not delete the cache directory tmp_{seed}_{index}"
             text = f"{message.content}\n\nKeep {path} as it is. {constraint}."

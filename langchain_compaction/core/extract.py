@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Sequence
 
 from langchain_compaction.core.types import ToolCall
 
@@ -158,6 +159,11 @@ def one_line(text: str, limit: int = MAX_FACT_CHARS) -> str:
     return clip(_CONTROL.sub(" ", text), limit)
 
 
+def quoted(text: str) -> str:
+    """``text`` between double quotes that it cannot close: what someone else wrote, shown as data."""
+    return '"' + text.replace('"', "'") + '"'
+
+
 def clip(text: str, limit: int = MAX_FACT_CHARS) -> str:
     """``text`` on one line, cut at a word boundary before ``limit`` characters."""
     text = " ".join(text.split())
@@ -172,8 +178,31 @@ def prose(text: str) -> str:
     return _LISTING.sub("", _FENCED.sub(" ", text))
 
 
+# A slash command ("/add src/a.py"): what follows it in the same turn is the
+# harness's answer, not the user's words.
+_COMMAND_WORD = re.compile(r"/[A-Za-z][\w-]*")
+
+
+def command_line(text: str) -> str:
+    """The slash command a turn starts with ("/add src/a.py"), when the turn is one; else ``""``.
+
+    Example:
+        >>> command_line("/undo" + chr(10) + "Removed: 52b4acb fix: legend"), command_line("/path/to/a.py is broken")
+        ('/undo', '')
+    """
+    first = text.lstrip().split("\n", 1)[0].strip()
+    return first if _COMMAND_WORD.fullmatch(first.split(" ", 1)[0]) else ""
+
+
 def own_words(text: str) -> str:
-    """Only what the user says in their own voice: ``prose`` without quoted lines or a forwarded message."""
+    """Only what the user says in their own voice: ``prose`` without quoted lines or a forwarded message.
+
+    A turn that starts with a slash command is the command alone: what follows
+    it is the harness's output.
+    """
+    command = command_line(text)
+    if command:
+        return command
     words = prose(text)
     forwarded = _FORWARDED.search(words)
     if forwarded is not None:
@@ -197,6 +226,30 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
         if words:
             found.append(words)
     return found
+
+
+def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
+    """Whether a revocation of ``subjects`` (``revoked_subjects``) takes back ``rule``: they share a subject word.
+
+    Example:
+        >>> revokes(revoked_subjects("Tabs are fine now."), "Never use tabs in src/app.py.")
+        True
+    """
+    words = subject_words(rule)
+    return any(subject & words for subject in subjects)
+
+
+def without_revoked(text: str, subjects: Sequence[frozenset[str]]) -> str:
+    """``text`` without the rules a revocation of ``subjects`` takes back; its other sentences kept.
+
+    Example:
+        >>> without_revoked("Set up the formatter. Never use tabs in app.py.", revoked_subjects("tabs are fine"))
+        'Set up the formatter.'
+    """
+    if not subjects:
+        return text
+    sentences = [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+    return " ".join(s for s in sentences if not (constraints(s) and revokes(subjects, s)))
 
 
 def subject_words(text: str) -> frozenset[str]:
@@ -230,12 +283,13 @@ def identifiers(text: str, *, code_names: bool = True) -> list[str]:
     """Ids, codes, amounts, dates, versions, paths, URLs, addresses and code names in ``text``.
 
     Example:
-        >>> identifiers("Rebook JG7FMM for $1,250.50 on 2024-05-21, see docs/booking.md")
-        ['JG7FMM', '$1,250.50', '2024-05-21', 'docs/booking.md']
-        >>> identifiers("Use the useTodos hook in TodoList and keep max_retries")
-        ['useTodos', 'TodoList', 'max_retries']
+        >>> identifiers("Rebook RZ8KPW for $1,250.50 on 2024-05-21, see docs/booking.md")
+        ['RZ8KPW', '$1,250.50', '2024-05-21', 'docs/booking.md']
+        >>> identifiers("Use the useCart hook in CartPanel and keep max_retries")
+        ['useCart', 'CartPanel', 'max_retries']
     """
-    words = prose(text)
+    # What a harness answered to a slash command is not what the user gave.
+    words = prose(command_line(text) or text)
     found: list[str] = []
     for url in _URL.findall(words):
         _add_new(found, url.rstrip(".,;:!?"))
@@ -250,8 +304,11 @@ def identifiers(text: str, *, code_names: bool = True) -> list[str]:
         _add_new(found, token)
     # Names from code the user wrote in prose (camelCase, PascalCase with an
     # inner capital, snake_case): a model paraphrases them into plain words.
-    for name in _CODE_NAME.findall(words) if code_names else ():
-        _add_new(found, name)
+    if code_names:
+        # (Not from inside a pasted blob: base64 is full of "camelCase".)
+        readable = " ".join(w for w in words.split() if len(w) <= _MAX_TOKEN_CHARS and not encoded(w))
+        for name in _CODE_NAME.findall(readable):
+            _add_new(found, name)
     return found
 
 
@@ -264,7 +321,7 @@ def encoded(token: str) -> bool:
     """Whether ``token`` looks like encoded data (base64, hex, a hash, minified blobs), not an identifier.
 
     Example:
-        >>> encoded("JG7FMM"), encoded("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJ"), encoded("deadbeef" * 4)
+        >>> encoded("RZ8KPW"), encoded("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJ"), encoded("deadbeef" * 4)
         (False, True, True)
     """
     if len(token) > 60:
@@ -288,6 +345,8 @@ def _add_new(found: list[str], value: str) -> None:
 
 def _is_path(value: str) -> bool:
     last = value.rstrip("/").rsplit("/", 1)[-1]
+    if _COMMAND_WORD.fullmatch(value):
+        return False  # "/add", "/undo": a slash command, not a path worth keeping
     return value.startswith(("/", "~", "./", "../", "http")) or "." in last or value.count("/") >= 2
 
 
@@ -340,8 +399,8 @@ def task_terms(text: str) -> set[str]:
     """The words of ``text`` that may name what the task is about (not common words), lower-cased.
 
     Example:
-        >>> sorted(task_terms("Please add a tooltip to the y-axis of the chart"))
-        ['chart', 'tooltip', 'y-axis']
+        >>> sorted(task_terms("Please add a legend to the time-line of the chart"))
+        ['chart', 'legend', 'time-line']
     """
     words = re.findall(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", text.lower())
     return {w for w in words if (len(w) >= 5 or "-" in w) and w not in _COMMON}
@@ -394,6 +453,27 @@ def file_use(call: ToolCall, args: dict[str, object], last_opened: str | None) -
 # Lines that name an error without reporting one: a traceback's banner, code
 # that raises, a diff's changed line.
 _NOT_AN_ERROR = re.compile(r"Traceback \(most recent call last\)|[+-]|\s*(?:raise|throw|except|catch)\b")
+
+
+# What a harness says in the user's turn when a call went wrong: an error
+# pasted back, or a tool's arguments refused. (Anchored at the line's start or
+# on literal words: linear on long lines.)
+_FEEDBACK = re.compile(
+    r"\s*(?:Traceback|[A-Z]\w*(?:Error|Exception)\b|ERROR\b|FAILED\b|fatal:|panic:)"
+    r"|.{0,120}?\b(?i:is expected to be|must be one of|is not a valid|invalid (?:value|argument|parameter)"
+    r"|missing (?:\d+ )?required|unknown (?:tool|function|parameter|argument)|tool call failed)"
+)
+
+
+def feedback(text: str) -> bool:
+    """Whether a user turn is a harness's feedback on a call (an error or refused arguments), not a request.
+
+    Example:
+        >>> feedback("Parameter 'command' is expected to be one of ['view', 'create']."), feedback("Add a test")
+        (True, False)
+    """
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return _FEEDBACK.match(first) is not None
 
 
 def error_line(text: str) -> str:

@@ -20,6 +20,7 @@ What counts as a fact (the rules were chosen on the real transcripts in
   fine now", "you may use tabs") drops the rules on that subject, and only those;
 - task: the user's first substantive request (the task statement), kept for good;
 - request: the user's newest requests in the compacted part (``REQUESTS_KEPT``);
+- earlier: the requests before those, shortened (``EARLIER_KEPT``), last in line;
 - identifier: what the user gave that a model cannot guess: ids and codes
   that mix letters and digits, amounts, dates, versions, long numbers, file
   paths, URLs and e-mail addresses;
@@ -57,15 +58,18 @@ from langchain_compaction.core.extract import (
     command_target,
     constraints,
     error_line,
+    feedback,
     file_use,
     identifiers,
     key_argument,
     normalize,
     one_line,
     own_words,
+    quoted,
     revoked_subjects,
-    subject_words,
+    revokes,
     task_terms,
+    without_revoked,
 )
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact, FactKind, Message, ToolCall
@@ -91,11 +95,27 @@ PRIORITY: tuple[FactKind, ...] = (
     "identifier",
     "modified_file",
     "error",
+    "earlier",
     "done_call",
     "read_file",
     "term",
 )
 """The order in which facts get the section's budget (the first kinds first)."""
+
+# The share of the section each kind is sure of before the others: the user's
+# own words are few and come first; the rest may not crowd each other out.
+_SHARES: dict[FactKind, float] = {
+    "constraint": 1.0,
+    "task": 1.0,
+    "request": 1.0,
+    "identifier": 0.2,
+    "modified_file": 0.15,
+    "error": 0.1,
+    "earlier": 0.1,
+    "done_call": 0.25,
+    "read_file": 0.1,
+    "term": 0.05,
+}
 
 SECTION_HEADING = "## Checked facts"
 SECTION_NOTE = (
@@ -107,6 +127,7 @@ _TITLES: dict[FactKind, str] = {
     "constraint": "User constraints (the user's own words)",
     "task": "The task, as the user first stated it",
     "request": "The user's latest requests",
+    "earlier": "The user's earlier requests (shortened)",
     "identifier": "Identifiers the user gave",
     "modified_file": "Files modified",
     "error": "Unresolved errors (quoted tool output)",
@@ -117,6 +138,8 @@ _TITLES: dict[FactKind, str] = {
 
 REQUESTS_KEPT = 2
 """How many of the user's newest requests are facts."""
+EARLIER_KEPT = 6
+"""How many older requests are kept, shortened, after those."""
 _EARLIER_REQUEST_CHARS = 120
 _TASK_CHARS = 200
 TERMS_KEPT = 12
@@ -180,8 +203,8 @@ class _Tracker:
         for term in task_terms(words):
             self.terms[term] = self.terms.get(term, 0) + 1
         request = clip(words)
-        if not request:
-            return
+        if not request or feedback(words) or request.startswith("/"):
+            return  # a harness's feedback on a call, or a slash command, is no request (and never the task)
         if not any(kind == "task" for kind, _ in self.facts) and _substantive(request):
             self.add(Fact("task", clip(request, _TASK_CHARS), key="task"))
         # The newest requests: what the user is after now in full, and, shorter,
@@ -190,18 +213,31 @@ class _Tracker:
         requests = [key for key in self.requests if key in self.facts]
         cut = max(len(requests) - (REQUESTS_KEPT - 1), 0)
         for key in requests[:cut]:
+            # Older requests stay, shortened and last in line: they say what
+            # the task grew into ("... per quarter").
+            older = self.facts.pop(key)
+            self.add(Fact("earlier", clip(older.text, _EARLIER_REQUEST_CHARS), key=key[1]))
+        olders = [key for key in self.facts if key[0] == "earlier"]
+        for key in olders[: max(len(olders) - EARLIER_KEPT, 0)]:
             del self.facts[key]
         for key in requests[cut:]:
-            earlier = self.facts[key]
-            self.facts[key] = replace(earlier, text=clip(earlier.text, _EARLIER_REQUEST_CHARS))
+            previous = self.facts[key]
+            self.facts[key] = replace(previous, text=clip(previous.text, _EARLIER_REQUEST_CHARS))
         self.requests = requests[cut:]
         self.add(Fact("request", request, key=f"request:{normalize(request)}"))
 
     def _revoke(self, subject: frozenset[str]) -> None:
         """Drop the rules the user took back: those about ``subject`` (and only those)."""
         for key, fact in list(self.facts.items()):
-            if fact.kind == "constraint" and subject & subject_words(fact.text):
+            if fact.kind == "constraint" and revokes([subject], fact.text):
                 del self.facts[key]
+            elif fact.kind in ("task", "request", "earlier"):
+                # The request stays; the rule it stated goes.
+                text = without_revoked(fact.text, [subject])
+                if not text:
+                    del self.facts[key]
+                elif text != fact.text:
+                    self.facts[key] = replace(fact, text=text)
 
     def _call(self, call: ToolCall, *, record: bool) -> None:
         args = call_arguments(call)
@@ -266,8 +302,8 @@ def _count(detail: str) -> int:
 
 
 def _substantive(request: str) -> bool:
-    """Whether a user turn states a task (not a greeting, an acknowledgement or a slash command)."""
-    return not request.startswith("/") and len(request.split()) >= 5
+    """Whether a user turn states a task (not a greeting, an acknowledgement, a slash command, a harness feedback)."""
+    return not request.startswith("/") and len(request.split()) >= 5 and not feedback(request)
 
 
 def gather(
@@ -320,11 +356,6 @@ class FactCheck:
     dropped: int
 
 
-def _quoted(text: str) -> str:
-    """``text`` between double quotes that it cannot close."""
-    return '"' + text.replace('"', "'") + '"'
-
-
 def _code(text: str) -> str:
     """``text`` as inline code that it cannot close."""
     return "`" + text.replace("`", "'") + "`"
@@ -335,11 +366,11 @@ def _line(fact: Fact) -> str:
     if fact.kind == "error":
         tool, _, command = fact.detail.partition("\x00")
         source = f"{_code(tool)} ({_code(command)})" if command and command != tool else _code(tool or "a tool")
-        return f"- {source} reported: {_quoted(fact.text)}"
+        return f"- {source} reported: {quoted(fact.text)}"
     if fact.kind == "done_call":
         return f"- {_code(fact.detail)}: {_code(fact.text)}" if fact.detail else f"- {_code(fact.text)}"
-    if fact.kind in ("constraint", "task", "request"):
-        return f"- {_quoted(fact.text)}"
+    if fact.kind in ("constraint", "task", "request", "earlier"):
+        return f"- {quoted(fact.text)}"
     if fact.kind in ("modified_file", "read_file", "identifier"):
         return f"- {_code(fact.text)}"
     return f"- {fact.text}"
@@ -370,8 +401,8 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
         The check.
 
     Example:
-        >>> facts = [Fact("constraint", "Never edit tests/fixtures.json."), Fact("identifier", "JG7FMM")]
-        >>> check = check_summary("## Goal\\n- rebook JG7FMM", facts, 200)
+        >>> facts = [Fact("constraint", "Never edit tests/fixtures.json."), Fact("identifier", "RZ8KPW")]
+        >>> check = check_summary("## Goal\\n- rebook RZ8KPW", facts, 200)
         >>> (check.in_summary, check.added), check.section.splitlines()[-1]
         ((1, 1), '- "Never edit tests/fixtures.json."')
     """
@@ -395,33 +426,48 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
 
 
 def _fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[Fact]:
-    """The missing facts the section can hold within ``budget``, in the section's order."""
-    chosen: list[Fact] = []
+    """The missing facts the section can hold within ``budget``, in the section's order.
+
+    Newest first, in rounds: each kind up to its share of the budget
+    (``_SHARES``), the shares doubling each round, so forty identifiers cannot
+    starve the files and the calls already made; then what is left to the
+    newest facts of any kind.
+    """
+    chosen: dict[int, Fact] = {}
     shown = ""
     used = estimate_tokens(f"{SECTION_HEADING}\n{SECTION_NOTE}")
-    for kind in PRIORITY:
-        title = estimate_tokens(_TITLES[kind]) + 2
-        # The newest of a kind first: when the budget runs out, the oldest go.
-        for fact in reversed([f for f in missing if f.kind == kind]):
+    titled: set[FactKind] = set()
+    newest_first = list(reversed(missing))
+    by_kind = {kind: [f for f in newest_first if f.kind == kind] for kind in PRIORITY}
+    # Shares double each round: a kind with more facts than its share gets
+    # more only as every other kind does.
+    rounds = [(by_kind[kind], budget * _SHARES[kind] * 2**n) for n in range(4) for kind in PRIORITY]
+    rounds.append((newest_first, budget))
+    spent: dict[FactKind | None, int] = {}
+    for candidates, cap in rounds:
+        for fact in candidates:
+            if id(fact) in chosen or norm[id(fact)] in shown:
+                continue  # taken, or already in the section (a path inside a constraint)
             line = _line(fact)
+            title = 0 if fact.kind in titled else estimate_tokens(_TITLES[fact.kind]) + 2  # paid once
             # No character costs less than a quarter token: a line that cannot
-            # fit by that bound is dropped before anything costlier is done.
-            if used + len(line) // 4 + 1 + title > budget:
-                continue  # dropped for the budget
-            if norm[id(fact)] in shown:
-                continue  # already in the section (a path inside a constraint)
+            # fit by that bound is passed before anything costlier is done.
+            had = spent.get(fact.kind, 0)
+            if used + len(line) // 4 + 1 + title > budget or had + len(line) // 4 > cap:
+                continue
             cost = estimate_tokens(line) + 1 + title
-            if used + cost > budget:
-                continue  # dropped for the budget
-            chosen.append(fact)
+            if used + cost > budget or had + cost > cap:
+                continue
+            chosen[id(fact)] = fact
+            titled.add(fact.kind)
             used += cost
-            title = 0  # the kind's title is paid once
+            spent[fact.kind] = had + cost
             shown += "\n" + normalize(line)
     order = {id(f): i for i, f in enumerate(missing)}
-    chosen.sort(key=lambda f: (PRIORITY.index(f.kind), order[id(f)]))
+    kept = sorted(chosen.values(), key=lambda f: (PRIORITY.index(f.kind), order[id(f)]))
     # The estimate is not additive (lines join with newlines): what the whole
     # section costs decides, the lowest priority's oldest going first.
-    while chosen and estimate_tokens(render_section(chosen)) > budget:
-        last = max(PRIORITY.index(f.kind) for f in chosen)
-        chosen.remove(next(f for f in chosen if PRIORITY.index(f.kind) == last))
-    return chosen
+    while kept and estimate_tokens(render_section(kept)) > budget:
+        last = max(PRIORITY.index(f.kind) for f in kept)
+        kept.remove(next(f for f in kept if PRIORITY.index(f.kind) == last))
+    return kept

@@ -44,10 +44,16 @@ _PLACEHOLDER = re.compile(r"^\s*(?:[-*]|\d+\.)?\s*(?:\[[ x]\]\s*)?\[[^\]\n]{3,}\
 # Lines of the prompts a summarizer may echo back (long enough to be telling).
 _PROMPT_LINES = frozenset(
     " ".join(line.split()).casefold()
-    for prompt in (prompts.CHECKPOINT_PROMPT, prompts.UPDATE_PROMPT, prompts.SYSTEM_PROMPT)
+    for prompt in (
+        prompts.CHECKPOINT_PROMPT,
+        prompts.UPDATE_PROMPT,
+        prompts.SYSTEM_PROMPT,
+        prompts.CACHE_ALIGNED_PROMPT,
+    )
     for line in prompt.splitlines()
+    # A heading the prompt asks for is the summary's own, not an echo.
     if len(line.strip()) > 24 and not line.lstrip().startswith("#")
-) | {" ".join(line.split()).casefold() for line in prompts.CACHE_ALIGNED_PROMPT.splitlines() if len(line.strip()) > 24}
+)
 
 
 def well_formed(summary: str) -> str:

@@ -76,8 +76,8 @@ def select(items: Iterable[Archived], lookup: Lookup) -> list[Archived]:
     Example:
         >>> from langchain_compaction.core.types import Part
         >>> said = [Archived(i, f"m{i}", Message("user", (Part("text", t),), id=f"m{i}"))
-        ...         for i, t in enumerate(["Book JG7FMM", "thanks", "JG7FMM is confirmed"])]
-        >>> [a.position for a in select(said, Lookup(query="jg7fmm"))]
+        ...         for i, t in enumerate(["Book RZ8KPW", "thanks", "RZ8KPW is confirmed"])]
+        >>> [a.position for a in select(said, Lookup(query="rz8kpw"))]
         [2, 0]
     """
     limit = max(1, min(lookup.limit, MAX_RESULTS))

@@ -56,7 +56,7 @@ class ToolCall:
 
 
 FactKind = Literal[
-    "constraint", "task", "request", "identifier", "modified_file", "error", "done_call", "read_file", "term"
+    "constraint", "task", "request", "earlier", "identifier", "modified_file", "error", "done_call", "read_file", "term"
 ]
 """The kinds of facts a checked summary keeps (see ``core.facts``)."""
 

@@ -57,7 +57,7 @@ class CheckedFacts(Feature):
     unused of the rest.
 
     Attributes:
-        max_tokens: The section's floor; ``None`` derives it: two fifths of
+        max_tokens: The section's floor; ``None`` derives it: half of
             the summary's budget, between 128 and 2,048 tokens.
 
     Its record in ``CompactionResult.parts["facts"]``: ``found``,
@@ -79,7 +79,23 @@ class CheckedFacts(Feature):
         """The section's own budget under ``options``: its floor, left to it by the summarizer."""
         if self.max_tokens is not None:
             return self.max_tokens
-        return min(max(options.budget.summary_max * 2 // 5, MIN_FACTS_TOKENS), MAX_FACTS_TOKENS)
+        return min(max(options.budget.summary_max // 2, MIN_FACTS_TOKENS), MAX_FACTS_TOKENS)
+
+    def room(self, options: CompactionOptions, summary: str) -> int:
+        """The section's budget under a summary: its floor, what the summary left unused, and the landing's slack.
+
+        The slack is what the landing leaves above the recent messages kept and
+        a full summary (``landing - keep - summary_max``): at a small window it
+        is where most of the facts fit. Past the floor, the section takes at
+        most ``MAX_FACTS_TOKENS``.
+        """
+        floor = self.budget(options)
+        budget = options.budget
+        unused = max(budget.summary_max - floor - estimate_tokens(summary), 0)
+        # (Measured against the keep target: what a turn adds after a
+        # preparation, or one large kept output, is not the facts' to pay for.)
+        slack = max(budget.landing - budget.keep - budget.summary_max, 0) if budget.landing is not None else 0
+        return max(floor, min(floor + unused + slack, MAX_FACTS_TOKENS))
 
     def reserve(self, options: CompactionOptions) -> int:
         """The floor: the summarizer is asked to leave it (``SummaryRequest.max_tokens``)."""
@@ -100,11 +116,8 @@ class CheckedFacts(Feature):
         carried = [f for i in plan.previous_summaries for f in recorded_facts(messages[i].mark)]
         facts = gather(carried, messages, region, draft.kept)
         # The section has a floor of its own (the summarizer was asked to leave
-        # it), and what the summarizer left unused of the rest: a terse (or
-        # poor) summary leaves room for more facts.
-        floor = self.budget(options)
-        unused = max(options.budget.summary_max - floor - estimate_tokens(draft.summary), 0)
-        check = check_summary(draft.summary, facts, floor + unused)
+        # it), what the summarizer left unused, and the landing's slack.
+        check = check_summary(draft.summary, facts, self.room(options, draft.summary))
         record = {
             "found": check.found,
             "in_summary": check.in_summary,

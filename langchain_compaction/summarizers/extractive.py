@@ -19,10 +19,20 @@ import heapq
 import json
 import re
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from langchain_compaction.core.effects import off_loop
+from langchain_compaction.core.extract import (
+    constraints,
+    feedback,
+    one_line,
+    own_words,
+    quoted,
+    revoked_subjects,
+    revokes,
+    without_revoked,
+)
 from langchain_compaction.core.extract import identifiers as core_identifiers
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.transcript import shorten
@@ -55,11 +65,6 @@ _EMPTY = {"(none)", "none", "-", "n/a"}
 
 # A sentence ends at . ! ? followed by a space or the end, so "fields.py" stays whole.
 _SENTENCE = re.compile(r"(?:[^.!?\n]|[.!?](?=\S))+(?:[.!?]+(?=\s|$)|$)", re.MULTILINE)
-_CONSTRAINT = re.compile(
-    r"\b(must|mustn't|never|don't|do not|doesn't|always|should|shouldn't|avoid|prefer|only|"
-    r"without|make sure|ensure|keep|no longer|not allowed|required?|instead of|please)\b",
-    re.IGNORECASE,
-)
 _DECISION = re.compile(
     r"\b(I'll|I will|I'm going to|let's|let me|we'll|we will|decided|decide|instead|switch(?:ed)? to|"
     r"chose|choose|the fix is|the cause is|the issue is|root cause|plan is)\b",
@@ -73,7 +78,6 @@ _FILLER = re.compile(
     r"|\blet me know\b|\bi can help\b|:$"
 )
 _NEXT_PREFIX = "Continue with the latest request: "
-_PASTED_ERROR = re.compile(r"\s*(?:Traceback|[A-Z]\w*(?:Error|Exception)\b|ERROR\b|FAILED\b|fatal:|panic:)")
 _BULLET = re.compile(r"^(?:[-*•]\s+|\d+[.)]\s+|\[[ xX]\]\s+)+")
 # A turn that only greets, thanks or says go on sets no goal.
 _COURTESY = frozenset(
@@ -107,7 +111,7 @@ _BRIEF_CHARS = 80
 
 
 def _clip(text: str, limit: int = _ITEM_CHARS) -> str:
-    text = _WS.sub(" ", text).strip()
+    text = one_line(text, len(text))  # the facts' rule: one line, no control characters
     if len(text) <= limit:
         return text
     return text[: limit - 1].rstrip() + "…"
@@ -167,6 +171,16 @@ class _Summary:
         items.pop(key, None)
         self.order += 1
         items[key] = _Item(text, self.order, precious)
+
+    def revise(self, section: str, revised: Callable[[str], str]) -> None:
+        """Rewrite the items of ``section`` with ``revised``; an item it empties goes."""
+        items = self.sections[section]
+        for key, item in list(items.items()):
+            text = revised(item.text)
+            if not text:
+                del items[key]
+            elif text != item.text:
+                item.text = text
 
     def take(self, section: str, prefix: str) -> list[str]:
         """Remove and return the items of ``section`` that start with ``prefix`` (without it)."""
@@ -276,7 +290,10 @@ def _parse_previous(summary: str, into: _Summary) -> None:
             section = _HEADINGS.get(name, section if name == "progress" else "Critical Context")
             continue
         if _ITEM_PREFIX.match(line):
-            into.add(section, _ITEM_PREFIX.sub("", line, count=1))
+            # The first goal an earlier summary kept is the task.
+            into.add(
+                section, _ITEM_PREFIX.sub("", line, count=1), precious=section == "Goal" and not into.sections["Goal"]
+            )
         else:
             loose.append(line)
     for line in loose:
@@ -377,7 +394,7 @@ class ExtractiveSummarizer:
             if self._read(summary, message, results):
                 if requests and answered:
                     summary.add("Done", _clip(f"Answered: {requests[-1]}", _BRIEF_CHARS))
-                requests.append(message.text)
+                requests.append(own_words(message.text).strip() or _first_line(message.text))
                 answered = False
             elif message.role == "assistant" and not message.tool_calls and message.text.strip():
                 answered = True
@@ -406,7 +423,7 @@ class ExtractiveSummarizer:
         elif message.role == "tool":
             # Tool output is long and noisy: take its paths, URLs and error
             # lines, not every identifier in it.
-            self._add_context(summary, text, from_user=False, identifiers=False)
+            self._add_context(summary, text, from_user=False, identifiers=False, source=message.name or "a tool")
         elif message.role == "system" and text.strip():
             summary.add("Critical Context", _clip(f"System note: {_first_line(text)}", _CONTEXT_CHARS))
         return False
@@ -421,17 +438,30 @@ class ExtractiveSummarizer:
         if command:
             # A slash command, or a tool's echo of one: what the user did, not what they want.
             summary.add("Done", _clip(f"The user ran {first}", _BRIEF_CHARS))
-        elif _PASTED_ERROR.match(first):
-            # An error pasted back (by the user or a harness speaking as the
-            # user): what is blocking, not a new goal.
+        elif feedback(first):
+            # An error pasted back or arguments refused (by the user or a
+            # harness speaking as the user): what is blocking, not a new goal.
             summary.add("Blocked", _clip(first))
             summary.add("Critical Context", _clip(first, _CONTEXT_CHARS), precious=True)
-        else:
-            summary.add("Goal", _clip(text))
-        for sentence in _sentences(text):
-            if _CONSTRAINT.search(sentence):
-                summary.add("Constraints & Preferences", _clip(sentence), precious=True)
+        elif own_words(text).strip():
+            # The first request is the task: it outlives the later ones. (In
+            # the user's own words: what they quote or forward is no goal.)
+            summary.add("Goal", _clip(own_words(text)), precious=not summary.sections["Goal"])
+        # The user's rules are the checked facts' (their own words, not what
+        # they quote or forward); a rule they take back leaves the summary.
+        revoked = revoked_subjects(text)
+        if revoked:
+            summary.revise("Constraints & Preferences", lambda rule: "" if revokes(revoked, rule) else rule)
+            for section in _SECTIONS:
+                if section != "Constraints & Preferences":
+                    summary.revise(section, lambda item: without_revoked(item, revoked))
+        for sentence in constraints(text):
+            summary.add("Constraints & Preferences", _clip(sentence), precious=True)
         self._add_context(summary, text, from_user=True)
+        if command and "\n" in text.strip():
+            # What the harness answered to the command is read as a tool's output.
+            answer = text.strip().split("\n", 1)[1]
+            self._add_context(summary, answer, from_user=False, identifiers=False, source=first.split(" ", 1)[0])
         return not command
 
     def _add_call(self, summary: _Summary, name: str, arguments: str, result: Message | None) -> None:
@@ -444,8 +474,9 @@ class ExtractiveSummarizer:
         if result.is_error or _FAILURE.search(opening):
             errors = _error_lines(result.text, limit=1)
             problem = errors[0] if errors else _first_line(result.text)
-            summary.add("Blocked", _clip(f"✗ {label} failed: {problem}"))
-            summary.add("Critical Context", _clip(problem, _CONTEXT_CHARS))
+            # What a tool wrote is quoted, never stated: it may say anything.
+            summary.add("Blocked", _clip(f"✗ {label} failed: {quoted(problem)}"))
+            summary.add("Critical Context", _clip(f"{name} reported: {quoted(problem)}", _CONTEXT_CHARS))
         else:
             outcome = _first_line(result.text)
             summary.add("Done", _clip(f"{label} → {outcome}" if outcome else label))
@@ -457,10 +488,12 @@ class ExtractiveSummarizer:
             if isinstance(value, str) and value.strip():
                 summary.add("Critical Context", _clip(f"command: {value}", _CONTEXT_CHARS))
 
-    def _add_context(self, summary: _Summary, text: str, *, from_user: bool, identifiers: bool = True) -> None:
+    def _add_context(
+        self, summary: _Summary, text: str, *, from_user: bool, identifiers: bool = True, source: str = ""
+    ) -> None:
         # Error lines first: with the per-message cap they must not be crowded
-        # out by paths.
-        errors = _error_lines(text, limit=2)
+        # out by paths. A tool's are quoted, with the tool's name.
+        errors = [f"{source} reported: {quoted(e)}" if source else e for e in _error_lines(text, limit=2)]
         facts = errors + _context_facts(text, from_user=from_user, identifiers=identifiers)
         taken = 0
         seen: set[str] = set()

@@ -89,9 +89,12 @@ def test_update_stays_bounded_and_newest_facts_win():
     for start in range(120, len(core), 60):
         summary = summarizer.summarize_messages(core[start : start + 60], summary)
         assert estimate_tokens(summary) <= 600
-    # The latest request is the next step, and the oldest turn's details are gone.
+    # The latest request is the next step, the first one is the task (kept
+    # through every update), and the turns between are gone.
     assert "MK00059-user" in summary
-    assert "MK00000-user" not in summary
+    goal = summary.split("## Goal\n", 1)[1].split("\n\n", 1)[0]
+    assert goal.splitlines()[0].startswith("- [MK00000-user] Please fix the bug in src/pkg_0/mod_0.py.")
+    assert "MK00001-user" not in summary
     assert summary.count("## Goal") == 1
 
 
@@ -166,8 +169,8 @@ def test_planted_facts_survive_one_compaction_of_each_real_transcript(name):
     compacted = facts.within(0, result.cut_index)
     survived = [text for _, text, _ in compacted if text in result.summary]
     assert compacted, "the planted facts fall in the compacted region"
-    # Measured: 100% on five transcripts, 87/103 on aider (52 user turns fill the budget,
-    # and the requests answered, listed as done, take a little of it).
+    # Measured: 100% on all six (aider 49/49: its slash commands' turns are the harness's answers and get
+    # no planted rule); the bound leaves room for a transcript with more user turns than the budget holds.
     assert len(survived) / len(compacted) >= 0.84, sorted(set(t for _, t, _ in compacted) - set(survived))
 
 

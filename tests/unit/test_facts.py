@@ -168,9 +168,19 @@ def test_the_section_stays_within_its_budget_in_priority_order() -> None:
 
 def test_the_budget_follows_the_summary_budget() -> None:
     assert CheckedFacts().budget(CompactionOptions(context_window=200_000)) == 2048
-    assert CheckedFacts().budget(CompactionOptions(context_window=24_000)) == 1120
-    assert CheckedFacts().budget(CompactionOptions(context_window=4_000)) == 186
+    assert CheckedFacts().budget(CompactionOptions(context_window=24_000)) == 1400
+    assert CheckedFacts().budget(CompactionOptions(context_window=4_000)) == 233
     assert CheckedFacts(max_tokens=300).budget(CompactionOptions(context_window=4_000)) == 300
+
+
+def test_the_section_has_its_floor_what_the_summary_left_and_the_landings_slack() -> None:
+    small = CompactionOptions(context_window=4_000)  # landing 1,750, keep 1,050, summary up to 466
+    slack = 1_750 - 1_050 - 466
+    # An empty summary leaves the section all of its budget; a full one leaves it the floor.
+    assert CheckedFacts().room(small, "") == 466 + slack
+    assert CheckedFacts().room(small, "word " * 2_000) == 233 + slack
+    # The section never takes more than the largest derived budget.
+    assert CheckedFacts().room(CompactionOptions(context_window=24_000), "") == 2048
 
 
 def test_the_feature_checks_its_option() -> None:

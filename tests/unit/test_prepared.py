@@ -709,8 +709,10 @@ def test_window_from_the_model_profile_reaches_the_cache_and_preparer() -> None:
     # ... a preparation was made and applied at the threshold ...
     assert results, "nothing was compacted"
     assert results[0].parts["prepared"]["applied"], "the learned window never prepared a summary"
-    # ... and what it made was planned for the learned window: it lands under that window's landing target.
-    assert results[0].compacted_tokens <= options.budget.landing, (results[0].compacted_tokens, options.budget)
+    # ... and what it made was planned for the learned window: it lands near that window's landing target
+    # (a prepared compaction also keeps what the turns after its preparation added: up to half the reserve).
+    budget = options.budget
+    assert results[0].compacted_tokens <= budget.landing + budget.reserve // 2, (results[0].compacted_tokens, budget)
 
 
 class Counting:

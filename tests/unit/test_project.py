@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,3 +39,17 @@ def test_ci_removes_its_virtual_environment() -> None:
     script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert "trap" in script
     assert 'rm -rf "$scratch"' in script
+
+
+def test_no_package_code_names_a_term_of_the_hand_written_fact_lists() -> None:
+    """The fidelity figures come from general rules: no term the bench checks for is written into the package."""
+    lists = json.loads((ROOT / "bench" / "transcript_facts.json").read_text(encoding="utf-8"))
+    terms = [term for name, facts in lists.items() if not name.startswith("_") for term in facts]
+    assert len(terms) > 30
+    named = [
+        (str(path.relative_to(ROOT)), term)
+        for path in sorted((ROOT / "langchain_compaction").rglob("*.py"))
+        for term in terms
+        if re.search(rf"(?<![\w-]){re.escape(term)}(?![\w-])", path.read_text(encoding="utf-8"), re.IGNORECASE)
+    ]
+    assert named == []

@@ -58,6 +58,30 @@ CASES = [
     ("password=", f"login with password={ASSIGNED_PASSWORD} today", ASSIGNED_PASSWORD, "password=[REDACTED]"),
     ("api_key:", f'{{"api_key": "{ASSIGNED_KEY}", "region": "eu"}}', ASSIGNED_KEY, '"api_key": "[REDACTED]"'),
 ]
+# The shapes 0.2 missed (each leaked into a summary then).
+DB_PASSWORD = "Qz8" + "vLm2pRt7"
+AWS_SECRET = "wJalrXUtnFEMI" + "/K7MDENG/bPxRfiCYEXAMPLEKEY"
+STRIPE = "sk_" + "live_" + "51HxYzAbCdEfGhIjKlMnOpQr"
+WEBHOOK = "whsec_" + "AbCdEfGhIjKlMnOpQrStUv12"
+HUGGING_FACE = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz012345"
+NPM_AUTH = "npm_" + "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
+AZURE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6" + "IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+QUERY_TOKEN = "ya29" + "a0AfH6SMBx7Qz"
+CASES += [
+    ("DB_PASSWORD=", f"export DB_PASSWORD={DB_PASSWORD}", DB_PASSWORD, "DB_PASSWORD=[REDACTED]"),
+    ("aws secret", f"aws_secret_access_key = {AWS_SECRET}", AWS_SECRET, "aws_secret_access_key = [REDACTED]"),
+    ("stripe", f"STRIPE={STRIPE} for checkout", STRIPE, "[REDACTED API KEY]"),
+    ("stripe webhook", f"signing secret {WEBHOOK}", WEBHOOK, "[REDACTED API KEY]"),
+    ("hugging face", f"huggingface-cli login --token {HUGGING_FACE}", HUGGING_FACE, "[REDACTED"),
+    ("npm", f"//registry.npmjs.org/:_authToken={NPM_AUTH}", NPM_AUTH, "_authToken=[REDACTED]"),
+    (
+        "azure",
+        f"DefaultEndpointsProtocol=https;AccountName=acme;AccountKey={AZURE_KEY};EndpointSuffix=core.windows.net",
+        AZURE_KEY,
+        "AccountKey=[REDACTED]",
+    ),
+    ("url query", f"GET https://img.example/cat.png?size=2&token={QUERY_TOKEN}", QUERY_TOKEN, "token=[REDACTED]"),
+]
 SECRETS = [secret for _, _, secret, _ in CASES]
 
 
@@ -122,6 +146,7 @@ def conversation() -> list[BaseMessage]:
             tool_calls=[
                 {"name": "deploy", "args": {"token": GITHUB, "header": f"Bearer {BEARER_VALUE}"}, "id": "c1"},
                 {"name": "configure", "args": {"region": "eu", "slack": SLACK}, "id": "c2"},
+                {"name": "read_env", "args": {"path": ".env"}, "id": "c3"},
             ],
             id="a1",
         ),
@@ -130,6 +155,18 @@ def conversation() -> list[BaseMessage]:
             f"configured with {GOOGLE} and {GITHUB_PAT}; {CASES[10][1]}\nconfig.json: {CASES[13][1]}",
             tool_call_id="c2",
             id="t2",
+        ),
+        ToolMessage("\n".join(text for _, text, _, _ in CASES[14:]), tool_call_id="c3", id="t3"),
+        HumanMessage(
+            [
+                {"type": "text", "text": "This screenshot shows the failing page."},
+                # Image URLs carry credentials too: user:password@ and ?token=.
+                {
+                    "type": "image_url",
+                    "image_url": {"url": f"https://ops:{URL_PASSWORD}@img.example/a.png?token={QUERY_TOKEN}"},
+                },
+            ],
+            id="u1b",
         ),
         AIMessage("Done: deployed and configured.", id="a2"),
         HumanMessage("Thanks, now check the logs.", id="u2"),

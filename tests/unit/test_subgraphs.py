@@ -9,6 +9,7 @@ non-consecutive system messages), and, one level down, the parent must shrink.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
@@ -154,15 +155,23 @@ def test_create_agent_in_a_subgraph_keeps_every_request_valid(nested: str) -> No
     requests = Requests()
     graph = agent_in_subgraph(requests, nested)
     config = {"configurable": {"thread_id": nested}}
+    counts: list[int] = []
     for turn in range(30):
         state = graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, config)
+        counts.append(summaries(state["messages"]))
     assert len(requests.sent) >= 60
     assert requests.invalid == []
     final = state["messages"]
     assert isinstance(final[-1], AIMessage)
     assert not final[-1].tool_calls  # every turn ended with its answer
     if nested == "parent":
-        assert summaries(final) == 1
+        # A compaction during the model call (where the parent's state cannot
+        # be written) leaves its summary mid-history for one turn: the next
+        # turn puts it in place, so there are never more than two, and never
+        # two turns running.
+        assert max(counts) <= 2
+        assert 1 in counts
+        assert all(not (a == 2 and b == 2) for a, b in itertools.pairwise(counts)), counts
         assert len(final) < 30
 
 
