@@ -108,13 +108,13 @@ _SHARES: dict[FactKind, float] = {
     "constraint": 1.0,
     "task": 1.0,
     "request": 1.0,
-    "identifier": 0.2,
+    "identifier": 0.3,
     "modified_file": 0.15,
-    "error": 0.1,
-    "earlier": 0.1,
-    "done_call": 0.25,
-    "read_file": 0.1,
-    "term": 0.05,
+    "error": 0.15,
+    "earlier": 0.05,
+    "done_call": 0.15,
+    "read_file": 0.05,
+    "term": 0.03,
 }
 
 SECTION_HEADING = "## Checked facts"
