@@ -382,22 +382,9 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
             update["messages"] = [*replacement(kept), *response.result]
         if request.state.get(OVERHEAD_KEY) != overhead:
             update[OVERHEAD_KEY] = overhead
-            self._check_overhead(overhead)
         if not update:
             return response
         return ExtendedModelResponse(model_response=response, command=Command(update=update))
-
-    def _check_overhead(self, overhead: int) -> None:
-        budget = self.options.budget
-        room = budget.threshold
-        if room is not None and overhead + budget.keep >= room:
-            logger.warning(
-                "the system prompt and tool schemas take %d tokens; with keep_recent_tokens=%d that is over "
-                "context_window - reserve_tokens = %d, so nearly every turn will compact; lower keep_recent_tokens",
-                overhead,
-                budget.keep,
-                room,
-            )
 
     def _overhead(self, request: ModelRequest[Any]) -> int:
         """Tokens of the request's system prompt and tool schemas."""

@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import BaseMessage
 from typing_extensions import Self
 
+from langchain_compaction._lc.advice import Told
 from langchain_compaction._lc.convert import SUMMARY_MARK, bridge_message, summary_message, to_core
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages
 from langchain_compaction.core.engine import DriverReport, Summarizer
@@ -26,12 +27,12 @@ from langchain_compaction.core.flow import SummaryFlow, compaction_flow
 from langchain_compaction.core.layout import BODY_KEY, compaction_result, compose_summary, layout, well_formed
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import (
-    REPEAT_TURNS,
     Plan,
+    grown_since_summary,
+    leading_block,
     misplaced,
     plan_compaction,
     reordered,
-    turns_since_summary,
 )
 from langchain_compaction.core.record import LINEAGE_KEY, numbering, written_here
 from langchain_compaction.core.result import CompactionResult
@@ -40,6 +41,9 @@ from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features import Draft, Feature, RequireSections, resolve
 from langchain_compaction.features.clearing import ClearingPlan, ClearToolOutputs
 from langchain_compaction.summarizers.chat_model import as_summarizer
+
+if TYPE_CHECKING:
+    from langchain_compaction._lc.turn import Turn
 
 logger = logging.getLogger("langchain_compaction")
 
@@ -63,6 +67,7 @@ class Job:
         clearing: Which tool outputs to clear instead of summarizing, if that is enough.
         repeated: Whether it repeats a compaction a few turns old (and so keeps less).
         kept: Indices of the messages the output keeps.
+        options: The options it was planned with (``Compactor.planning``).
     """
 
     messages: Sequence[BaseMessage]
@@ -73,6 +78,7 @@ class Job:
     clearing: ClearingPlan | None = None
     repeated: bool = False
     kept: tuple[int, ...] = ()
+    options: CompactionOptions | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +92,7 @@ class Compactor:
         features: The features, checked against the options.
         given: The features as the user gave them (bound again when the window is learnt).
         cache: Token counts per message, shared by every version of this turn.
+        told: What was said once per conversation (a warning is not repeated every turn).
     """
 
     summarizer: Summarizer
@@ -94,6 +101,7 @@ class Compactor:
     features: tuple[Feature, ...]
     given: tuple[Feature, ...]
     cache: TokenCountCache
+    told: Told = field(default_factory=Told)
 
     @classmethod
     def build(
@@ -147,8 +155,16 @@ class Compactor:
         overhead: int = 0,
         preamble: Preamble | None = None,
         keep: int | None = None,
+        options: CompactionOptions | None = None,
     ) -> Job | None:
-        """Plan a compaction of ``messages``: a cheaper step if one is enough, else the cut and the summary flow."""
+        """Plan a compaction of ``messages``: a cheaper step if one is enough, else the cut and the summary flow.
+
+        ``options``: what to plan with (``planning``: the budget over what the
+        compaction can remove); ``keep``: the recent tokens to keep instead of
+        the budget's.
+        """
+        if options is None:
+            options = self.planning(core, counts, overhead)
         if trigger == "auto":
             cheaper = self.seam("instead")
             if cheaper:
@@ -157,24 +173,35 @@ class Compactor:
                     clearing = feature.instead(core, counts, protected)
                     if clearing is not None:
                         return Job(messages, core, counts, None, None, clearing)
-        keep, repeated = self._keep(core, trigger) if keep is None else (keep, False)
+        keep, repeated = self._keep(core, counts, trigger, options) if keep is None else (keep, False)
         plan = plan_compaction(core, counts, keep, force=trigger == "force", protect=self._protected)
         if plan is None:
             return None
-        shape = layout(core, plan, self.options)
+        shape = layout(core, plan, options)
         required: RequireSections | None = self.feature(RequireSections)
         flow = compaction_flow(
             core,
             plan,
-            self.options,
+            options,
             instructions.strip(),
             originals=tuple(messages),
             counts=counts,
             preamble=preamble,
             required=required.headings if required is not None else (),
-            reserved=sum(f.reserve(self.options) for f in self.features),
+            reserved=sum(f.reserve(options) for f in self.features),
         )
-        return Job(messages, core, counts, plan, flow, repeated=repeated, kept=(*shape.head, *shape.kept))
+        kept = (*shape.head, *shape.kept)
+        return Job(messages, core, counts, plan, flow, repeated=repeated, kept=kept, options=options)
+
+    def planning(self, core: Sequence[Message], counts: Sequence[int], overhead: int = 0) -> CompactionOptions:
+        """The options a compaction plans with: the budget over what it can remove.
+
+        What it cannot remove is fixed: ``overhead`` (the system prompt and
+        tool schemas a request sends besides the messages) and the leading
+        system messages.
+        """
+        head = sum(counts[i] for i in range(leading_block(core)) if not core[i].is_summary)
+        return self.options.with_fixed(overhead + head)
 
     def _protected(
         self, core: Sequence[Message], counts: Sequence[int], start: int, cut: int
@@ -188,26 +215,25 @@ class Compactor:
             over += left
         return tuple(sorted(kept)), over
 
-    def _keep(self, core: Sequence[Message], trigger: Trigger) -> tuple[int, bool]:
-        """The keep budget for this compaction, and whether it repeats one a few turns old.
+    def _keep(
+        self, core: Sequence[Message], counts: Sequence[int], trigger: Trigger, options: CompactionOptions
+    ) -> tuple[int, bool]:
+        """The keep budget for this compaction, and whether it repeats the previous one too soon.
 
-        No death spiral: when the threshold is crossed again within
-        ``REPEAT_TURNS`` replies, what was kept is too large for the landing
-        target, so this compaction keeps half as much instead of summarizing
-        the same way again.
+        No death spiral: a compaction lands halfway between the fixed part and
+        the threshold, so the next comes after about the distance from its
+        landing to the threshold. When it comes back after less than half of
+        that, what was kept was too large to land, so this compaction keeps
+        half as much instead of summarizing the same way again (the turn says
+        so, once per conversation).
         """
-        keep = self.options.budget.keep
-        since = turns_since_summary(core) if trigger == "auto" else None
-        if since is None or since > REPEAT_TURNS:
-            return keep, False
-        logger.warning(
-            "compaction fired again %d assistant turn(s) after the previous one: the messages kept were too large "
-            "to land under the target; keeping %d tokens instead of %d this time",
-            since,
-            keep // 2,
-            keep,
-        )
-        return max(keep // 2, 1), True
+        budget = options.budget
+        grown = grown_since_summary(core, counts) if trigger == "auto" else None
+        if grown is None or budget.threshold is None or budget.landing is None:
+            return budget.keep, False
+        if grown >= (budget.threshold - budget.landing) // 2:
+            return budget.keep, False
+        return max(budget.keep // 2, 1), True
 
     def finish(self, job: Job, report: DriverReport, record: dict[str, Any]) -> Output:
         """The compacted list (the caller's objects around what was written) and its figures.
@@ -222,11 +248,12 @@ class Compactor:
         """
         assert job.plan is not None
         original, plan = job.messages, job.plan
-        shape = layout(job.core, plan, self.options)
+        options = job.options or self.options
+        shape = layout(job.core, plan, options)
         # Whatever the summarizer wrote, the message is well formed: what the
         # library adds never lands inside a fence the summarizer left open.
         text = well_formed(report.outcome.summary)
-        draft = Draft(job.core, plan, shape.kept, text, self.options)
+        draft = Draft(job.core, plan, shape.kept, text, options)
         added = [(f.name, f.add(draft)) for f in self.seam("add")]
         content, body = compose_summary(text, [a.section for _, a in added if a is not None])
         mark: dict[str, Any] = {"kind": "summary", "version": 2, BODY_KEY: body}
@@ -239,7 +266,7 @@ class Compactor:
             written.append(bridge_message())
         output = [*(original[i] for i in shape.head), *written, *(original[i] for i in shape.kept)]
         written_tokens = sum(count_messages(written, [to_core(m) for m in written], self.options))
-        result = compaction_result(plan, shape, job.counts, written_tokens, report=report, options=self.options)
+        result = compaction_result(plan, shape, job.counts, written_tokens, report=report, options=options)
         parts = {name: dict(a.record) for name, a in added if a is not None and a.record}
         return replace(result, summary=text, repeated=job.repeated, parts=parts), output
 
@@ -298,9 +325,9 @@ def summary_id(record: dict[str, Any]) -> str:
     return f"compaction-summary-{lineage[-1]}" if lineage else f"compaction-summary-{time.monotonic_ns():x}"
 
 
-def log(result: CompactionResult, options: CompactionOptions) -> None:
-    """Log what a compaction did: at INFO, and a warning when what must be kept is over the threshold."""
-    if result.over_budget:
+def log(result: CompactionResult, options: CompactionOptions, *, warn: bool = True) -> None:
+    """Log what a compaction did: at INFO, and (``warn``) a warning when what must be kept is over the threshold."""
+    if result.over_budget and warn:
         # The kept part alone is over the threshold (one huge recent message):
         # nothing more can be summarized without touching what must be kept.
         logger.warning(
@@ -326,3 +353,19 @@ def log(result: CompactionResult, options: CompactionOptions) -> None:
         result.summarizer_calls,
         ", fallback used" if result.fallback_used else "",
     )
+
+
+class Adapter:
+    """What every adapter shows of its turn: the options and the features in force."""
+
+    _turn: Turn
+
+    @property
+    def options(self) -> CompactionOptions:
+        """The options in force."""
+        return self._turn.options
+
+    @property
+    def features(self) -> tuple[Feature, ...]:
+        """The features in force (``langchain_compaction.features``)."""
+        return self._turn.features

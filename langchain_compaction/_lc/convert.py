@@ -356,3 +356,14 @@ def summary_message(content: str, mark: dict[str, Any] | None = None, message_id
         id=message_id or f"compaction-summary-{uuid.uuid4().hex}",
         additional_kwargs={SUMMARY_MARK: mark if mark is not None else {"kind": "summary", "version": 2}},
     )
+
+
+def message_list(messages: object) -> Sequence[BaseMessage]:
+    """``messages`` if it is a list of messages (a sequence, not text), else the error that says what to pass."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        msg = (
+            f"messages is a {type(messages).__name__}, not a list of messages; pass a list of "
+            "LangChain messages (convert_to_messages converts dicts, tuples and strings)"
+        )
+        raise InvalidMessagesError(msg)
+    return messages

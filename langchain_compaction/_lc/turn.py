@@ -11,9 +11,12 @@ gets back (a state update, a ``Command``, a store rewrite). ``run`` is a flow
    mid-history is put back in place (``core.plan.reordered``);
 2. stage (``core.context.stage``), the one trigger rule: under the
    preparation mark nothing; past it a preparation starts in the background;
-   over the threshold a prepared compaction is taken if one applies;
-3. compact: a cheaper step first (``ClearToolOutputs``), else the plan, the
-   summarizer calls (``core.engine``) and what the features add (``finish``);
+   over the threshold a prepared compaction is applied if one is ready (none
+   is waited for while the request still fits the window);
+3. compact: planned over what it can remove (``Compactor.planning``; with no
+   room, not at all: ``advice``), a cheaper step first (``ClearToolOutputs``),
+   else the cut, the summarizer calls (``core.engine``) and what the features
+   add (``finish``);
 4. commit: the record is stamped (``core.record``) and each feature's
    ``commit`` seam runs (the archive writes) before anything is written;
 5. announce: the result goes to the log, callbacks and the custom stream.
@@ -36,9 +39,20 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 
-from langchain_compaction._lc.compactor import Compactor, Job, Output, Trigger, leaves, log, positions, summary_id
+from langchain_compaction._lc.advice import FIXED, NO_ROOM, REPEATED, no_room
+from langchain_compaction._lc.compactor import (
+    Adapter,
+    Compactor,
+    Job,
+    Output,
+    Trigger,
+    leaves,
+    log,
+    positions,
+    summary_id,
+)
 from langchain_compaction._lc.conversation import Conversation
-from langchain_compaction._lc.convert import SUMMARY_MARK, to_core
+from langchain_compaction._lc.convert import SUMMARY_MARK, message_list, to_core
 from langchain_compaction._lc.counting import count_messages, counts_and_core
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, atell, in_run, tell
 from langchain_compaction.core.context import context_tokens, stage
@@ -48,8 +62,8 @@ from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.record import KEPT_BEFORE_KEY, KEPT_FROM_KEY, stamp
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message, Preamble
-from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
-from langchain_compaction.features import CacheAligned, Commit, Feature, PrepareAhead
+from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.features import CacheAligned, Commit, PrepareAhead
 from langchain_compaction.features.prepare import PreparedSummary
 
 __all__ = ["Adapter", "Outcome", "Place", "Trigger", "Turn"]
@@ -119,16 +133,6 @@ class _Asked:
     summarizer: Summarizer | None
 
 
-def _check_messages(messages: object) -> Sequence[BaseMessage]:
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        msg = (
-            f"messages is a {type(messages).__name__}, not a list of messages; pass a list of "
-            "LangChain messages (convert_to_messages converts dicts, tuples and strings)"
-        )
-        raise InvalidMessagesError(msg)
-    return messages
-
-
 @dataclass(frozen=True, slots=True)
 class Turn(Compactor):
     """The one turn every adapter runs (see the module docstring); the pieces are ``Compactor``'s."""
@@ -160,7 +164,7 @@ class Turn(Compactor):
         """
         if not isinstance(instructions, str):
             raise ConfigurationError("custom_instructions", instructions, "pass a string ('' for none)")
-        messages = _check_messages(messages)
+        messages = message_list(messages)
         prepare: PrepareAhead | None = self.feature(PrepareAhead)
         mark = prepare.mark if prepare is not None else None
         if trigger == "auto":
@@ -212,6 +216,9 @@ class Turn(Compactor):
             due = stage(staged.core, staged.counts, self.options, place.overhead)
             if ask.trigger == "auto" and due != "due":
                 return Outcome()
+        options = self._planning(staged, ask)
+        if options is None:
+            return Outcome()
         started = time.monotonic()
         prepare: PrepareAhead | None = self.feature(PrepareAhead)
         output: Output | None = None
@@ -231,7 +238,7 @@ class Turn(Compactor):
                 return Outcome()
         applied = output is not None
         if output is None:
-            output = yield from self._now(staged, ask)
+            output = yield from self._now(staged, ask, options)
             if output is None:
                 return Outcome()
         result, compacted = output
@@ -245,11 +252,32 @@ class Turn(Compactor):
         )
         if prepare is not None and ask.trigger == "auto":
             result = result.with_part("prepared", applied=applied, waited=round(waited, 3), discarded_calls=spent[0])
-        log(result, self.options)
+        if result.repeated:
+            self.told.once(place.conversation.key, REPEATED, options.budget.keep)
+        log(result, options, warn=self.told.first(place.conversation.key, "over budget"))
         yield twin(tell, atell, COMPACTION_EVENT, result.to_dict(), place.config)
         return Outcome(result, compacted, staged.messages)
 
-    def _now(self, staged: _Staged, ask: _Asked) -> Flow[Output | None]:
+    def _planning(self, staged: _Staged, ask: _Asked) -> CompactionOptions | None:
+        """The options to plan with (the budget over what a compaction can remove); ``None`` when there is no room.
+
+        Without room above the fixed part (``advice.no_room``) an automatic
+        compaction is not made: each would cost a summary call for nothing.
+        The conversation is told once, with the figures and the fix.
+        """
+        place = ask.place
+        options = self.planning(staged.core, staged.counts, place.overhead)
+        budget = options.budget
+        if ask.trigger == "auto" and no_room(budget):
+            self.told.once(
+                place.conversation.key, NO_ROOM, budget.fixed, budget.threshold, budget.window, budget.reserve
+            )
+            return None
+        if budget.fixed and budget.landing is not None and budget.fixed > (self.options.budget.landing or 0):
+            self.told.once(place.conversation.key, FIXED, budget.fixed, budget.threshold, budget.landing, budget.keep)
+        return options
+
+    def _now(self, staged: _Staged, ask: _Asked, options: CompactionOptions) -> Flow[Output | None]:
         """A compaction made on the spot: planned, summarized, finished; ``None`` when there is nothing to do."""
         place = ask.place
         job = yield blocking(
@@ -261,6 +289,7 @@ class Turn(Compactor):
             trigger=ask.trigger,
             overhead=place.overhead,
             preamble=self._preamble(place),
+            options=options,
         )
         if job is None:
             return None
@@ -469,19 +498,3 @@ class Turn(Compactor):
             ),
             combined,
         )
-
-
-class Adapter:
-    """What every adapter shows of its turn: the options and the features in force."""
-
-    _turn: Turn
-
-    @property
-    def options(self) -> CompactionOptions:
-        """The options in force."""
-        return self._turn.options
-
-    @property
-    def features(self) -> tuple[Feature, ...]:
-        """The features in force (``langchain_compaction.features``)."""
-        return self._turn.features

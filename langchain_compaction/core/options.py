@@ -73,6 +73,10 @@ class Budget:
             threshold; ``None`` without a window).
         summary_max: The most tokens a summary may take.
         summary_input: The largest summarizer request.
+        fixed: What no compaction can remove (the system prompt and tool
+            schemas sent with every request, leading system messages); the
+            landing, the keep and the summary are taken over the rest
+            (``CompactionOptions.with_fixed``).
     """
 
     window: int
@@ -82,6 +86,12 @@ class Budget:
     landing: int | None
     summary_max: int
     summary_input: int
+    fixed: int = 0
+
+    @property
+    def room(self) -> int | None:
+        """What a compaction can aim for: the landing above the fixed part (``None`` without a window)."""
+        return None if self.landing is None else self.landing - self.fixed
 
 
 # -- validators: the one place each kind of value is checked (features use them too) --
@@ -358,6 +368,21 @@ class CompactionOptions:
         """Every budget in force (see ``derive_budget``); derived once, the options being frozen."""
         return derive_budget(self)
 
+    def with_fixed(self, fixed: int) -> CompactionOptions:
+        """These options with ``fixed`` tokens no compaction can remove: the same fields, the budget over the rest.
+
+        A compaction plans with them (``derive_budget``): with a long system
+        prompt or many tools, the landing, keep and summary are taken over what
+        it can remove, so it lands halfway between the fixed part and the
+        threshold instead of above a landing it cannot reach.
+        """
+        if fixed <= 0:
+            return self
+        copy = self.with_window(self.context_window)
+        # ``budget`` is a cached property: the copy's is the one for its fixed part.
+        copy.__dict__["budget"] = derive_budget(self, fixed)
+        return copy
+
     def with_window(self, context_window: int) -> CompactionOptions:
         """These options for another context window (the deprecated keywords carried over)."""
         fields = {name: getattr(self, name) for name in _FIELDS}
@@ -383,11 +408,20 @@ _FIELDS = (
 )
 
 
-def derive_budget(options: CompactionOptions) -> Budget:
+MIN_ROOM_TOKENS = 128
+"""The least room a compaction needs above the fixed part (a short summary and the newest message)."""
+
+
+def derive_budget(options: CompactionOptions, fixed: int = 0) -> Budget:
     """Every budget in force for ``options``: the one place budgets are derived (see the module docstring).
 
     Args:
         options: The options.
+        fixed: Tokens no compaction can remove (the system prompt and tools
+            sent with every request, leading system messages): the landing is
+            halfway from them to the threshold, and the keep and the summary
+            fit in that half (a keep or summary set by the user too, when it
+            would not).
 
     Returns:
         The budgets.
@@ -397,15 +431,25 @@ def derive_budget(options: CompactionOptions) -> Budget:
     if reserve is None:
         reserve = min(DEFAULT_RESERVE_TOKENS, window // 8) if window else DEFAULT_RESERVE_TOKENS
     threshold = window - reserve if window else None
-    landing = threshold // 2 if threshold is not None else None
+    fixed = max(fixed, 0)
+    landing = (threshold + min(fixed, threshold)) // 2 if threshold is not None else None
+    room = landing - fixed if landing is not None else None
     keep = options.keep_recent_tokens
     if keep is None:
-        keep = min(DEFAULT_KEEP_RECENT_TOKENS, landing * 3 // 5) if landing is not None else DEFAULT_KEEP_RECENT_TOKENS
+        keep = (
+            max(min(DEFAULT_KEEP_RECENT_TOKENS, room * 3 // 5), 1) if room is not None else DEFAULT_KEEP_RECENT_TOKENS
+        )
+    elif fixed and room is not None and keep >= room:
+        keep = max(room * 3 // 5, 1)
     summary_max = options.summary_max_tokens
+    # Over a fixed part, the summary fits what the landing leaves (a short one, at the least).
+    floor = min(MIN_SUMMARY_TOKENS, max((room or 0) - keep, 64)) if fixed else MIN_SUMMARY_TOKENS
     if summary_max is None:
-        room = (landing - keep) * 2 // 3 if landing is not None else DEFAULT_SUMMARY_MAX_TOKENS
-        summary_max = min(max(room, MIN_SUMMARY_TOKENS), DEFAULT_SUMMARY_MAX_TOKENS)
+        left = (room - keep) * 2 // 3 if room is not None else DEFAULT_SUMMARY_MAX_TOKENS
+        summary_max = min(max(left, floor), DEFAULT_SUMMARY_MAX_TOKENS)
+    elif fixed and room is not None and keep + summary_max > room:
+        summary_max = max((room - keep) * 2 // 3, floor)
     summary_input = options.summary_input_tokens
     if summary_input is None:
         summary_input = max(threshold, 1000) if threshold is not None else DEFAULT_SUMMARY_INPUT_TOKENS
-    return Budget(window, reserve, keep, threshold, landing, summary_max, summary_input)
+    return Budget(window, reserve, keep, threshold, landing, summary_max, summary_input, fixed)

@@ -177,25 +177,23 @@ def plan_compaction(
     )
 
 
-REPEAT_TURNS = 3
-"""A compaction at most this many assistant turns after the previous one repeats it: what was
-kept is too large to land under the target, so the next one keeps less (see ``turns_since_summary``)."""
-
-
-def turns_since_summary(messages: Sequence[Message]) -> int | None:
-    """Assistant turns since the newest summary was written; ``None`` without one (or when unknown).
+def grown_since_summary(messages: Sequence[Message], counts: Sequence[int]) -> int | None:
+    """Tokens added since the newest summary was written; ``None`` without one (or when unknown).
 
     A summary records the conversation's last message when it was written
-    (``Message.written_after``); the replies after that message are the turns
-    since.
+    (``Message.written_after``); what follows that message is new. A
+    compaction that comes back after much less than the distance from its
+    landing to the threshold kept too much to land (see ``Compactor._keep``).
     """
     block = summary_block(messages)
     summaries = [m for m in messages[:block] if m.carries_summary]
     anchor = summaries[-1].written_after if summaries else None
     if anchor is None:
         return None
-    index = next((i for i in range(len(messages) - 1, block - 1, -1) if messages[i].id == anchor), None)
-    return None if index is None else sum(1 for m in messages[index + 1 :] if m.role == "assistant")
+    # The first message with the anchor's id after the summary: with ids
+    # repeated, a later one is not the anchor.
+    index = next((i for i in range(block, len(messages)) if messages[i].id == anchor), None)
+    return None if index is None else sum(counts[index + 1 :])
 
 
 def misplaced(messages: Sequence[Message]) -> bool:

@@ -84,8 +84,8 @@ class CheckedFacts(Feature):
     def room(self, options: CompactionOptions, summary: str) -> int:
         """The section's budget under a summary: its floor, what the summary left unused, and the landing's slack.
 
-        The slack is what the landing leaves above the recent messages kept and
-        a full summary (``landing - keep - summary_max``): at a small window it
+        The slack is what the landing leaves above the fixed part, the recent
+        messages kept and a full summary (``Budget.room - keep - summary_max``): at a small window it
         is where most of the facts fit. Past the floor, the section takes at
         most ``MAX_FACTS_TOKENS``.
         """
@@ -94,7 +94,7 @@ class CheckedFacts(Feature):
         unused = max(budget.summary_max - floor - estimate_tokens(summary), 0)
         # (Measured against the keep target: what a turn adds after a
         # preparation, or one large kept output, is not the facts' to pay for.)
-        slack = max(budget.landing - budget.keep - budget.summary_max, 0) if budget.landing is not None else 0
+        slack = max(budget.room - budget.keep - budget.summary_max, 0) if budget.room is not None else 0
         return max(floor, min(floor + unused + slack, MAX_FACTS_TOKENS))
 
     def reserve(self, options: CompactionOptions) -> int:

@@ -15,12 +15,10 @@ section first, so the newest facts win.
 
 from __future__ import annotations
 
-import heapq
 import json
 import re
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from langchain_compaction.core.effects import off_loop
 from langchain_compaction.core.extract import (
@@ -34,34 +32,10 @@ from langchain_compaction.core.extract import (
     without_revoked,
 )
 from langchain_compaction.core.extract import identifiers as core_identifiers
-from langchain_compaction.core.tokens import estimate_tokens
-from langchain_compaction.core.transcript import shorten
 from langchain_compaction.core.types import Message, SummaryRequest
+from langchain_compaction.summarizers.checkpoint import HEADINGS, SECTIONS, Checkpoint
 
 __all__ = ["ExtractiveSummarizer"]
-
-_SECTIONS = (
-    "Goal",
-    "Constraints & Preferences",
-    "Done",
-    "In Progress",
-    "Blocked",
-    "Key Decisions",
-    "Next Steps",
-    "Critical Context",
-)
-_HEADINGS = {
-    "goal": "Goal",
-    "constraints & preferences": "Constraints & Preferences",
-    "constraints": "Constraints & Preferences",
-    "done": "Done",
-    "in progress": "In Progress",
-    "blocked": "Blocked",
-    "key decisions": "Key Decisions",
-    "next steps": "Next Steps",
-    "critical context": "Critical Context",
-}
-_EMPTY = {"(none)", "none", "-", "n/a"}
 
 # A sentence ends at . ! ? followed by a space or the end, so "fields.py" stays whole.
 _SENTENCE = re.compile(r"(?:[^.!?\n]|[.!?](?=\S))+(?:[.!?]+(?=\s|$)|$)", re.MULTILINE)
@@ -78,7 +52,6 @@ _FILLER = re.compile(
     r"|\blet me know\b|\bi can help\b|:$"
 )
 _NEXT_PREFIX = "Continue with the latest request: "
-_BULLET = re.compile(r"^(?:[-*•]\s+|\d+[.)]\s+|\[[ xX]\]\s+)+")
 # A turn that only greets, thanks or says go on sets no goal.
 _COURTESY = frozenset(
     {"hi", "hello", "hey", "thanks", "thank", "you", "ok", "okay", "yes", "no", "sure", "great", "good", "fine"}
@@ -102,8 +75,6 @@ _IDENT = re.compile(
     r"|[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]+)+"  # PascalCase
     r"|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){1,}\(?)\b"  # dotted.names
 )
-_WS = re.compile(r"\s+")
-
 _ITEM_CHARS = 240
 _CONTEXT_CHARS = 300
 # A request already in Goal, named again as done: a reminder, not a copy.
@@ -147,137 +118,10 @@ def _args_brief(arguments: str) -> str:
     return _clip(str(value), 120)
 
 
-@dataclass(slots=True)
-class _Item:
-    text: str
-    order: int
-    precious: bool = False
-
-
-@dataclass(slots=True)
-class _Summary:
-    # Per section, items by their normalized text, oldest first (dicts keep
-    # insertion order): adding, moving and dropping an item are O(1).
-    sections: dict[str, dict[str, _Item]] = field(default_factory=lambda: {s: {} for s in _SECTIONS})
-    order: int = 0
-
-    def add(self, section: str, text: str, *, precious: bool = False) -> None:
-        text = _BULLET.sub("", text.strip())  # the section writes its own bullet
-        if not text or text.lower() in _EMPTY:
-            return
-        key = _WS.sub(" ", text).lower()
-        items = self.sections[section]
-        # A repeated fact is news again: it moves to the newest position.
-        items.pop(key, None)
-        self.order += 1
-        items[key] = _Item(text, self.order, precious)
-
-    def revise(self, section: str, revised: Callable[[str], str]) -> None:
-        """Rewrite the items of ``section`` with ``revised``; an item it empties goes."""
-        items = self.sections[section]
-        for key, item in list(items.items()):
-            text = revised(item.text)
-            if not text:
-                del items[key]
-            elif text != item.text:
-                item.text = text
-
-    def take(self, section: str, prefix: str) -> list[str]:
-        """Remove and return the items of ``section`` that start with ``prefix`` (without it)."""
-        items = self.sections[section]
-        taken = [key for key, item in items.items() if item.text.startswith(prefix)]
-        return [items.pop(key).text[len(prefix) :] for key in taken]
-
-    def render(self) -> str:
-        def items(section: str, prefix: str = "- ") -> str:
-            entries = self.sections[section].values()
-            if not entries:
-                return "- (none)"
-            return "\n".join(f"{prefix}{e.text}" for e in entries)
-
-        steps = list(self.sections["Next Steps"].values())
-        next_steps = "\n".join(f"{i}. {e.text}" for i, e in enumerate(steps, 1)) if steps else "1. (none)"
-        return (
-            f"## Goal\n{items('Goal')}\n\n"
-            f"## Constraints & Preferences\n{items('Constraints & Preferences')}\n\n"
-            f"## Progress\n### Done\n{items('Done', '- [x] ')}\n\n"
-            f"### In Progress\n{items('In Progress', '- [ ] ')}\n\n"
-            f"### Blocked\n{items('Blocked')}\n\n"
-            f"## Key Decisions\n{items('Key Decisions')}\n\n"
-            f"## Next Steps\n{next_steps}\n\n"
-            f"## Critical Context\n{items('Critical Context')}"
-        )
-
-    def trim(self, max_tokens: int) -> str:
-        """Drop items until the summary fits ``max_tokens``: O(n log n) in the items.
-
-        The item dropped is always the oldest of the section that weighs most,
-        weighted by how much its facts are worth keeping: sections stay
-        balanced, constraints and errors outlive chatter, and within each
-        section the newest facts win (what the user said and error lines go
-        after every other item of their section).
-        """
-        # Each item costs its text plus the bullet and line break; the fixed
-        # part is the headings and the "(none)" placeholders.
-        queues: dict[str, deque[tuple[str, int]]] = {}
-        weight: dict[str, int] = {}
-        for section in _SECTIONS:
-            ranked = sorted(self.sections[section].items(), key=lambda kv: (kv[1].precious, kv[1].order))
-            queues[section] = deque((key, estimate_tokens(item.text) + 2) for key, item in ranked)
-            weight[section] = sum(cost for _, cost in queues[section])
-        total = sum(weight.values()) + 60
-        heap = [(-weight[s] * _SECTION_WEIGHT[s], n, s) for n, s in enumerate(_SECTIONS) if queues[s]]
-        heapq.heapify(heap)
-        while total > max_tokens and heap:
-            _, number, section = heapq.heappop(heap)
-            key, cost = queues[section].popleft()
-            del self.sections[section][key]
-            weight[section] -= cost
-            total -= cost
-            if queues[section]:
-                heapq.heappush(heap, (-weight[section] * _SECTION_WEIGHT[section], number, section))
-        return _fit(self.render(), max_tokens)
-
-
-_CUT = " [...]"
-
-
-def _fit(text: str, max_tokens: int) -> str:
-    """``text`` within ``max_tokens``: as it is, else head and tail with a marker, else cut at a word, marked."""
-    if estimate_tokens(text) <= max_tokens:
-        return text
-    short = shorten(text, max_tokens)
-    if estimate_tokens(short) <= max_tokens:
-        return short
-    # A budget too small even for the headings: whole words while they fit.
-    words = text.split(" ")
-    kept: list[str] = []
-    room = max_tokens - estimate_tokens(_CUT)
-    for word in words:
-        if estimate_tokens(" ".join([*kept, word])) > room:
-            break
-        kept.append(word)
-    return " ".join(kept) + _CUT
-
-
-# How readily a section gives up items when the summary is over budget
-# (higher gives up sooner).
-_SECTION_WEIGHT = {
-    "Goal": 0.8,
-    "Constraints & Preferences": 0.4,
-    "Done": 1.2,
-    "In Progress": 1.0,
-    "Blocked": 0.6,
-    "Key Decisions": 1.4,
-    "Next Steps": 1.0,
-    "Critical Context": 0.8,
-}
-
-
 _ITEM_PREFIX = re.compile(r"^\s*(?:[-*•]\s*(?:\[[ xX]\]\s*)?|\d+[.)]\s*)")
 
 
-def _parse_previous(summary: str, into: _Summary) -> None:
+def _parse_previous(summary: str, into: Checkpoint) -> None:
     """Read a previous checkpoint summary (ours or a model's) into sections."""
     section = "Critical Context"
     loose: list[str] = []
@@ -287,7 +131,7 @@ def _parse_previous(summary: str, into: _Summary) -> None:
             continue
         if line.startswith("#"):
             name = line.lstrip("#").strip().lower()
-            section = _HEADINGS.get(name, section if name == "progress" else "Critical Context")
+            section = HEADINGS.get(name, section if name == "progress" else "Critical Context")
             continue
         if _ITEM_PREFIX.match(line):
             # The first goal an earlier summary kept is the task.
@@ -380,7 +224,7 @@ class ExtractiveSummarizer:
     def _summarize(
         self, messages: Sequence[Message], previous_summary: str | None, instructions: str, budget: int
     ) -> str:
-        summary = _Summary()
+        summary = Checkpoint()
         if previous_summary:
             _parse_previous(previous_summary, summary)
         if instructions:
@@ -408,7 +252,7 @@ class ExtractiveSummarizer:
             summary.add("Next Steps", _clip(f"{_NEXT_PREFIX}{requests[-1]}"))
         return summary.trim(budget)
 
-    def _read(self, summary: _Summary, message: Message, results: dict[str | None, Message]) -> bool:
+    def _read(self, summary: Checkpoint, message: Message, results: dict[str | None, Message]) -> bool:
         """Add what ``message`` tells to ``summary``; whether it is a user request."""
         text = message.text
         if message.role == "user" and text.strip():
@@ -428,7 +272,7 @@ class ExtractiveSummarizer:
             summary.add("Critical Context", _clip(f"System note: {_first_line(text)}", _CONTEXT_CHARS))
         return False
 
-    def _user(self, summary: _Summary, text: str) -> bool:
+    def _user(self, summary: Checkpoint, text: str) -> bool:
         """Take a user turn; whether it is a request (a slash command or a greeting is not)."""
         first = _first_line(text)
         words = [w.strip(".,!?;:") for w in text.lower().split()]
@@ -452,7 +296,7 @@ class ExtractiveSummarizer:
         revoked = revoked_subjects(text)
         if revoked:
             summary.revise("Constraints & Preferences", lambda rule: "" if revokes(revoked, rule) else rule)
-            for section in _SECTIONS:
+            for section in SECTIONS:
                 if section != "Constraints & Preferences":
                     summary.revise(section, lambda item: without_revoked(item, revoked))
         for sentence in constraints(text):
@@ -464,7 +308,7 @@ class ExtractiveSummarizer:
             self._add_context(summary, answer, from_user=False, identifiers=False, source=first.split(" ", 1)[0])
         return not command
 
-    def _add_call(self, summary: _Summary, name: str, arguments: str, result: Message | None) -> None:
+    def _add_call(self, summary: Checkpoint, name: str, arguments: str, result: Message | None) -> None:
         brief = _args_brief(arguments)
         label = f"{name}({brief})" if brief else name
         if result is None:
@@ -489,7 +333,7 @@ class ExtractiveSummarizer:
                 summary.add("Critical Context", _clip(f"command: {value}", _CONTEXT_CHARS))
 
     def _add_context(
-        self, summary: _Summary, text: str, *, from_user: bool, identifiers: bool = True, source: str = ""
+        self, summary: Checkpoint, text: str, *, from_user: bool, identifiers: bool = True, source: str = ""
     ) -> None:
         # Error lines first: with the per-message cap they must not be crowded
         # out by paths. A tool's are quoted, with the tool's name.

@@ -647,12 +647,15 @@ async def test_wrap_model_call_mid_loop_persists_the_bridge_and_the_next_compact
     assert stored.recent[:2] == start[-2:]
 
     # The next turn compacts again: one summary, the old bridge gone. The big
-    # system prompt leaves that compaction over the threshold, so the request
-    # compacts once more keeping half as much (no death spiral), and fits.
+    # system prompt is fixed: the compaction plans over what it can remove, so
+    # it lands under the threshold at once (0.2 compacted a second time, keeping
+    # half as much).
     more = [*history(8)[1:], HumanMessage("question 13")]
     await run(agent, {"messages": more}, config(), mode)
-    assert [r.repeated for r in results] == [False, False, True]
-    assert results[2].compacted_tokens < results[1].compacted_tokens
+    assert [r.repeated for r in results] == [False, False]
+    budget = FAIL_OPTIONS.budget
+    assert budget.threshold is not None
+    assert results[1].compacted_tokens <= budget.threshold
     state = agent.get_state(config()).values["messages"]
     assert sum(1 for m in state if is_summary_message(m)) == 1
     assert sum(1 for m in state if is_bridge_message(m)) <= 1

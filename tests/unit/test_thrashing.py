@@ -6,8 +6,8 @@ import logging
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
+from bench.small_window import run as small_window_run
 from langchain_compaction import CompactionOptions, auto_compact
-from langchain_compaction.core.plan import REPEAT_TURNS
 
 # Threshold 3,500, landing 1,750, keep 1,050 (derived).
 OPTIONS = CompactionOptions(context_window=4_000, reserve_tokens=500, summary_input_tokens=50_000)
@@ -25,8 +25,9 @@ def chat(start: int, turns: int, size: int = 60) -> list[BaseMessage]:
 
 
 def test_a_compaction_that_cannot_land_says_so_and_the_next_keeps_less(caplog) -> None:
-    # The last message is always kept; this one alone is above the landing target.
-    pasted = HumanMessage("Here is the log:\n" + "log line " * 800, id="pasted")
+    # The last message is always kept; this one alone is far above the landing target
+    # (about 2,700 tokens: the compaction lands 800 under the threshold, not 1,750).
+    pasted = HumanMessage("Here is the log:\n" + "log line " * 1200, id="pasted")
     messages = [SystemMessage("You are an agent.", id="s"), *chat(0, 12), pasted]
     first, messages = auto_compact(summarize, messages, OPTIONS)
     assert first is not None
@@ -40,7 +41,7 @@ def test_a_compaction_that_cannot_land_says_so_and_the_next_keeps_less(caplog) -
         if again is not None:
             break
     assert again is not None
-    assert n + 1 <= REPEAT_TURNS  # a repeat, not a compaction in the normal course
+    assert n + 1 <= 3  # a repeat, not a compaction in the normal course
     assert again.repeated
     assert "compaction fired again" in caplog.text
     # Keeping half as much let the pasted log go into the summary: it lands now.
@@ -60,3 +61,65 @@ def test_a_normal_compaction_is_not_a_repeat() -> None:
             break
     assert again is not None
     assert not again.repeated
+
+
+# -- small windows: the fixed part (system prompt, tools) named once, never thrashed on ----------
+
+
+def test_a_fixed_part_over_half_the_threshold_compacts_at_the_rate_the_window_allows() -> None:
+    """A 4,096 window with about 2,800 tokens of prompt and tools: compactions plan over what they can remove."""
+    figures = small_window_run(4_096, 100)
+    assert figures["fixed_tokens"] > 2_700
+    # 0.2: 96 summary calls per 100 turns and a warning on nearly every turn.
+    assert 0 < figures["summary_calls_per_100_turns"] <= 2 * figures["theory_per_100_turns"]
+    assert figures["requests_over_window"] == 0
+    assert len(figures["warning_texts"]) == 1
+    assert figures["warnings"] == 1
+    assert "take 2" in figures["warning_texts"][0]
+    assert "a larger window, a shorter system prompt, fewer tools" in figures["warning_texts"][0]
+
+
+def test_a_fixed_part_that_leaves_no_room_is_named_once_and_not_compacted_for() -> None:
+    """At 3,000 the prompt and tools alone pass the threshold: no summary call can help, and none is made."""
+    figures = small_window_run(3_000, 60)
+    assert figures["summary_calls_per_100_turns"] == 0
+    assert figures["warnings"] == 1
+    assert "no compaction can bring the context under that" in figures["warning_texts"][0]
+
+
+def test_ids_used_twice_do_not_make_every_compaction_a_repeat(caplog) -> None:
+    """Duplicate message ids (some clients reuse them): a compaction in the normal course is no repeat."""
+    messages: list[BaseMessage] = [SystemMessage("You are an agent.", id="s")]
+    results = []
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for n in range(80):
+            messages += [
+                HumanMessage(f"q{n} " + "word " * 60, id="same"),
+                AIMessage(f"a{n} " + "word " * 60, id="same"),
+            ]
+            result, messages = auto_compact(summarize, messages, OPTIONS)
+            if result is not None:
+                results.append(result)
+    assert len(results) >= 3
+    assert not any(r.repeated for r in results)
+    assert "fired again" not in caplog.text
+
+
+def test_a_warning_about_the_kept_messages_is_not_repeated_every_compaction(caplog) -> None:
+    """One huge message kept again and again: the conversation is told once, not at every compaction."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from langchain_compaction import CompactionNode
+    from tests.conftest import compaction_graph
+
+    graph = compaction_graph(CompactionNode(summarize, OPTIONS, result_key="compaction"), checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "huge"}}
+    over_budget = 0
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for n in range(12):
+            huge = HumanMessage(f"log {n}:\n" + "log line " * 1_800, id=f"huge{n}")
+            state = graph.invoke({"messages": [huge]}, config)
+            over_budget += bool((state.get("compaction") or {}).get("over_budget"))
+    assert over_budget >= 5
+    over = [r for r in caplog.records if "still over budget" in r.getMessage()]
+    assert len(over) == 1

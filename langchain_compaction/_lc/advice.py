@@ -1,0 +1,64 @@
+"""What a conversation is told about its own setup: each warning once, with its figures and its fix.
+
+A warning that would come again on every turn (the fixed part of a request
+leaves compaction no room, a compaction came back too soon, the kept messages
+alone are over budget) is said once per conversation: ``Told`` remembers what
+was said to which, within a bound.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+
+from langchain_compaction._lc.conversation import Bounded
+from langchain_compaction.core.options import MIN_ROOM_TOKENS, Budget
+
+logger = logging.getLogger("langchain_compaction")
+
+NO_ROOM = (
+    "the system prompt, tool schemas and leading system messages take %d tokens of the %d a request may "
+    "hold before compacting (context_window %d minus reserve_tokens %d): no compaction can bring the context "
+    "under that, so none is made and requests will outgrow the window; use a model with a larger window, a "
+    "shorter system prompt or fewer tools"
+)
+FIXED = (
+    "the system prompt, tool schemas and leading system messages take %d tokens, over half of the %d a "
+    "request may hold before compacting: compactions land at %d tokens keeping %d recent ones, and come "
+    "often; a larger window, a shorter system prompt, fewer tools or a smaller keep_recent_tokens make them rarer"
+)
+REPEATED = (
+    "compaction fired again soon after the previous one: the recent messages it kept (up to %d tokens) were too "
+    "large to land under the target, so this one keeps half as many; if it happens often, lower keep_recent_tokens"
+)
+
+
+def no_room(budget: Budget) -> bool:
+    """Whether the fixed part leaves a compaction no room: less than ``MIN_ROOM_TOKENS`` of the landing above it.
+
+    At a tiny window the bound is a quarter of the threshold: there the window
+    is what is small, not the room the fixed part leaves.
+    """
+    if not budget.fixed or budget.threshold is None or budget.room is None:
+        return False
+    return budget.room < min(MIN_ROOM_TOKENS, budget.threshold // 4)
+
+
+class Told:
+    """What was said to which conversation (at most ``size`` conversations remembered)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._said: Bounded[bool] = Bounded(size)
+
+    def first(self, conversation: Hashable, what: str) -> bool:
+        """Whether ``what`` is said to ``conversation`` for the first time (and now it is)."""
+        key = (conversation, what)
+        if self._said.get(key):
+            return False
+        self._said.put(key, True)
+        return True
+
+    def once(self, conversation: Hashable, text: str, *figures: object) -> None:
+        """Warn ``text % figures``, once per conversation."""
+        if self.first(conversation, text):
+            logger.warning(text, *figures)
