@@ -77,6 +77,21 @@ _REVOKE = re.compile(
     r"|\byou (?:may|can) (?:now |again |go ahead and )?(?P<d>[^.;!?\n]+)",
     re.IGNORECASE,
 )
+# Every revocation holds one of these (lowercased): a cheap test before the regex.
+_REVOKE_WORDS = (
+    "forget",
+    "ignore",
+    "disregard",
+    "scratch",
+    "drop",
+    "mind",
+    " fine",
+    " ok",
+    "allowed",
+    "acceptable",
+    "you may",
+    "you can",
+)
 _STOP_WORDS = frozenset(
     {
         *("a", "an", "the", "and", "or", "of", "to", "in", "on", "at", "for", "with", "about", "what", "i"),
@@ -219,6 +234,9 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
         >>> revoked_subjects("forget the last file, use b.py")
         []
     """
+    low = text.lower()
+    if not any(word in low for word in _REVOKE_WORDS):
+        return []  # the common case, found by plain substring scans
     found = []
     for match in _REVOKE.finditer(own_words(text)):
         subject = next(group for group in match.groups() if group)
@@ -306,7 +324,9 @@ def identifiers(text: str, *, code_names: bool = True) -> list[str]:
     # inner capital, snake_case): a model paraphrases them into plain words.
     if code_names:
         # (Not from inside a pasted blob: base64 is full of "camelCase".)
-        readable = " ".join(w for w in words.split() if len(w) <= _MAX_TOKEN_CHARS and not encoded(w))
+        split = words.split()
+        long = any(len(w) >= 20 for w in split)  # shorter words are never encoded
+        readable = " ".join(w for w in split if len(w) <= _MAX_TOKEN_CHARS and not encoded(w)) if long else words
         for name in _CODE_NAME.findall(readable):
             _add_new(found, name)
     return found

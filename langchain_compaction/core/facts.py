@@ -154,6 +154,9 @@ class _Tracker:
     calls: dict[str, tuple[ToolCall, dict[str, object]]] = field(default_factory=dict)
     last_opened: str | None = None
     requests: list[tuple[FactKind, str]] = field(default_factory=list)
+    earlier: list[tuple[FactKind, str]] = field(default_factory=list)
+    # The errors in force by program: a clean run looks at its own program's only.
+    errors: dict[str, set[tuple[FactKind, str]]] = field(default_factory=dict)
     terms: dict[str, int] = field(default_factory=dict)
 
     def add(self, fact: Fact) -> None:
@@ -174,6 +177,10 @@ class _Tracker:
         self.facts[key] = fact
         if fact.kind == "request":
             self.requests = [*(k for k in self.requests if k != key), key]
+        elif fact.kind == "earlier":
+            self.earlier = [*(k for k in self.earlier if k != key), key]
+        elif fact.kind == "error":
+            self.errors.setdefault(fact.key.partition("\x00")[0], set()).add(key)
 
     def drop(self, kind: FactKind, key: str) -> None:
         self.facts.pop((kind, key), None)
@@ -205,7 +212,7 @@ class _Tracker:
         request = clip(words)
         if not request or feedback(words) or request.startswith("/"):
             return  # a harness's feedback on a call, or a slash command, is no request (and never the task)
-        if not any(kind == "task" for kind, _ in self.facts) and _substantive(request):
+        if ("task", "task") not in self.facts and _substantive(request):
             self.add(Fact("task", clip(request, _TASK_CHARS), key="task"))
         # The newest requests: what the user is after now in full, and, shorter,
         # the one before (the task it continues); older ones are the summary's.
@@ -217,9 +224,10 @@ class _Tracker:
             # the task grew into ("... per quarter").
             older = self.facts.pop(key)
             self.add(Fact("earlier", clip(older.text, _EARLIER_REQUEST_CHARS), key=key[1]))
-        olders = [key for key in self.facts if key[0] == "earlier"]
-        for key in olders[: max(len(olders) - EARLIER_KEPT, 0)]:
+        self.earlier = [key for key in self.earlier if key in self.facts]
+        for key in self.earlier[: max(len(self.earlier) - EARLIER_KEPT, 0)]:
             del self.facts[key]
+        self.earlier = self.earlier[-EARLIER_KEPT:]
         for key in requests[cut:]:
             previous = self.facts[key]
             self.facts[key] = replace(previous, text=clip(previous.text, _EARLIER_REQUEST_CHARS))
@@ -285,10 +293,13 @@ class _Tracker:
 
     def _resolve(self, program: str, target: str) -> None:
         """A clean run of ``program`` on ``target``: the errors it covers are resolved."""
-        for key in [k for k in self.facts if k[0] == "error"]:
-            failed_program, _, failed_target = key[1].partition("\x00")
-            if failed_program == program and (not target or failed_target.startswith(target)):
+        keys = self.errors.get(program, set())
+        for key in list(keys):
+            if key not in self.facts:
+                keys.discard(key)  # superseded meanwhile
+            elif not target or key[1].partition("\x00")[2].startswith(target):
                 del self.facts[key]
+                keys.discard(key)
 
     def result(self) -> list[Fact]:
         """The facts in force, oldest first, then the user's most repeated words."""

@@ -93,6 +93,7 @@ class Checkpoint:
 
     def render(self) -> str:
         """The summary's text: every section under its heading, ``(none)`` for an empty one."""
+
         def items(section: str, prefix: str = "- ") -> str:
             entries = self.sections[section].values()
             if not entries:
