@@ -20,8 +20,8 @@ several compactions at each window) is replayed through ``CompactionNode`` and
 added to the default features, and through LangChain's
 ``SummarizationMiddleware`` (its documented trigger and keep, the same threshold
 and keep). The stall is the compaction step's wall time on every turn, in
-modelled seconds: time spent waiting is scaled back, CPU time of the turn's own
-thread counts as it ran. Also reported: summary calls over the session
+modelled seconds: time spent waiting is scaled back, CPU time of the process
+(any thread) during the step counts as it ran. Also reported: summary calls over the session
 (preparations thrown away included) and per compaction, the summarizer input
 tokens the library reports against what was sent, and coverage (planted markers
 of compacted messages that some summary request showed).
@@ -170,10 +170,12 @@ def replay(name: str, step: Any, model: Model, session: list[BaseMessage], agent
     compacted: set[str] = set()
     for message in session:
         if isinstance(message, AIMessage) and state:
-            started, cpu = time.monotonic(), time.thread_time()
+            started, cpu = time.monotonic(), time.process_time()
             new_state = step(state)
-            # Waiting (for a modelled call) is scaled back; CPU work counts as it ran.
-            spent = time.thread_time() - cpu
+            # Waiting (for a modelled call) is scaled back; CPU work counts as
+            # it ran, on any thread (a preparation starting holds the
+            # interpreter lock for a moment, which is real time, not modelled).
+            spent = time.process_time() - cpu
             elapsed = (time.monotonic() - started - spent) / SCALE + spent
             run.total_stall += elapsed
             if new_state is not None:

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from langchain_core.messages import BaseMessage
 from typing_extensions import Self
 
-from langchain_compaction._lc.advice import Told
+from langchain_compaction._lc.advice import OVER_BUDGET, Told
 from langchain_compaction._lc.convert import SUMMARY_MARK, bridge_message, summary_message, to_core
-from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages
+from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages, working
+from langchain_compaction.core.effects import Call
 from langchain_compaction.core.engine import DriverReport, Summarizer
 from langchain_compaction.core.flow import SummaryFlow, compaction_flow
 from langchain_compaction.core.layout import BODY_KEY, compaction_result, compose_summary, layout, well_formed
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from langchain_compaction._lc.turn import Turn
 
 logger = logging.getLogger("langchain_compaction")
+_T = TypeVar("_T")
 
 Trigger = Literal["auto", "force"]
 """``auto``: only when the trigger rule says so; ``force``: now."""
@@ -143,6 +145,21 @@ class Compactor:
 
     def seam(self, name: str) -> list[Feature]:
         return [f for f in self.features if type(f).overrides(name)]
+
+    def refuse(self, store: Any, instructions: object) -> None:
+        """Raise what no turn may start with, first thing, before any model call.
+
+        A server attaches its store at run time, so what the features need
+        from it is said on the first turn, not at construction.
+        """
+        if not isinstance(instructions, str):
+            raise ConfigurationError("custom_instructions", instructions, "pass a string ('' for none)")
+        for feature in self.seam("require"):
+            feature.require(store)
+
+    def work(self, function: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Call[_T]:
+        """A long step (a plan, a finish, a count) off the event loop on the async path (``counting.working``)."""
+        return working(self.options, function, *args, **kwargs)
 
     def plan(
         self,
@@ -330,11 +347,7 @@ def log(result: CompactionResult, options: CompactionOptions, *, warn: bool = Tr
     if result.over_budget and warn:
         # The kept part alone is over the threshold (one huge recent message):
         # nothing more can be summarized without touching what must be kept.
-        logger.warning(
-            "the compacted context is still over budget: %d tokens > %d (the kept messages alone are too large)",
-            result.compacted_tokens,
-            options.budget.threshold,
-        )
+        logger.warning(OVER_BUDGET, result.compacted_tokens, options.budget.threshold, result.messages_kept)
     cleared = result.part("clearing").get("cleared")
     if cleared:
         logger.info(

@@ -28,6 +28,7 @@ from typing import Any, TypeVar, cast
 
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
+from langchain_compaction._lc.conversation import Bounded
 from langchain_compaction._lc.convert import (
     fingerprint,
     is_bridge_message,
@@ -36,7 +37,7 @@ from langchain_compaction._lc.convert import (
     to_core_list,
 )
 from langchain_compaction.core.context import trusted_usage
-from langchain_compaction.core.effects import Call, blocking, inline, off_loop
+from langchain_compaction.core.effects import Call, blocking, compute_off_loop, computing, inline, off_loop, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.tokens import estimate_message
 from langchain_compaction.core.types import Message
@@ -45,6 +46,9 @@ from langchain_compaction.errors import InvalidMessagesError
 _T = TypeVar("_T")
 
 DEFAULT_CACHE_SIZE = 200_000
+LAST_CALLS_REMEMBERED = 64
+"""Conversations whose last counted history a ``TokenCountCache`` keeps, most recent first."""
+_NOTHING: tuple[list[BaseMessage], list[int], list[Message]] = ([], [], [])
 """Messages remembered per cache before the oldest quarter is dropped."""
 
 # Up to this many messages are counted on the event loop itself (with the
@@ -130,16 +134,21 @@ class TokenCountCache:
         self._max_entries = max(int(max_entries), 1)
         self._entries: dict[str, tuple[str, int, Message]] = {}
         self._lock = threading.Lock()
-        # The previous call's messages, counts and core forms, as one tuple so
-        # threads swap it atomically.
-        self._last: tuple[list[BaseMessage], list[int], list[Message]] = ([], [], [])
+        # Per conversation, the previous call's messages, counts and core
+        # forms, as one tuple so threads swap it atomically: a server's
+        # interleaved conversations each find their own history (one slot for
+        # all re-read every message of each, turn after turn).
+        self._last: Bounded[tuple[list[BaseMessage], list[int], list[Message]]] = Bounded(LAST_CALLS_REMEMBERED)
         self.misses = 0
         """Messages counted (cache misses) since the cache was made."""
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def quick_check(self, messages: Sequence[BaseMessage], mark: int | None) -> Call[bool | None]:
+    def _previous(self, key: Any) -> tuple[list[BaseMessage], list[int], list[Message]]:
+        return self._last.get(key) or _NOTHING
+
+    def quick_check(self, messages: Sequence[BaseMessage], mark: int | None, key: Any = None) -> Call[bool | None]:
         """The effect that asks :func:`due_by_usage` on a cold cache.
 
         A warm cache counts only what is new, so there the answer is ``None``
@@ -149,12 +158,13 @@ class TokenCountCache:
             messages: The conversation.
             mark: The first size anything happens at (the preparation mark,
                 else the threshold; ``None``: never).
+            key: The conversation (``Conversation.key``; ``None``: one shared slot).
 
         Returns:
             A call answering over/under the mark, or ``None`` when only a
             full count can say.
         """
-        last = self._last[0]
+        last = self._previous(key)[0]
         warm = bool(last) and len(messages) >= len(last) and messages[len(last) - 1] is last[-1]
         return counting(self._options, _undecided if warm else due_by_usage, messages, self._options, mark)
 
@@ -178,26 +188,27 @@ class TokenCountCache:
         same = list(map(operator.is_, messages, last))
         return same.index(False) if False in same else len(same)
 
-    def counts_and_core(self, messages: Sequence[BaseMessage]) -> tuple[list[int], list[Message]]:
+    def counts_and_core(self, messages: Sequence[BaseMessage], key: Any = None) -> tuple[list[int], list[Message]]:
         """Token counts and core forms of ``messages``, cached together.
 
         Args:
             messages: The conversation.
+            key: The conversation (``Conversation.key``; ``None``: one shared slot).
 
         Returns:
             One count and one core message per message, in order.
         """
         # One read of the previous call: another thread may swap it meanwhile.
-        last, last_counts, last_core = self._last
+        last, last_counts, last_core = self._previous(key)
         reused = self._reused(messages, last)
         out, core = last_counts[:reused], last_core[:reused]
         missing: list[tuple[int, str]] = []
         entries = self._entries
         for index in range(reused, len(messages)):
             message = messages[index]
-            key = message.id if isinstance(message, BaseMessage) else None
-            mark = fingerprint(message) if key is not None else ""
-            hit = entries.get(key) if key is not None else None
+            known = message.id if isinstance(message, BaseMessage) else None
+            mark = fingerprint(message) if known is not None else ""
+            hit = entries.get(known) if known is not None else None
             if hit is not None and hit[0] == mark:
                 out.append(hit[1])
                 core.append(hit[2])
@@ -207,7 +218,7 @@ class TokenCountCache:
             core.append(to_core(message, index))  # raises InvalidMessagesError naming the index
         if missing:
             self._count_missing(messages, missing, out, core)
-        self._last = (list(messages), out, core)
+        self._last.put(key, (list(messages), out, core))
         return list(out), list(core)
 
     def _count_missing(
@@ -224,17 +235,25 @@ class TokenCountCache:
                 fresh.append((key, (mark, value, core[index])))
         self._remember(fresh)
 
-    async def acounts_and_core(self, messages: Sequence[BaseMessage]) -> tuple[list[int], list[Message]]:
+    def count(self, messages: Sequence[BaseMessage], key: Any = None) -> Call[tuple[list[int], list[Message]]]:
+        """``counts_and_core`` as a step of a flow: in place, or awaited (``acounts_and_core``)."""
+        return twin(self.counts_and_core, self.acounts_and_core, messages, key)
+
+    async def acounts_and_core(
+        self, messages: Sequence[BaseMessage], key: Any = None
+    ) -> tuple[list[int], list[Message]]:
         """``counts_and_core`` without blocking the event loop.
 
         A few new messages under the built-in estimate are counted in place;
         a custom counter (it may make a network call) or a long unseen history
         is counted in a worker thread.
         """
-        new = len(messages) - self._reused(messages, self._last[0])
-        if self._options.token_counter is None and new <= _INLINE_NEW_MESSAGES:
-            return self.counts_and_core(messages)
-        return await off_loop(self.counts_and_core, messages)
+        new = len(messages) - self._reused(messages, self._previous(key)[0])
+        if self._options.token_counter is None:
+            if new <= _INLINE_NEW_MESSAGES:
+                return self.counts_and_core(messages, key)
+            return await compute_off_loop(self.counts_and_core, messages, key)
+        return await off_loop(self.counts_and_core, messages, key)
 
     def _remember(self, fresh: list[tuple[str, tuple[str, int, Message]]]) -> None:
         if not fresh:
@@ -312,6 +331,16 @@ def counting(options: CompactionOptions, function: Callable[..., _T], *args: Any
     endpoint); the library's own estimate never blocks.
     """
     return (blocking if options.token_counter is not None else inline)(function, *args)
+
+
+def working(options: CompactionOptions, function: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Call[_T]:
+    """A long step that counts tokens on the way (a plan, a finish, a first count) off the event loop.
+
+    With the built-in estimate it is CPU work only, run on the library's one
+    worker thread (``computing``); a user's counter may wait on the network,
+    so its steps run side by side (``blocking``).
+    """
+    return (blocking if options.token_counter is not None else computing)(function, *args, **kwargs)
 
 
 def _undecided(messages: Sequence[BaseMessage], options: CompactionOptions, mark: int | None) -> bool | None:

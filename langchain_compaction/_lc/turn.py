@@ -56,13 +56,12 @@ from langchain_compaction._lc.convert import SUMMARY_MARK, message_list, to_core
 from langchain_compaction._lc.counting import count_messages, counts_and_core
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, atell, in_run, tell
 from langchain_compaction.core.context import context_tokens, stage
-from langchain_compaction.core.effects import Call, Flow, blocking, twin
+from langchain_compaction.core.effects import Call, Flow, twin
 from langchain_compaction.core.engine import Summarizer, summarize
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.record import KEPT_BEFORE_KEY, KEPT_FROM_KEY, stamp
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message, Preamble
-from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features import CacheAligned, Commit, PrepareAhead
 from langchain_compaction.features.prepare import PreparedSummary
 
@@ -162,8 +161,7 @@ class Turn(Compactor):
                 (a node's state), so traces show it (``None``: no run).
             counted: The messages' counts and core forms, when the adapter keeps them.
         """
-        if not isinstance(instructions, str):
-            raise ConfigurationError("custom_instructions", instructions, "pass a string ('' for none)")
+        self.refuse(place.store, instructions)
         messages = message_list(messages)
         prepare: PrepareAhead | None = self.feature(PrepareAhead)
         mark = prepare.mark if prepare is not None else None
@@ -171,10 +169,10 @@ class Turn(Compactor):
             if self.options.budget.threshold is None:
                 return Outcome()
             first = mark if mark is not None else self.options.budget.threshold
-            if counted is None and (yield self.cache.quick_check(messages, first)) is False:
+            if counted is None and (yield self.cache.quick_check(messages, first, place.conversation.key)) is False:
                 return Outcome()  # the provider's reported usage says it fits: nothing else to count
         if counted is None:
-            counted = yield twin(self.cache.counts_and_core, self.cache.acounts_and_core, messages)
+            counted = yield self.cache.count(messages, place.conversation.key)
         staged = self._staged(messages, counted)
         unchanged = Outcome(messages=staged.messages, source=staged.messages) if staged.reordered else Outcome()
         if trigger == "auto":
@@ -280,7 +278,7 @@ class Turn(Compactor):
     def _now(self, staged: _Staged, ask: _Asked, options: CompactionOptions) -> Flow[Output | None]:
         """A compaction made on the spot: planned, summarized, finished; ``None`` when there is nothing to do."""
         place = ask.place
-        job = yield blocking(
+        job = yield self.work(
             self.plan,
             staged.messages,
             staged.core,
@@ -338,7 +336,7 @@ class Turn(Compactor):
         )
         # Finishing counts what was written, with the user's counter if any:
         # off the event loop on the async path.
-        result, output = yield blocking(self.finish, job, report, record)
+        result, output = yield self.work(self.finish, job, report, record)
         return replace(result, parts={**result.parts, **parts}), output
 
     def _commit(
@@ -429,12 +427,12 @@ class Turn(Compactor):
         """The background preparation of ``snapshot`` (on top of ``base`` when it still applies), keeping ``keep``."""
         chained = base is not None and base.matches(snapshot)
         target = base.output_for(snapshot) if base is not None and chained else snapshot
-        counts, core = yield blocking(counts_and_core, target, self.options)
-        job = yield blocking(self.plan, target, core, counts, keep=keep, preamble=self._preamble_for_background())
+        counts, core = yield self.work(counts_and_core, target, self.options)
+        job = yield self.work(self.plan, target, core, counts, keep=keep, preamble=self._preamble_for_background())
         if job is None or job.flow is None:
             return None
         report = yield from summarize(job.flow, self.summarizer, fallback=self.fallback, timeout=self.options.timeout)
-        result, output = yield blocking(self.finish, job, report, {})
+        result, output = yield self.work(self.finish, job, report, {})
         if base is not None and chained:
             # One compaction, made in two steps: what both sent.
             result = replace(
@@ -444,7 +442,7 @@ class Turn(Compactor):
             )
         known = {id(m) for m in snapshot}
         written = [m for m in output if id(m) not in known]
-        tokens = yield blocking(count_messages, written, [to_core(m) for m in written], self.options)
+        tokens = yield self.work(count_messages, written, [to_core(m) for m in written], self.options)
         logger.info("prepared a summary of %d messages in the background", result.messages_removed)
         return PreparedSummary.of(snapshot, result, output, written_tokens=sum(tokens))
 
@@ -462,7 +460,7 @@ class Turn(Compactor):
         background.)
         """
         combined = prepared.output_for(messages)
-        counts, combined_core = yield blocking(counts_and_core, combined, self.options)
+        counts, combined_core = yield self.work(counts_and_core, combined, self.options)
         size = context_tokens(combined_core, counts, place.overhead)
         budget = self.options.budget
         result = replace(

@@ -12,6 +12,9 @@ A ``Call`` carries both forms of one step: ``twin(f, af, ...)`` pairs a sync
 function with its async counterpart, and ``blocking(f, ...)`` runs ``f`` in
 place on the sync path and in a worker thread on the async one, so the event
 loop never waits on a token counter, a blocking summarizer or a large plan.
+``computing(f, ...)`` is ``blocking`` for the library's own CPU work: it runs
+on one worker thread, so an event loop serving many conversations waits for
+the interpreter lock behind that thread, not behind one per conversation.
 An exception raised by a call is thrown into the flow at its ``yield``, so a
 flow handles failures where it makes the call.
 """
@@ -19,8 +22,10 @@ flow handles failures where it makes the call.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from collections.abc import Awaitable, Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -60,6 +65,36 @@ async def off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwar
     return await asyncio.to_thread(function, *args, **kwargs)
 
 
+_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="langchain-compaction")
+"""The one thread that runs the library's own CPU work for async callers.
+Python runs one thread's bytecode at a time anyway, so one worker costs no
+throughput; what it saves is the event loop's wait for the interpreter lock.
+With a worker per call (``asyncio.to_thread``), twenty conversations
+compacting at once kept the loop of one async graph waiting over 100 ms behind
+CPU-bound workers and thread starts; behind one worker it waits a switch
+interval."""
+
+
+async def compute_off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """Run ``function``, CPU work of the library's own (no I/O), on the library's worker thread.
+
+    Calls wait their turn in order; the caller's context (tracing callbacks,
+    a run's config) goes with the call, as with ``asyncio.to_thread``.
+
+    Args:
+        function: What to run; it must not wait on the network or on another
+            call to this function (every later call would wait behind it).
+        *args: Its arguments.
+        **kwargs: Its keyword arguments.
+
+    Returns:
+        What it returns.
+    """
+    context = contextvars.copy_context()
+    call = functools.partial(context.run, function, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(_WORKER, call)
+
+
 def twin(sync: Callable[..., _T], asynchronous: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> Call[_T]:
     """A step made by ``sync(*args, **kwargs)``, or awaited as ``asynchronous(*args, **kwargs)``."""
     return Call(functools.partial(sync, *args, **kwargs), functools.partial(asynchronous, *args, **kwargs))
@@ -77,6 +112,13 @@ def inline(function: Callable[..., _T], *args: Any, **kwargs: Any) -> Call[_T]:
 def blocking(function: Callable[..., _T], *args: Any, **kwargs: Any) -> Call[_T]:
     """A step made by ``function`` in place, or in a worker thread on the async path."""
     return Call(functools.partial(function, *args, **kwargs), functools.partial(off_loop, function, *args, **kwargs))
+
+
+def computing(function: Callable[..., _T], *args: Any, **kwargs: Any) -> Call[_T]:
+    """``blocking`` for CPU work of the library's own: on the async path it runs on the library's worker thread."""
+    return Call(
+        functools.partial(function, *args, **kwargs), functools.partial(compute_off_loop, function, *args, **kwargs)
+    )
 
 
 def drive(flow: Flow[_T]) -> _T:

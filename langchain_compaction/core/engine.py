@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
-from langchain_compaction.core.effects import Flow, twin
+from langchain_compaction.core.effects import Flow, computing, twin
 from langchain_compaction.core.flow import Outcome, SummaryFlow
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import (
@@ -232,11 +232,18 @@ class _Driver:
         return DriverReport(outcome, self.active.name, self.used_fallback, self.usage)
 
 
-def _advance(flow: SummaryFlow, reply: SummaryReply | None) -> SummaryRequest:
-    """The flow's next request; a failure inside the flow becomes a ``SummarizationError`` chained to it."""
+def _advance(flow: SummaryFlow, reply: SummaryReply | None) -> tuple[SummaryRequest | None, Outcome | None]:
+    """The flow's next request, or (when it is done) its outcome.
+
+    A failure inside the flow becomes a ``SummarizationError`` chained to it.
+    The end is returned, not raised: a step run in a worker thread cannot
+    hand ``StopIteration`` back through a future.
+    """
     try:
-        return next(flow) if reply is None else flow.send(reply)
-    except (StopIteration, CompactionError):
+        return (next(flow) if reply is None else flow.send(reply)), None
+    except StopIteration as stop:
+        return None, stop.value
+    except CompactionError:
         raise
     except Exception as exc:
         error = SummarizationError(f"compaction summarisation failed: {type(exc).__name__}: {exc}")
@@ -265,15 +272,17 @@ def summarize(
         no fallback (or the fallback failed too).
     """
     driver = _Driver(summarizer, fallback)
+    # Between requests the flow renders transcripts and checks summaries: CPU
+    # work, so on the async path it runs off the event loop.
     try:
-        request = _advance(flow, None)
-        while True:
+        request, outcome = yield computing(_advance, flow, None)
+        while request is not None:
             try:
                 reply = yield twin(_ask, _aask, driver.choose(request), request, timeout)
             except SummarizationError as error:
                 reply = yield twin(_ask, _aask, driver.switch(error), request, timeout)
-            request = _advance(flow, driver.record(reply))
-    except StopIteration as stop:
-        return driver.report(stop.value)
+            request, outcome = yield computing(_advance, flow, driver.record(reply))
+        assert outcome is not None  # a flow that ends returns its outcome
+        return driver.report(outcome)
     finally:
         flow.close()

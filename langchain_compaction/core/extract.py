@@ -324,12 +324,20 @@ def identifiers(text: str, *, code_names: bool = True) -> list[str]:
     # inner capital, snake_case): a model paraphrases them into plain words.
     if code_names:
         # (Not from inside a pasted blob: base64 is full of "camelCase".)
-        split = words.split()
-        long = any(len(w) >= 20 for w in split)  # shorter words are never encoded
-        readable = " ".join(w for w in split if len(w) <= _MAX_TOKEN_CHARS and not encoded(w)) if long else words
+        # (Words shorter than 20 characters are never encoded: only the long
+        # ones are looked at, found by the regex engine, not a Python loop.)
+        readable = _LONG_WORD.sub(_unless_readable, words)
         for name in _CODE_NAME.findall(readable):
             _add_new(found, name)
     return found
+
+
+_LONG_WORD = re.compile(r"\S{20,}")
+
+
+def _unless_readable(match: re.Match[str]) -> str:
+    word = match.group()
+    return word if len(word) <= _MAX_TOKEN_CHARS and not encoded(word) else " "
 
 
 # Base64, hex and hash runs: their character class keeps changing, which an id's does not.

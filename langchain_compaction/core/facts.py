@@ -455,17 +455,21 @@ def _fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list
     rounds = [(by_kind[kind], budget * _SHARES[kind] * 2**n) for n in range(4) for kind in PRIORITY]
     rounds.append((newest_first, budget))
     spent: dict[FactKind | None, int] = {}
+    lines = {id(f): _line(f) for f in missing}
     for candidates, cap in rounds:
         for fact in candidates:
-            if id(fact) in chosen or norm[id(fact)] in shown:
-                continue  # taken, or already in the section (a path inside a constraint)
-            line = _line(fact)
+            if id(fact) in chosen:
+                continue
+            line = lines[id(fact)]
             title = 0 if fact.kind in titled else estimate_tokens(_TITLES[fact.kind]) + 2  # paid once
             # No character costs less than a quarter token: a line that cannot
-            # fit by that bound is passed before anything costlier is done.
+            # fit by that bound is passed before anything costlier is done
+            # (once the section is nearly full, that is most of them).
             had = spent.get(fact.kind, 0)
             if used + len(line) // 4 + 1 + title > budget or had + len(line) // 4 > cap:
                 continue
+            if norm[id(fact)] in shown:
+                continue  # already in the section (a path inside a constraint)
             cost = estimate_tokens(line) + 1 + title
             if used + cost > budget or had + cost > cap:
                 continue

@@ -239,7 +239,7 @@ def _setup(
 def _request(
     setup: _Setup, chunk: Sequence[Block], shown: str | None, number: int, planned: int
 ) -> tuple[SummaryRequest, int]:
-    """The request for one chunk, and what it costs (from pieces already estimated)."""
+    """The request for one chunk, and the tokens its text sends."""
     texts = [b.body for b in chunk] + [b.header for b in chunk] + [shown or "", setup.instructions]
     fence = make_fence(texts)
     pieces: list[str] = []
@@ -267,8 +267,9 @@ def _request(
         # one) uses the transcript, chunk by chunk.
         prompt = prompts.CACHE_ALIGNED_PROMPT + setup.extra
         request = replace(request, prefix=setup.prefix, prefix_prompt=prompt, prefix_tools=setup.prefix_tools)
-    cost = setup.fixed + sum(b.tokens for b in chunk) + estimate_tokens(shown or "")
-    return request, cost
+    # Counted from the text itself: the blocks' own estimates count a message
+    # as the model sees it, not as the transcript renders it.
+    return request, estimate_tokens(setup.system) + estimate_tokens(prompt)
 
 
 @dataclass(slots=True)

@@ -150,9 +150,15 @@ class Archive(Feature):
         """What the line costs."""
         return estimate_tokens(RECALL_NOTE.format(tool=RECALL_TOOL_NAME)) + 2
 
-    def commit(self, commit: Commit) -> Flow[Mapping[str, Any] | None]:
-        """Archive what the compaction removes, before anything else happens; ``None`` holds it back."""
-        store, conversation = commit.store, commit.conversation
+    def require(self, store: Any) -> None:
+        """Raise when there is no store to archive into (checked on every turn, before any model call).
+
+        A server attaches its store at run time, so a node cannot know at
+        construction; the first turn says so, not the first compaction.
+
+        Raises:
+            ConfigurationError: ``store`` is ``None``.
+        """
         if store is None:
             raise ConfigurationError(
                 "archive",
@@ -160,6 +166,11 @@ class Archive(Feature):
                 "the graph has no LangGraph store to archive into; compile(store=InMemoryStore()) (or "
                 "create_agent(store=...)), or leave Archive out of features",
             )
+
+    def commit(self, commit: Commit) -> Flow[Mapping[str, Any] | None]:
+        """Archive what the compaction removes, before anything else happens; ``None`` holds it back."""
+        store, conversation = commit.store, commit.conversation
+        self.require(store)
         if conversation.thread is None:
             logger.warning(
                 "Archive is on but the run has no thread_id in its config, so the compacted messages of this run "

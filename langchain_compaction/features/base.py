@@ -102,6 +102,9 @@ class Feature:
         """This feature checked against ``options`` (raises ``ConfigurationError`` when it cannot work)."""
         return self
 
+    def require(self, store: Any) -> None:
+        """Raise ``ConfigurationError`` when the turn's place lacks what it needs (run on every turn, first thing)."""
+
     def reserve(self, options: CompactionOptions) -> int:
         """Tokens of the summary's budget it adds under the summary (the summarizer is asked to leave them)."""
         return 0

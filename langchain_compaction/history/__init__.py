@@ -64,9 +64,10 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage
 
 from langchain_compaction._lc.conversation import Conversation
+from langchain_compaction._lc.counting import working
 from langchain_compaction._lc.legacy import adapter_keywords
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
-from langchain_compaction.core.effects import Call, Flow, adrive, blocking, drive, twin
+from langchain_compaction.core.effects import Call, Flow, adrive, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.recall import Lookup
 from langchain_compaction.core.redact import Redactor
@@ -444,5 +445,5 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
     def _counted(self) -> Flow[tuple[list[BaseMessage], tuple[list[int], list[Message]]]]:
         """The history now, with its counts and core forms (one read; only new messages are counted)."""
         snapshot = yield from self._repaired()
-        counted = yield blocking(self._state.counted.counts_and_core, snapshot, self.options)
+        counted = yield working(self.options, self._state.counted.counts_and_core, snapshot, self.options)
         return snapshot, counted

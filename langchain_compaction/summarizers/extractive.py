@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from langchain_compaction.core.effects import off_loop
+from langchain_compaction.core.effects import compute_off_loop
 from langchain_compaction.core.extract import (
     constraints,
     feedback,
@@ -204,7 +204,7 @@ class ExtractiveSummarizer:
 
     async def asummarize(self, request: SummaryRequest) -> str:
         """Same as ``summarize``, in a worker thread: a large region takes a while."""
-        return await off_loop(self.summarize, request)
+        return await compute_off_loop(self.summarize, request)
 
     def summarize_messages(
         self, messages: Sequence[Message], previous_summary: str | None = None, instructions: str = ""
@@ -273,16 +273,17 @@ class ExtractiveSummarizer:
         return False
 
     def _user(self, summary: Checkpoint, text: str) -> bool:
-        """Take a user turn; whether it is a request (a slash command or a greeting is not)."""
+        """Take a user turn; whether it is a request (a slash command, a greeting or a harness's feedback is not)."""
         first = _first_line(text)
         words = [w.strip(".,!?;:") for w in text.lower().split()]
         if len(words) <= 6 and all(w in _COURTESY for w in words):
             return False
         command = first.startswith("/")
+        harness = not command and feedback(first)
         if command:
             # A slash command, or a tool's echo of one: what the user did, not what they want.
             summary.add("Done", _clip(f"The user ran {first}", _BRIEF_CHARS))
-        elif feedback(first):
+        elif harness:
             # An error pasted back or arguments refused (by the user or a
             # harness speaking as the user): what is blocking, not a new goal.
             summary.add("Blocked", _clip(first))
@@ -306,7 +307,8 @@ class ExtractiveSummarizer:
             # What the harness answered to the command is read as a tool's output.
             answer = text.strip().split("\n", 1)[1]
             self._add_context(summary, answer, from_user=False, identifiers=False, source=first.split(" ", 1)[0])
-        return not command
+        # Neither a command nor a harness's feedback on a call is a request to continue with.
+        return not command and not harness
 
     def _add_call(self, summary: Checkpoint, name: str, arguments: str, result: Message | None) -> None:
         brief = _args_brief(arguments)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from helpers_turns import SUMMARY, chat
 from langchain.agents import create_agent
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.language_models import FakeListChatModel
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, HumanMessage
 
 from langchain_compaction import (
     CompactingChatMessageHistory,
@@ -124,3 +125,40 @@ async def test_the_middleware_counts_the_system_prompt_off_the_loop() -> None:
     await agent.ainvoke({"messages": [("user", "hello")]})
     assert counter.calls > 0
     assert counter.on_loop == []
+
+
+class ThreadRecordingRedactor:
+    """A ``redact`` function (it runs while a compaction is planned, on every text) that notes its threads."""
+
+    def __init__(self) -> None:
+        self.on_loop = 0
+        self.threads: set[int] = set()
+
+    def __call__(self, text: str) -> str:
+        self.threads.add(threading.get_ident())
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            self.on_loop += 1
+        return text
+
+
+async def test_the_library_cpu_work_runs_off_the_event_loop_on_one_worker() -> None:
+    """Planning, redacting and summarizing offline leave the event loop free, on one worker thread.
+
+    Twenty conversations compacting at once on one async graph share that
+    worker, so the loop waits behind one thread for the interpreter lock, not
+    behind twenty (a thread per call kept it waiting over 100 ms).
+    """
+    redact = ThreadRecordingRedactor()
+    options = CompactionOptions(context_window=20_000, reserve_tokens=4_000, keep_recent_tokens=2_000, redact=redact)
+    node = CompactionNode(ExtractiveSummarizer(), options)
+    histories = [[HumanMessage(f"conversation {n}", id=f"c{n}"), *chat(20, size=200)] for n in range(20)]
+    updates = await asyncio.gather(*(node.ainvoke({"messages": h}) for h in histories))
+    assert all(update and update["messages"] for update in updates)  # every conversation compacted
+    assert redact.threads  # the flow did redact
+    assert redact.on_loop == 0
+    assert threading.get_ident() not in redact.threads
+    assert len(redact.threads) == 1

@@ -434,13 +434,30 @@ def test_the_token_cache_reads_the_previous_call_once() -> None:
 
     def other_thread_runs_meanwhile(messages: Any, last: Any) -> int:
         count = reused(messages, last)
-        cache._last = (theirs, *TokenCountCache(CompactionOptions()).counts_and_core(theirs))
+        cache._last.put(None, (theirs, *TokenCountCache(CompactionOptions()).counts_and_core(theirs)))
         return count
 
     cache._reused = other_thread_runs_meanwhile  # type: ignore[method-assign]
     counts, core = cache.counts_and_core(mine)
     assert counts == truth
     assert all(m.text.startswith("a") for m in core)
+
+
+def test_interleaved_conversations_each_keep_their_previous_call() -> None:
+    """A server's conversations take turns on one node: each turn counts only that conversation's new messages."""
+    cache = TokenCountCache(CompactionOptions())
+    # Messages without ids cannot be found by id: only the memory of each
+    # conversation's previous call spares counting them again.
+    talks = {key: [HumanMessage(f"{key} says {i} " * 20) for i in range(200)] for key in ("a", "b", "c")}
+    for key, messages in talks.items():
+        cache.counts_and_core(messages, key)
+    before = cache.misses
+    for turn in range(3):
+        for key, messages in talks.items():
+            messages.append(HumanMessage(f"{key} turn {turn}"))
+            counts, _ = cache.counts_and_core(messages, key)
+            assert counts == TokenCountCache(CompactionOptions()).counts(messages)
+    assert cache.misses - before == 9  # the nine new messages, nothing else
 
 
 # -- usage anchoring ----------------------------------------------------------------
