@@ -211,10 +211,7 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _print_result(result: CompactionResult | None, out: TextIO, style: _Style) -> None:
-    if result is None:
-        print("nothing to compact", file=out)
-        return
+def _print_result(result: CompactionResult, out: TextIO, style: _Style) -> None:
     rows = [
         ["messages removed", str(result.messages_removed)],
         ["messages kept", str(result.messages_kept)],
@@ -278,8 +275,9 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
     # With the conversation on stdout, the figures go to stderr so a pipe
     # receives a clean file.
     report = out if args.output else sys.stderr
-    print(happened, file=report)
-    _print_result(result, report, _Style(report))
+    print(happened, file=report)  # once: what happened, then the figures if anything did
+    if result is not None:
+        _print_result(result, report, _Style(report))
     if args.output:
         print(f"wrote {len(compacted)} messages to {args.output}", file=out)
     else:

@@ -5,12 +5,14 @@ repository, 101 messages; ``data/LICENSE-openhands.txt`` says where it comes
 from and under which license) shipped inside the package, so it works after a
 plain install. Before each assistant turn, as an agent would before calling its
 model, it asks ``should_compact`` and compacts with the offline
-``ExtractiveSummarizer``.
+``ExtractiveSummarizer``. What the library warns about on the way is printed
+under the table as a note on the compaction it concerns, not amid the rows.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import textwrap
 from importlib import resources
 from typing import TextIO
@@ -43,19 +45,44 @@ def _row(number: int, position: int, sizes: tuple[int, int], result: CompactionR
     )
 
 
+class _Notes(logging.Handler):
+    """The library's warnings during the replay, each with the compaction it came with."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.number = 0
+        self.notes: list[tuple[int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.notes.append((self.number, record.getMessage()))
+
+
 def _replay(session: list[BaseMessage], options: CompactionOptions, out: TextIO) -> list[BaseMessage]:
     summarizer = ExtractiveSummarizer()
     state: list[BaseMessage] = []
     count = 0
-    for position, message in enumerate(session, 1):
-        if isinstance(message, AIMessage) and should_compact(state, options=options):
-            before = len(state)
-            result, state = compact(summarizer, state, options)
-            if result is not None:
-                count += 1
-                summary = estimate_message_tokens([m for m in state if m.id and m.id.startswith("compaction-summary")])
-                print(_row(count, position, (before, len(state)), result, summary), file=out)
-        state.append(message)
+    notes = _Notes()
+    library = logging.getLogger("langchain_compaction")
+    library.addHandler(notes)
+    propagate, library.propagate = library.propagate, False
+    try:
+        for position, message in enumerate(session, 1):
+            if isinstance(message, AIMessage) and should_compact(state, options=options):
+                before = len(state)
+                notes.number = count + 1
+                result, state = compact(summarizer, state, options)
+                if result is not None:
+                    count += 1
+                    summaries = [m for m in state if m.id and m.id.startswith("compaction-summary")]
+                    summary = estimate_message_tokens(summaries)
+                    print(_row(count, position, (before, len(state)), result, summary), file=out)
+            state.append(message)
+    finally:
+        library.removeHandler(notes)
+        library.propagate = propagate
+    for number, note in notes.notes:
+        wrapped = textwrap.wrap(f"note on compaction {number}: {note}", _WIDTH, subsequent_indent="    ")
+        print("\n" + "\n".join(wrapped), file=out)
     print(f"\n{count} compactions", end="", file=out)
     return state
 
@@ -93,7 +120,8 @@ def run_demo(out: TextIO, *, window: int = 8_000, reserve: int | None = None, ke
     print(f"replaying {len(session)} messages of a real OpenHands run (fixing a ponyc compiler bug)", file=out)
     print(
         f"window {window:,} tokens: compact above {budget.threshold:,}, keep {budget.keep:,} recent tokens, "
-        f"summaries up to {budget.summary_max:,}; summarizer: offline extractive\n",
+        f"summarizer text up to {budget.summary_max:,} (the summary column adds the library's header and "
+        f"checked facts); summarizer: offline extractive\n",
         file=out,
     )
     header = (

@@ -32,6 +32,14 @@ REPEATED = (
     "large to land under the target, so this one keeps half as many; if it happens often, lower keep_recent_tokens"
 )
 
+OVER_BUDGET = (
+    "the compacted context is still over budget: %d tokens > %d. The %d messages kept verbatim are too large: "
+    "the newest ones stay whole (a tool call is never separated from its results), so a very large recent "
+    "message, such as a long tool output, stays until newer messages follow it and the next compaction "
+    "summarizes it. If this is frequent: a model with a larger context_window, or tools that return less "
+    "(a file read in ranges, a command's output truncated)"
+)
+
 
 def no_room(budget: Budget) -> bool:
     """Whether the fixed part leaves a compaction no room: less than ``MIN_ROOM_TOKENS`` of the landing above it.

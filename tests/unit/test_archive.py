@@ -42,7 +42,7 @@ from langgraph.prebuilt import ToolNode
 from langgraph.store.memory import InMemoryStore
 from typing_extensions import TypedDict
 
-from langchain_compaction import CompactingChatMessageHistory, CompactionNode
+from langchain_compaction import CompactingChatMessageHistory, CompactionMiddleware, CompactionNode
 from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import SUMMARY_MARK, is_compaction_message, is_summary_message
 from langchain_compaction.archive import Archive, recall_tool
@@ -249,7 +249,19 @@ def test_without_a_store_the_archive_is_refused_with_the_fix() -> None:
     error = first_error(turn, 80)
     assert isinstance(error, ConfigurationError)
     assert "compile(store=InMemoryStore())" in str(error)
+    # Said on the first turn (a server attaches its store at run time, so
+    # construction cannot tell), not at the first compaction, turns later.
+    assert turns == [0]
     assert len(graph.get_state(config).values["messages"]) == len(turns)
+
+
+def test_without_a_store_the_agent_is_told_before_its_model_is_called() -> None:
+    """``create_agent`` with the middleware and an archive but no store: the first turn raises, no model call made."""
+    model = GenericFakeChatModel(messages=iter([AIMessage("never asked")]))
+    agent = create_agent(model, middleware=[CompactionMiddleware(summarize, OPTIONS, features=with_archive())])
+    with pytest.raises(ConfigurationError, match="no LangGraph store"):
+        agent.invoke({"messages": [HumanMessage("hello")]})
+    assert next(model.messages, None) is not None  # its one answer was never taken
 
 
 def test_without_a_thread_id_it_compacts_and_says_nothing_was_archived(caplog: pytest.LogCaptureFixture) -> None:

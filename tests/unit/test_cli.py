@@ -36,6 +36,20 @@ def test_demo_compacts_several_times_and_prints_the_figures():
     assert "## Goal" in text
 
 
+def test_demo_prints_its_table_whole_and_warnings_as_notes(caplog):
+    """The library's warnings come under the table as notes on a numbered compaction, not amid the rows."""
+    code, text = run("demo")
+    assert code == 0
+    lines = text.splitlines()
+    at = [i for i, line in enumerate(lines) if line[:3].strip().isdigit() and len(line.split()) == 7]
+    assert at == list(range(at[0], at[-1] + 1))  # the rows, nothing between them
+    notes = [line for line in lines if line.startswith("note on compaction ")]
+    assert all(1 <= int(line.split()[3].rstrip(":")) <= len(at) for line in notes)
+    assert not caplog.records  # said once, in the demo's own output
+    # A harness's feedback on a call ("Parameter 'command' is expected ...") is no request to continue with.
+    assert "Continue with the latest request: Parameter" not in text
+
+
 def test_inspect_reports_tokens_by_type_and_the_cut(ponyc):
     code, text = run(
         "inspect", ponyc, "--context-window", "20000", "--reserve-tokens", "2000", "--keep-recent-tokens", "5000"
@@ -229,3 +243,12 @@ def test_help_shows_the_defaults(capsys):
     assert "(default: 0)" in text
     assert "16384" in text
     assert "20000" in text
+
+
+def test_compact_says_that_nothing_was_done_once(tmp_path, ponyc):
+    """A conversation that fits: one line says so (and how to compact anyway), nothing said twice."""
+    code, out = run("compact", ponyc, "--context-window", "200000", "-o", str(tmp_path / "out.json"))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "nothing done: the conversation fits the window (pass --force to compact anyway)"
+    assert lines[1:] == ["wrote 101 messages to " + str(tmp_path / "out.json")]

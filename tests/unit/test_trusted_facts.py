@@ -448,6 +448,9 @@ def test_a_harness_message_about_a_refused_call_is_never_the_goal() -> None:
         text = text_of(out)
         goal = text.split("## Goal", 1)[1].split("\n## ", 1)[0]
         assert "expected to be one of" not in goal
+        # Nor the next step: the request to continue with is the user's, the task.
+        following = text.split("## Next Steps", 1)[1].split("\n## ", 1)[0]
+        assert "expected to be one of" not in following
         assert facts_in_mark(out, "task") == [
             "Make the failing tests in tests/test_match.py pass with a minimal change."
         ]
