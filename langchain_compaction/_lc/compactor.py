@@ -32,10 +32,11 @@ from langchain_compaction.core.plan import (
     grown_since_summary,
     leading_block,
     misplaced,
+    narrowed,
     plan_compaction,
     reordered,
 )
-from langchain_compaction.core.record import LINEAGE_KEY, numbering, written_here
+from langchain_compaction.core.record import KEPT_BEFORE_KEY, KEPT_FROM_KEY, LINEAGE_KEY, numbering, stamp, written_here
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message, Preamble
 from langchain_compaction.errors import ConfigurationError
@@ -251,6 +252,40 @@ class Compactor:
         if grown >= (budget.threshold - budget.landing) // 2:
             return budget.keep, False
         return max(budget.keep // 2, 1), True
+
+    def record(self, job: Job, namespace: tuple[str, ...]) -> tuple[list[int], dict[str, Any]]:
+        """What ``job`` removes, and the summary's record of it (``core.record.stamp``)."""
+        assert job.plan is not None
+        removed = [i for i in range(len(job.core)) if i not in set(job.kept) and leaves(job.core[i])]
+        cut = job.plan.cut
+        base = {
+            KEPT_FROM_KEY: job.messages[cut].id if cut < len(job.messages) else None,
+            KEPT_BEFORE_KEY: [job.messages[i].id for i in job.kept if i < cut and job.messages[i].id],
+        }
+        return removed, stamp(job.core, job.kept, removed, base, namespace)
+
+    def narrowed(self, job: Job, report: DriverReport) -> Job:
+        """``job`` as far as its summary got: when a later chunk failed, the cut moves back to that chunk.
+
+        The summary of the chunks that succeeded is kept, and the rest of the
+        region stays verbatim until the next compaction: a summarizer that
+        fails now and then still shrinks a long backlog, chunk by chunk,
+        where all or nothing would let it grow.
+        """
+        outcome = report.outcome
+        if outcome.until is None or job.plan is None:
+            return job
+        plan = narrowed(job.plan, outcome.until)
+        shape = layout(job.core, plan, job.options or self.options)
+        logger.warning(
+            "the summarizer failed on chunk %d (%s): the summary covers the %d chunk(s) before it, and the %d "
+            "messages from there on stay verbatim until the next compaction",
+            outcome.chunks + 1,
+            outcome.failure,
+            outcome.chunks,
+            job.plan.cut - outcome.until,
+        )
+        return replace(job, plan=plan, kept=(*shape.head, *shape.kept))
 
     def finish(self, job: Job, report: DriverReport, record: dict[str, Any]) -> Output:
         """The compacted list (the caller's objects around what was written) and its figures.

@@ -59,7 +59,7 @@ from langchain_compaction.core.context import context_tokens, stage
 from langchain_compaction.core.effects import Call, Flow, twin
 from langchain_compaction.core.engine import Summarizer, summarize
 from langchain_compaction.core.options import CompactionOptions
-from langchain_compaction.core.record import KEPT_BEFORE_KEY, KEPT_FROM_KEY, stamp
+from langchain_compaction.core.record import KEPT_FROM_KEY, stamp
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message, Preamble
 from langchain_compaction.features import CacheAligned, Commit, PrepareAhead
@@ -317,15 +317,8 @@ class Turn(Compactor):
                 return None
             cleared, output = self._cleared(job, job.clearing)
             return replace(cleared, parts={**cleared.parts, **parts}), output
-        assert job.plan is not None
         assert job.flow is not None
-        removed = [i for i in range(len(job.core)) if i not in set(job.kept) and leaves(job.core[i])]
-        cut = job.plan.cut
-        base = {
-            KEPT_FROM_KEY: job.messages[cut].id if cut < len(job.messages) else None,
-            KEPT_BEFORE_KEY: [job.messages[i].id for i in job.kept if i < cut and job.messages[i].id],
-        }
-        record = stamp(job.core, job.kept, removed, base, place.conversation.namespace)
+        removed, record = self.record(job, place.conversation.namespace)
         size = context_tokens(job.core, job.counts, place.overhead)
         parts = yield from self._commit(job.messages, job.core, removed=removed, record=record, place=place, size=size)
         if parts is None:
@@ -334,6 +327,12 @@ class Turn(Compactor):
         report = yield from summarize(
             job.flow, summarizer or self.summarizer, fallback=self.fallback, timeout=self.options.timeout
         )
+        if report.outcome.failure is not None:
+            if self.seam("commit"):
+                # What the features committed (the archive) is the whole region's.
+                raise report.outcome.failure
+            job = self.narrowed(job, report)
+            removed, record = self.record(job, place.conversation.namespace)
         # Finishing counts what was written, with the user's counter if any:
         # off the event loop on the async path.
         result, output = yield self.work(self.finish, job, report, record)
@@ -432,6 +431,7 @@ class Turn(Compactor):
         if job is None or job.flow is None:
             return None
         report = yield from summarize(job.flow, self.summarizer, fallback=self.fallback, timeout=self.options.timeout)
+        job = self.narrowed(job, report)  # nothing committed yet: what the chunks that answered cover is kept
         result, output = yield self.work(self.finish, job, report, {})
         if base is not None and chained:
             # One compaction, made in two steps: what both sent.

@@ -232,14 +232,18 @@ class _Driver:
         return DriverReport(outcome, self.active.name, self.used_fallback, self.usage)
 
 
-def _advance(flow: SummaryFlow, reply: SummaryReply | None) -> tuple[SummaryRequest | None, Outcome | None]:
-    """The flow's next request, or (when it is done) its outcome.
+def _advance(
+    flow: SummaryFlow, reply: SummaryReply | None, error: SummarizationError | None = None
+) -> tuple[SummaryRequest | None, Outcome | None]:
+    """The flow's next request, or (when it is done) its outcome; ``error`` is thrown into it instead of a reply.
 
     A failure inside the flow becomes a ``SummarizationError`` chained to it.
     The end is returned, not raised: a step run in a worker thread cannot
     hand ``StopIteration`` back through a future.
     """
     try:
+        if error is not None:
+            return flow.throw(error), None
         return (next(flow) if reply is None else flow.send(reply)), None
     except StopIteration as stop:
         return None, stop.value
@@ -278,9 +282,15 @@ def summarize(
         request, outcome = yield computing(_advance, flow, None)
         while request is not None:
             try:
-                reply = yield twin(_ask, _aask, driver.choose(request), request, timeout)
+                try:
+                    reply = yield twin(_ask, _aask, driver.choose(request), request, timeout)
+                except SummarizationError as error:
+                    reply = yield twin(_ask, _aask, driver.switch(error), request, timeout)
             except SummarizationError as error:
-                reply = yield twin(_ask, _aask, driver.switch(error), request, timeout)
+                # No one could answer this request: the flow decides (it may
+                # keep what earlier chunks summarized, or give up).
+                request, outcome = yield computing(_advance, flow, None, error)
+                continue
             request, outcome = yield computing(_advance, flow, driver.record(reply))
         assert outcome is not None  # a flow that ends returns its outcome
         return driver.report(outcome)

@@ -31,6 +31,7 @@ from langchain_compaction.core.redact import apply_redactor, redact_message
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.transcript import Block, make_block, make_fence, render, render_previous_summary, shorten
 from langchain_compaction.core.types import FALLBACK_ATTEMPT, Message, Preamble, SummaryReply, SummaryRequest
+from langchain_compaction.errors import SummarizationError
 
 # No message is shortened below this, however small the budget.
 _MIN_MESSAGE_TOKENS = 256
@@ -51,6 +52,10 @@ class Outcome:
             cache-aligned mode, the prefix as sent).
         shortened: Messages shortened in the transcript.
         updated_previous: Whether a previous summary was updated.
+        until: When a later chunk's summary failed, the index of the first
+            message the summary does not cover (the chunks before it are
+            kept, the rest stays verbatim); ``None`` when it covers the region.
+        failure: That chunk's error.
     """
 
     summary: str
@@ -59,6 +64,8 @@ class Outcome:
     input_tokens: int
     shortened: int
     updated_previous: bool
+    until: int | None = None
+    failure: SummarizationError | None = None
 
 
 def instructions_text(options: CompactionOptions, updating: bool) -> str:
@@ -365,17 +372,28 @@ def _run(setup: _Setup) -> SummaryFlow:
         chunk = planned[0] if planned else []
         remaining = remaining[len(chunk) :]
         request, cost = _request(setup, chunk, shown, number, len(planned))
-        text, covered = yield from _answer(setup, request, cost, tally)
+        try:
+            text, covered = yield from _answer(setup, request, cost, tally)
+        except SummarizationError as error:
+            if running is None or number == 0 or not chunk:
+                raise  # nothing summarized yet: nothing to keep
+            # What the earlier chunks summarized is kept (the caller decides
+            # whether it may be used); this chunk and the rest stay verbatim.
+            return replace(_outcome(setup, running, tally, number), until=chunk[0].index, failure=error)
         running = text.strip()
         number += 1
         if covered:
             remaining = []  # the prefix covered every message of the region
         if not remaining:
             break
+    return _outcome(setup, running, tally, number)
+
+
+def _outcome(setup: _Setup, summary: str, tally: _Tally, chunks: int) -> Outcome:
     return Outcome(
-        summary=running,
+        summary=summary,
         calls=tally.calls,
-        chunks=number,
+        chunks=chunks,
         input_tokens=tally.sent,
         shortened=sum(1 for b in setup.blocks if b.shortened),
         updated_previous=setup.previous is not None,

@@ -10,7 +10,7 @@ cut splits into summarized and kept messages (``core.cut``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from langchain_compaction.core.cut import find_cut, forced_cut, valid_boundaries
@@ -174,6 +174,21 @@ def plan_compaction(
         provider_prefix=tuple(range(start, region_start)),
         pinned=pinned,
         pinned_over_cap=over,
+    )
+
+
+def narrowed(plan: Plan, until: int) -> Plan:
+    """``plan`` with its cut moved back to ``until``: what a summary covering only the region before it replaces.
+
+    ``until`` is a chunk's first message, so a valid boundary: no tool call is
+    separated from its results. Pinned messages and earlier summaries after it
+    stay where they are, with everything else from ``until`` on.
+    """
+    return replace(
+        plan,
+        cut=until,
+        pinned=tuple(i for i in plan.pinned if i < until),
+        previous_summaries=tuple(i for i in plan.previous_summaries if i < until),
     )
 
 
