@@ -254,6 +254,7 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         if ask is None:
             return None, {}
         own, conversation, parent = self._delivery.conversation(config, ask.messages)
+        self._delivery.too_deep(config)  # said on the first turn at that depth, before any compaction
         place = Place(conversation, store if store is not None else current_store(), config)
         trigger: Trigger = "force" if ask.forced else "auto"
         outcome: Outcome = yield from self._turn.run(
@@ -267,8 +268,6 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         elif ask.command is not None and ask.command.id is not None:
             update[self.messages_key] = [RemoveMessage(id=ask.command.id)]
         if not update or parent is None:
-            if update:
-                self._delivery.too_deep(config)
             return outcome.result, update
         if outcome.messages is not None:
             self._delivery.sent(own, outcome.messages)

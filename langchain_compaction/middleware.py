@@ -284,6 +284,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         messages: list[BaseMessage] = state.get("messages") or []
         config = _current_config()
         own, conversation, parent = self._delivery.conversation(config, messages)
+        self._delivery.too_deep(config)  # said on the first turn at that depth, before any compaction
         place = Place(conversation, getattr(runtime, "store", None), config, state.get(OVERHEAD_KEY) or 0)
         compacted = yield from self._compaction(messages, place, "auto")
         if compacted is None:
@@ -293,7 +294,6 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         # its state goes back merged by id, so write to the parent, which runs
         # the agent again on the compacted list (see CompactionNode(nested=...)).
         if parent is None:
-            self._delivery.too_deep(config)
             return update
         self._delivery.sent(own, compacted)
         return Command(graph=Command.PARENT, update=update, goto=parent)

@@ -263,8 +263,10 @@ class Delivery:
         self._say(
             "too deep",
             "it runs in a subgraph nested more than one level deep, where LangGraph lets it update only its own "
-            "state: the summary lands mid-history in the outer graphs and is put back in place next turn; put "
-            "the compaction in the outermost graph that holds the conversation",
+            "state: its summaries land mid-history in the outer graphs, whose checkpointed state never shrinks "
+            "(requests stay valid: the summary is put back in place each turn); put the compaction in the "
+            "outermost graph that holds the conversation (a CompactionNode before the subgraph's node there), "
+            "or pass nested='own' if this subgraph's messages are its own",
         )
         return True
 

@@ -222,6 +222,59 @@ def test_two_levels_down_the_requests_stay_valid_and_the_fix_is_named(caplog: py
     assert "outermost graph" in warnings[0]
 
 
+def test_two_levels_down_the_warning_comes_on_the_first_turn(caplog: pytest.LogCaptureFixture) -> None:
+    """Before any compaction: a user sees the advice while the thread is short, not hundreds of turns later."""
+    inner = node_in_subgraph(Requests(), "parent", RecordingSummarizer())
+    middle = StateGraph(MessagesState)
+    middle.add_node("inner", inner.builder.compile())
+    middle.add_edge(START, "inner")
+    outer = StateGraph(MessagesState)
+    outer.add_node("middle", middle.compile())
+    outer.add_edge(START, "middle")
+    graph = outer.compile(checkpointer=InMemorySaver())
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        graph.invoke({"messages": [HumanMessage("hello")]}, {"configurable": {"thread_id": "first"}})
+    assert any("nested more than one level" in r.getMessage() for r in caplog.records)
+
+
+def test_the_recommended_setup_keeps_a_deep_thread_bounded_for_300_turns() -> None:
+    """What the warning recommends: the compaction in the outermost graph, before the nested agent.
+
+    The agent sits two subgraph levels down; the outer checkpoint, which is
+    what the checkpointer keeps, stays bounded and holds one summary.
+    """
+    requests = Requests()
+    model = GenericFakeChatModel(messages=iter([AIMessage(f"answer {i} " * 50) for i in range(400)]))
+
+    def call_model(state: MessagesState) -> dict[str, Any]:
+        request = [SystemMessage("You are helpful."), *state["messages"]]
+        requests.check(request)
+        return {"messages": [model.invoke(request)]}
+
+    inner = StateGraph(MessagesState)
+    inner.add_node("model", call_model)
+    inner.add_edge(START, "model")
+    middle = StateGraph(MessagesState)
+    middle.add_node("inner", inner.compile())
+    middle.add_edge(START, "inner")
+    outer = StateGraph(MessagesState)
+    outer.add_node("compact", CompactionNode(RecordingSummarizer(), OPTIONS))
+    outer.add_node("middle", middle.compile())
+    outer.add_edge(START, "compact")
+    outer.add_edge("compact", "middle")
+    graph = outer.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "deep"}}
+    sizes = []
+    for turn in range(300):
+        state = graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, config)
+        sizes.append(len(state["messages"]))
+    assert len(requests.sent) == 300
+    assert requests.invalid == []
+    assert max(sizes[100:]) < 60  # bounded, not growing with the turns
+    summaries = [m for m in graph.get_state(config).values["messages"] if is_summary_message(m)]
+    assert len(summaries) == 1
+
+
 # -- the rule itself, on the core form ----------------------------------------------------------
 
 
