@@ -22,6 +22,15 @@ from langchain_compaction import (
 from langchain_compaction.tokens import estimate_message_tokens
 
 
+def on_a_loop() -> bool:
+    """Whether the calling thread is running an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class ThreadRecordingCounter:
     """A custom token_counter that notes whether it ran on an event loop's thread."""
 
@@ -31,12 +40,7 @@ class ThreadRecordingCounter:
 
     def __call__(self, messages: list[BaseMessage]) -> int:
         self.calls += 1
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            self.on_loop += 1
+        self.on_loop += on_a_loop()
         return estimate_message_tokens(messages)
 
 
@@ -136,12 +140,7 @@ class ThreadRecordingRedactor:
 
     def __call__(self, text: str) -> str:
         self.threads.add(threading.get_ident())
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            self.on_loop += 1
+        self.on_loop += on_a_loop()
         return text
 
 
