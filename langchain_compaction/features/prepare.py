@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
@@ -78,6 +78,9 @@ class PreparedSummary:
         kept: Positions of the messages kept after it.
         result: The compaction's figures, as made.
         written_tokens: What ``written`` counts.
+        shared: Whether it was kept in the store, where any worker may apply
+            it (and report its calls): the worker that made it never counts
+            it as discarded.
     """
 
     size: int
@@ -87,6 +90,7 @@ class PreparedSummary:
     kept: tuple[int, ...]
     result: CompactionResult
     written_tokens: int = 0
+    shared: bool = False
 
     @classmethod
     def of(
@@ -258,7 +262,13 @@ class PrepareAhead(Feature):
         return None
 
     def _discard(self, conversation: Conversation, prepared: PreparedSummary) -> None:
-        """Count what a preparation that will never be applied cost (the next compaction reports it)."""
+        """Count what a preparation that will never be applied cost (the next compaction reports it).
+
+        One kept in the store may have been applied by another worker, whose
+        result reported its calls: it is not counted here again.
+        """
+        if prepared.shared:
+            return
         calls, sent = self._spent.get(conversation.key) or (0, 0)
         result = prepared.result
         self._spent.put(conversation.key, (calls + result.summarizer_calls, sent + result.summarizer_input_tokens))
@@ -331,11 +341,13 @@ class PrepareAhead(Feature):
                 self._discard(conversation, claim.value)
         if self.in_store and store is not None:
             try:
-                stored = yield from _read_store(store, conversation, messages, clear=True)
+                stored = yield from _read_store(store, conversation, messages, prune=True)
             except Exception as exc:  # a store failure costs the stored preparation, never the turn
                 logger.warning("could not read prepared summaries from the store (%s: %s)", type(exc).__name__, exc)
                 stored = None
-            found = found or stored
+            # The store's copy first: every worker (and a retried turn) then
+            # applies the same preparation, so a compaction keeps one id.
+            found = stored or found
         return found, time.monotonic() - started, self._spent.pop(conversation.key) or (0, 0)
 
     # -- the background run -----------------------------------------------------------------
@@ -368,15 +380,39 @@ class PrepareAhead(Feature):
             return nullcontext(True)
         return self.lease(self._lease_key(conversation)).lease(wait=False)  # type: ignore[no-any-return]
 
+    def _prepare(self, run: _Run) -> Flow[PreparedSummary | None]:
+        """Under the lease: a preparation another worker stored meanwhile, else one made now and stored.
+
+        The store is read again once the lease is held, and written before it
+        is let go: a worker that waited for the lease finds what the holder
+        made instead of making it twice.
+        """
+        store = run.store if self.in_store else None
+        if store is not None and run.base is None:
+            try:
+                found = yield from _read_store(store, run.conversation, run.snapshot)
+            except Exception as exc:  # the store is a second home for preparations, never needed
+                logger.warning("could not read prepared summaries from the store (%s: %s)", type(exc).__name__, exc)
+                found = None
+            if found is not None:
+                return found
+        prepared = yield from run.compact(run.snapshot, run.base)
+        if prepared is None or store is None:
+            return prepared
+        try:
+            yield from _write_store(store, run.conversation, prepared)
+        except Exception as exc:  # kept in this process all the same
+            logger.warning("could not keep a prepared summary in the store (%s: %s)", type(exc).__name__, exc)
+            return prepared
+        return replace(prepared, shared=True)
+
     def _start(self, run: _Run) -> bool:
         def work() -> None:
             claim = run.claim
             try:
                 with self._lease_for(run.conversation) as held:
                     if held:
-                        claim.value = drive(run.compact(run.snapshot, run.base))
-                if claim.value is not None and self.in_store and run.store is not None:
-                    drive(_write_store(run.store, run.conversation, claim.value))
+                        claim.value = drive(self._prepare(run))
             except Exception as exc:  # never surfaces in a turn
                 _failed(exc)
             finally:
@@ -391,13 +427,11 @@ class PrepareAhead(Feature):
             try:
                 lease = self.lease(self._lease_key(run.conversation)).alease(wait=False) if self.lease else None
                 if lease is None:
-                    claim.value = await adrive(run.compact(run.snapshot, run.base))
+                    claim.value = await adrive(self._prepare(run))
                 else:
                     async with lease as held:
                         if held:
-                            claim.value = await adrive(run.compact(run.snapshot, run.base))
-                if claim.value is not None and self.in_store and run.store is not None:
-                    await adrive(_write_store(run.store, run.conversation, claim.value))
+                            claim.value = await adrive(self._prepare(run))
             except asyncio.CancelledError:
                 logger.info("a summary being prepared was cancelled (its event loop closed); the threshold compacts")
                 raise
@@ -441,9 +475,16 @@ def namespace(conversation: Conversation) -> tuple[str, ...]:
 
 
 def _read_store(
-    store: Any, conversation: Conversation, messages: Sequence[BaseMessage], *, clear: bool = False
+    store: Any, conversation: Conversation, messages: Sequence[BaseMessage], *, prune: bool = False
 ) -> Flow[PreparedSummary | None]:
-    """The stored preparation made from a prefix of ``messages`` (the longest); with ``clear``, all are deleted."""
+    """The stored preparation made from a prefix of ``messages`` (the longest); with ``prune``, the others go.
+
+    The one that matches stays until the conversation moves past it: a worker
+    killed after the archive wrote but before the checkpoint did, retried,
+    applies the same preparation again, so the compaction has the same id and
+    its archive items are not written twice. Once applied, the messages it was
+    made from are gone, and the next read prunes it.
+    """
     if conversation.thread is None:
         return None
     where = namespace(conversation)
@@ -451,16 +492,15 @@ def _read_store(
     found: list[PreparedSummary] = []
     for item in items:
         try:
-            prepared = PreparedSummary.from_value(item.value)
+            prepared = replace(PreparedSummary.from_value(item.value), shared=True)
         except (KeyError, TypeError, ValueError) as exc:
             logger.warning("ignored a stored prepared summary this version cannot read: %s", exc)
             continue
         if prepared.matches(messages):
             found.append(prepared)
-    if clear:
-        for item in items:
-            yield twin(store.delete, store.adelete, where, item.key)  # applied now, or stale
-    return max(found, key=lambda p: p.size, default=None)
+        elif prune:
+            yield twin(store.delete, store.adelete, where, item.key)  # made from messages no longer there
+    return max(found, key=lambda p: (p.size, p.digest), default=None)  # the same choice in every worker
 
 
 def _write_store(store: Any, conversation: Conversation, prepared: PreparedSummary) -> Flow[None]:
