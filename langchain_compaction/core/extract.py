@@ -2,8 +2,8 @@
 
 ``constraints`` (the user's rules, preferences and corrections), ``identifiers``
 (ids, codes, amounts, dates, versions, paths, URLs, code names), ``error_line``
-(the line of a tool's output that reports an error), and what a tool call was
-about (``key_argument``, ``file_use``). Every rule is a linear scan or regex:
+(the line of a tool's output that reports an error); what a tool call was
+about is ``core.calls``'. Every rule is a linear scan or regex:
 the real transcripts in ``../shared/data/transcripts`` and the synthetic
 sessions of ``bench/`` chose them. ``core.facts`` turns what they find into
 facts; the extractive summarizer copies identifiers by the same rule.
@@ -11,15 +11,11 @@ facts; the extractive summarizer copies identifiers by the same rule.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 
-from langchain_compaction.core.types import ToolCall
-
 MAX_FACT_CHARS = 240
-_MAX_KEY_CHARS = 160
-_SHORT_ARGUMENT = 80
+MAX_KEY_CHARS = 160
 
 # A user's rule or preference, or a correction of the agent.
 _CONSTRAINT = re.compile(
@@ -125,14 +121,6 @@ _CODE_NAME = re.compile(
 )
 # Tried only where a word starts, and it scans that word once: linear.
 _MAYBE_IDENTIFIER = re.compile(r"(?<!\S)(?=\S*[\d/.@$€£¥])\S+")
-
-# Which argument says what a call was about, most telling first.
-_PATH_KEYS = ("file_path", "path", "filename", "file", "target_file", "notebook_path")
-_KEY_ARGS = (*_PATH_KEYS, "command", "cmd", "url", "query", "pattern", "expression")
-
-_WRITES = re.compile(r"write|edit|create|patch|replace|insert|append|apply|undo|rename|move|delete", re.I)
-_READS = re.compile(r"read|view|open|show|cat\b|load", re.I)
-SHELL = re.compile(r"bash|shell|terminal|exec|run|command|console|python|cmd", re.I)
 
 # An exception or a compiler's "error:" says what went wrong; a failure count
 # or an exit status only that something did.
@@ -317,7 +305,7 @@ def identifiers(text: str, *, code_names: bool = True) -> list[str]:
         token = word.lstrip("([{<\"'`*").rstrip(")]}>\"'`*.,;:!?")
         if len(token) > _MAX_TOKEN_CHARS or "://" in token or not _TOKEN.fullmatch(token) or encoded(token):
             continue
-        if "/" in token and not _is_path(token):
+        if "/" in token and not is_path(token):
             continue  # "and/or", "yes/no"
         _add_new(found, token)
     # Names from code the user wrote in prose (camelCase, PascalCase with an
@@ -354,7 +342,7 @@ def encoded(token: str) -> bool:
     """
     if len(token) > 60:
         return True
-    if len(token) < 20 or (_is_path(token) and "/" in token):
+    if len(token) < 20 or (is_path(token) and "/" in token):
         return False
     if _HEX.fullmatch(token) or len(_CLASS_CHANGE.findall(token)) * 4 >= len(token):
         return True
@@ -368,45 +356,15 @@ def encoded(token: str) -> bool:
 
 def _add_new(found: list[str], value: str) -> None:
     if value and value not in found:
-        found.append(clip(value, _MAX_KEY_CHARS))
+        found.append(clip(value, MAX_KEY_CHARS))
 
 
-def _is_path(value: str) -> bool:
+def is_path(value: str) -> bool:
+    """Whether ``value`` looks like a file path or URL (not a slash command, not \"and/or\")."""
     last = value.rstrip("/").rsplit("/", 1)[-1]
     if _COMMAND_WORD.fullmatch(value):
         return False  # "/add", "/undo": a slash command, not a path worth keeping
     return value.startswith(("/", "~", "./", "../", "http")) or "." in last or value.count("/") >= 2
-
-
-# How a command is run, before the program: environment assignments and runners.
-_RUNNERS = frozenset({"sudo", "env", "time", "nice", "uv", "run", "poetry", "pipenv", "npx", "pnpm", "yarn", "bunx"})
-_INTERPRETERS = re.compile(r"^python[0-9.]*$|^node$|^ruby$|^bash$|^sh$")
-
-
-def command_target(command: str) -> tuple[str, str]:
-    """A command's program and what it ran on, flags aside: ``("pytest", "tests/test_a.py")``.
-
-    The target is the first argument that names a path (``a/b``, ``x.py``,
-    ``tests/t.py::test_x`` without the ``::`` part), else the first plain
-    argument; ``python -m pytest`` is ``pytest``.
-
-    Example:
-        >>> command_target("cd repo && python -m pytest -q tests/test_a.py::test_x -k boom")
-        ('pytest', 'tests/test_a.py')
-        >>> command_target("make build")
-        ('make', 'build')
-    """
-    segment = re.split(r"&&|\|\||;|\|", command)[-1].split()
-    words = [w for w in segment if "=" not in w or w.startswith("-")]
-    while words and (words[0] in _RUNNERS or _INTERPRETERS.match(words[0].rsplit("/", 1)[-1])):
-        words = words[2:] if words[0].rsplit("/", 1)[-1].startswith("python") and words[1:2] == ["-m"] else words[1:]
-    if not words:
-        return "", ""
-    program = words[0].rsplit("/", 1)[-1]
-    plain = [w for w in words[1:] if not w.startswith("-")]
-    pathlike = [w for w in plain if "/" in w or "." in w]
-    target = (pathlike or plain or [""])[0].split("::", 1)[0]
-    return program, target
 
 
 # Words too common to say what a task is about (and the library's own).
@@ -432,50 +390,6 @@ def task_terms(text: str) -> set[str]:
     """
     words = re.findall(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", text.lower())
     return {w for w in words if (len(w) >= 5 or "-" in w) and w not in _COMMON}
-
-
-def call_arguments(call: ToolCall) -> dict[str, object]:
-    """A tool call's arguments as a dict (empty when they are not a JSON object)."""
-    try:
-        value = json.loads(call.arguments) if call.arguments else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def key_argument(call: ToolCall, arguments: dict[str, object] | None = None) -> str:
-    """What a call was about: its path, command, URL or query, else an id or its first text argument."""
-    args = call_arguments(call) if arguments is None else arguments
-    for key in _KEY_ARGS:
-        value = args.get(key)
-        if isinstance(value, str) and value.strip():
-            return clip(value.strip().splitlines()[0], _MAX_KEY_CHARS)
-    for key, value in args.items():
-        if (key == "id" or key.endswith("_id")) and isinstance(value, (str, int)) and not isinstance(value, bool):
-            return clip(str(value), _MAX_KEY_CHARS)
-    # Else a short text argument; a long one is prose (a "think" tool's thought).
-    text = next((v.strip() for v in args.values() if isinstance(v, str) and v.strip()), "")
-    return text if len(text) <= _SHORT_ARGUMENT and "\n" not in text else ""
-
-
-def file_use(call: ToolCall, args: dict[str, object], last_opened: str | None) -> tuple[str, str] | None:
-    """``("read" | "modified", path)`` when ``call`` reads or changes a file."""
-    command = args.get("command")
-    # An editor tool names its operation in "command" (str_replace_editor view/create);
-    # a command-line tool (SWE-agent's "open path 293") names itself and the path.
-    verb = command if isinstance(command, str) and command.isidentifier() else call.name
-    path = next((v for k in _PATH_KEYS if isinstance(v := args.get(k), str) and v.strip()), None)
-    own_command = isinstance(command, str) and command.split()[:1] == [call.name]
-    if path is None and own_command:
-        words = str(command).split()
-        path = words[1] if len(words) >= 2 and _is_path(words[1]) else None
-    if _WRITES.search(verb):
-        if path is None and own_command:
-            path = last_opened  # SWE-agent's "edit 1:1" edits the file it opened last
-        return ("modified", path) if path else None
-    if path and _READS.search(verb):
-        return "read", path
-    return None
 
 
 # Lines that name an error without reporting one: a traceback's banner, code

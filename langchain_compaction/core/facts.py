@@ -51,17 +51,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from langchain_compaction.core.calls import SHELL, call_arguments, command_target, file_use, key_argument
 from langchain_compaction.core.extract import (
-    SHELL,
-    call_arguments,
     clip,
-    command_target,
     constraints,
     error_line,
     feedback,
-    file_use,
     identifiers,
-    key_argument,
     normalize,
     one_line,
     own_words,

@@ -1,0 +1,101 @@
+"""What a tool call was about, read without a model: its key argument, the file it used, the program it ran.
+
+``key_argument`` (the path, command, URL or query a call names),
+``file_use`` (a file read or modified), ``command_target`` (a command's program
+and what it ran on: an error is resolved by a clean run of the same pair).
+The rules follow the real transcripts' tools: editors that name their
+operation in ``command`` (``str_replace_editor view``), command-line tools that
+name themselves (SWE-agent's ``open path 293``), shells.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from langchain_compaction.core.extract import MAX_KEY_CHARS, clip, is_path
+from langchain_compaction.core.types import ToolCall
+
+_SHORT_ARGUMENT = 80
+
+# Which argument says what a call was about, most telling first.
+_PATH_KEYS = ("file_path", "path", "filename", "file", "target_file", "notebook_path")
+_KEY_ARGS = (*_PATH_KEYS, "command", "cmd", "url", "query", "pattern", "expression")
+
+_WRITES = re.compile(r"write|edit|create|patch|replace|insert|append|apply|undo|rename|move|delete", re.I)
+_READS = re.compile(r"read|view|open|show|cat\b|load", re.I)
+SHELL = re.compile(r"bash|shell|terminal|exec|run|command|console|python|cmd", re.I)
+
+# How a command is run, before the program: environment assignments and runners.
+_RUNNERS = frozenset({"sudo", "env", "time", "nice", "uv", "run", "poetry", "pipenv", "npx", "pnpm", "yarn", "bunx"})
+_INTERPRETERS = re.compile(r"^python[0-9.]*$|^node$|^ruby$|^bash$|^sh$")
+
+
+def command_target(command: str) -> tuple[str, str]:
+    """A command's program and what it ran on, flags aside: ``("pytest", "tests/test_a.py")``.
+
+    The target is the first argument that names a path (``a/b``, ``x.py``,
+    ``tests/t.py::test_x`` without the ``::`` part), else the first plain
+    argument; ``python -m pytest`` is ``pytest``.
+
+    Example:
+        >>> command_target("cd repo && python -m pytest -q tests/test_a.py::test_x -k boom")
+        ('pytest', 'tests/test_a.py')
+        >>> command_target("make build")
+        ('make', 'build')
+    """
+    segment = re.split(r"&&|\|\||;|\|", command)[-1].split()
+    words = [w for w in segment if "=" not in w or w.startswith("-")]
+    while words and (words[0] in _RUNNERS or _INTERPRETERS.match(words[0].rsplit("/", 1)[-1])):
+        words = words[2:] if words[0].rsplit("/", 1)[-1].startswith("python") and words[1:2] == ["-m"] else words[1:]
+    if not words:
+        return "", ""
+    program = words[0].rsplit("/", 1)[-1]
+    plain = [w for w in words[1:] if not w.startswith("-")]
+    pathlike = [w for w in plain if "/" in w or "." in w]
+    target = (pathlike or plain or [""])[0].split("::", 1)[0]
+    return program, target
+
+
+def call_arguments(call: ToolCall) -> dict[str, object]:
+    """A tool call's arguments as a dict (empty when they are not a JSON object)."""
+    try:
+        value = json.loads(call.arguments) if call.arguments else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def key_argument(call: ToolCall, arguments: dict[str, object] | None = None) -> str:
+    """What a call was about: its path, command, URL or query, else an id or its first text argument."""
+    args = call_arguments(call) if arguments is None else arguments
+    for key in _KEY_ARGS:
+        value = args.get(key)
+        if isinstance(value, str) and value.strip():
+            return clip(value.strip().splitlines()[0], MAX_KEY_CHARS)
+    for key, value in args.items():
+        if (key == "id" or key.endswith("_id")) and isinstance(value, (str, int)) and not isinstance(value, bool):
+            return clip(str(value), MAX_KEY_CHARS)
+    # Else a short text argument; a long one is prose (a "think" tool's thought).
+    text = next((v.strip() for v in args.values() if isinstance(v, str) and v.strip()), "")
+    return text if len(text) <= _SHORT_ARGUMENT and "\n" not in text else ""
+
+
+def file_use(call: ToolCall, args: dict[str, object], last_opened: str | None) -> tuple[str, str] | None:
+    """``("read" | "modified", path)`` when ``call`` reads or changes a file."""
+    command = args.get("command")
+    # An editor tool names its operation in "command" (str_replace_editor view/create);
+    # a command-line tool (SWE-agent's "open path 293") names itself and the path.
+    verb = command if isinstance(command, str) and command.isidentifier() else call.name
+    path = next((v for k in _PATH_KEYS if isinstance(v := args.get(k), str) and v.strip()), None)
+    own_command = isinstance(command, str) and command.split()[:1] == [call.name]
+    if path is None and own_command:
+        words = str(command).split()
+        path = words[1] if len(words) >= 2 and is_path(words[1]) else None
+    if _WRITES.search(verb):
+        if path is None and own_command:
+            path = last_opened  # SWE-agent's "edit 1:1" edits the file it opened last
+        return ("modified", path) if path else None
+    if path and _READS.search(verb):
+        return "read", path
+    return None
