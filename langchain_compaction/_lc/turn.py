@@ -63,7 +63,7 @@ from langchain_compaction.core.record import KEPT_FROM_KEY, stamp
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message, Preamble
 from langchain_compaction.features import CacheAligned, Commit, PrepareAhead
-from langchain_compaction.features.prepare import PreparedSummary
+from langchain_compaction.features.prepared import PreparedSummary
 
 __all__ = ["Adapter", "Outcome", "Place", "Trigger", "Turn"]
 
@@ -488,7 +488,7 @@ class Turn(Compactor):
         return (
             replace(
                 result,
-                original_tokens=sum(self.cache.counts_and_core(messages)[0]),
+                original_tokens=sum(self.cache.counts_and_core(messages, place.conversation.key)[0]),
                 messages_removed=len(messages) - len(kept),
                 cut_index=cut,
                 messages_kept=len(kept),

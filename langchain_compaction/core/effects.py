@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import os
 from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -65,8 +66,13 @@ async def off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwar
     return await asyncio.to_thread(function, *args, **kwargs)
 
 
-_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="langchain-compaction")
-"""The one thread that runs the library's own CPU work for async callers.
+def _new_worker() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="langchain-compaction")
+
+
+_WORKER = [_new_worker()]
+"""The one thread that runs the library's own CPU work for async callers (a
+forked child gets a new one: the parent's thread does not exist there).
 Python runs one thread's bytecode at a time anyway, so one worker costs no
 throughput; what it saves is the event loop's wait for the interpreter lock.
 With a worker per call (``asyncio.to_thread``), twenty conversations
@@ -92,7 +98,15 @@ async def compute_off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs:
     """
     context = contextvars.copy_context()
     call = functools.partial(context.run, function, *args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(_WORKER, call)
+    return await asyncio.get_running_loop().run_in_executor(_WORKER[0], call)
+
+
+def _after_fork_in_child() -> None:
+    _WORKER[0] = _new_worker()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def twin(sync: Callable[..., _T], asynchronous: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> Call[_T]:

@@ -9,6 +9,7 @@ usable text, and sends it back; ``drive`` or ``adrive`` makes the calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 from dataclasses import dataclass, field, replace
@@ -295,4 +296,8 @@ def summarize(
         assert outcome is not None  # a flow that ends returns its outcome
         return driver.report(outcome)
     finally:
-        flow.close()
+        # Cancelled while the worker thread advances the flow ("generator
+        # already executing"): it ends there, unheard, and the cancellation
+        # goes on as it is.
+        with contextlib.suppress(ValueError):
+            flow.close()

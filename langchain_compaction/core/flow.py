@@ -267,16 +267,17 @@ def _request(
         # What the features add under the summary is left to them.
         max_tokens=max(setup.options.budget.summary_max - setup.reserved, _MIN_MESSAGE_TOKENS),
     )
+    # What the transcript request sends, counted from its text (the blocks'
+    # own estimates count a message as the model sees it, not as rendered).
+    cost = estimate_tokens(setup.system) + estimate_tokens(prompt)
     if number == 0 and setup.prefix:
         # The prefix fits one request: offer the caller's own messages too. A
         # summarizer that sends them covers the whole region in this one call
         # (and says so); one that cannot (a plain function, the extractive
-        # one) uses the transcript, chunk by chunk.
-        prompt = prompts.CACHE_ALIGNED_PROMPT + setup.extra
-        request = replace(request, prefix=setup.prefix, prefix_prompt=prompt, prefix_tools=setup.prefix_tools)
-    # Counted from the text itself: the blocks' own estimates count a message
-    # as the model sees it, not as the transcript renders it.
-    return request, estimate_tokens(setup.system) + estimate_tokens(prompt)
+        # one) sends the transcript, chunk by chunk, at the cost above.
+        prefix_prompt = prompts.CACHE_ALIGNED_PROMPT + setup.extra
+        request = replace(request, prefix=setup.prefix, prefix_prompt=prefix_prompt, prefix_tools=setup.prefix_tools)
+    return request, cost
 
 
 @dataclass(slots=True)
@@ -375,11 +376,13 @@ def _run(setup: _Setup) -> SummaryFlow:
         try:
             text, covered = yield from _answer(setup, request, cost, tally)
         except SummarizationError as error:
-            if running is None or number == 0 or not chunk:
+            tally.sent += cost  # the failed request was sent all the same
+            until = _kept_from(setup, chunk)
+            if running is None or number == 0 or until is None:
                 raise  # nothing summarized yet: nothing to keep
             # What the earlier chunks summarized is kept (the caller decides
             # whether it may be used); this chunk and the rest stay verbatim.
-            return replace(_outcome(setup, running, tally, number), until=chunk[0].index, failure=error)
+            return replace(_outcome(setup, running, tally, number), until=until, failure=error)
         running = text.strip()
         number += 1
         if covered:
@@ -387,6 +390,20 @@ def _run(setup: _Setup) -> SummaryFlow:
         if not remaining:
             break
     return _outcome(setup, running, tally, number)
+
+
+def _kept_from(setup: _Setup, chunk: Sequence[Block]) -> int | None:
+    """Where a summary of the chunks before ``chunk`` may stop: the nearest valid cut at or before its start.
+
+    A chunk may start inside a tool exchange (a unit larger than a request is
+    split); the cut never does, so it moves back to the assistant message that
+    made the calls, and what the summary covers past it is also kept verbatim.
+    ``None`` when that leaves nothing before it.
+    """
+    if not chunk:
+        return None
+    first = setup.blocks[0].index
+    return next((c for c in range(chunk[0].index, first, -1) if setup.valid[c]), None)
 
 
 def _outcome(setup: _Setup, summary: str, tally: _Tally, chunks: int) -> Outcome:

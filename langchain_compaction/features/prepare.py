@@ -33,26 +33,24 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
+from langchain_core.messages import BaseMessage
 
 from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED, Bounded, Conversation, opening
-from langchain_compaction._lc.convert import prefix_digest
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.options import CompactionOptions, check_int, check_seconds
-from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features.base import Feature
+from langchain_compaction.features.prepared import (
+    PreparedSummary,
+    mark_applied,
+    read_prepared,
+    write_prepared,
+)
 
 logger = logging.getLogger("langchain_compaction")
 
 PREPARE_WAIT_SECONDS = 5.0
 """How long a turn at the threshold waits for a preparation still running, by default."""
-
-STORE_NAMESPACE = "compaction_prepared"
-"""First label of the store namespace prepared summaries are kept under."""
-
-_STORED = 20
-"""Prepared summaries looked at per conversation in a store (there is normally one)."""
 
 LeaseFactory = Callable[[str], Any]
 """Gives the lease (a ``LeaseLock``) that says which process prepares a conversation's summary."""
@@ -61,103 +59,6 @@ _ADVICE = (
     "pass a share of the threshold above the landing (half the threshold) and below 1, e.g. 0.7, "
     "or leave PrepareAhead out to summarize at the threshold"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedSummary:
-    """A compaction made from the first ``size`` messages of a conversation.
-
-    It holds only what it wrote (the summary, and the bridge if any) and the
-    positions of what it kept, so it applies to the caller's current objects.
-
-    Attributes:
-        size: How many messages it was made from.
-        digest: ``prefix_digest`` of those messages.
-        head: Positions of the leading messages kept before the summary.
-        written: What the compaction wrote (the summary, the bridge).
-        kept: Positions of the messages kept after it.
-        result: The compaction's figures, as made.
-        written_tokens: What ``written`` counts.
-        shared: Whether it was kept in the store, where any worker may apply
-            it (and report its calls): the worker that made it never counts
-            it as discarded.
-    """
-
-    size: int
-    digest: str
-    head: tuple[int, ...]
-    written: tuple[BaseMessage, ...]
-    kept: tuple[int, ...]
-    result: CompactionResult
-    written_tokens: int = 0
-    shared: bool = False
-
-    @classmethod
-    def of(
-        cls,
-        snapshot: Sequence[BaseMessage],
-        result: CompactionResult,
-        output: Sequence[BaseMessage],
-        written_tokens: int,
-    ) -> PreparedSummary:
-        """The prepared form of compacting ``snapshot`` into ``output``."""
-        where = {id(m): i for i, m in enumerate(snapshot)}
-        first_written = next(i for i, m in enumerate(output) if id(m) not in where)
-        written = [m for m in output if id(m) not in where]
-        after = first_written + len(written)
-        return cls(
-            size=len(snapshot),
-            digest=prefix_digest(snapshot),
-            head=tuple(where[id(m)] for m in output[:first_written]),
-            written=tuple(written),
-            kept=tuple(where[id(m)] for m in output[after:]),
-            result=result,
-            written_tokens=written_tokens,
-        )
-
-    def matches(self, messages: Sequence[BaseMessage]) -> bool:
-        """Whether ``messages`` starts with the very messages it was made from."""
-        return len(messages) >= self.size and prefix_digest(messages[: self.size]) == self.digest
-
-    def output_for(self, messages: Sequence[BaseMessage]) -> list[BaseMessage]:
-        """The compacted conversation over ``messages``' own objects, then what came after (``matches`` first)."""
-        return [
-            *(messages[i] for i in self.head),
-            *self.written,
-            *(messages[i] for i in self.kept),
-            *messages[self.size :],
-        ]
-
-    def tokens_for(self, counts: Sequence[int]) -> int:
-        """What ``output_for`` would count, from per-message ``counts`` of a conversation it ``matches``."""
-        kept = sum(counts[i] for i in self.head) + sum(counts[i] for i in self.kept)
-        return kept + self.written_tokens + sum(counts[self.size :])
-
-    def to_value(self) -> dict[str, Any]:
-        """The JSON value kept in a LangGraph store."""
-        return {
-            "size": self.size,
-            "digest": self.digest,
-            "head": list(self.head),
-            "written": messages_to_dict(list(self.written)),
-            "kept": list(self.kept),
-            "result": self.result.to_dict(),
-            "written_tokens": self.written_tokens,
-        }
-
-    @classmethod
-    def from_value(cls, value: dict[str, Any]) -> PreparedSummary:
-        """Read back ``to_value``; raises ``KeyError``/``TypeError``/``ValueError`` on a foreign value."""
-        result = dict(value["result"])
-        return cls(
-            size=int(value["size"]),
-            digest=str(value["digest"]),
-            head=tuple(int(i) for i in value["head"]),
-            written=tuple(messages_from_dict(value["written"])),
-            kept=tuple(int(i) for i in value["kept"]),
-            result=CompactionResult(**result),
-            written_tokens=int(value.get("written_tokens", 0)),
-        )
 
 
 @dataclass(slots=True)
@@ -264,14 +165,17 @@ class PrepareAhead(Feature):
     def _discard(self, conversation: Conversation, prepared: PreparedSummary) -> None:
         """Count what a preparation that will never be applied cost (the next compaction reports it).
 
-        One kept in the store may have been applied by another worker, whose
-        result reported its calls: it is not counted here again.
+        One kept in the store may be applied by another worker, whose result
+        reports its calls: it is counted only when a worker prunes it from the
+        store unapplied.
         """
-        if prepared.shared:
-            return
-        calls, sent = self._spent.get(conversation.key) or (0, 0)
-        result = prepared.result
-        self._spent.put(conversation.key, (calls + result.summarizer_calls, sent + result.summarizer_input_tokens))
+        if not prepared.shared:  # one in the store is counted when it is pruned unapplied (``_read_store``)
+            self._count(conversation, prepared.result.summarizer_calls, prepared.result.summarizer_input_tokens)
+
+    def _count(self, conversation: Conversation, calls: int, sent: int) -> None:
+        if calls or sent:
+            before = self._spent.get(conversation.key) or (0, 0)
+            self._spent.put(conversation.key, (before[0] + calls, before[1] + sent))
 
     def running(self, conversation: Conversation) -> bool:
         """Whether a preparation of this conversation is under way in this process."""
@@ -295,11 +199,7 @@ class PrepareAhead(Feature):
         if claim is None:
             return False
         if base is None and self.in_store and store is not None:
-            try:
-                found = yield from _read_store(store, conversation, messages)
-            except Exception as exc:  # the store is a second home for preparations, never needed
-                logger.warning("could not read prepared summaries from the store (%s: %s)", type(exc).__name__, exc)
-                found = None
+            found, _ = yield from read_prepared(store, conversation, messages)
             if found is not None:
                 claim.value = found
                 claim.done.set()
@@ -340,14 +240,15 @@ class PrepareAhead(Feature):
                 logger.info("a prepared summary was discarded: the messages it covers changed since")
                 self._discard(conversation, claim.value)
         if self.in_store and store is not None:
-            try:
-                stored = yield from _read_store(store, conversation, messages, prune=True)
-            except Exception as exc:  # a store failure costs the stored preparation, never the turn
-                logger.warning("could not read prepared summaries from the store (%s: %s)", type(exc).__name__, exc)
-                stored = None
+            stored, pruned = yield from read_prepared(store, conversation, messages, prune=True)
+            self._count(conversation, *pruned)
             # The store's copy first: every worker (and a retried turn) then
             # applies the same preparation, so a compaction keeps one id.
+            if stored is not None and found is not None and found.digest != stored.digest:
+                self._discard(conversation, found)
             found = stored or found
+            if found is not None and found.shared:
+                yield from mark_applied(store, conversation, found)
         return found, time.monotonic() - started, self._spent.pop(conversation.key) or (0, 0)
 
     # -- the background run -----------------------------------------------------------------
@@ -389,18 +290,14 @@ class PrepareAhead(Feature):
         """
         store = run.store if self.in_store else None
         if store is not None and run.base is None:
-            try:
-                found = yield from _read_store(store, run.conversation, run.snapshot)
-            except Exception as exc:  # the store is a second home for preparations, never needed
-                logger.warning("could not read prepared summaries from the store (%s: %s)", type(exc).__name__, exc)
-                found = None
+            found, _ = yield from read_prepared(store, run.conversation, run.snapshot)
             if found is not None:
                 return found
         prepared = yield from run.compact(run.snapshot, run.base)
         if prepared is None or store is None:
             return prepared
         try:
-            yield from _write_store(store, run.conversation, prepared)
+            yield from write_prepared(store, run.conversation, prepared)
         except Exception as exc:  # kept in this process all the same
             logger.warning("could not keep a prepared summary in the store (%s: %s)", type(exc).__name__, exc)
             return prepared
@@ -464,46 +361,3 @@ async def _await(claim: _Preparation, seconds: float) -> None:
     else:
         # A thread (or a task of another loop): wait without holding up this one.
         await asyncio.to_thread(claim.done.wait, seconds)
-
-
-# -- the store ------------------------------------------------------------------------------
-
-
-def namespace(conversation: Conversation) -> tuple[str, ...]:
-    """The store namespace of a conversation's prepared summaries."""
-    return (STORE_NAMESPACE, *conversation.labels())
-
-
-def _read_store(
-    store: Any, conversation: Conversation, messages: Sequence[BaseMessage], *, prune: bool = False
-) -> Flow[PreparedSummary | None]:
-    """The stored preparation made from a prefix of ``messages`` (the longest); with ``prune``, the others go.
-
-    The one that matches stays until the conversation moves past it: a worker
-    killed after the archive wrote but before the checkpoint did, retried,
-    applies the same preparation again, so the compaction has the same id and
-    its archive items are not written twice. Once applied, the messages it was
-    made from are gone, and the next read prunes it.
-    """
-    if conversation.thread is None:
-        return None
-    where = namespace(conversation)
-    items = yield twin(store.search, store.asearch, where, limit=_STORED)
-    found: list[PreparedSummary] = []
-    for item in items:
-        try:
-            prepared = replace(PreparedSummary.from_value(item.value), shared=True)
-        except (KeyError, TypeError, ValueError) as exc:
-            logger.warning("ignored a stored prepared summary this version cannot read: %s", exc)
-            continue
-        if prepared.matches(messages):
-            found.append(prepared)
-        elif prune:
-            yield twin(store.delete, store.adelete, where, item.key)  # made from messages no longer there
-    return max(found, key=lambda p: (p.size, p.digest), default=None)  # the same choice in every worker
-
-
-def _write_store(store: Any, conversation: Conversation, prepared: PreparedSummary) -> Flow[None]:
-    if conversation.thread is None:
-        return
-    yield twin(store.put, store.aput, namespace(conversation), prepared.digest, prepared.to_value(), index=False)

@@ -13,7 +13,7 @@ from langchain_compaction import CompactionOptions
 from langchain_compaction._lc.convert import is_summary_message
 from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.features import PrepareAhead, default_features
-from langchain_compaction.features.prepare import PreparedSummary
+from langchain_compaction.features.prepared import PreparedSummary
 from langchain_compaction.graph import CompactionNode, CompactionState, acompact_thread, compact_thread
 
 pytest.importorskip("langgraph.checkpoint.postgres", reason="pip install langgraph-checkpoint-postgres")
@@ -130,7 +130,7 @@ def test_a_summary_prepared_by_one_worker_is_applied_by_another_through_postgres
     from langgraph.store.postgres import PostgresStore
 
     from langchain_compaction._lc.conversation import thread_label
-    from langchain_compaction.features.prepare import STORE_NAMESPACE
+    from langchain_compaction.features.prepared import STORE_NAMESPACE
 
     options = CompactionOptions(
         context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, summary_input_tokens=50_000

@@ -57,8 +57,8 @@ from many_workers_worker import HUMAN_FILLER, agent_reply_id, build_graph
 from langchain_compaction._lc.conversation import Conversation, thread_label
 from langchain_compaction._lc.convert import SUMMARY_MARK, is_compaction_message, is_summary_message
 from langchain_compaction.archive import ARCHIVE_NAMESPACE
-from langchain_compaction.features.prepare import PreparedSummary
-from langchain_compaction.features.prepare import namespace as prepared_namespace
+from langchain_compaction.features.prepared import PreparedSummary
+from langchain_compaction.features.prepared import namespace as prepared_namespace
 
 pytestmark = [pytest.mark.postgres, pytest.mark.integration]
 __all__ = ["postgres_server"]  # the fixture, imported for this module

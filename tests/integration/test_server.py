@@ -48,7 +48,7 @@ import pytest
 from langchain_compaction._lc.convert import BRIDGE_TEXT, SUMMARY_MARK
 from langchain_compaction.core.prompts import CHECKPOINT_PROMPT, SYSTEM_PROMPT, UPDATE_PROMPT
 from langchain_compaction.features.archive import ARCHIVE_NAMESPACE
-from langchain_compaction.features.prepare import STORE_NAMESPACE as PREPARED_NAMESPACE
+from langchain_compaction.features.prepared import STORE_NAMESPACE as PREPARED_NAMESPACE
 
 _MISSING = [name for name in ("langgraph_cli", "langgraph_api") if importlib.util.find_spec(name) is None]
 if _MISSING:

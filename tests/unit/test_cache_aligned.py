@@ -106,6 +106,23 @@ def test_summarizers_without_prefix_support_get_the_transcript():
     assert "t0" in result.summary
 
 
+def test_a_summarizer_that_sends_the_transcript_reports_the_transcript_sent():
+    """Offered the prefix, a summarizer that cannot send it sends the transcript: that is what is counted."""
+    prompts: list[str] = []
+
+    def model(prompt: str) -> str:
+        prompts.append(prompt)
+        return REPLY
+
+    aligned, _ = compact(model, conversation(), OPTIONS, features=ALIGNED)
+    plain, _ = compact(model, conversation(), OPTIONS)
+    assert aligned is not None
+    assert plain is not None
+    assert prompts[0] == prompts[1]  # the same transcript went out
+    assert aligned.summarizer_input_tokens == plain.summarizer_input_tokens
+    assert abs(aligned.summarizer_input_tokens - estimate_tokens(prompts[0])) <= estimate_tokens(prompts[0]) // 100
+
+
 def test_transcript_is_used_when_the_region_needs_chunks():
     model = Recording(messages=iter([AIMessage(REPLY)] * 10), inputs=[])
     options = CompactionOptions(keep_recent_tokens=600, summary_input_tokens=1500)

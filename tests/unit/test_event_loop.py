@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 from helpers_turns import SUMMARY, chat
 from langchain.agents import create_agent
@@ -161,3 +162,25 @@ async def test_the_library_cpu_work_runs_off_the_event_loop_on_one_worker() -> N
     assert redact.on_loop == 0
     assert threading.get_ident() not in redact.threads
     assert len(redact.threads) == 1
+
+
+def _compute_in_a_forked_child(results: Any) -> None:
+    from langchain_compaction.core.effects import compute_off_loop
+
+    results.put(asyncio.run(asyncio.wait_for(compute_off_loop(sum, [20, 22]), timeout=10)))
+
+
+def test_the_worker_thread_works_in_a_forked_child() -> None:
+    """A process forked after the worker thread ran (a pre-loading server, a prefork pool) gets a worker of its own."""
+    import multiprocessing
+
+    from langchain_compaction.core.effects import compute_off_loop
+
+    assert asyncio.run(compute_off_loop(sum, [1, 2])) == 3  # the parent's worker thread exists
+    fork = multiprocessing.get_context("fork")
+    results = fork.Queue()
+    child = fork.Process(target=_compute_in_a_forked_child, args=(results,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert results.get(timeout=1) == 42

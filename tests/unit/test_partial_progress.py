@@ -16,7 +16,7 @@ import logging
 
 import pytest
 from langchain_core.chat_history import InMemoryChatMessageHistory
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.store.memory import InMemoryStore
@@ -123,3 +123,26 @@ def test_chat_memory_converges_under_a_summarizer_that_fails_every_third_call() 
     assert estimate_message_tokens(stored) <= options.context_window
     seen = [m.id for m in stored if m.id and m.id[0] in "ha"] + [m.id for m in archive.messages]
     assert sorted(seen) == sorted(m.id for m in sent)  # each message once: kept, or archived
+
+
+def test_a_failed_chunk_inside_a_tool_exchange_never_strands_a_result() -> None:
+    """Parallel calls whose results do not fit one request are split across chunks; the cut never is."""
+    messages: list[BaseMessage] = [HumanMessage("inspect the three services", id="h0")]
+    calls = [{"name": "read_log", "args": {"service": f"svc{n}"}, "id": f"c{n}", "type": "tool_call"} for n in range(3)]
+    messages.append(AIMessage("reading the logs", tool_calls=calls, id="a0"))
+    messages += [ToolMessage("log line " * 400, tool_call_id=f"c{n}", id=f"t{n}") for n in range(3)]
+    messages += session(20)
+    # Requests of 1,000 tokens: the first chunk ends after the first result, the second holds the second alone.
+    options = CompactionOptions(context_window=40_000, summary_input_tokens=1_000, keep_recent_tokens=1_000)
+    result, out = compact(FailingCalls(failing={2}), messages, options)
+    assert result is not None
+    assert result.chunks == 1
+    assert result is not None
+    called = set()
+    for message in out:
+        if isinstance(message, AIMessage):
+            called |= {call["id"] for call in message.tool_calls}
+        if isinstance(message, ToolMessage):
+            assert message.tool_call_id in called, f"{message.id} kept without its call"
+    kept = {m.id for m in out}
+    assert sorted(kept & {"t0", "t1", "t2"}) in ([], ["t0", "t1", "t2"])  # the exchange stays whole or goes whole

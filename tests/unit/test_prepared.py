@@ -45,7 +45,7 @@ from langchain_compaction._lc.events import PREPARE_EVENT
 from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features import PrepareAhead
-from langchain_compaction.features.prepare import STORE_NAMESPACE, PreparedSummary
+from langchain_compaction.features.prepared import STORE_NAMESPACE, PreparedSummary
 from langchain_compaction.graph import CompactionState, compact_thread
 from langchain_compaction.history import FileLock
 
@@ -273,6 +273,31 @@ def test_an_edited_prefix_discards_the_prepared_summary() -> None:
     state = app.get_state(config).values["messages"]
     assert is_summary_message(state[0])
     assert f"summary {first}" not in str(state[0].content)
+
+
+@pytest.mark.parametrize("in_store", [False, True], ids=["memory", "store"])
+def test_a_discarded_preparation_is_reported_once(in_store: bool) -> None:
+    """Made, then found stale (the user edited what it covers): its call is in the next result, once.
+
+    Kept in the store, where any worker might still apply it, it is counted
+    when it is pruned from there unapplied; the results then add up to the
+    calls made.
+    """
+    summarizer = Recorder()
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared(in_store=in_store))
+    app = graph(node, store=InMemoryStore() if in_store else None)
+    config = {"configurable": {"thread_id": "counted"}}
+    number = 0
+    while not STARTED.count:
+        app.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
+        number += 1
+    settle(summarizer)
+    app.update_state(config, {"messages": [HumanMessage("an edited first question", id="h0")]})
+    _, record, _ = until_compaction(app, config, summarizer, start=number)
+    settle(summarizer)
+    assert record["parts"]["prepared"]["discarded_calls"] >= 1
+    # The stale one and the one that compacted, and no call twice.
+    assert 2 <= record["summarizer_calls"] <= len(summarizer.requests)
 
 
 def test_a_preparation_still_running_is_waited_for_only_up_to_the_bound() -> None:
