@@ -21,7 +21,10 @@ added to the default features, and through LangChain's
 ``SummarizationMiddleware`` (its documented trigger and keep, the same threshold
 and keep). The stall is the compaction step's wall time on every turn, in
 modelled seconds: time spent waiting is scaled back, CPU time of the process
-(any thread) during the step counts as it ran. Also reported: summary calls over the session
+(any thread) during the step counts as it ran, and a turn that compacts
+nothing and waits under 10 ms real (the OS scheduling other work, not a model
+call: the shortest modelled call is 14 ms real) counts that wait as real time.
+Still, run it on an otherwise idle machine. Also reported: summary calls over the session
 (preparations thrown away included) and per compaction, the summarizer input
 tokens the library reports against what was sent, and coverage (planted markers
 of compacted messages that some summary request showed).
@@ -62,6 +65,9 @@ from langchain_compaction.tokens import estimate_tokens
 
 SCALE = 0.02
 """Real seconds per modelled second."""
+NOISE = 0.01
+"""Real seconds of waiting below which a turn that compacts nothing was only descheduled (a wait on a modelled
+call is at least 0.7 s, 14 ms real)."""
 
 SONNET_TTFT = 1.80
 SONNET_OUTPUT_PER_SECOND = 63.0
@@ -175,8 +181,12 @@ def replay(name: str, step: Any, model: Model, session: list[BaseMessage], agent
             # Waiting (for a modelled call) is scaled back; CPU work counts as
             # it ran, on any thread (a preparation starting holds the
             # interpreter lock for a moment, which is real time, not modelled).
+            # A turn that compacts nothing and waits less than NOISE has waited
+            # for the OS to schedule it, not for a model: real time too.
             spent = time.process_time() - cpu
-            elapsed = (time.monotonic() - started - spent) / SCALE + spent
+            waited = time.monotonic() - started - spent
+            modelled = new_state is not None or waited > NOISE
+            elapsed = (waited / SCALE if modelled else waited) + spent
             run.total_stall += elapsed
             if new_state is not None:
                 run.compactions += 1
