@@ -256,7 +256,8 @@ class Compactor:
     def record(self, job: Job, namespace: tuple[str, ...]) -> tuple[list[int], dict[str, Any]]:
         """What ``job`` removes, and the summary's record of it (``core.record.stamp``)."""
         assert job.plan is not None
-        removed = [i for i in range(len(job.core)) if i not in set(job.kept) and leaves(job.core[i])]
+        kept = set(job.kept)
+        removed = [i for i in range(len(job.core)) if i not in kept and leaves(job.core[i])]
         cut = job.plan.cut
         base = {
             KEPT_FROM_KEY: job.messages[cut].id if cut < len(job.messages) else None,

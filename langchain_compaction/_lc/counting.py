@@ -37,7 +37,7 @@ from langchain_compaction._lc.convert import (
     to_core_list,
 )
 from langchain_compaction.core.context import trusted_usage
-from langchain_compaction.core.effects import Call, blocking, compute_off_loop, computing, inline, off_loop, twin
+from langchain_compaction.core.effects import Call, blocking, computing, inline, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.tokens import estimate_message
 from langchain_compaction.core.types import Message
@@ -249,11 +249,9 @@ class TokenCountCache:
         is counted in a worker thread.
         """
         new = len(messages) - self._reused(messages, self._previous(key)[0])
-        if self._options.token_counter is None:
-            if new <= _INLINE_NEW_MESSAGES:
-                return self.counts_and_core(messages, key)
-            return await compute_off_loop(self.counts_and_core, messages, key)
-        return await off_loop(self.counts_and_core, messages, key)
+        if self._options.token_counter is None and new <= _INLINE_NEW_MESSAGES:
+            return self.counts_and_core(messages, key)
+        return await working(self._options, self.counts_and_core, messages, key).arun()
 
     def _remember(self, fresh: list[tuple[str, tuple[str, int, Message]]]) -> None:
         if not fresh:

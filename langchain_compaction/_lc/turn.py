@@ -230,7 +230,7 @@ class Turn(Compactor):
                 place.conversation, staged.messages, place.store, wait=not room
             )
             if found is not None:
-                output = yield from self._apply(found, staged.messages, staged.core, place)
+                output = yield from self._apply(found, staged, place)
             elif room:
                 yield from self._ahead(prepare, staged.messages, staged.counts, place)
                 return Outcome()
@@ -449,16 +449,15 @@ class Turn(Compactor):
     def _preamble_for_background(self) -> Preamble | None:
         return None if self.feature(CacheAligned) is None else Preamble()
 
-    def _apply(
-        self, prepared: PreparedSummary, messages: Sequence[BaseMessage], core: list[Message], place: Place
-    ) -> Flow[Output | None]:
-        """``prepared`` applied to ``messages``, stamped with the conversation's record as it is now.
+    def _apply(self, prepared: PreparedSummary, staged: _Staged, place: Place) -> Flow[Output | None]:
+        """``prepared`` applied to the staged conversation, stamped with the conversation's record as it is now.
 
         What came after the messages it was made from stays verbatim after it:
         no summary call is made on this turn. (It was planned to land here;
         if the agent went on faster, the next turns prepare again in the
         background.)
         """
+        messages, core = staged.messages, staged.core
         combined = prepared.output_for(messages)
         counts, combined_core = yield self.work(counts_and_core, combined, self.options)
         size = context_tokens(combined_core, counts, place.overhead)
@@ -488,7 +487,7 @@ class Turn(Compactor):
         return (
             replace(
                 result,
-                original_tokens=sum(self.cache.counts_and_core(messages, place.conversation.key)[0]),
+                original_tokens=sum(staged.counts),  # counted when the turn staged it
                 messages_removed=len(messages) - len(kept),
                 cut_index=cut,
                 messages_kept=len(kept),

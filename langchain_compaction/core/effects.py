@@ -74,11 +74,10 @@ _WORKER = [_new_worker()]
 """The one thread that runs the library's own CPU work for async callers (a
 forked child gets a new one: the parent's thread does not exist there).
 Python runs one thread's bytecode at a time anyway, so one worker costs no
-throughput; what it saves is the event loop's wait for the interpreter lock.
-With a worker per call (``asyncio.to_thread``), twenty conversations
-compacting at once kept the loop of one async graph waiting over 100 ms behind
-CPU-bound workers and thread starts; behind one worker it waits a switch
-interval."""
+throughput; with a worker per call (``asyncio.to_thread``) the event loop
+competes for the interpreter lock with every busy worker and waits for each
+new thread to start. (The loop's worst pauses under many conversations are
+the cyclic garbage collector's: ``bench/loop_stall.py``.)"""
 
 
 async def compute_off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:

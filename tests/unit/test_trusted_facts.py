@@ -29,6 +29,7 @@ from langgraph.store.memory import InMemoryStore
 from langchain_compaction import CompactionNode, CompactionOptions, ExtractiveSummarizer, compact
 from langchain_compaction._lc.convert import SUMMARY_MARK, is_summary_message
 from langchain_compaction.core.facts import SECTION_HEADING
+from langchain_compaction.core.prompts import CHECKPOINT_SECTIONS
 from langchain_compaction.core.redact import redact_secrets
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features import Archive, CacheAligned, default_features
@@ -37,17 +38,7 @@ from tests.conftest import RecordingSummarizer
 
 POOR = "## Goal\n- Continue the task.\n\n## Progress\n- Work is ongoing.\n\n## Next Steps\n- Keep going."
 POOR_HEADINGS = ["## Goal", "## Progress", "## Next Steps"]
-EXTRACTIVE_HEADINGS = [
-    "## Goal",
-    "## Constraints & Preferences",
-    "## Progress",
-    "### Done",
-    "### In Progress",
-    "### Blocked",
-    "## Key Decisions",
-    "## Next Steps",
-    "## Critical Context",
-]
+EXTRACTIVE_HEADINGS = list(CHECKPOINT_SECTIONS)  # the offline summarizer writes the checkpoint's headings
 # Keep only the newest message or two: everything else is summarized.
 TIGHT = CompactionOptions(keep_recent_tokens=40)
 
