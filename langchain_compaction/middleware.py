@@ -59,6 +59,7 @@ middleware would switch models.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Annotated, Any, TypeAlias, cast
 
@@ -136,6 +137,30 @@ class CompactionAgentState(AgentState[Any]):
 
 
 _CallResult: TypeAlias = "ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]"
+
+
+# How providers state the limit a request went over: Anthropic's "prompt is too
+# long: 210019 tokens > 200000 maximum", OpenAI's "maximum context length is
+# 128000 tokens".
+_STATED_LIMIT = re.compile(
+    r"(\d[\d,]*)\s+(?:tokens\s+)?maximum\b|maximum context length is\s+(\d[\d,]*)", re.IGNORECASE
+)
+
+
+def stated_limit(message: str) -> int | None:
+    """The context window an overflow error states, if it states one.
+
+    Example:
+        >>> stated_limit("prompt is too long: 210019 tokens > 200000 maximum")
+        200000
+        >>> stated_limit("This model's maximum context length is 128,000 tokens.") is None, stated_limit("too long")
+        (False, None)
+    """
+    found = _STATED_LIMIT.search(message)
+    if found is None:
+        return None
+    limit = int((found.group(1) or found.group(2)).replace(",", ""))
+    return limit if limit > 0 else None
 
 
 class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adapter):
@@ -318,6 +343,15 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
             type(model).__name__,
         )
 
+    def _learn_limit(self, error: ContextOverflowError) -> None:
+        """With no window known, take the one the provider's error states, so the retry is made to fit it."""
+        if self._turn.options.context_window > 0:
+            return
+        limit = stated_limit(str(error))
+        if limit is not None:
+            self._turn = self._turn.with_window(limit)
+            logger.info("CompactionMiddleware: context window %d tokens, from the provider's error", limit)
+
     def _call_flow(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> Flow[_CallResult]:
         self._learn_window(request.model)
         overhead = yield counting(self.options, self._overhead, request)  # the system prompt and tools
@@ -339,6 +373,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
             response = yield twin(handler, handler, self._with_messages(request, compacted))
         except ContextOverflowError as error:
             logger.warning("the model rejected the context as too long (%s); compacting and retrying once", error)
+            self._learn_limit(error)
             compacted = yield from self._compaction(compacted or messages, place, "force")
             if compacted is None:
                 raise  # nothing left to summarize: the overflow stands
