@@ -29,6 +29,17 @@ SHELL = re.compile(r"bash|shell|terminal|exec|run|command|console|python|cmd", r
 # How a command is run, before the program: environment assignments and runners.
 _RUNNERS = frozenset({"sudo", "env", "time", "nice", "uv", "run", "poetry", "pipenv", "npx", "pnpm", "yarn", "bunx"})
 _INTERPRETERS = re.compile(r"^python[0-9.]*$|^node$|^ruby$|^bash$|^sh$")
+# How harnesses report a file they wrote, at the start of a line of the result:
+# "Applied edit to PATH" (aider, whose edits are in the assistant's text, not in
+# a call's arguments), "File created successfully at: PATH", "The file PATH has
+# been edited.", "Wrote PATH".
+_WROTE = re.compile(
+    r"^\s*(?:applied edit to|file created successfully at:?|created file|wrote(?: to)?)\s+(\S+)"
+    r"|^\s*the file\s+(\S+)\s+has been (?:edited|updated|created|written|modified)\b",
+    re.IGNORECASE,
+)
+_REPORT_LINES = 12
+"""How many of a result's first lines may report a written file (past them is the file's content)."""
 
 
 def command_target(command: str) -> tuple[str, str]:
@@ -79,6 +90,22 @@ def key_argument(call: ToolCall, arguments: dict[str, object] | None = None) -> 
     # Else a short text argument; a long one is prose (a "think" tool's thought).
     text = next((v.strip() for v in args.values() if isinstance(v, str) and v.strip()), "")
     return text if len(text) <= _SHORT_ARGUMENT and "\n" not in text else ""
+
+
+def written_files(result: str) -> list[str]:
+    """The paths a successful tool result reports it wrote, in order (a harness's own report, not a call's arguments).
+
+    Example:
+        >>> written_files("Tokens: 11k sent\\nApplied edit to src/app.py\\nCommit 6a478b4 feat: bars")
+        ['src/app.py']
+    """
+    paths: list[str] = []
+    for line in result.splitlines()[:_REPORT_LINES]:
+        found = _WROTE.match(line)
+        path = (found.group(1) or found.group(2) or "").rstrip(".:,") if found else ""
+        if path and is_path(path) and path not in paths:
+            paths.append(path)
+    return paths
 
 
 def file_use(call: ToolCall, args: dict[str, object], last_opened: str | None) -> tuple[str, str] | None:

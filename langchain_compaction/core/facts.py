@@ -25,8 +25,10 @@ What counts as a fact (the rules were chosen on the real transcripts in
   that mix letters and digits, amounts, dates, versions, long numbers, file
   paths, URLs and e-mail addresses;
 - modified_file / read_file: the paths of file tools (``Write``, ``Edit``,
-  ``str_replace_editor create``, ``read_file``, ``open`` ...); a file read and
-  later changed is a modified file;
+  ``str_replace_editor create``, ``read_file``, ``open`` ...), and the files
+  a tool's result says it wrote ("Applied edit to PATH", as aider reports the
+  edits written in the assistant's text); a file read and later changed is a
+  modified file;
 - error: the last error line of each command or tool whose result failed;
   a later clean run of the same program on the same target (``pytest`` of a
   suite that holds the failed test, flags aside), or a later successful call of
@@ -51,7 +53,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from langchain_compaction.core.calls import SHELL, call_arguments, command_target, file_use, key_argument
+from langchain_compaction.core.calls import (
+    SHELL,
+    call_arguments,
+    command_target,
+    file_use,
+    key_argument,
+    written_files,
+)
 from langchain_compaction.core.extract import (
     clip,
     constraints,
@@ -134,12 +143,17 @@ _TITLES: dict[FactKind, str] = {
 
 REQUESTS_KEPT = 2
 """How many of the user's newest requests are facts."""
-EARLIER_KEPT = 6
+EARLIER_KEPT = 10
 """How many older requests are kept, shortened, after those."""
-_EARLIER_REQUEST_CHARS = 120
+_SHORT_REQUEST_CHARS = 120
+"""What is kept of an older request."""
 _TASK_CHARS = 200
 TERMS_KEPT = 12
 """How many of the user's repeated words are kept (the most repeated)."""
+IDENTIFIERS_PER_MESSAGE = 12
+"""How many identifiers one user message may give (the first ones)."""
+_COUNTED: frozenset[FactKind] = frozenset({"task", "request", "earlier", "term"})
+"""The kinds whose number is bounded (``REQUESTS_KEPT``, ``EARLIER_KEPT``, ``TERMS_KEPT``, one task)."""
 
 
 @dataclass
@@ -200,7 +214,9 @@ class _Tracker:
             return
         for sentence in constraints(text):
             self.add(Fact("constraint", sentence))
-        for value in identifiers(text):
+        # A message naming dozens of identifiers is a paste (a prompt, a listing):
+        # its first ones are kept, the rest are the summary's to carry.
+        for value in identifiers(text)[:IDENTIFIERS_PER_MESSAGE]:
             self.add(Fact("identifier", value))
         words = own_words(text)
         for term in task_terms(words):
@@ -219,14 +235,14 @@ class _Tracker:
             # Older requests stay, shortened and last in line: they say what
             # the task grew into ("... per quarter").
             older = self.facts.pop(key)
-            self.add(Fact("earlier", clip(older.text, _EARLIER_REQUEST_CHARS), key=key[1]))
+            self.add(Fact("earlier", clip(older.text, _SHORT_REQUEST_CHARS), key=key[1]))
         self.earlier = [key for key in self.earlier if key in self.facts]
         for key in self.earlier[: max(len(self.earlier) - EARLIER_KEPT, 0)]:
             del self.facts[key]
         self.earlier = self.earlier[-EARLIER_KEPT:]
         for key in requests[cut:]:
             previous = self.facts[key]
-            self.facts[key] = replace(previous, text=clip(previous.text, _EARLIER_REQUEST_CHARS))
+            self.facts[key] = replace(previous, text=clip(previous.text, _SHORT_REQUEST_CHARS))
         self.requests = requests[cut:]
         self.add(Fact("request", request, key=f"request:{normalize(request)}"))
 
@@ -253,15 +269,18 @@ class _Tracker:
             path = one_line(path, 400)
             self.last_opened = path
             if kind == "modified":
-                self.drop("read_file", path)  # read, then rewritten: one fact, the newer
-                if record:
-                    self.add(Fact("modified_file", path, key=path))
+                self._modified(path, record=record)
             elif record and ("modified_file", path) not in self.facts:
                 self.add(Fact("read_file", path, key=path))
             return
         argument = key_argument(call, args)
         if record and argument and call.name:
             self.add(Fact("done_call", argument, key=f"{call.name}\x00{argument}", detail=call.name))
+
+    def _modified(self, path: str, *, record: bool) -> None:
+        self.drop("read_file", path)  # read, then rewritten: one fact, the newer
+        if record:
+            self.add(Fact("modified_file", path, key=path))
 
     def _result(self, message: Message, *, record: bool) -> None:
         found = self.calls.get(message.tool_call_id or "")
@@ -284,6 +303,8 @@ class _Tracker:
             line = clip(lines[-1]) if lines else "failed"
         if not line:
             self._resolve(program, target)
+            for path in written_files(text):
+                self._modified(one_line(path, 400), record=record)
         elif record:
             self.add(Fact("error", line, key=f"{program}\x00{target}", detail=f"{call.name}\x00{command}"))
 
@@ -421,7 +442,10 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
     # Added: listed, or stated by another fact's line (a path inside a constraint).
     added = [f for f in missing if norm[id(f)] in shown]
     dropped = {id(f) for f in missing} - {id(f) for f in added}
-    kept = tuple(f for f in facts if id(f) not in dropped)
+    # A fact left out is not carried on (the mark would grow without end),
+    # except the kinds kept by count: an older request left out now may fit
+    # under a later summary.
+    kept = tuple(f for f in facts if id(f) not in dropped or f.kind in _COUNTED)
     return FactCheck(
         facts=kept,
         section=render_section(chosen),
@@ -444,7 +468,8 @@ def _fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list
     shown = ""
     used = estimate_tokens(f"{SECTION_HEADING}\n{SECTION_NOTE}")
     titled: set[FactKind] = set()
-    newest_first = list(reversed(missing))
+    # Newest first, but the user's words most repeated first (``result`` lists them so, last).
+    newest_first = [f for f in reversed(missing) if f.kind != "term"] + [f for f in missing if f.kind == "term"]
     by_kind = {kind: [f for f in newest_first if f.kind == kind] for kind in PRIORITY}
     # Shares double each round: a kind with more facts than its share gets
     # more only as every other kind does.

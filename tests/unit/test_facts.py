@@ -288,6 +288,71 @@ def test_file_tools_of_each_agent_family() -> None:
     }
 
 
+def test_a_file_the_harness_reports_writing_is_a_modified_file() -> None:
+    # aider writes its edits in the assistant's text; only its own output names the file.
+    messages = [
+        AIMessage("", tool_calls=[{"name": "aider", "args": {"message": "add a chart"}, "id": "c1"}], id="a1"),
+        ToolMessage(
+            "Tokens: 11,336 sent, 1,389 received.\nApplied edit to site/_includes/blame.md\nCommit 6a478b4 feat: bars",
+            tool_call_id="c1",
+            id="t1",
+        ),
+        AIMessage("", tool_calls=[{"name": "Read", "args": {"file_path": "/repo/app.py"}, "id": "c2"}], id="a2"),
+        ToolMessage("print('hi')", tool_call_id="c2", id="t2"),
+        AIMessage("", tool_calls=[{"name": "shell", "args": {"command": "fix.sh"}, "id": "c3"}], id="a3"),
+        ToolMessage("The file /repo/app.py has been edited. Here is a snippet:", tool_call_id="c3", id="t3"),
+        # A failed result's report is not a write; a file's content mentioning a write is past the report lines.
+        AIMessage("", tool_calls=[{"name": "shell", "args": {"command": "gen.sh"}, "id": "c4"}], id="a4"),
+        ToolMessage("Error: disk full\nWrote out.txt", tool_call_id="c4", id="t4", status="error"),
+        AIMessage("", tool_calls=[{"name": "Read", "args": {"file_path": "/repo/NOTES.md"}, "id": "c5"}], id="a5"),
+        ToolMessage("line\n" * 20 + "Wrote docs/later.md", tool_call_id="c5", id="t5"),
+    ]
+    facts = gather((), to_core_list(messages), range(len(messages)), ())
+    files = {(f.kind, f.text) for f in facts if f.kind.endswith("_file")}
+    assert files == {
+        ("modified_file", "site/_includes/blame.md"),
+        ("modified_file", "/repo/app.py"),  # read, then written: one fact, the newer
+        ("read_file", "/repo/NOTES.md"),
+    }
+
+
+def test_the_most_repeated_words_win_when_room_is_short() -> None:
+    words = ["tooltip", "legend", "rounded", "version", "integer"]
+    # The user says "tooltip" six times, "legend" five, ... "integer" twice.
+    messages = [HumanMessage(f"the {w} again", id=f"h{w}{n}") for i, w in enumerate(words) for n in range(6 - i)]
+    facts = gather((), to_core_list(messages), range(len(messages)), ())
+    terms = [f for f in facts if f.kind == "term"]
+    assert [t.text for t in terms] == words
+    # The smallest section that shows any of them shows the most repeated first.
+    sections = [check_summary("", terms, budget).section for budget in range(40, 120)]
+    partial = [section for section in sections if 0 < sum(w in section for w in words) < len(words)]
+    assert partial
+    for section in partial:
+        shown = [w for w in words if w in section]
+        assert shown == words[: len(shown)]
+
+
+def test_older_requests_left_out_for_room_are_carried_on() -> None:
+    facts = [Fact("earlier", f"make the header number {i} bigger", key=f"request:{i}") for i in range(6)]
+    facts += [Fact("constraint", "Never edit tests/fixtures.json.")]
+    check = check_summary("", facts, 60)
+    assert check.dropped >= 1
+    # Requests are kept by count, not by room: one left out now may fit under a later summary.
+    assert all(f in check.facts for f in facts if f.kind == "earlier")
+    # Facts of an unbounded kind left out are not carried (the mark would grow without end).
+    paths = [Fact("read_file", f"src/m{i}.py", key=f"src/m{i}.py") for i in range(200)]
+    many = check_summary("", paths, 200)
+    assert many.dropped > 100
+    assert len(many.facts) == len(paths) - many.dropped
+
+
+def test_a_pasted_message_gives_only_its_first_identifiers() -> None:
+    pasted = " ".join(f"code_name_{i}" for i in range(40))
+    facts = gather((), to_core_list([HumanMessage(pasted, id="h1")]), range(1), ())
+    ids = [f.text for f in facts if f.kind == "identifier"]
+    assert ids == [f"code_name_{i}" for i in range(12)]
+
+
 def test_kept_messages_resolve_but_add_nothing() -> None:
     messages = [
         AIMessage("", tool_calls=[{"name": "bash", "args": {"command": "make"}, "id": "c1"}], id="a1"),
