@@ -28,6 +28,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
+from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.prompts import LANGCHAIN_SUMMARY_PREFIX, SUMMARY_HEADER
 from langchain_compaction.core.record import ANCHOR_KEY, KEPT_BEFORE_KEY, KEPT_FROM_KEY
 from langchain_compaction.core.types import Message, Part, Role, ToolCall
@@ -80,6 +81,7 @@ def fingerprint(message: BaseMessage) -> str:
     Returns:
         A 32-character hex digest.
     """
+    breathe()
     # Structured values go through key-sorted JSON, so a store that reorders
     # keys (JSONB, a sorted dump) gives the same identity back.
     content = message.content
@@ -267,6 +269,7 @@ def to_core(message: object, index: int = 0) -> Message:
     Raises:
         InvalidMessagesError: ``message`` is not a ``BaseMessage``.
     """
+    breathe()  # called per message: on the worker thread, let the event loop in
     if not isinstance(message, BaseMessage):
         msg = (
             f"messages[{index}] is a {type(message).__name__}, not a LangChain message; "

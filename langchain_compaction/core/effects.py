@@ -25,6 +25,8 @@ import asyncio
 import contextvars
 import functools
 import os
+import threading
+import time
 from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -67,7 +69,38 @@ async def off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwar
 
 
 def _new_worker() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="langchain-compaction")
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="langchain-compaction", initializer=_mark_worker)
+
+
+_BREATH_SECONDS = 0.001
+"""How long the worker holds the interpreter lock between offers to hand it over (``breathe``)."""
+_breath = [-1, 0.0]
+"""The worker thread's ident and when it next offers the lock (only that thread writes it)."""
+
+
+def _mark_worker() -> None:
+    _breath[0] = threading.get_ident()
+
+
+def breathe() -> None:
+    """On the library's worker thread, hand the interpreter lock over about once a millisecond.
+
+    A thread waiting for the lock asks the holder to drop it only after a
+    whole switch interval (5 ms) in which no thread took it; a worker that
+    keeps releasing and retaking it on its own (each finished job wakes the
+    loop through a socket write) resets that clock, so an event loop that
+    woke from ``select`` waited until the worker's queue ran dry: 80-100 ms
+    with 20 conversations compacting (``bench/loop_stall.py``). Releasing
+    it here, in the per-message loops of the library's CPU work, lets the
+    waiting loop take it; the process-wide interval is left alone. On any
+    other thread (a sync caller's own) it does nothing.
+    """
+    if threading.get_ident() != _breath[0]:
+        return
+    now = time.perf_counter()
+    if now >= _breath[1]:
+        time.sleep(0)  # releases the lock: a waiting thread takes it
+        _breath[1] = now + _BREATH_SECONDS
 
 
 _WORKER = [_new_worker()]
@@ -101,6 +134,7 @@ async def compute_off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs:
 
 
 def _after_fork_in_child() -> None:
+    _breath[0] = -1  # the parent's worker is gone; the new one marks itself when it starts
     _WORKER[0] = _new_worker()
 
 

@@ -61,6 +61,7 @@ from langchain_compaction.core.calls import (
     key_argument,
     written_files,
 )
+from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.extract import (
     clip,
     constraints,
@@ -197,6 +198,7 @@ class _Tracker:
 
     def read(self, message: Message, *, record: bool) -> None:
         """Take what ``message`` says; with ``record=False`` (a kept message) only resolve and supersede."""
+        breathe()  # called per message: on the worker thread, let the event loop in
         if message.is_summary:
             return
         if message.role == "user":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.types import Message
 
 IMAGE_TOKENS = 1600
@@ -126,6 +127,7 @@ def estimate_message(message: Message) -> int:
     Returns:
         The estimated token count.
     """
+    breathe()  # called per message: on the worker thread, let the event loop in
     total = MESSAGE_OVERHEAD_TOKENS
     for part in message.parts:
         if part.kind == "image":

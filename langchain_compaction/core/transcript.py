@@ -14,6 +14,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Message
 
@@ -161,6 +162,7 @@ def make_block(message: Message, index: int, *, max_tokens: int) -> Block:
     Returns:
         The block.
     """
+    breathe()  # called per message: on the worker thread, let the event loop in
     body = message_body(message)
     short, tokens = _shorten(body, max_tokens)
     header = _header(message, index + 1)

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from langchain_compaction.core.effects import compute_off_loop
+from langchain_compaction.core.effects import breathe, compute_off_loop
 from langchain_compaction.core.extract import (
     constraints,
     feedback,
@@ -254,6 +254,7 @@ class ExtractiveSummarizer:
 
     def _read(self, summary: Checkpoint, message: Message, results: dict[str | None, Message]) -> bool:
         """Add what ``message`` tells to ``summary``; whether it is a user request."""
+        breathe()  # called per message: on the library's worker thread, let the event loop in
         text = message.text
         if message.role == "user" and text.strip():
             return self._user(summary, text)
