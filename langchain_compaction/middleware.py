@@ -25,8 +25,9 @@ messages) as it goes to the model. So:
   same update LangChain's middleware returns; nothing when under budget.
 * Overflow recovery lives in ``wrap_model_call`` too, because only it sees the
   model call fail: on ``ContextOverflowError`` (ChatAnthropic maps "prompt is
-  too long" to it) it compacts with a forced cut, retries once and persists the
-  result as above. A second overflow propagates, and the state is unchanged.
+  too long" to it) it compacts (to the window the error states, when none was
+  known; else with a forced cut), retries once and persists the result as
+  above. A second overflow propagates, and the state is unchanged.
 
 Compacting only in ``wrap_model_call`` would also count exactly, but every
 compaction would then be a side effect of the model node; recording the
@@ -153,8 +154,10 @@ def stated_limit(message: str) -> int | None:
     Example:
         >>> stated_limit("prompt is too long: 210019 tokens > 200000 maximum")
         200000
-        >>> stated_limit("This model's maximum context length is 128,000 tokens.") is None, stated_limit("too long")
-        (False, None)
+        >>> stated_limit("This model's maximum context length is 128,000 tokens. However, you requested 130,000")
+        128000
+        >>> stated_limit("prompt is too long") is None
+        True
     """
     found = _STATED_LIMIT.search(message)
     if found is None:
@@ -173,14 +176,16 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
     never separating a tool call from its results. The state's messages are
     replaced, so the checkpointed thread really shrinks. When the model still
     rejects the request as too long (``ContextOverflowError``), the middleware
-    compacts with a forced cut and retries once.
+    compacts and retries once (with a forced cut when no window is known).
 
     Without ``context_window`` (0, unknown) it reads the window from the agent
     model's profile (``model.profile["max_input_tokens"]``: 200,000 for current
     Claude models) at its first call, and every unset budget follows from it.
     When neither is known it says so once (a warning on the
-    ``langchain_compaction`` logger), never compacts ahead of time, and only
-    recovers from overflows.
+    ``langchain_compaction`` logger) and compacts only to recover from an
+    overflow; an overflow error that states the window (Anthropic's "N tokens
+    > M maximum", OpenAI's "maximum context length is M") teaches it that
+    window, for the retry and for the turns after it.
 
     Args:
         model: What writes the summaries: a chat model (e.g. a small, cheap
@@ -338,7 +343,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
             return
         logger.warning(
             "CompactionMiddleware: no context_window was given and the model (%s) has no max_input_tokens in its "
-            "profile, so nothing is compacted ahead of time (only a 'prompt is too long' error is recovered); "
+            "profile, so nothing is compacted ahead of time until a 'prompt is too long' error states the window; "
             "pass CompactionOptions(context_window=...)",
             type(model).__name__,
         )
@@ -348,9 +353,17 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         if self._turn.options.context_window > 0:
             return
         limit = stated_limit(str(error))
-        if limit is not None:
-            self._turn = self._turn.with_window(limit)
-            logger.info("CompactionMiddleware: context window %d tokens, from the provider's error", limit)
+        if limit is None:
+            return
+        try:
+            turn = self._turn.with_window(limit)
+        except ConfigurationError as refused:
+            # The options do not fit the stated window (a keep_recent_tokens over
+            # it): the retry goes on with a forced cut, as with no window stated.
+            logger.warning("CompactionMiddleware: the provider's window of %d tokens does not fit: %s", limit, refused)
+            return
+        self._turn = turn
+        logger.info("CompactionMiddleware: context window %d tokens, from the provider's error", limit)
 
     def _call_flow(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> Flow[_CallResult]:
         self._learn_window(request.model)

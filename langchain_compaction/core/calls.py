@@ -29,17 +29,13 @@ SHELL = re.compile(r"bash|shell|terminal|exec|run|command|console|python|cmd", r
 # How a command is run, before the program: environment assignments and runners.
 _RUNNERS = frozenset({"sudo", "env", "time", "nice", "uv", "run", "poetry", "pipenv", "npx", "pnpm", "yarn", "bunx"})
 _INTERPRETERS = re.compile(r"^python[0-9.]*$|^node$|^ruby$|^bash$|^sh$")
-# How harnesses report a file they wrote, at the start of a line of the result:
-# "Applied edit to PATH" (aider, whose edits are in the assistant's text, not in
-# a call's arguments), "File created successfully at: PATH", "The file PATH has
-# been edited.", "Wrote PATH".
-_WROTE = re.compile(
-    r"^\s*(?:applied edit to|file created successfully at:?|created file|wrote(?: to)?)\s+(\S+)"
-    r"|^\s*the file\s+(\S+)\s+has been (?:edited|updated|created|written|modified)\b",
-    re.IGNORECASE,
-)
-_REPORT_LINES = 12
-"""How many of a result's first lines may report a written file (past them is the file's content)."""
+# aider's report of an edit it applied, on a line of its own: its edits are
+# written in the assistant's text, not in a call's arguments, so this line is
+# the only place the file is named. (Other harnesses' reports, "File created
+# successfully at: PATH", come from calls ``file_use`` already reads.)
+_APPLIED = re.compile(r"^Applied edit to (\S+)$", re.MULTILINE)
+_REPORT_CHARS = 2_000
+"""How far into a result the report may be (past it is the file's content)."""
 
 
 def command_target(command: str) -> tuple[str, str]:
@@ -93,17 +89,15 @@ def key_argument(call: ToolCall, arguments: dict[str, object] | None = None) -> 
 
 
 def written_files(result: str) -> list[str]:
-    """The paths a successful tool result reports it wrote, in order (a harness's own report, not a call's arguments).
+    """The paths a successful result reports the harness applied edits to, in order (aider's report).
 
     Example:
         >>> written_files("Tokens: 11k sent\\nApplied edit to src/app.py\\nCommit 6a478b4 feat: bars")
         ['src/app.py']
     """
     paths: list[str] = []
-    for line in result.splitlines()[:_REPORT_LINES]:
-        found = _WROTE.match(line)
-        path = (found.group(1) or found.group(2) or "").rstrip(".:,") if found else ""
-        if path and is_path(path) and path not in paths:
+    for path in _APPLIED.findall(result[:_REPORT_CHARS]):
+        if is_path(path) and path not in paths:
             paths.append(path)
     return paths
 

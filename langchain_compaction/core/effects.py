@@ -75,7 +75,7 @@ def _new_worker() -> ThreadPoolExecutor:
 _BREATH_SECONDS = 0.001
 """How long the worker holds the interpreter lock between offers to hand it over (``breathe``)."""
 _breath = [-1, 0.0]
-"""The worker thread's ident and when it next offers the lock (only that thread writes it)."""
+"""The worker thread's ident and when it next offers the lock (written by that thread, and reset after a fork)."""
 
 
 def _mark_worker() -> None:

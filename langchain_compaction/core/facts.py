@@ -26,8 +26,8 @@ What counts as a fact (the rules were chosen on the real transcripts in
   paths, URLs and e-mail addresses;
 - modified_file / read_file: the paths of file tools (``Write``, ``Edit``,
   ``str_replace_editor create``, ``read_file``, ``open`` ...), and the files
-  a tool's result says it wrote ("Applied edit to PATH", as aider reports the
-  edits written in the assistant's text); a file read and later changed is a
+  aider's report names ("Applied edit to PATH": its edits are written in the
+  assistant's text, not in a call); a file read and later changed is a
   modified file;
 - error: the last error line of each command or tool whose result failed;
   a later clean run of the same program on the same target (``pytest`` of a
@@ -152,7 +152,7 @@ _TASK_CHARS = 200
 TERMS_KEPT = 12
 """How many of the user's repeated words are kept (the most repeated)."""
 IDENTIFIERS_PER_MESSAGE = 12
-"""How many identifiers one user message may give (the first ones)."""
+"""How many identifiers one user message may give (the first ``identifiers`` lists: URLs, values, then code names)."""
 _COUNTED: frozenset[FactKind] = frozenset({"task", "request", "earlier", "term"})
 """The kinds whose number is bounded (``REQUESTS_KEPT``, ``EARLIER_KEPT``, ``TERMS_KEPT``, one task)."""
 
@@ -217,7 +217,8 @@ class _Tracker:
         for sentence in constraints(text):
             self.add(Fact("constraint", sentence))
         # A message naming dozens of identifiers is a paste (a prompt, a listing):
-        # its first ones are kept, the rest are the summary's to carry.
+        # twelve are kept (URLs and values before code names), the rest are the
+        # summary's to carry.
         for value in identifiers(text)[:IDENTIFIERS_PER_MESSAGE]:
             self.add(Fact("identifier", value))
         words = own_words(text)
@@ -305,8 +306,9 @@ class _Tracker:
             line = clip(lines[-1]) if lines else "failed"
         if not line:
             self._resolve(program, target)
-            for path in written_files(text):
-                self._modified(one_line(path, 400), record=record)
+            if file_use(call, args, None) is None:  # a file tool's own result is its file's content
+                for path in written_files(text):
+                    self._modified(one_line(path, 400), record=record)
         elif record:
             self.add(Fact("error", line, key=f"{program}\x00{target}", detail=f"{call.name}\x00{command}"))
 
@@ -370,7 +372,9 @@ class FactCheck:
 
     Attributes:
         facts: Every fact in force, to record with the summary and carry on
-            (those the summary states and those the section adds).
+            (those the summary states, those the section adds, and the
+            requests and repeated words left out for room: they are bounded
+            by count).
         section: The section the library adds ("" when the summary states every fact).
         found: Facts in force.
         in_summary: Of those, stated by the summary.

@@ -184,3 +184,42 @@ def test_the_worker_thread_works_in_a_forked_child() -> None:
     child.join(30)
     assert child.exitcode == 0
     assert results.get(timeout=1) == 42
+
+
+async def test_the_worker_offers_the_interpreter_lock_in_its_loops_and_no_other_thread_does(monkeypatch) -> None:
+    """``breathe`` sleeps (releasing the lock to a waiting event loop) on the worker thread only.
+
+    What it buys, the loop's worst pause with twenty conversations compacting,
+    is measured by ``bench/loop_stall.py``, not here.
+    """
+    import time
+
+    from langchain_compaction.core import effects
+
+    offers: list[int] = []
+    real_sleep = time.sleep
+
+    def recording_sleep(seconds: float) -> None:
+        offers.append(threading.get_ident())
+        real_sleep(seconds)
+
+    monkeypatch.setattr(effects.time, "sleep", recording_sleep)
+
+    def busy() -> int:
+        # Calls 3 ms apart: each offers (the interval is 1 ms), but perhaps the
+        # first, if the worker offered under a millisecond before this job.
+        for _ in range(3):
+            effects.breathe()
+            started = time.perf_counter()
+            while time.perf_counter() - started < 0.003:
+                pass
+        return threading.get_ident()
+
+    worker = await effects.compute_off_loop(busy)
+    assert offers.count(worker) >= 2
+    assert set(offers) == {worker}
+    offers.clear()
+    for _ in range(1_000):
+        effects.breathe()  # the loop's own thread (a sync caller's): never sleeps
+    await asyncio.to_thread(effects.breathe)  # another thread: nor there
+    assert offers == []

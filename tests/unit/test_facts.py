@@ -288,30 +288,31 @@ def test_file_tools_of_each_agent_family() -> None:
     }
 
 
-def test_a_file_the_harness_reports_writing_is_a_modified_file() -> None:
+def test_a_file_aider_reports_editing_is_a_modified_file() -> None:
     # aider writes its edits in the assistant's text; only its own output names the file.
+    def exchange(n: int, name: str, args: dict[str, object], result: str) -> list[BaseMessage]:
+        return [
+            AIMessage("", tool_calls=[{"name": name, "args": args, "id": f"c{n}"}], id=f"a{n}"),
+            ToolMessage(result, tool_call_id=f"c{n}", id=f"t{n}"),
+        ]
+
     messages = [
-        AIMessage("", tool_calls=[{"name": "aider", "args": {"message": "add a chart"}, "id": "c1"}], id="a1"),
-        ToolMessage(
-            "Tokens: 11,336 sent, 1,389 received.\nApplied edit to site/_includes/blame.md\nCommit 6a478b4 feat: bars",
-            tool_call_id="c1",
-            id="t1",
+        *exchange(
+            1, "aider", {"message": "add a chart"}, "Tokens: 11,336 sent\nApplied edit to site/blame.md\nCommit 6a4"
         ),
-        AIMessage("", tool_calls=[{"name": "Read", "args": {"file_path": "/repo/app.py"}, "id": "c2"}], id="a2"),
-        ToolMessage("print('hi')", tool_call_id="c2", id="t2"),
-        AIMessage("", tool_calls=[{"name": "shell", "args": {"command": "fix.sh"}, "id": "c3"}], id="a3"),
-        ToolMessage("The file /repo/app.py has been edited. Here is a snippet:", tool_call_id="c3", id="t3"),
-        # A failed result's report is not a write; a file's content mentioning a write is past the report lines.
-        AIMessage("", tool_calls=[{"name": "shell", "args": {"command": "gen.sh"}, "id": "c4"}], id="a4"),
-        ToolMessage("Error: disk full\nWrote out.txt", tool_call_id="c4", id="t4", status="error"),
-        AIMessage("", tool_calls=[{"name": "Read", "args": {"file_path": "/repo/NOTES.md"}, "id": "c5"}], id="a5"),
-        ToolMessage("line\n" * 20 + "Wrote docs/later.md", tool_call_id="c5", id="t5"),
+        *exchange(2, "Read", {"file_path": "/repo/app.py"}, "print('hi')"),
+        *exchange(3, "aider", {"message": "fix it"}, "Applied edit to /repo/app.py"),
+        # Not a report of aider's: content that happens to say so.
+        *exchange(4, "bash", {"command": "git log -3"}, "commit 1\n    Applied edit to docs/setup.md\n    Wrote x.md"),
+        *exchange(5, "Read", {"file_path": "/repo/NOTES.md"}, "Applied edit to notes/old.md\nmore"),
+        *exchange(6, "web_fetch", {"url": "https://x.dev"}, "The file config.yaml has been updated in v2"),
+        *exchange(7, "bash", {"command": "gen.sh"}, "Error: disk full\nApplied edit to out.txt"),
     ]
     facts = gather((), to_core_list(messages), range(len(messages)), ())
     files = {(f.kind, f.text) for f in facts if f.kind.endswith("_file")}
     assert files == {
-        ("modified_file", "site/_includes/blame.md"),
-        ("modified_file", "/repo/app.py"),  # read, then written: one fact, the newer
+        ("modified_file", "site/blame.md"),
+        ("modified_file", "/repo/app.py"),  # read, then edited: one fact, the newer
         ("read_file", "/repo/NOTES.md"),
     }
 

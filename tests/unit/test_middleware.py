@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -323,8 +324,11 @@ async def test_overflow_compacts_and_retries_once(mode: str) -> None:
     assert is_summary_message(retry[1])
     assert_valid_anthropic_request(retry, SYSTEM_PROMPT, ends_with_user=True)
     assert len(results) == 1
-    # The provider's error stated its limit: the retry was compacted to fit that window.
+    # The provider's error stated its limit: the retry was compacted to fit that window,
+    # with a cut at the window's keep budget (not the forced cut that keeps one message).
     assert middleware.options.context_window == 800
+    assert not results[0].forced
+    assert len(retry) > 3
     assert out["messages"][-1].content == "reply 0"
     # Persisted: the checkpointed thread holds the summary, the kept messages and the reply.
     state = agent.get_state(config()).values["messages"]
@@ -338,6 +342,36 @@ async def test_overflow_compacts_and_retries_once(mode: str) -> None:
     await run(agent, {"messages": [HumanMessage("and then?")]}, config(), mode)
     assert len(model.requests) == 3
     assert is_summary_message(model.requests[2][1])
+
+
+@pytest.mark.parametrize(
+    ("options", "error_states_limit"),
+    [(CompactionOptions(keep_recent_tokens=2_000), True), (CompactionOptions(), False)],
+    ids=["options-do-not-fit-the-stated-window", "no-limit-stated"],
+)
+def test_overflow_without_a_usable_stated_window_keeps_the_forced_cut(
+    options: CompactionOptions, error_states_limit: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Unstated(ToolCallingFakeModel):
+        def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+            if estimate_message_tokens(messages) > 800:
+                self.requests.append(list(messages))
+                raise ContextOverflowError("prompt is too long")
+            return super()._generate(messages, *args, **kwargs)
+
+    model_class = ToolCallingFakeModel if error_states_limit else Unstated
+    model = model_class(messages=text_script(5), overflow_above=800 if error_states_limit else None)
+    results: list[CompactionResult] = []
+    middleware = CompactionMiddleware(lambda p: SUMMARY, options, on_compaction=results.append)
+    agent = create_agent(model, tools=[lookup], system_prompt=SYSTEM_PROMPT, middleware=[middleware])
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        out = agent.invoke({"messages": [*history(10), HumanMessage("what next?")]})
+    assert out["messages"][-1].content == "reply 0"
+    assert len(results) == 1
+    assert results[0].forced  # the one recovery there is without a window
+    assert middleware.options.context_window == 0
+    if error_states_limit:
+        assert "does not fit" in caplog.text
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
