@@ -285,8 +285,11 @@ def constraints(text: str) -> list[str]:
     return found
 
 
-def identifiers(text: str, *, code_names: bool = True) -> list[str]:
+def identifiers(text: str, *, code_names: bool = True, max_code_names: int | None = None) -> list[str]:
     """Ids, codes, amounts, dates, versions, paths, URLs, addresses and code names in ``text``.
+
+    ``max_code_names`` keeps only the first code names (a pasted prompt or
+    listing names dozens); values are never capped.
 
     Example:
         >>> identifiers("Rebook RZ8KPW for $1,250.50 on 2024-05-21, see docs/booking.md")
@@ -315,7 +318,10 @@ def identifiers(text: str, *, code_names: bool = True) -> list[str]:
         # (Words shorter than 20 characters are never encoded: only the long
         # ones are looked at, found by the regex engine, not a Python loop.)
         readable = _LONG_WORD.sub(_unless_readable, words)
+        values = len(found)
         for name in _CODE_NAME.findall(readable):
+            if max_code_names is not None and len(found) - values >= max_code_names:
+                break
             _add_new(found, name)
     return found
 

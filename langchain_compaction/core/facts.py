@@ -151,8 +151,8 @@ _SHORT_REQUEST_CHARS = 120
 _TASK_CHARS = 200
 TERMS_KEPT = 12
 """How many of the user's repeated words are kept (the most repeated)."""
-IDENTIFIERS_PER_MESSAGE = 12
-"""How many identifiers one user message may give (the first ``identifiers`` lists: URLs, values, then code names)."""
+CODE_NAMES_PER_MESSAGE = 12
+"""How many code names (``camelCase``, ``snake_case``) one user message may give (the first); values are not capped."""
 _COUNTED: frozenset[FactKind] = frozenset({"task", "request", "earlier", "term"})
 """The kinds whose number is bounded (``REQUESTS_KEPT``, ``EARLIER_KEPT``, ``TERMS_KEPT``, one task)."""
 
@@ -216,10 +216,10 @@ class _Tracker:
             return
         for sentence in constraints(text):
             self.add(Fact("constraint", sentence))
-        # A message naming dozens of identifiers is a paste (a prompt, a listing):
-        # twelve are kept (URLs and values before code names), the rest are the
-        # summary's to carry.
-        for value in identifiers(text)[:IDENTIFIERS_PER_MESSAGE]:
+        # A message naming dozens of code names is a paste (a prompt, a listing):
+        # its first twelve are kept, the rest are the summary's to carry. Ids,
+        # amounts, paths and URLs are all kept: twenty booking codes are twenty facts.
+        for value in identifiers(text, max_code_names=CODE_NAMES_PER_MESSAGE):
             self.add(Fact("identifier", value))
         words = own_words(text)
         for term in task_terms(words):

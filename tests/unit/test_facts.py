@@ -347,11 +347,13 @@ def test_older_requests_left_out_for_room_are_carried_on() -> None:
     assert len(many.facts) == len(paths) - many.dropped
 
 
-def test_a_pasted_message_gives_only_its_first_identifiers() -> None:
-    pasted = " ".join(f"code_name_{i}" for i in range(40))
-    facts = gather((), to_core_list([HumanMessage(pasted, id="h1")]), range(1), ())
+def test_a_pasted_message_gives_only_its_first_code_names_but_every_value() -> None:
+    names = [f"setting_{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(40)]  # snake_case, no digit
+    codes = [f"RZ{i:02d}KPW" for i in range(20)]
+    text = f"Cancel {' '.join(codes)}. {' '.join(names)}"
+    facts = gather((), to_core_list([HumanMessage(text, id="h1")]), range(1), ())
     ids = [f.text for f in facts if f.kind == "identifier"]
-    assert ids == [f"code_name_{i}" for i in range(12)]
+    assert ids == codes + names[:12]
 
 
 def test_kept_messages_resolve_but_add_nothing() -> None:
