@@ -9,7 +9,7 @@ background preparations through the public ``PrepareAhead.running``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -102,12 +102,19 @@ class RequestRecorder:
 # -- graphs -------------------------------------------------------------------------------
 
 
-def graph_with(node: CompactionNode, *, saver: Any = None, store: Any = None, route: bool = False) -> Any:
-    """START -> compact -> agent -> END (the agent answers with a short reply)."""
+def _short_answer(state: dict[str, Any]) -> dict[str, Any]:
+    return {"messages": [AIMessage(words("answer", 20), id=f"a-{time.monotonic_ns()}")]}
 
-    def agent(state: dict[str, Any]) -> dict[str, Any]:
-        return {"messages": [AIMessage(words("answer", 20), id=f"a-{time.monotonic_ns()}")]}
 
+def graph_with(
+    node: CompactionNode,
+    *,
+    saver: Any = None,
+    store: Any = None,
+    route: bool = False,
+    agent: Callable[[Any], dict[str, Any]] = _short_answer,
+) -> Any:
+    """START -> compact -> agent -> END (by default the agent answers with a short reply)."""
     builder = StateGraph(CompactionState)
     builder.add_node("compact", node)
     builder.add_node("agent", agent)

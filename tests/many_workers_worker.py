@@ -130,8 +130,8 @@ def reporting_store(base: type) -> type:
 
 def build_graph(url: str, marks: Path, saver: Any, store: Any, *, lease: bool) -> tuple[Any, Any]:
     """The graph every worker compiles, and its compaction node."""
+    from helpers_turns import graph_with
     from langchain_core.messages import AIMessage, HumanMessage
-    from langgraph.graph import END, START, StateGraph
 
     from langchain_compaction import CompactionNode, CompactionOptions
     from langchain_compaction.features import Archive, PrepareAhead, default_features
@@ -153,13 +153,7 @@ def build_graph(url: str, marks: Path, saver: Any, store: Any, *, lease: bool) -
         turn = last.additional_kwargs.get("turn", "?")
         return {"messages": [AIMessage(f"Reply to turn {turn}. " + AGENT_FILLER, id=agent_reply_id(str(last.id)))]}
 
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", node)
-    builder.add_node("agent", agent)
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", "agent")
-    builder.add_edge("agent", END)
-    return builder.compile(checkpointer=saver, store=store), node
+    return graph_with(node, saver=saver, store=store, agent=agent), node
 
 
 def serve(url: str, name: str, marks: Path, lease: bool) -> None:

@@ -137,6 +137,15 @@ def settle(summarizer: Recorder) -> None:
     time.sleep(0.02)  # and handed its result back
 
 
+def until_preparing(app: Any, config: Any) -> int:
+    """Run turns until a preparation starts; the number of the next turn."""
+    number = 0
+    while not STARTED.count:
+        app.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
+        number += 1
+    return number
+
+
 def until_compaction(app: Any, config: Any, summarizer: Recorder, start: int = 0) -> tuple[int, dict[str, Any], int]:
     """Run turns until one compacts; before each turn, let a running preparation finish.
 
@@ -224,10 +233,7 @@ def test_a_grown_conversation_is_never_summarized_on_the_threshold_turn() -> Non
     app = graph(node)
     config = {"configurable": {"thread_id": "fold"}}
     # Reach the preparation mark, let the preparation finish ...
-    number = 0
-    while not STARTED.count:
-        app.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
-        number += 1
+    number = until_preparing(app, config)
     settle(summarizer)
     # ... then the agent goes on (in one big step) past the threshold.
     many = [HumanMessage(words(f"late{i}"), id=f"late{i}") for i in range(12)]
@@ -256,10 +262,7 @@ def test_an_edited_prefix_discards_the_prepared_summary() -> None:
     node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared())
     app = graph(node)
     config = {"configurable": {"thread_id": "edit"}}
-    number = 0
-    while not STARTED.count:
-        app.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
-        number += 1
+    number = until_preparing(app, config)
     settle(summarizer)
     first = len(summarizer.requests)
     # The user edits their first message (same id, new content).
@@ -287,10 +290,7 @@ def test_a_discarded_preparation_is_reported_once(in_store: bool) -> None:
     node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared(in_store=in_store))
     app = graph(node, store=InMemoryStore() if in_store else None)
     config = {"configurable": {"thread_id": "counted"}}
-    number = 0
-    while not STARTED.count:
-        app.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
-        number += 1
+    number = until_preparing(app, config)
     settle(summarizer)
     app.update_state(config, {"messages": [HumanMessage("an edited first question", id="h0")]})
     _, record, _ = until_compaction(app, config, summarizer, start=number)
@@ -421,10 +421,7 @@ def test_another_worker_applies_the_summary_from_the_store() -> None:
 
     config = {"configurable": {"thread_id": "user.123"}}  # a '.' is not a valid namespace label
     worker_a = build(first)
-    number = 0
-    while not STARTED.count:
-        worker_a.invoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
-        number += 1
+    number = until_preparing(worker_a, config)
     namespace = (STORE_NAMESPACE, thread_label("user.123"))
     wait_for(lambda: bool(store.search(namespace)))
     # The next turns run on another worker, which has nothing in memory.
