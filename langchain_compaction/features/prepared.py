@@ -165,8 +165,9 @@ def _read_store(
 
     The one that matches stays until the conversation moves past it: a worker
     killed after the archive wrote but before the checkpoint did, retried,
-    applies the same preparation again, so the compaction has the same id and
-    its archive items are not written twice. Once applied, the messages it was
+    applies the same preparation again (one marked applied wins over a larger
+    one stored since), so the compaction has the same id and its archive items
+    are not written twice. Once applied, the messages it was
     made from are gone, and the next read prunes it. Also returned: what the
     pruned ones never applied cost (calls, tokens sent), for the next result.
     """
@@ -174,7 +175,7 @@ def _read_store(
         return None, (0, 0)
     where = namespace(conversation)
     items = yield twin(store.search, store.asearch, where, limit=_STORED)
-    found: list[PreparedSummary] = []
+    found: list[tuple[bool, PreparedSummary]] = []
     calls = sent = 0
     for item in items:
         try:
@@ -183,14 +184,17 @@ def _read_store(
             logger.warning("ignored a stored prepared summary this version cannot read: %s", exc)
             continue
         if prepared.matches(messages):
-            found.append(prepared)
+            found.append((bool(item.value.get(APPLIED_KEY)), prepared))
         elif prune:
             yield twin(store.delete, store.adelete, where, item.key)  # made from messages no longer there
             if not item.value.get(APPLIED_KEY):
                 calls += prepared.result.summarizer_calls
                 sent += prepared.result.summarizer_input_tokens
-    best = max(found, key=lambda p: (p.size, p.digest), default=None)  # the same choice in every worker
-    return best, (calls, sent)
+    # The same choice in every worker. One already applied that still matches was applied by a turn whose
+    # checkpoint never landed (killed, cancelled): its retry applies it again, not a larger one stored since,
+    # so the compaction keeps its id and the archive items that turn wrote.
+    best = max(found, key=lambda f: (f[0], f[1].size, f[1].digest), default=None)
+    return (best[1] if best else None), (calls, sent)
 
 
 def write_prepared(store: Any, conversation: Conversation, prepared: PreparedSummary) -> Flow[None]:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -40,11 +41,12 @@ from langchain_compaction import (
     compact,
 )
 from langchain_compaction._lc.conversation import Conversation, thread_label
-from langchain_compaction._lc.convert import is_compaction_message, is_summary_message
+from langchain_compaction._lc.convert import SUMMARY_MARK, is_compaction_message, is_summary_message, prefix_digest
 from langchain_compaction._lc.events import PREPARE_EVENT
+from langchain_compaction.archive import ARCHIVE_NAMESPACE
 from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import ConfigurationError
-from langchain_compaction.features import PrepareAhead
+from langchain_compaction.features import Archive, PrepareAhead
 from langchain_compaction.features.prepared import STORE_NAMESPACE, PreparedSummary
 from langchain_compaction.graph import CompactionState, compact_thread
 from langchain_compaction.history import FileLock
@@ -440,6 +442,55 @@ def test_another_worker_applies_the_summary_from_the_store() -> None:
     # again: the same compaction, archived once); it can never match again.
     stale = [PreparedSummary.from_value(item.value) for item in store.search(namespace)]
     assert not any(p.matches(compacted) for p in stale)
+
+
+def test_a_retried_threshold_turn_applies_the_preparation_its_first_try_applied() -> None:
+    """A turn whose checkpoint never landed, run again, makes the same compaction, not one stored since.
+
+    The first try applied the stored preparation (marking it applied) and
+    archived what it removes; a larger preparation then reached the store
+    (another worker's, without a lease). The retry, from the same checkpoint,
+    applies the first one again: the compaction keeps its id, so the archive
+    items the first try wrote are the retry's, not a second copy.
+    """
+    store = InMemoryStore()
+    summarizer = Recorder()
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=[*prepared(in_store=True), Archive()])
+    app = graph(node, store=store)
+    thread = "user.7"
+    config = cfg(thread)
+    number = until_preparing(app, config)
+    namespace = (STORE_NAMESPACE, thread_label(thread))
+    wait_for(lambda: bool(store.search(namespace)))
+    # Turns until the one that compacts; the checkpoint before it is where a retry starts.
+    for turn in range(number, number + 80):
+        before = app.get_state(config)
+        ask = HumanMessage(words(f"q{turn}"), id=f"h{turn}")
+        first = app.invoke({"messages": [ask]}, config)
+        if first.get("compaction"):
+            break
+    assert first["compaction"]["parts"]["prepared"]["applied"] is True
+    first_mark = next(m for m in first["messages"] if is_summary_message(m)).additional_kwargs[SUMMARY_MARK]
+    archived = store.search((ARCHIVE_NAMESPACE, thread_label(thread)), limit=1_000)
+    assert archived
+    assert {i.value["lineage"] for i in archived} == {first_mark["lineage"][-1]}
+    # A larger preparation of the same messages reaches the store after the first try applied its own.
+    (applied,) = [PreparedSummary.from_value(i.value) for i in store.search(namespace)]
+    messages = [*before.values["messages"], ask]
+    larger = replace(
+        applied,
+        size=len(messages),
+        digest=prefix_digest(messages),
+        written=tuple(m.model_copy(update={"content": "## Goal\n- a larger preparation"}) for m in applied.written),
+        kept=tuple(range(applied.kept[-1] + 1, len(messages))),  # its cut is later: it removes more
+    )
+    store.put(namespace, larger.digest, larger.to_value())
+    retry = app.invoke({"messages": [ask]}, before.config)
+    assert retry["compaction"]["parts"]["prepared"]["applied"] is True
+    mark = next(m for m in retry["messages"] if is_summary_message(m)).additional_kwargs[SUMMARY_MARK]
+    assert mark["lineage"] == first_mark["lineage"]
+    assert retry["compaction"]["parts"]["archive"] == {"archived": 0, "present": len(archived)}
+    assert len(store.search((ARCHIVE_NAMESPACE, thread_label(thread)), limit=1_000)) == len(archived)
 
 
 def test_two_workers_prepare_a_thread_once_under_a_lease(tmp_path: Any) -> None:
