@@ -66,17 +66,14 @@ from langchain_compaction.core.extract import (
     clip,
     constraints,
     error_line,
-    feedback,
     identifiers,
     normalize,
     one_line,
-    own_words,
     quoted,
-    revoked_subjects,
     revokes,
-    task_terms,
     without_revoked,
 )
+from langchain_compaction.core.readings import result_error, user_says
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact, FactKind, Message, ToolCall
 
@@ -148,11 +145,8 @@ EARLIER_KEPT = 10
 """How many older requests are kept, shortened, after those."""
 _SHORT_REQUEST_CHARS = 120
 """What is kept of an older request."""
-_TASK_CHARS = 200
 TERMS_KEPT = 12
 """How many of the user's repeated words are kept (the most repeated)."""
-CODE_NAMES_PER_MESSAGE = 12
-"""How many code names (``camelCase``, ``snake_case``) one user message may give (the first); values are not capped."""
 _COUNTED: frozenset[FactKind] = frozenset({"task", "request", "earlier", "term"})
 """The kinds whose number is bounded (``REQUESTS_KEPT``, ``EARLIER_KEPT``, ``TERMS_KEPT``, one task)."""
 
@@ -210,25 +204,22 @@ class _Tracker:
             self._result(message, record=record)
 
     def _user(self, text: str, *, record: bool) -> None:
-        for subject in revoked_subjects(text):
+        said = user_says(text)
+        for subject in said.revoked:
             self._revoke(subject)
         if not record:
             return
-        for sentence in constraints(text):
+        for sentence in said.constraints:
             self.add(Fact("constraint", sentence))
-        # A message naming dozens of code names is a paste (a prompt, a listing):
-        # its first twelve are kept, the rest are the summary's to carry. Ids,
-        # amounts, paths and URLs are all kept: twenty booking codes are twenty facts.
-        for value in identifiers(text, max_code_names=CODE_NAMES_PER_MESSAGE):
+        for value in said.identifiers:
             self.add(Fact("identifier", value))
-        words = own_words(text)
-        for term in task_terms(words):
+        for term in said.terms:
             self.terms[term] = self.terms.get(term, 0) + 1
-        request = clip(words)
-        if not request or feedback(words) or request.startswith("/"):
-            return  # a harness's feedback on a call, or a slash command, is no request (and never the task)
-        if ("task", "task") not in self.facts and _substantive(request):
-            self.add(Fact("task", clip(request, _TASK_CHARS), key="task"))
+        request = said.request
+        if not request:
+            return
+        if said.task and ("task", "task") not in self.facts:
+            self.add(Fact("task", said.task, key="task"))
         # The newest requests: what the user is after now in full, and, shorter,
         # the one before (the task it continues); older ones are the summary's.
         # (Requests are few: kept in order beside the facts, not found by scanning them.)
@@ -296,14 +287,9 @@ class _Tracker:
         # call of the same tool on the same target, resolves it.
         program, target = command_target(command) if SHELL.search(call.name) else (call.name, command)
         text = message.text.strip()
-        # A command's output reports its errors anywhere; another tool's result
-        # (a file's content) may mention an error without being one, so there
-        # only a first or last line that reports one counts.
-        lines = text.splitlines()
-        edges = "\n".join(lines[:1] + lines[-1:]) if lines else ""
-        line = error_line(text if SHELL.search(call.name) else edges)
+        line = result_error(text, whole=SHELL.search(call.name) is not None)
         if message.is_error and not line:
-            line = clip(lines[-1]) if lines else "failed"
+            line = clip(text.splitlines()[-1]) if text else "failed"
         if not line:
             self._resolve(program, target)
             if file_use(call, args, None) is None:  # a file tool's own result is its file's content
@@ -331,11 +317,6 @@ class _Tracker:
 
 def _count(detail: str) -> int:
     return int(detail) if detail.isdigit() else 1
-
-
-def _substantive(request: str) -> bool:
-    """Whether a user turn states a task (not a greeting, an acknowledgement, a slash command, a harness feedback)."""
-    return not request.startswith("/") and len(request.split()) >= 5 and not feedback(request)
 
 
 def gather(

@@ -1,0 +1,96 @@
+"""What one message says, as checked facts read it: a user's message (``user_says``) and a tool's result.
+
+The rules are ``core.extract``'s; this module applies them to one message and
+keeps what a user message said, since the same text is read again and again:
+the kept messages at every compaction, then as the next one's region; a
+preparation, then the threshold compaction; a retried turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from langchain_compaction.core.extract import (
+    clip,
+    constraints,
+    error_line,
+    feedback,
+    identifiers,
+    own_words,
+    revoked_subjects,
+    task_terms,
+)
+
+CODE_NAMES_PER_MESSAGE = 12
+"""How many code names (``camelCase``, ``snake_case``) one user message may give (the first); values are not capped."""
+TASK_CHARS = 200
+"""What is kept of the request that states the task."""
+READINGS_KEPT = 8192
+"""How many user messages' readings are kept (the most recently used)."""
+READ_ONCE_CHARS = 2000
+"""The longest user message whose reading is kept (a longer paste is read each time)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UserSays:
+    """What one user message says, as checked facts read it.
+
+    Attributes:
+        revoked: The subjects of the rules it takes back.
+        constraints: Its rules, preferences and corrections.
+        identifiers: Its ids, amounts, paths and URLs, all of them (twenty
+            booking codes are twenty facts), and its first
+            ``CODE_NAMES_PER_MESSAGE`` code names (dozens are a paste, a
+            prompt or a listing: the summary's to carry).
+        terms: Its words that may name what the task is about.
+        request: What it asks for, clipped ("" for a harness's feedback or a slash command).
+        task: The request again, if it states a task (``TASK_CHARS``), else "".
+    """
+
+    revoked: tuple[frozenset[str], ...]
+    constraints: tuple[str, ...]
+    identifiers: tuple[str, ...]
+    terms: tuple[str, ...]
+    request: str
+    task: str
+
+
+def user_says(text: str) -> UserSays:
+    """Read a user message's text: see ``UserSays``."""
+    return _read_once(text) if len(text) <= READ_ONCE_CHARS else _read(text)
+
+
+def _read(text: str) -> UserSays:
+    words = own_words(text)
+    request = clip(words)
+    if not request or feedback(words) or request.startswith("/"):
+        request = ""  # a harness's feedback on a call, or a slash command, is no request (and never the task)
+    # A task is stated in a sentence, not a greeting or an acknowledgement.
+    task = clip(request, TASK_CHARS) if len(request.split()) >= 5 and not feedback(request) else ""
+    return UserSays(
+        revoked=tuple(revoked_subjects(text)),
+        constraints=tuple(constraints(text)),
+        identifiers=tuple(identifiers(text, max_code_names=CODE_NAMES_PER_MESSAGE)),
+        terms=tuple(sorted(task_terms(words))),
+        request=request,
+        task=task,
+    )
+
+
+# A reading is a pure function of the text: read once, it is found again by the
+# string's hash (which Python keeps). Bounded by count and length: at most
+# READINGS_KEPT x READ_ONCE_CHARS characters held past their messages (16 M).
+_read_once = lru_cache(maxsize=READINGS_KEPT)(_read)
+
+
+def result_error(text: str, *, whole: bool) -> str:
+    """The error a tool's result reports, "" if none: a command's output (``whole``) anywhere, others at an edge.
+
+    Another tool's result (a file's content) may mention an error without
+    being one: there only a first or last line that reports one counts.
+    """
+    if whole:
+        return error_line(text)
+    lines = text.splitlines()
+    return error_line("\n".join(lines[:1] + lines[-1:]) if lines else "")
