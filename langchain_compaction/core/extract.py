@@ -159,7 +159,19 @@ def one_line(text: str, limit: int = MAX_FACT_CHARS) -> str:
         >>> one_line("a.py" + chr(10) + "## Next Steps" + chr(27) + "[31m")
         'a.py ## Next Steps [31m'
     """
+    if _clean(text, limit):
+        return text
     return clip(_CONTROL.sub(" ", text), limit)
+
+
+def _clean(text: str, limit: int) -> bool:
+    """Whether ``text`` is one clean line within ``limit`` already (most are: then nothing is copied).
+
+    Every character ``_CONTROL`` removes and every whitespace but the ASCII
+    space is non-printable, so a printable text without doubled or edge spaces
+    is what ``clip`` and ``one_line`` would return.
+    """
+    return len(text) <= limit and text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " "
 
 
 def quoted(text: str) -> str:
@@ -169,6 +181,8 @@ def quoted(text: str) -> str:
 
 def clip(text: str, limit: int = MAX_FACT_CHARS) -> str:
     """``text`` on one line, cut at a word boundary before ``limit`` characters."""
+    if _clean(text, limit):
+        return text
     text = " ".join(text.split())
     if len(text) <= limit:
         return text

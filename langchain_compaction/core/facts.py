@@ -50,6 +50,7 @@ cut: an error fixed there is not reported as open.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -160,8 +161,9 @@ class _Tracker:
     last_opened: str | None = None
     requests: list[tuple[FactKind, str]] = field(default_factory=list)
     earlier: list[tuple[FactKind, str]] = field(default_factory=list)
-    # The errors in force by program: a clean run looks at its own program's only.
-    errors: dict[str, set[tuple[FactKind, str]]] = field(default_factory=dict)
+    # The errors by program, as (target, key) sorted: a clean run looks at its own
+    # program's only, and at the targets it covers (they start with its own).
+    errors: dict[str, list[tuple[str, tuple[FactKind, str]]]] = field(default_factory=dict)
     terms: dict[str, int] = field(default_factory=dict)
 
     def add(self, fact: Fact) -> None:
@@ -185,7 +187,11 @@ class _Tracker:
         elif fact.kind == "earlier":
             self.earlier = [*(k for k in self.earlier if k != key), key]
         elif fact.kind == "error":
-            self.errors.setdefault(fact.key.partition("\x00")[0], set()).add(key)
+            program, _, target = fact.key.partition("\x00")
+            held = self.errors.setdefault(program, [])
+            at = bisect_left(held, (target, key))
+            if held[at : at + 1] != [(target, key)]:
+                held.insert(at, (target, key))
 
     def drop(self, kind: FactKind, key: str) -> None:
         self.facts.pop((kind, key), None)
@@ -300,13 +306,14 @@ class _Tracker:
 
     def _resolve(self, program: str, target: str) -> None:
         """A clean run of ``program`` on ``target``: the errors it covers are resolved."""
-        keys = self.errors.get(program, set())
-        for key in list(keys):
-            if key not in self.facts:
-                keys.discard(key)  # superseded meanwhile
-            elif not target or key[1].partition("\x00")[2].startswith(target):
-                del self.facts[key]
-                keys.discard(key)
+        held = self.errors.get(program)
+        if not held:
+            return
+        start = end = bisect_left(held, (target,))
+        while end < len(held) and held[end][0].startswith(target):
+            self.facts.pop(held[end][1], None)  # gone already if superseded meanwhile
+            end += 1
+        del held[start:end]
 
     def result(self) -> list[Fact]:
         """The facts in force, oldest first, then the user's most repeated words."""
@@ -464,12 +471,14 @@ def _fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list
     rounds.append((newest_first, budget))
     spent: dict[FactKind | None, int] = {}
     lines = {id(f): _line(f) for f in missing}
+    costs: dict[int, int] = {}
+    title_costs = {kind: estimate_tokens(_TITLES[kind]) + 2 for kind in PRIORITY}
     for candidates, cap in rounds:
         for fact in candidates:
             if id(fact) in chosen:
                 continue
             line = lines[id(fact)]
-            title = 0 if fact.kind in titled else estimate_tokens(_TITLES[fact.kind]) + 2  # paid once
+            title = 0 if fact.kind in titled else title_costs[fact.kind]  # paid once
             # No character costs less than a quarter token: a line that cannot
             # fit by that bound is passed before anything costlier is done
             # (once the section is nearly full, that is most of them).
@@ -478,7 +487,9 @@ def _fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list
                 continue
             if norm[id(fact)] in shown:
                 continue  # already in the section (a path inside a constraint)
-            cost = estimate_tokens(line) + 1 + title
+            if id(fact) not in costs:  # a fact over its kind's cap this round is priced once, not every round
+                costs[id(fact)] = estimate_tokens(line) + 1
+            cost = costs[id(fact)] + title
             if used + cost > budget or had + cost > cap:
                 continue
             chosen[id(fact)] = fact

@@ -21,6 +21,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_compaction import CompactionOptions, CompactionResult, acompact, compact
 from langchain_compaction._lc.convert import BRIDGE_TEXT, is_bridge_message, is_compaction_message, is_summary_message
 from langchain_compaction.core import prompts
+from langchain_compaction.core.extract import _CONTROL as CONTROL_CHARACTERS
+from langchain_compaction.core.extract import clip, one_line
 from langchain_compaction.functional import find_cut_point
 from langchain_compaction.tokens import estimate_message_tokens
 
@@ -263,3 +265,21 @@ def test_async_matches_sync(messages: list[BaseMessage], keep: int, summary_inpu
     assert async_result is not None
     # Everything but how long each waited (a clock reading) is the same.
     assert replace(sync_result, wait_seconds=0.0) == replace(async_result, wait_seconds=0.0)
+
+
+def _clip_slowly(text: str, limit: int) -> str:
+    """``clip`` as it reads: whitespace folded, then cut at a word boundary (no shortcut)."""
+    folded = " ".join(text.split())
+    if len(folded) <= limit:
+        return folded
+    cut = folded.rfind(" ", 0, limit)
+    return folded[: cut if cut > limit // 2 else limit]
+
+
+@PROFILE
+@given(st.text(alphabet=st.characters(exclude_categories=("Cs",))), st.integers(1, 40))
+def test_a_clean_line_is_returned_as_is_and_every_other_folded(text: str, limit: int) -> None:
+    # clip and one_line return a text that is already one clean line without copying it: the same as the full fold.
+    assert clip(text, limit) == _clip_slowly(text, limit)
+    assert one_line(text, limit) == _clip_slowly(CONTROL_CHARACTERS.sub(" ", text), limit)
+    assert one_line(f"a{text}b", limit + 2) == _clip_slowly(CONTROL_CHARACTERS.sub(" ", f"a{text}b"), limit + 2)
