@@ -161,8 +161,7 @@ class _Tracker:
     last_opened: str | None = None
     requests: list[tuple[FactKind, str]] = field(default_factory=list)
     earlier: list[tuple[FactKind, str]] = field(default_factory=list)
-    # The errors by program, as (target, key) sorted: a clean run looks at its own
-    # program's only, and at the targets it covers (they start with its own).
+    # Errors by program, (target, key) sorted: a clean run looks at its program's, at targets starting with its own.
     errors: dict[str, list[tuple[str, tuple[FactKind, str]]]] = field(default_factory=dict)
     terms: dict[str, int] = field(default_factory=dict)
 
@@ -177,7 +176,8 @@ class _Tracker:
             program, target = command_target(fact.key or fact.detail)
             fact = Fact("error", text, f"{program}\x00{target}", f"{program}\x00{fact.detail}")
         if fact.kind == "term":
-            self.terms[fact.text] = self.terms.get(fact.text, 0) + _count(fact.detail)
+            count = int(fact.detail) if fact.detail.isdigit() else 1  # a carried term holds its count
+            self.terms[fact.text] = self.terms.get(fact.text, 0) + count
             return
         key = (fact.kind, fact.key or normalize(fact.text))
         self.facts.pop(key, None)  # a fact seen again moves to the end: it is the newest
@@ -192,9 +192,6 @@ class _Tracker:
             at = bisect_left(held, (target, key))
             if held[at : at + 1] != [(target, key)]:
                 held.insert(at, (target, key))
-
-    def drop(self, kind: FactKind, key: str) -> None:
-        self.facts.pop((kind, key), None)
 
     def read(self, message: Message, *, record: bool) -> None:
         """Take what ``message`` says; with ``record=False`` (a kept message) only resolve and supersede."""
@@ -278,7 +275,7 @@ class _Tracker:
             self.add(Fact("done_call", argument, key=f"{call.name}\x00{argument}", detail=call.name))
 
     def _modified(self, path: str, *, record: bool) -> None:
-        self.drop("read_file", path)  # read, then rewritten: one fact, the newer
+        self.facts.pop(("read_file", path), None)  # read, then rewritten: one fact, the newer
         if record:
             self.add(Fact("modified_file", path, key=path))
 
@@ -320,10 +317,6 @@ class _Tracker:
         repeated = sorted((n, t) for t, n in self.terms.items() if n >= 2)[-TERMS_KEPT:]
         terms = [Fact("term", term, key=term, detail=str(count)) for count, term in reversed(repeated)]
         return [*self.facts.values(), *terms]
-
-
-def _count(detail: str) -> int:
-    return int(detail) if detail.isdigit() else 1
 
 
 def gather(

@@ -58,7 +58,7 @@ class UserSays:
 
 def user_says(text: str) -> UserSays:
     """Read a user message's text: see ``UserSays``."""
-    return _read_once(text) if len(text) <= READ_ONCE_CHARS else _read(text)
+    return read_once(text) if len(text) <= READ_ONCE_CHARS else _read(text)
 
 
 def _read(text: str) -> UserSays:
@@ -81,7 +81,7 @@ def _read(text: str) -> UserSays:
 # A reading is a pure function of the text: read once, it is found again by the
 # string's hash (which Python keeps). Bounded by count and length: at most
 # READINGS_KEPT x READ_ONCE_CHARS characters held past their messages (16 M).
-_read_once = lru_cache(maxsize=READINGS_KEPT)(_read)
+read_once = lru_cache(maxsize=READINGS_KEPT)(_read)
 
 
 def result_error(text: str, *, whole: bool) -> str:

@@ -27,7 +27,7 @@ from langchain_compaction.core.facts import (
     normalize,
 )
 from langchain_compaction.core.layout import compose_summary, summary_body
-from langchain_compaction.core.readings import READ_ONCE_CHARS, _read_once, user_says
+from langchain_compaction.core.readings import READ_ONCE_CHARS, read_once, user_says
 from langchain_compaction.core.redact import redact_secrets
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact
@@ -362,12 +362,12 @@ def test_a_user_message_read_again_gives_the_same_facts_and_only_short_ones_are_
     long = short + " " + " ".join(f"word{i}" for i in range(READ_ONCE_CHARS // 5))
     assert len(short) <= READ_ONCE_CHARS < len(long)
     first = {t: gather((), to_core_list([HumanMessage(t, id="h1")]), range(1), ()) for t in (short, long)}
-    kept_before = _read_once.cache_info().currsize
+    kept_before = read_once.cache_info().currsize
     again = {t: gather((), to_core_list([HumanMessage(t, id="h2")]), range(1), ()) for t in (short, long)}
     assert again == first
     assert {"constraint", "identifier"} <= {f.kind for f in first[short]}
     # The short text was already kept; the long one is read each time, never kept (the cache's bound in characters).
-    assert _read_once.cache_info().currsize == kept_before
+    assert read_once.cache_info().currsize == kept_before
     assert user_says(long) == user_says(long)
 
 
