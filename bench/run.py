@@ -39,7 +39,7 @@ from langgraph.graph.message import add_messages
 
 from bench.workloads import coding_session, load_transcripts
 from langchain_compaction import CompactionNode, CompactionOptions
-from langchain_compaction.core.readings import read_once
+from langchain_compaction.core import readings
 from langchain_compaction.tokens import estimate_message_tokens, estimate_tokens
 
 HERE = Path(__file__).resolve().parent
@@ -284,7 +284,7 @@ def step_figures(sizes: list[int], repeats: int) -> dict[str, dict[str, float]]:
         # conversation's kept messages at its next compaction. The same step over
         # messages never read before clears that first.
         timings["ours_compaction"] = best(lambda: ours.step(list(state)))
-        timings["ours_compaction_unread"] = best(lambda: (read_once.cache_clear(), ours.step(list(state))))
+        timings["ours_compaction_unread"] = best(lambda: (readings.forget(), ours.step(list(state))))
         lc = LangChainMiddleware(window - RESERVE)
         timings["langchain_compaction"] = best(lambda: lc.step(list(state)))
         # The per-turn check when nothing is over budget: the node has seen

@@ -328,16 +328,25 @@ def identifiers(text: str, *, code_names: bool = True, max_code_names: int | Non
     # Names from code the user wrote in prose (camelCase, PascalCase with an
     # inner capital, snake_case): a model paraphrases them into plain words.
     if code_names:
-        # (Not from inside a pasted blob: base64 is full of "camelCase".)
-        # (Words shorter than 20 characters are never encoded: only the long
-        # ones are looked at, found by the regex engine, not a Python loop.)
-        readable = _LONG_WORD.sub(_unless_readable, words)
         values = len(found)
-        for name in _CODE_NAME.findall(readable):
+        for name in names_in_code(words):
             if max_code_names is not None and len(found) - values >= max_code_names:
                 break
             _add_new(found, name)
     return found
+
+
+def names_in_code(text: str) -> list[str]:
+    """The code names in ``text`` (camelCase, PascalCase with an inner capital, snake_case), in order, repeats too.
+
+    Example:
+        >>> names_in_code("call build_case_type on TOKEN_KIND_ANY, not Plain words")
+        ['build_case_type', 'TOKEN_KIND_ANY']
+    """
+    # (Not from inside a pasted blob: base64 is full of "camelCase".)
+    # (Words shorter than 20 characters are never encoded: only the long
+    # ones are looked at, found by the regex engine, not a Python loop.)
+    return _CODE_NAME.findall(_LONG_WORD.sub(_unless_readable, text))
 
 
 _LONG_WORD = re.compile(r"\S{20,}")

@@ -17,6 +17,7 @@ from langchain_compaction.core.extract import (
     error_line,
     feedback,
     identifiers,
+    names_in_code,
     own_words,
     revoked_subjects,
     task_terms,
@@ -26,8 +27,8 @@ CODE_NAMES_PER_MESSAGE = 12
 """How many code names (``camelCase``, ``snake_case``) one user message may give (the first); values are not capped."""
 TASK_CHARS = 200
 """What is kept of the request that states the task."""
-READINGS_KEPT = 8192
-"""How many user messages' readings are kept (the most recently used)."""
+READINGS_KEPT = 4096
+"""How many texts' readings each cache keeps (the most recently used): user messages', assistants' names."""
 READ_ONCE_CHARS = 2000
 """The longest user message whose reading is kept (a longer paste is read each time)."""
 
@@ -80,7 +81,8 @@ def _read(text: str) -> UserSays:
 
 # A reading is a pure function of the text: read once, it is found again by the
 # string's hash (which Python keeps). Bounded by count and length: at most
-# READINGS_KEPT x READ_ONCE_CHARS characters held past their messages (16 M).
+# READINGS_KEPT x READ_ONCE_CHARS characters held past their messages by each of
+# the two caches (user readings, assistants' names): 16 M characters in all.
 read_once = lru_cache(maxsize=READINGS_KEPT)(_read)
 
 
@@ -94,3 +96,21 @@ def result_error(text: str, *, whole: bool) -> str:
         return error_line(text)
     lines = text.splitlines()
     return error_line("\n".join(lines[:1] + lines[-1:]) if lines else "")
+
+
+def agent_names(text: str) -> tuple[str, ...]:
+    """The code names an assistant message's own text uses, each once, in order."""
+    return _names_once(text) if len(text) <= READ_ONCE_CHARS else _names(text)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(names_in_code(text)))
+
+
+_names_once = lru_cache(maxsize=READINGS_KEPT)(_names)
+
+
+def forget() -> None:
+    """Drop every kept reading (benchmarks use it to time reading messages never read before)."""
+    read_once.cache_clear()
+    _names_once.cache_clear()

@@ -56,7 +56,17 @@ class ToolCall:
 
 
 FactKind = Literal[
-    "constraint", "task", "request", "earlier", "identifier", "modified_file", "error", "done_call", "read_file", "term"
+    "constraint",
+    "task",
+    "request",
+    "earlier",
+    "identifier",
+    "modified_file",
+    "error",
+    "done_call",
+    "read_file",
+    "name",
+    "term",
 ]
 """The kinds of facts a checked summary keeps (see ``core.facts``)."""
 

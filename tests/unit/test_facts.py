@@ -18,6 +18,7 @@ from langchain_compaction import (
 )
 from langchain_compaction._lc.convert import SUMMARY_MARK, is_summary_message, summary_message, to_core_list
 from langchain_compaction.core.facts import (
+    NAMES_KEPT,
     SECTION_HEADING,
     check_summary,
     constraints,
@@ -27,7 +28,7 @@ from langchain_compaction.core.facts import (
     normalize,
 )
 from langchain_compaction.core.layout import compose_summary, summary_body
-from langchain_compaction.core.readings import READ_ONCE_CHARS, read_once, user_says
+from langchain_compaction.core.readings import READ_ONCE_CHARS, forget, read_once
 from langchain_compaction.core.redact import redact_secrets
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact
@@ -334,6 +335,39 @@ def test_the_most_repeated_words_win_when_room_is_short() -> None:
         assert shown == words[: len(shown)]
 
 
+def test_code_names_the_agent_keeps_using_are_facts_those_met_last_kept() -> None:
+    says = [
+        "I'll look at make_pattern_type first.",
+        "make_pattern_type builds the type; TK_MATCH_CAPTURE matches on type alone.",
+        "So TK_MATCH_CAPTURE needs the check in make_pattern_type, not in onceOnly.",
+    ]
+    messages = [HumanMessage("Fix the match crash in the compiler please", id="h0")]
+    for i, text in enumerate(says):
+        messages.append(
+            AIMessage(
+                text, id=f"a{i}", tool_calls=[{"name": "Read", "args": {"file_path": f"src/f{i}.c"}, "id": f"c{i}"}]
+            )
+        )
+        # A tool's output names code too: it is not what the agent keeps coming back to.
+        messages.append(ToolMessage("static void fromTheFile(void); fromTheFile();", tool_call_id=f"c{i}", id=f"t{i}"))
+    core = to_core_list(messages)
+    facts = gather((), core, range(len(core)), ())
+    names = [(f.text, f.detail) for f in facts if f.kind == "name"]
+    # Met in two messages or more (onceOnly: one), oldest first by when they were last met, with their counts.
+    assert names == [("TK_MATCH_CAPTURE", "2"), ("make_pattern_type", "3")]
+    check = check_summary("## Goal\n- fix the crash", facts, 400)
+    assert "Code names the agent keeps using:" in check.section
+    assert "`make_pattern_type`" in check.section
+    # Carried on with their counts (a name met once is not carried, as a word is not).
+    later = to_core_list([AIMessage("TK_MATCH_CAPTURE is fine after all.", id="a9")])
+    again = {f.text: f.detail for f in gather(check.facts, later, range(1), ()) if f.kind == "name"}
+    assert again == {"make_pattern_type": "3", "TK_MATCH_CAPTURE": "3"}
+    # Bounded by count: the NAMES_KEPT met last stay (the work moved on from the others).
+    many = to_core_list([AIMessage(" ".join(f"name_{i}" for i in range(40)), id=f"m{j}") for j in range(2)])
+    kept = [f.text for f in gather((), many, range(2), ()) if f.kind == "name"]
+    assert kept == [f"name_{i}" for i in range(40 - NAMES_KEPT, 40)]
+
+
 def test_older_requests_left_out_for_room_are_carried_on() -> None:
     facts = [Fact("earlier", f"make the header number {i} bigger", key=f"request:{i}") for i in range(6)]
     facts += [Fact("constraint", "Never edit tests/fixtures.json.")]
@@ -361,14 +395,16 @@ def test_a_user_message_read_again_gives_the_same_facts_and_only_short_ones_are_
     short = "Never deploy on Fridays. Use the invoice id INV-20931 for the refund please."
     long = short + " " + " ".join(f"word{i}" for i in range(READ_ONCE_CHARS // 5))
     assert len(short) <= READ_ONCE_CHARS < len(long)
+    forget()
     first = {t: gather((), to_core_list([HumanMessage(t, id="h1")]), range(1), ()) for t in (short, long)}
-    kept_before = read_once.cache_info().currsize
-    again = {t: gather((), to_core_list([HumanMessage(t, id="h2")]), range(1), ()) for t in (short, long)}
-    assert again == first
     assert {"constraint", "identifier"} <= {f.kind for f in first[short]}
-    # The short text was already kept; the long one is read each time, never kept (the cache's bound in characters).
-    assert read_once.cache_info().currsize == kept_before
-    assert user_says(long) == user_says(long)
+    before = read_once.cache_info()
+    assert before.currsize == 1  # the short one only: a longer paste is read each time, never kept
+    again = gather((), to_core_list([HumanMessage(short, id="h2")]), range(1), ())
+    assert again == first[short]
+    assert read_once.cache_info().hits == before.hits + 1  # found, not read again
+    assert gather((), to_core_list([HumanMessage(long, id="h2")]), range(1), ()) == first[long]
+    assert read_once.cache_info()[:] == (before.hits + 1, before.misses, before.maxsize, 1)
 
 
 def test_kept_messages_resolve_but_add_nothing() -> None:
