@@ -12,8 +12,9 @@ and reports on stdout, one JSON line per event:
 - ``ready``: the graph is compiled and connected;
 - ``started``: a turn was read, with the context size it will have (the state
   plus the new message) and whether that is over the threshold;
+- ``applied``: a turn took a preparation from the store (and marked it applied);
 - ``archived``: a turn's compaction wrote the messages it removes to the archive
-  (the turn's checkpoint is not written yet);
+  (the turn's checkpoint is not written yet), with the compaction ids written;
 - ``summary``: a summary call began (``where``: ``turn`` on the turn's own
   thread, ``prepare`` in a background preparation);
 - ``done``: the turn's ``graph.invoke`` returned (with the message count and
@@ -114,14 +115,19 @@ def reporting_store(base: type) -> type:
     from langgraph.store.base import PutOp
 
     from langchain_compaction.archive import ARCHIVE_NAMESPACE
+    from langchain_compaction.features.prepared import APPLIED_KEY, STORE_NAMESPACE
 
     class Reporting(base):  # type: ignore[misc,valid-type]
         def batch(self, ops: Any) -> Any:
             ops = list(ops)
             out = super().batch(ops)
-            archived = [o for o in ops if isinstance(o, PutOp) and o.namespace[:1] == (ARCHIVE_NAMESPACE,) and o.value]
+            puts = [o for o in ops if isinstance(o, PutOp) and o.value]
+            if _current and any(o.namespace[:1] == (STORE_NAMESPACE,) and o.value.get(APPLIED_KEY) for o in puts):
+                emit("applied", **_current)
+            archived = [o for o in puts if o.namespace[:1] == (ARCHIVE_NAMESPACE,)]
             if archived and _current:
-                emit("archived", **_current, items=len(archived))
+                lineages = sorted({str(o.value.get("lineage")) for o in archived})
+                emit("archived", **_current, items=len(archived), lineages=lineages)
                 time.sleep(ARCHIVE_ANSWER_SECONDS)
             return out
 

@@ -241,6 +241,9 @@ class Run:
     dispatches: int = 0
     started_over: int = 0
     summary_events: Counter[str] = field(default_factory=Counter)
+    # Per attempt (thread, turn, attempt): whether it applied a stored preparation, the compaction ids it archived.
+    applied: set[tuple[str, int, int]] = field(default_factory=set)
+    archived: dict[tuple[str, int, int], list[str]] = field(default_factory=dict)
 
 
 class Driver:
@@ -346,7 +349,12 @@ class Driver:
             return
         if ask is None or (event.get("thread"), event.get("turn")) != (ask["thread"], ask["turn"]):
             return
+        attempt = (ask["thread"], ask["turn"], ask["attempt"])
+        if kind == "applied":
+            self.run.applied.add(attempt)
+            return
         if kind == "archived":
+            self.run.archived.setdefault(attempt, []).extend(event.get("lineages") or [])
             if self.armed() == "archived":
                 self.kill(worker, "archived", event)
             return
@@ -597,6 +605,8 @@ def test_many_workers_share_threads_through_postgres_with_kills(
         "invented": {t: v for t, v in invented.items() if v},
         "altered": {t: v for t, v in altered.items() if v},
         "compactions_outside_final_lineage": {t: v for t, v in outside.items() if v},
+        "attempts_applying_a_stored_preparation": len(run.applied),
+        "attempts_archiving": len(run.archived),
         "ids_twice_counting_those": {t: n for t, n in raw_duplicates.items() if n},
         "final_state_sizes": state_sizes,
         "final_context_tokens": final_tokens,
@@ -648,9 +658,17 @@ def test_many_workers_share_threads_through_postgres_with_kills(
         f"{ {t: archive_lineages[t] for t in figures['duplicates']} }; final timelines: "
         f"{ {t: [d.get('removed') for d in compaction_details[t]] for t in figures['duplicates']} }; kills: {run.kills}"
     )
-    # A killed turn that archived before dying and whose retry compacted differently (a preparation landed in
-    # between) leaves that compaction's items outside every timeline: at most one such compaction per kill.
+    # A killed turn that archived before dying and whose retry compacted differently (it compacted on the spot,
+    # the retry found a preparation that landed in between) leaves that compaction's items outside every
+    # timeline: at most one such compaction per kill, each archived by a killed attempt that took no stored
+    # preparation (one that did is applied again by its retry: the same compaction).
     assert sum(map(len, outside.values())) <= len(run.kills), (outside, run.kills)
+    killed = {(k["thread"], k["turn"], k["attempt"]) for k in run.kills}
+    for thread, ids in outside.items():
+        for compaction_id in ids:
+            by = [a for a, written in run.archived.items() if a[0] == thread and compaction_id in written]
+            assert by, f"{thread}: compaction {compaction_id} outside the final timeline, archived by no turn seen"
+            assert all(a in killed and a not in run.applied for a in by), (thread, compaction_id, by, run.kills)
     assert not figures["invented"], f"messages nobody sent: {figures['invented']}"
     assert not figures["altered"], f"messages whose text changed: {figures['altered']}"
     assert markers_in_state + markers_in_archive == markers_sent
