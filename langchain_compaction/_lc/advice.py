@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Hashable
 
-from langchain_compaction._lc.conversation import Bounded
+from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.options import MIN_ROOM_TOKENS, Budget
 
 logger = logging.getLogger("langchain_compaction")

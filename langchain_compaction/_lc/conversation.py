@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from langchain_core.messages import BaseMessage
 
 from langchain_compaction._lc.convert import fingerprint, prefix_digest
+from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.errors import ConfigurationError
 
 logger = logging.getLogger("langchain_compaction")
@@ -128,50 +127,6 @@ def opening(messages: Sequence[BaseMessage]) -> str:
     return digest.hexdigest()
 
 
-class Bounded(Generic[_V]):
-    """A dict of at most ``size`` entries; the least recently used go first. Thread-safe.
-
-    Example:
-        >>> cache = Bounded(2)
-        >>> cache.put("a", 1); cache.put("b", 2); cache.put("c", 3)
-        >>> cache.get("a"), cache.get("c"), len(cache)
-        (None, 3, 2)
-    """
-
-    def __init__(self, size: int = CONVERSATIONS_REMEMBERED) -> None:
-        self.size = max(int(size), 1)
-        self._items: OrderedDict[Any, _V] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, key: Any) -> _V | None:
-        """The entry under ``key`` (now the most recently used), or ``None``."""
-        with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
-
-    def put(self, key: Any, value: _V) -> None:
-        """Keep ``value`` under ``key``, dropping the least recently used entry past the bound."""
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-    def pop(self, key: Any, expected: _V | None = None) -> _V | None:
-        """Remove and return the entry under ``key`` (only if it is ``expected``, when given)."""
-        with self._lock:
-            value = self._items.get(key)
-            if value is None or (expected is not None and value is not expected):
-                return None
-            del self._items[key]
-            return value
-
-
 # -- where a compaction is written ----------------------------------------------------------
 
 
@@ -219,8 +174,8 @@ class Delivery:
             raise ConfigurationError("nested", nested, "pass 'parent' or 'own'")
         self.nested = nested
         self.who = who
-        self._sent: Bounded[tuple[int, str]] = Bounded()
-        self._own: Bounded[bool] = Bounded()
+        self._sent: Bounded[tuple[int, str]] = Bounded(CONVERSATIONS_REMEMBERED)
+        self._own: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)
         self._warned: set[str] = set()
 
     def conversation(

@@ -28,7 +28,6 @@ from typing import Any, TypeVar, cast
 
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
-from langchain_compaction._lc.conversation import Bounded
 from langchain_compaction._lc.convert import (
     fingerprint,
     is_bridge_message,
@@ -36,6 +35,7 @@ from langchain_compaction._lc.convert import (
     to_core,
     to_core_list,
 )
+from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.context import trusted_usage
 from langchain_compaction.core.effects import Call, blocking, computing, inline, twin
 from langchain_compaction.core.options import CompactionOptions

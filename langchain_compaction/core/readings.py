@@ -1,16 +1,20 @@
 """What one message says, as checked facts read it: a user's message (``user_says``) and a tool's result.
 
 The rules are ``core.extract``'s; this module applies them to one message and
-keeps what a user message said, since the same text is read again and again:
-the kept messages at every compaction, then as the next one's region; a
-preparation, then the threshold compaction; a retried turn.
+keeps what a user's message says and an assistant's code names, since the same
+text is read again and again: the kept messages at every compaction, then as
+the next one's region; a preparation, then the threshold compaction; a retried
+turn. A reading is a pure function of the text, so it is kept under a 128-bit
+digest of the text (``READINGS_KEPT`` of each kind, the most recently used):
+the text itself is not held once its conversation lets it go.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
-from functools import lru_cache
 
+from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.extract import (
     clip,
     constraints,
@@ -28,9 +32,7 @@ CODE_NAMES_PER_MESSAGE = 12
 TASK_CHARS = 200
 """What is kept of the request that states the task."""
 READINGS_KEPT = 4096
-"""How many texts' readings each cache keeps (the most recently used): user messages', assistants' names."""
-READ_ONCE_CHARS = 2000
-"""The longest user message whose reading is kept (a longer paste is read each time)."""
+"""How many readings of each kind are kept (the most recently used): user messages', assistants' code names."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +60,13 @@ class UserSays:
 
 
 def user_says(text: str) -> UserSays:
-    """Read a user message's text: see ``UserSays``."""
-    return read_once(text) if len(text) <= READ_ONCE_CHARS else _read(text)
+    """Read a user message's text: see ``UserSays`` (kept: a text read before is not read again)."""
+    key = _digest(text)
+    said = _SAID.get(key)
+    if said is None:
+        said = _read(text)
+        _SAID.put(key, said)
+    return said
 
 
 def _read(text: str) -> UserSays:
@@ -79,13 +86,6 @@ def _read(text: str) -> UserSays:
     )
 
 
-# A reading is a pure function of the text: read once, it is found again by the
-# string's hash (which Python keeps). Bounded by count and length: at most
-# READINGS_KEPT x READ_ONCE_CHARS characters held past their messages by each of
-# the two caches (user readings, assistants' names): 16 M characters in all.
-read_once = lru_cache(maxsize=READINGS_KEPT)(_read)
-
-
 def result_error(text: str, *, whole: bool) -> str:
     """The error a tool's result reports, "" if none: a command's output (``whole``) anywhere, others at an edge.
 
@@ -99,18 +99,29 @@ def result_error(text: str, *, whole: bool) -> str:
 
 
 def agent_names(text: str) -> tuple[str, ...]:
-    """The code names an assistant message's own text uses, each once, in order."""
-    return _names_once(text) if len(text) <= READ_ONCE_CHARS else _names(text)
+    """The code names an assistant message's own text uses, each once, in order (kept as ``user_says``)."""
+    key = _digest(text)
+    names = _NAMES.get(key)
+    if names is None:
+        names = tuple(dict.fromkeys(names_in_code(text)))
+        _NAMES.put(key, names)
+    return names
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(names_in_code(text)))
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-_names_once = lru_cache(maxsize=READINGS_KEPT)(_names)
+_SAID: Bounded[UserSays] = Bounded(READINGS_KEPT)
+_NAMES: Bounded[tuple[str, ...]] = Bounded(READINGS_KEPT)
+
+
+def kept() -> int:
+    """How many readings are kept now (both kinds)."""
+    return len(_SAID) + len(_NAMES)
 
 
 def forget() -> None:
     """Drop every kept reading (benchmarks use it to time reading messages never read before)."""
-    read_once.cache_clear()
-    _names_once.cache_clear()
+    _SAID.clear()
+    _NAMES.clear()

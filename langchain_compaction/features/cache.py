@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED, Bounded
+from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED
+from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.types import NO_PREAMBLE, Preamble
 from langchain_compaction.errors import ConfigurationError

@@ -35,7 +35,8 @@ from typing import Any, ClassVar
 
 from langchain_core.messages import BaseMessage
 
-from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED, Bounded, Conversation, opening
+from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED, Conversation, opening
+from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.options import CompactionOptions, check_int, check_seconds
 from langchain_compaction.errors import ConfigurationError
@@ -121,8 +122,9 @@ class PrepareAhead(Feature):
     lease: LeaseFactory | None = None
     remember: int = CONVERSATIONS_REMEMBERED
     mark: int | None = field(default=None, init=False, compare=False)
-    _cache: Bounded[_Preparation] = field(default_factory=Bounded, init=False, repr=False, compare=False)
-    _spent: Bounded[tuple[int, int]] = field(default_factory=Bounded, init=False, repr=False, compare=False)
+    # Set in __post_init__, sized by ``remember``.
+    _cache: Bounded[_Preparation] = field(init=False, repr=False, compare=False)
+    _spent: Bounded[tuple[int, int]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         share = self.at

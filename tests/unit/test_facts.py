@@ -28,7 +28,7 @@ from langchain_compaction.core.facts import (
     normalize,
 )
 from langchain_compaction.core.layout import compose_summary, summary_body
-from langchain_compaction.core.readings import READ_ONCE_CHARS, forget, read_once
+from langchain_compaction.core.readings import agent_names, forget, kept, user_says
 from langchain_compaction.core.redact import redact_secrets
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact
@@ -391,20 +391,23 @@ def test_a_pasted_message_gives_only_its_first_code_names_but_every_value() -> N
     assert ids == codes + names[:12]
 
 
-def test_a_user_message_read_again_gives_the_same_facts_and_only_short_ones_are_kept() -> None:
+def test_a_message_read_again_is_not_read_again_and_gives_the_same_facts() -> None:
     short = "Never deploy on Fridays. Use the invoice id INV-20931 for the refund please."
-    long = short + " " + " ".join(f"word{i}" for i in range(READ_ONCE_CHARS // 5))
-    assert len(short) <= READ_ONCE_CHARS < len(long)
+    paste = short + " " + " ".join(f"word{i}" for i in range(2_000))  # a long paste is kept too
     forget()
-    first = {t: gather((), to_core_list([HumanMessage(t, id="h1")]), range(1), ()) for t in (short, long)}
+    assert kept() == 0
+    first = {t: gather((), to_core_list([HumanMessage(t, id="h1")]), range(1), ()) for t in (short, paste)}
     assert {"constraint", "identifier"} <= {f.kind for f in first[short]}
-    before = read_once.cache_info()
-    assert before.currsize == 1  # the short one only: a longer paste is read each time, never kept
-    again = gather((), to_core_list([HumanMessage(short, id="h2")]), range(1), ())
-    assert again == first[short]
-    assert read_once.cache_info().hits == before.hits + 1  # found, not read again
-    assert gather((), to_core_list([HumanMessage(long, id="h2")]), range(1), ()) == first[long]
-    assert read_once.cache_info()[:] == (before.hits + 1, before.misses, before.maxsize, 1)
+    assert kept() == 2
+    # Another message object with the same text: the same facts, from the reading kept (the very object).
+    again = {t: gather((), to_core_list([HumanMessage(t, id="h2")]), range(1), ()) for t in (short, paste)}
+    assert again == first
+    assert kept() == 2
+    assert user_says(short) is user_says(short)
+    assert user_says(short + " ") is not user_says(short)  # another text, another reading
+    assert agent_names("call build_case_type twice") is agent_names("call build_case_type twice")
+    forget()
+    assert kept() == 0
 
 
 def test_kept_messages_resolve_but_add_nothing() -> None:
