@@ -28,7 +28,6 @@ import math
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +36,7 @@ from langchain_core.messages import BaseMessage
 
 from langchain_compaction._lc.convert import fingerprint, json_text
 from langchain_compaction.anthropic import validity, wire
+from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.tokens import estimate_message_tokens
 
@@ -53,26 +53,6 @@ class _Unavailable(Exception):
 
 class _Refused(_Unavailable):
     """The API refused the request itself (400, 413, 422): retrying will not help."""
-
-
-class _LRU:
-    """A small thread-safe LRU map from str keys to ints."""
-
-    def __init__(self, size: int) -> None:
-        self._size, self._data, self._lock = size, OrderedDict[str, int](), threading.Lock()
-
-    def get(self, key: str) -> int | None:
-        with self._lock:
-            if key in self._data:
-                self._data.move_to_end(key)
-            return self._data.get(key)
-
-    def put(self, key: str, value: int) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            if len(self._data) > self._size:
-                self._data.popitem(last=False)
 
 
 def _chain(previous: str, key: str) -> str:
@@ -174,9 +154,9 @@ class AnthropicTokenCounter:
         self.tools = wire.convert_tools(tools)
         self.retry_after = float(retry_after)
         self._fallback = fallback or estimate_message_tokens
-        self._messages = _LRU(cache_size)  # fingerprint -> per-message count
-        self._prefixes = _LRU(cache_size)  # chain hash -> exact total of that prefix
-        self._shares = _LRU(cache_size)  # chain hash -> the last message's share
+        self._messages: Bounded[int] = Bounded(cache_size)  # fingerprint -> per-message count
+        self._prefixes: Bounded[int] = Bounded(cache_size)  # chain hash -> exact total of that prefix
+        self._shares: Bounded[int] = Bounded(cache_size)  # chain hash -> the last message's share
         self._overhead: int | None = None
         self._lock = threading.Lock()
         self._down_until = 0.0
