@@ -12,7 +12,9 @@ the text itself is not held once its conversation lets it go.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.extract import (
@@ -31,6 +33,8 @@ CODE_NAMES_PER_MESSAGE = 12
 """How many code names (``camelCase``, ``snake_case``) one user message may give (the first); values are not capped."""
 TASK_CHARS = 200
 """What is kept of the request that states the task."""
+_R = TypeVar("_R")
+
 READINGS_KEPT = 4096
 """How many readings of each kind are kept (the most recently used): user messages', assistants' code names."""
 
@@ -61,12 +65,7 @@ class UserSays:
 
 def user_says(text: str) -> UserSays:
     """Read a user message's text: see ``UserSays`` (kept: a text read before is not read again)."""
-    key = _digest(text)
-    said = _SAID.get(key)
-    if said is None:
-        said = _read(text)
-        _SAID.put(key, said)
-    return said
+    return _once(_SAID, _read, text)
 
 
 def _read(text: str) -> UserSays:
@@ -100,16 +99,21 @@ def result_error(text: str, *, whole: bool) -> str:
 
 def agent_names(text: str) -> tuple[str, ...]:
     """The code names an assistant message's own text uses, each once, in order (kept as ``user_says``)."""
-    key = _digest(text)
-    names = _NAMES.get(key)
-    if names is None:
-        names = tuple(dict.fromkeys(names_in_code(text)))
-        _NAMES.put(key, names)
-    return names
+    return _once(_NAMES, _names, text)
 
 
-def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(names_in_code(text)))
+
+
+def _once(kept: Bounded[_R], read: Callable[[str], _R], text: str) -> _R:
+    """``read(text)``, kept in ``kept`` under the text's digest: a text read before is not read again."""
+    key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    found = kept.get(key)
+    if found is None:
+        found = read(text)
+        kept.put(key, found)
+    return found
 
 
 _SAID: Bounded[UserSays] = Bounded(READINGS_KEPT)
