@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 
 from langchain_compaction.core.extract import MAX_KEY_CHARS, clip, is_path
 from langchain_compaction.core.types import ToolCall
@@ -113,10 +114,19 @@ def file_use(call: ToolCall, args: dict[str, object], last_opened: str | None) -
     if path is None and own_command:
         words = str(command).split()
         path = words[1] if len(words) >= 2 and is_path(words[1]) else None
-    if _WRITES.search(verb):
+    action = _action(verb)
+    if action == "modified":
         if path is None and own_command:
             path = last_opened  # SWE-agent's "edit 1:1" edits the file it opened last
         return ("modified", path) if path else None
-    if path and _READS.search(verb):
+    if path and action == "read":
         return "read", path
     return None
+
+
+@lru_cache(maxsize=1024)
+def _action(verb: str) -> str:
+    """What a tool or operation named ``verb`` does to a file: "modified", "read" or "" (tools are few: kept)."""
+    if _WRITES.search(verb):
+        return "modified"
+    return "read" if _READS.search(verb) else ""

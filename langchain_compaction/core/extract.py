@@ -447,6 +447,32 @@ def feedback(text: str) -> bool:
     return _FEEDBACK.match(first) is not None
 
 
+# Line breaks other than "\n" that ``str.splitlines`` also splits at.
+_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+
+
+def _error_lines(text: str) -> list[str]:
+    """The lines of ``text`` (stripped) that hold an ``_ERROR`` match, in order.
+
+    One scan of the whole text finds them; each match is widened to its line
+    (nothing in ``_ERROR`` reads across a line break). Text with line breaks
+    other than "\\n" is split line by line, as ``str.splitlines`` splits it.
+    """
+    if _OTHER_BREAKS.search(text):
+        return [line.strip() for line in text.splitlines() if _ERROR.search(line)]
+    lines: list[str] = []
+    end = -1
+    for match in _ERROR.finditer(text):
+        if match.start() <= end:
+            continue  # another match on a line already taken
+        start = text.rfind("\n", 0, match.start()) + 1
+        end = text.find("\n", match.end())
+        if end < 0:
+            end = len(text)
+        lines.append(text[start:end].strip())
+    return lines
+
+
 def error_line(text: str) -> str:
     """The last line of ``text`` that reports an error ("" if none does).
 
@@ -457,8 +483,7 @@ def error_line(text: str) -> str:
     low = text.lower()
     if not any(word in low for word in _ERROR_WORDS):
         return ""  # the common case, found by plain substring scans
-    lines = [line.strip() for line in text.splitlines() if _ERROR.search(line)]
-    lines = [line for line in lines if line and not _NOT_AN_ERROR.match(line)]
+    lines = [line for line in _error_lines(text) if line and not _NOT_AN_ERROR.match(line)]
     # A summary line ("1 failed, 2 passed") says less than the exception above it.
     specific = [line for line in lines if _SPECIFIC.search(line)]
     return clip((specific or lines or [""])[-1])

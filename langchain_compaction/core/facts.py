@@ -147,7 +147,9 @@ class _Tracker:
         text = one_line(fact.text)
         if not text:
             return
-        fact = Fact(fact.kind, text, fact.key, one_line(fact.detail))
+        detail = one_line(fact.detail) if fact.detail else ""
+        if text is not fact.text or detail is not fact.detail:  # (a clean line comes back as itself)
+            fact = Fact(fact.kind, text, fact.key, detail)
         if fact.kind == "error" and "\x00" not in fact.key:
             # Recorded by 0.2 (keyed by the whole command): keyed as errors are now.
             program, target = command_target(fact.key or fact.detail)
@@ -158,10 +160,11 @@ class _Tracker:
         key = (fact.kind, fact.key or normalize(fact.text))
         self.facts.pop(key, None)  # a fact seen again moves to the end: it is the newest
         self.facts[key] = fact
-        if fact.kind == "request":
-            self.requests = [*(k for k in self.requests if k != key), key]
-        elif fact.kind == "earlier":
-            self.earlier = [*(k for k in self.earlier if k != key), key]
+        if fact.kind in ("request", "earlier"):
+            order = self.requests if fact.kind == "request" else self.earlier
+            if key in order:
+                order.remove(key)
+            order.append(key)
         elif fact.kind == "error":
             program, _, target = fact.key.partition("\x00")
             held = self.errors.setdefault(program, [])
@@ -221,7 +224,9 @@ class _Tracker:
         self.earlier = self.earlier[-EARLIER_KEPT:]
         for key in requests[cut:]:
             previous = self.facts[key]
-            self.facts[key] = replace(previous, text=clip(previous.text, _SHORT_REQUEST_CHARS))
+            short = clip(previous.text, _SHORT_REQUEST_CHARS)
+            if short is not previous.text:
+                self.facts[key] = replace(previous, text=short)
         self.requests = requests[cut:]
         self.add(Fact("request", request, key=f"request:{normalize(request)}"))
 
@@ -377,9 +382,10 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
     norm = {id(f): normalize(f.text) for f in facts}
     missing = [f for f in facts if norm[id(f)] not in stated]
     chosen = _fitting(missing, norm, budget)
-    shown = "\n".join(normalize(line_of(f)) for f in chosen)
     # Added: listed, or stated by another fact's line (a path inside a constraint).
-    added = [f for f in missing if norm[id(f)] in shown]
+    listed = {id(f) for f in chosen}
+    within = _Within("\n".join(normalize(line_of(f)) for f in chosen))
+    added = [f for f in missing if id(f) in listed or within(norm[id(f)])]
     dropped = {id(f) for f in missing} - {id(f) for f in added}
     # A fact left out is not carried on (the mark would grow without end),
     # except the kinds kept by count: an older request left out now may fit
@@ -393,6 +399,27 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
         added=len(added),
         dropped=len(missing) - len(added),
     )
+
+
+class _Within:
+    """``part in text``, for many parts of one text: most are passed on their ends alone.
+
+    A part can only be in the text if its first and last six characters are:
+    a set of the text's six-character pieces, made once, answers that in two
+    look-ups, where a search would read the whole text for each part.
+    """
+
+    _SIZE = 6
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pieces = {text[i : i + self._SIZE] for i in range(len(text) - self._SIZE + 1)}
+
+    def __call__(self, part: str) -> bool:
+        size = self._SIZE
+        if len(part) >= size and (part[:size] not in self.pieces or part[-size:] not in self.pieces):
+            return False
+        return part in self.text
 
 
 def _fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[Fact]:
@@ -412,22 +439,34 @@ def _fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list
     by_kind = {kind: [f for f in newest_first if f.kind == kind] for kind in PRIORITY}
     # Shares double each round: a kind with more facts than its share gets
     # more only as every other kind does.
-    rounds = [(by_kind[kind], budget * _SHARES[kind] * 2**n) for n in range(4) for kind in PRIORITY]
-    rounds.append((newest_first, budget))
+    rounds: list[tuple[FactKind | None, list[Fact], float]] = [
+        (kind, by_kind[kind], budget * _SHARES[kind] * 2**n) for n in range(4) for kind in PRIORITY
+    ]
+    rounds.append((None, newest_first, budget))
+    # The least a fact of each kind can cost (a quarter token a character):
+    # a round whose kind cannot fit even that is passed whole.
+    least = {kind: min((len(f.text) for f in of_kind), default=0) // 4 + 1 for kind, of_kind in by_kind.items()}
     spent: dict[FactKind | None, int] = {}
-    lines = {id(f): line_of(f) for f in missing}
+    lines: dict[int, str] = {}  # rendered once a fact is looked at (most never are: the section fills first)
     costs: dict[int, int] = {}
     title_costs = {kind: estimate_tokens(TITLES[kind]) + 2 for kind in PRIORITY}
-    for candidates, cap in rounds:
+    for round_kind, candidates, cap in rounds:
+        if round_kind is not None and (
+            not candidates or used + least[round_kind] > budget or spent.get(round_kind, 0) + least[round_kind] > cap
+        ):
+            continue
         for fact in candidates:
             if id(fact) in chosen:
                 continue
-            line = lines[id(fact)]
             title = 0 if fact.kind in titled else title_costs[fact.kind]  # paid once
-            # No character costs less than a quarter token: a line that cannot
-            # fit by that bound is passed before anything costlier is done
-            # (once the section is nearly full, that is most of them).
+            # No character costs less than a quarter token, and a fact's line
+            # holds its text: a fact that cannot fit by that bound is passed
+            # before anything costlier is done (once the section is nearly
+            # full, that is most of them).
             had = spent.get(fact.kind, 0)
+            if used + len(fact.text) // 4 + 1 + title > budget or had + len(fact.text) // 4 > cap:
+                continue
+            line = lines.get(id(fact)) or lines.setdefault(id(fact), line_of(fact))
             if used + len(line) // 4 + 1 + title > budget or had + len(line) // 4 > cap:
                 continue
             if norm[id(fact)] in shown:

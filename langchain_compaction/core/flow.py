@@ -28,13 +28,22 @@ from langchain_compaction.core.layout import BODY_KEY, summary_body
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Plan
 from langchain_compaction.core.redact import apply_redactor, redact_message
-from langchain_compaction.core.tokens import estimate_tokens
-from langchain_compaction.core.transcript import Block, make_block, make_fence, render, render_previous_summary, shorten
+from langchain_compaction.core.tokens import UNITS, estimate_tokens, estimate_units
+from langchain_compaction.core.transcript import (
+    Block,
+    make_block,
+    make_fence,
+    render,
+    render_previous_summary,
+    rendered_units,
+    shorten,
+)
 from langchain_compaction.core.types import FALLBACK_ATTEMPT, Message, Preamble, SummaryReply, SummaryRequest
 from langchain_compaction.errors import SummarizationError
 
 # No message is shortened below this, however small the budget.
 _MIN_MESSAGE_TOKENS = 256
+_BLANK_LINE_UNITS = estimate_units("\n\n")
 
 SummaryFlow = Generator[SummaryRequest, SummaryReply, "Outcome"]
 """What ``compaction_flow`` returns: requests out, replies in, the outcome at the end."""
@@ -250,11 +259,20 @@ def _request(
     texts = [b.body for b in chunk] + [b.header for b in chunk] + [shown or "", setup.instructions]
     fence = make_fence(texts)
     pieces: list[str] = []
+    # What the prompt sends, in ``estimate_units``: added up piece by piece
+    # (the blocks' own, known since they were made) instead of reading the
+    # whole prompt again. Pieces join at blank lines, which no estimate reads
+    # across.
+    units = 0
     if shown is not None:
         pieces.append(render_previous_summary(shown, fence))
+        units += estimate_units(pieces[-1])
     if chunk:
         pieces.append(render(chunk, fence))
-    prompt = "\n\n".join(pieces) + "\n\n" + instructions_text(setup.options, shown is not None) + setup.extra
+        units += rendered_units(chunk, fence)
+    tail = "\n\n" + instructions_text(setup.options, shown is not None) + setup.extra
+    units += estimate_units(tail) + _BLANK_LINE_UNITS * max(len(pieces) - 1, 0)
+    prompt = "\n\n".join(pieces) + tail
     request = SummaryRequest(
         system=setup.system,
         prompt=prompt,
@@ -267,9 +285,7 @@ def _request(
         # What the features add under the summary is left to them.
         max_tokens=max(setup.options.budget.summary_max - setup.reserved, _MIN_MESSAGE_TOKENS),
     )
-    # What the transcript request sends, counted from its text (the blocks'
-    # own estimates count a message as the model sees it, not as rendered).
-    cost = estimate_tokens(setup.system) + estimate_tokens(prompt)
+    cost = setup.system_tokens + units // UNITS
     if number == 0 and setup.prefix:
         # The prefix fits one request: offer the caller's own messages too. A
         # summarizer that sends them covers the whole region in this one call

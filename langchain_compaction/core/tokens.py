@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 from langchain_compaction.core.effects import breathe
-from langchain_compaction.core.types import Message
+from langchain_compaction.core.types import Message, Part, ToolCall
 
 IMAGE_TOKENS = 1600
 """Fixed cost of one image: about what a 1092x1092 image costs on Claude."""
@@ -28,16 +28,22 @@ TOOL_CALL_OVERHEAD_TOKENS = 8
 """Per tool call framing (the call id, the block's structure)."""
 
 # Characters other than ASCII letters and spaces cost more than a quarter of a
-# token each. Weights are tokens per character.
-_PUNCT_WEIGHT = 0.4
-_DIGIT_WEIGHT = 0.5
-_NEWLINE_WEIGHT = 0.5
-_CYRILLIC_LIKE_WEIGHT = 0.5  # Cyrillic, Greek, Armenian, Hebrew, Arabic, ...
-_CJK_WEIGHT = 1.0  # Han, kana, Hangul: about a token a character
-_OTHER_WEIGHT = 1.0
+# token each. Weights are in twentieths of a token per character (``UNITS``):
+# every weight is a whole number of them, so the estimate of a text made of
+# pieces is exactly the sum of the pieces' (a transcript's cost is added up
+# from its blocks instead of being estimated again).
+UNITS = 20
+"""Twentieths of a token: the unit the estimate counts in (``estimate_units``)."""
+_LETTER_WEIGHT = 5  # ASCII letters, spaces and tabs: four characters a token
+_PUNCT_WEIGHT = 8
+_DIGIT_WEIGHT = 10
+_NEWLINE_WEIGHT = 10
+_CYRILLIC_LIKE_WEIGHT = 10  # Cyrillic, Greek, Armenian, Hebrew, Arabic, ...
+_CJK_WEIGHT = 20  # Han, kana, Hangul: about a token a character
+_OTHER_WEIGHT = 20
 # Long runs without spaces (base64, hex, hashes, minified data) tokenize badly:
-# charge each of their characters this much instead of its class weight.
-_DENSE_RUN_WEIGHT = 0.75
+# charge each of their characters this much more than a letter or digit.
+_DENSE_RUN_EXTRA = 9
 _DENSE_RUN = re.compile(r"[A-Za-z0-9+/=_\-]{48,}")
 _DENSE_RUN_MIN_CLASS_CHANGES = 12
 
@@ -63,6 +69,42 @@ def _dense_runs(text: str) -> int:
     return total
 
 
+def estimate_units(text: str) -> int:
+    """``estimate_tokens`` in twentieths of a token, before rounding down.
+
+    Additive where a line break joins two texts (no character's weight
+    depends on what lies across a line break): ``estimate_units(a + "\\n" + b)``
+    is ``estimate_units(a) + estimate_units("\\n") + estimate_units(b)``.
+
+    Example:
+        >>> estimate_units("ab\\ncd") == estimate_units("ab") + estimate_units("\\n") + estimate_units("cd")
+        True
+    """
+    if not text:
+        return 0
+    # ASCII letters and spaces: the cheap majority of prose.
+    rest = text.translate(_ASCII_LETTERS_AND_SPACE)
+    units = (len(text) - len(rest)) * _LETTER_WEIGHT
+    if rest:
+        without_digits = rest.translate(_DIGITS)
+        units += (len(rest) - len(without_digits)) * _DIGIT_WEIGHT
+        newlines = without_digits.count("\n")
+        units += newlines * _NEWLINE_WEIGHT
+        if without_digits.isascii():
+            units += (len(without_digits) - newlines) * _PUNCT_WEIGHT
+        else:
+            cjk = len(_CJK.findall(without_digits))
+            cyr = len(_CYRILLIC_LIKE.findall(without_digits))
+            ascii_other = sum(1 for ch in without_digits if ch < "\x80") - newlines
+            other = len(without_digits) - cjk - cyr - ascii_other - newlines
+            units += ascii_other * _PUNCT_WEIGHT + cjk * _CJK_WEIGHT
+            units += cyr * _CYRILLIC_LIKE_WEIGHT + other * _OTHER_WEIGHT
+    if len(text) >= 48:
+        # Re-price dense runs: they were charged at letter/digit rates above.
+        units += _dense_runs(text) * _DENSE_RUN_EXTRA
+    return units
+
+
 def estimate_tokens(text: str) -> int:
     """Estimate the tokens in a piece of text, without a tokenizer.
 
@@ -81,36 +123,25 @@ def estimate_tokens(text: str) -> int:
         >>> estimate_tokens("a" * 400)
         100
     """
-    if not text:
-        return 0
-    # ASCII letters and spaces: the cheap majority of prose.
-    rest = text.translate(_ASCII_LETTERS_AND_SPACE)
-    cheap = len(text) - len(rest)
-    tokens = cheap * 0.25
-    if rest:
-        without_digits = rest.translate(_DIGITS)
-        digits = len(rest) - len(without_digits)
-        newlines = without_digits.count("\n")
-        if without_digits.isascii():
-            punct = len(without_digits) - newlines
-            tokens += digits * _DIGIT_WEIGHT + newlines * _NEWLINE_WEIGHT + punct * _PUNCT_WEIGHT
-        else:
-            cjk = len(_CJK.findall(without_digits))
-            cyr = len(_CYRILLIC_LIKE.findall(without_digits))
-            ascii_other = sum(1 for ch in without_digits if ch < "\x80") - newlines
-            other = len(without_digits) - cjk - cyr - ascii_other - newlines
-            tokens += (
-                digits * _DIGIT_WEIGHT
-                + newlines * _NEWLINE_WEIGHT
-                + ascii_other * _PUNCT_WEIGHT
-                + cjk * _CJK_WEIGHT
-                + cyr * _CYRILLIC_LIKE_WEIGHT
-                + other * _OTHER_WEIGHT
-            )
-    if len(text) >= 48 and (dense := _dense_runs(text)):
-        # Re-price dense runs: they were charged at letter/digit rates above.
-        tokens += dense * (_DENSE_RUN_WEIGHT - 0.3)
-    return int(tokens)
+    return estimate_units(text) // UNITS
+
+
+def part_units(part: Part) -> int:
+    """``estimate_units`` of a part's text, made once per part and kept on it."""
+    units = part.known_units
+    if units < 0:
+        units = estimate_units(part.text)
+        object.__setattr__(part, "known_units", units)  # a cache, not a change of value
+    return units
+
+
+def argument_units(call: ToolCall) -> int:
+    """``estimate_units`` of a tool call's arguments, made once per call and kept on it."""
+    units = call.known_units
+    if units < 0:
+        units = estimate_units(call.arguments)
+        object.__setattr__(call, "known_units", units)  # a cache, not a change of value
+    return units
 
 
 def estimate_message(message: Message) -> int:
@@ -133,9 +164,9 @@ def estimate_message(message: Message) -> int:
         if part.kind == "image":
             total += IMAGE_TOKENS
         else:
-            total += estimate_tokens(part.text)
+            total += part_units(part) // UNITS
     for call in message.tool_calls:
-        total += TOOL_CALL_OVERHEAD_TOKENS + estimate_tokens(call.name) + estimate_tokens(call.arguments)
+        total += TOOL_CALL_OVERHEAD_TOKENS + estimate_tokens(call.name) + argument_units(call) // UNITS
     if message.tool_call_id:
         total += estimate_tokens(message.tool_call_id)
     return total

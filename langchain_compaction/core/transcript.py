@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from langchain_compaction.core.effects import breathe
-from langchain_compaction.core.tokens import estimate_tokens
+from langchain_compaction.core.tokens import UNITS, argument_units, estimate_tokens, estimate_units, part_units
 from langchain_compaction.core.types import Message
 
 _ROLE_LABELS = {
@@ -47,21 +47,35 @@ def message_body(message: Message) -> str:
         Its text, reasoning, structured blocks, image placeholders and tool
         calls, in order.
     """
+    return _body(message)[0]
+
+
+_LINE_PREFIX = {"reasoning": "(reasoning) ", "compaction": "(server-side compaction summary) ", "data": "(block) "}
+_NEWLINE_UNITS = estimate_units("\n")
+
+
+def _body(message: Message) -> tuple[str, int]:
+    """``message_body`` and its ``estimate_units``, added up from the parts' own (known once counted)."""
     lines: list[str] = []
+    units = 0
     for part in message.parts:
-        if part.kind == "text":
-            lines.append(part.text)
-        elif part.kind == "reasoning":
-            lines.append(f"(reasoning) {part.text}")
-        elif part.kind == "image":
-            lines.append(f"(attachment: {part.text or 'image'})")
-        elif part.kind == "compaction":
-            lines.append(f"(server-side compaction summary) {part.text}")
-        else:
-            lines.append(f"(block) {part.text}")
+        if part.kind == "text" and not part.text:
+            continue  # an empty line is left out
+        if part.kind == "image":
+            line = f"(attachment: {part.text or 'image'})"
+            lines.append(line)
+            units += estimate_units(line)
+            continue
+        # Every prefix ends in a space, which no estimate reads across: the
+        # line costs the prefix plus the part.
+        prefix = "" if part.kind == "text" else _LINE_PREFIX.get(part.kind, "(block) ")
+        lines.append(prefix + part.text)
+        units += estimate_units(prefix) + part_units(part)
     for call in message.tool_calls:
-        lines.append(f"(tool call {call.name}, id {call.id or '-'}) {call.arguments}")
-    return "\n".join(line for line in lines if line)
+        label = f"(tool call {call.name}, id {call.id or '-'}) "
+        lines.append(label + call.arguments)
+        units += estimate_units(label) + argument_units(call)
+    return "\n".join(lines), units + _NEWLINE_UNITS * max(len(lines) - 1, 0)
 
 
 def _header(message: Message, number: int) -> str:
@@ -114,22 +128,25 @@ def shorten(text: str, max_tokens: int) -> str:
     return _shorten(text, max_tokens)[0]
 
 
-def _shorten(text: str, max_tokens: int) -> tuple[str, int]:
-    """``shorten``, also returning the estimate of the result.
+def _shorten(text: str, max_tokens: int, units: int | None = None) -> tuple[str, int]:
+    """``shorten``, also returning the ``estimate_units`` of the result.
 
-    When the text fits (the common case) that is one estimate in all.
+    ``units`` is the text's own when known: when the text fits (the common
+    case) nothing more is estimated.
     """
-    tokens = estimate_tokens(text)
+    if units is None:
+        units = estimate_units(text)
+    tokens = units // UNITS
     if tokens <= max_tokens:
-        return text, tokens
+        return text, units
     keep_chars = max(int(len(text) * max_tokens / tokens) - 80, 200)
     head = keep_chars * 3 // 5
     tail = keep_chars - head
     cut = len(text) - head - tail
     if cut <= 0:
-        return text, tokens
+        return text, units
     short = f"{text[:head]}\n{CUT_MARKER.format(count=cut)}\n{text[len(text) - tail :]}"
-    return short, estimate_tokens(short)
+    return short, estimate_units(short)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +159,8 @@ class Block:
         body: The content, possibly shortened.
         tokens: The estimated size of the fenced block.
         shortened: Whether the body was cut to fit.
+        units: The body's ``estimate_units`` (``rendered_units`` adds the
+            header and the fence).
     """
 
     index: int
@@ -149,6 +168,7 @@ class Block:
     body: str
     tokens: int
     shortened: bool
+    units: int = 0
 
 
 def make_block(message: Message, index: int, *, max_tokens: int) -> Block:
@@ -163,23 +183,37 @@ def make_block(message: Message, index: int, *, max_tokens: int) -> Block:
         The block.
     """
     breathe()  # called per message: on the worker thread, let the event loop in
-    body = message_body(message)
-    short, tokens = _shorten(body, max_tokens)
+    body, units = _body(message)
+    short, units = _shorten(body, max_tokens, units)
     header = _header(message, index + 1)
     return Block(
         index=index,
         header=header,
         body=short,
         # Headers are short ASCII labels with digits and punctuation: about
-        # one token per two characters, not worth a full estimate each.
-        tokens=len(header) // 2 + 1 + tokens + _FENCE_TOKENS,
+        # one token per two characters, as a budget.
+        tokens=len(header) // 2 + 1 + units // UNITS + _FENCE_TOKENS,
         shortened=short is not body,
+        units=units,
     )
 
 
 # What the fence lines and separators around one block cost (codes are
 # "msg-" and eight hex digits), plus a token of rounding per estimate.
 _FENCE_TOKENS = estimate_tokens("<<msg-0f1e2d3c >>\n\n<</msg-0f1e2d3c>>\n\n") + 3
+
+
+def rendered_units(blocks: Sequence[Block], fence: str) -> int:
+    """``estimate_units(render(blocks, fence))``, added up from the blocks' own."""
+    if not blocks:
+        return 0
+    # A block is its fence lines, header and body; blocks are joined by a
+    # blank line. No estimate reads across the line breaks, spaces and
+    # brackets that join them, so the pieces add up exactly. (The headers
+    # are estimated in one text, a line each, and the line breaks taken off.)
+    per_block = estimate_units(f"<<{fence} >>\n\n<</{fence}>>")
+    headers = estimate_units("\n".join(b.header for b in blocks)) - _NEWLINE_UNITS * (len(blocks) - 1)
+    return sum(b.units for b in blocks) + headers + per_block * len(blocks) + 2 * _NEWLINE_UNITS * (len(blocks) - 1)
 
 
 def render(blocks: Sequence[Block], fence: str) -> str:

@@ -34,10 +34,14 @@ class Part:
         kind: What the part holds.
         text: Its text (for ``image`` parts, a short description such as the
             media type; the bytes are never carried).
+        known_units: The estimate of ``text`` once made (``core.tokens.part_units``),
+            -1 before: a part is counted on the turn it arrives and shown to
+            the summarizer later, and its text is not read twice for it.
     """
 
     kind: PartKind
     text: str
+    known_units: int = field(default=-1, init=False, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +52,14 @@ class ToolCall:
         id: The call id the tool result answers (may repeat in real traffic).
         name: The tool's name.
         arguments: The arguments as JSON text.
+        known_units: The estimate of ``arguments`` once made
+            (``core.tokens.argument_units``), -1 before.
     """
 
     id: str | None
     name: str
     arguments: str
+    known_units: int = field(default=-1, init=False, compare=False, repr=False)
 
 
 FactKind = Literal[

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from conftest import assert_compacted, is_user_turn, leading_systems, split_compacted, tool_pairs_of
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -23,6 +23,7 @@ from langchain_compaction._lc.convert import BRIDGE_TEXT, is_bridge_message, is_
 from langchain_compaction.core import prompts
 from langchain_compaction.core.extract import _CONTROL as CONTROL_CHARACTERS
 from langchain_compaction.core.extract import clip, one_line
+from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.functional import find_cut_point
 from langchain_compaction.tokens import estimate_message_tokens
 
@@ -283,3 +284,58 @@ def test_a_clean_line_is_returned_as_is_and_every_other_folded(text: str, limit:
     assert clip(text, limit) == _clip_slowly(text, limit)
     assert one_line(text, limit) == _clip_slowly(CONTROL_CHARACTERS.sub(" ", text), limit)
     assert one_line(f"a{text}b", limit + 2) == _clip_slowly(CONTROL_CHARACTERS.sub(" ", f"a{text}b"), limit + 2)
+
+
+_PIECES = ("plain words", "数据 naïve", "x = f(1, 2)\n", "QUJD" * 20 + "9z", "", "  ", "tab\tand\nnewline")
+
+
+@st.composite
+def varied_content(draw: st.DrawFn) -> str | list[Any]:
+    """Text with the classes the estimate prices apart, as a string or as blocks (thinking, images)."""
+    text = "".join(draw(st.lists(st.sampled_from(_PIECES), max_size=40))) * draw(st.sampled_from([1, 1, 8, 40]))
+    if draw(st.booleans()):
+        return text
+    blocks: list[Any] = [{"type": "text", "text": text}]
+    if draw(st.booleans()):
+        blocks.insert(0, {"type": "thinking", "thinking": draw(st.sampled_from(_PIECES)) * 3, "signature": "s"})
+    if draw(st.booleans()):
+        blocks.append({"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}})
+    return blocks
+
+
+@PROFILE
+@given(st.lists(varied_content(), min_size=4, max_size=30), input_budgets, st.integers(20, 400))
+def test_the_input_reported_is_the_estimate_of_what_was_sent(
+    contents: list[str | list[Any]], summary_input: int | None, keep: int
+) -> None:
+    """``summarizer_input_tokens`` equals the estimate of each request's system prompt and prompt, exactly.
+
+    The flow adds it up from the blocks' own estimates instead of reading the
+    prompt again: chunked, shortened or after an earlier summary, the sum must
+    be the same number.
+    """
+    messages: list[BaseMessage] = []
+    for k, content in enumerate(contents):
+        if k % 3 == 2:
+            call = {"name": "run", "args": {"cmd": str(content)[:200]}, "id": f"c{k}"}
+            messages.append(AIMessage("", tool_calls=[call], id=f"a{k}"))
+            messages.append(ToolMessage(content, tool_call_id=f"c{k}", id=f"t{k}"))  # type: ignore[arg-type]
+        else:
+            messages.append(HumanMessage(content, id=f"m{k}") if k % 2 else AIMessage(content, id=f"m{k}"))
+    options = CompactionOptions(keep_recent_tokens=keep, summary_input_tokens=summary_input)
+    # A plain function is sent the system prompt and the prompt as one text.
+    head = prompts.SYSTEM_PROMPT + "\n\n"
+    output = messages
+    for round_ in range(2):  # the second request carries the first summary
+        log: list[str] = []
+        result, output = compact(
+            _summarizer(f"r{round_}", log), [*output, HumanMessage("next", id=f"n{round_}")], options
+        )
+        assume(result is not None)
+        assert result is not None
+        assert all(p.startswith(head) for p in log)
+        sent = sum(estimate_tokens(prompts.SYSTEM_PROMPT) + estimate_tokens(p[len(head) :]) for p in log)
+        assert result.summarizer_input_tokens == sent
+        event(
+            f"round {round_}: {'chunked' if result.chunks > 1 else 'one chunk'}, {'shortened' if result.shortened_messages else 'whole'}"
+        )
