@@ -58,7 +58,7 @@ from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, ate
 from langchain_compaction.core.context import context_tokens, stage
 from langchain_compaction.core.effects import Call, Flow, twin
 from langchain_compaction.core.engine import Summarizer, summarize
-from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.options import Budget, CompactionOptions
 from langchain_compaction.core.record import KEPT_FROM_KEY, stamp
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message, Preamble
@@ -176,10 +176,14 @@ class Turn(Compactor):
         staged = self._staged(messages, counted)
         unchanged = Outcome(messages=staged.messages, source=staged.messages) if staged.reordered else Outcome()
         if trigger == "auto":
+            # Past the mark over what a compaction can remove: a fixed part raises the landing, and the mark with it.
+            planned = self.planning(staged.core, staged.counts, place.overhead).budget if prepare is not None else None
+            if prepare is not None and planned is not None:
+                mark = prepare.mark_for(planned)
             where = stage(staged.core, staged.counts, self.options, place.overhead, mark)
             if where != "due":
-                if where == "prepare" and prepare is not None:
-                    yield from self._ahead(prepare, staged.messages, staged.counts, place)
+                if where == "prepare" and prepare is not None and planned is not None:
+                    yield from self._ahead(prepare, staged.messages, staged.counts, place, planned)
                 return unchanged
         ask = _Asked(place, trigger, instructions.strip(), summarizer)
 
@@ -232,7 +236,7 @@ class Turn(Compactor):
             if found is not None:
                 output = yield from self._apply(found, staged, place)
             elif room:
-                yield from self._ahead(prepare, staged.messages, staged.counts, place)
+                yield from self._ahead(prepare, staged.messages, staged.counts, place, options.budget)
                 return Outcome()
         applied = output is not None
         if output is None:
@@ -391,7 +395,7 @@ class Turn(Compactor):
     # -- planning and finishing ------------------------------------------------------------------
 
     def _ahead(
-        self, prepare: PrepareAhead, messages: Sequence[BaseMessage], counts: list[int], place: Place
+        self, prepare: PrepareAhead, messages: Sequence[BaseMessage], counts: list[int], place: Place, budget: Budget
     ) -> Flow[None]:
         """Past the preparation mark: start preparing the next compaction in the background.
 
@@ -402,9 +406,9 @@ class Turn(Compactor):
         on by a new one only when, applied at the threshold, it would leave the
         context above halfway from the landing to the threshold (the agent went
         on faster than planned): one summary call per compaction, about.
+        ``budget`` is the one a compaction plans with (over its fixed part).
         """
         conversation = place.conversation
-        budget = self.options.budget
         assert budget.threshold is not None  # preparing needs a window
         assert budget.landing is not None
         size = sum(counts) + place.overhead

@@ -38,7 +38,7 @@ from langchain_core.messages import BaseMessage
 from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED, Conversation, opening
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
-from langchain_compaction.core.options import CompactionOptions, check_int, check_seconds
+from langchain_compaction.core.options import Budget, CompactionOptions, check_int, check_seconds
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features.base import Feature
 from langchain_compaction.features.prepared import (
@@ -141,15 +141,25 @@ class PrepareAhead(Feature):
 
     def bind(self, options: CompactionOptions) -> PrepareAhead:
         """This feature with its mark worked out for ``options`` (the same cache: preparations carry over)."""
-        budget = options.budget
-        mark = round(budget.threshold * self.at) if budget.threshold is not None else None
-        if mark is not None and budget.landing is not None and mark <= budget.landing:
-            raise ConfigurationError("at", self.at, _ADVICE)
+        mark = self.mark_for(options.budget)
         bound = PrepareAhead.__new__(PrepareAhead)
         for name in ("at", "wait", "in_store", "lease", "remember", "_cache", "_spent"):
             object.__setattr__(bound, name, getattr(self, name))
         object.__setattr__(bound, "mark", mark)
         return bound
+
+    def mark_for(self, budget: Budget) -> int | None:
+        """The size past which a summary is prepared under ``budget`` (``None`` without a window).
+
+        ``at`` is a share of the threshold when nothing is fixed, where the
+        landing is half of it. A fixed part (a long system prompt, many tools)
+        raises the landing, and the mark keeps its place between the landing
+        and the threshold: a compaction must not land past the mark, or the
+        next preparation would start on the turn after it.
+        """
+        if budget.threshold is None or budget.landing is None:
+            return None
+        return budget.landing + round((budget.threshold - budget.landing) * (2 * self.at - 1))
 
     # -- what a turn asks ---------------------------------------------------------------
 

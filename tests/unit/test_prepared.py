@@ -26,7 +26,7 @@ from helpers_turns import (
 from langchain.agents import create_agent
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.exceptions import ContextOverflowError
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 from langgraph.store.memory import InMemoryStore
@@ -824,3 +824,73 @@ def test_preparer_does_not_keep_a_summary_for_every_thread_ever_seen() -> None:
     time.sleep(0.05)
     kept = sum(1 for n in range(threads) if prepare.finished(Conversation(f"user-{n}"), history) is not None)
     assert 0 < kept <= prepare.remember < threads, f"{kept} finished preparations kept for {threads} threads"
+
+
+# -- a large fixed part (a long system prompt) ----------------------------------------------
+
+LONG_PROMPT = "You are a careful assistant; follow every rule of the house style. " * 110  # ~40% of the threshold
+
+
+def _compactions_and_calls(turn: Any, summarizer: Recorder, results: list[dict[str, Any]], turns: int) -> None:
+    """Run ``turns`` turns (a preparation is given time to finish before each); check calls against compactions."""
+    for number in range(turns):
+        settle(summarizer)
+        record = turn(number)
+        if record:
+            results.append(record)
+    assert len(results) >= 4
+    # About one summary call per compaction: at most the one being prepared at the end besides.
+    assert len(summarizer.requests) <= len(results) + 1, (len(summarizer.requests), len(results))
+    assert all(r["parts"]["prepared"]["applied"] for r in results[1:])
+
+
+def test_a_long_system_prompt_moves_the_preparation_mark_up_with_the_landing() -> None:
+    """A fixed part raises where a compaction lands; past the old mark, a preparation started on every turn."""
+    options = PREPARE_OPTS
+    budget = options.with_fixed(1_400).budget
+    feature = PrepareAhead(at=0.7)
+    assert feature.mark_for(options.budget) == feature.bind(options).mark
+    mark = feature.mark_for(budget)
+    assert mark is not None
+    assert budget.landing is not None
+    assert budget.threshold is not None
+    assert budget.landing < mark < budget.threshold
+    # The same place between the landing and the threshold as 0.7 of it with nothing fixed.
+    assert abs((mark - budget.landing) / (budget.threshold - budget.landing) - 0.4) < 0.01
+
+    summarizer = Recorder()
+    node = CompactionNode(summarizer, options, result_key="compaction", features=prepared())
+    app = graph(node)
+    config = {"configurable": {"thread_id": "long-prompt"}}
+    results: list[dict[str, Any]] = []
+
+    def turn(number: int) -> Any:
+        first = [SystemMessage(LONG_PROMPT, id="system")] if number == 0 else []
+        return app.invoke({"messages": [*first, HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config).get(
+            "compaction"
+        )
+
+    _compactions_and_calls(turn, summarizer, results, 120)
+
+
+def test_a_long_agent_system_prompt_prepares_once_per_compaction_in_the_middleware() -> None:
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    summarizer = Recorder()
+    results: list[dict[str, Any]] = []
+    middleware = CompactionMiddleware(
+        summarizer, PREPARE_OPTS, on_compaction=lambda r: results.append(r.to_dict()), features=prepared()
+    )
+    replies = iter([AIMessage(words("reply")) for _ in range(400)])
+    agent = create_agent(
+        GenericFakeChatModel(messages=replies),
+        system_prompt=LONG_PROMPT,
+        middleware=[middleware],
+        checkpointer=InMemorySaver(),
+    )
+    config = {"configurable": {"thread_id": "agent-long-prompt"}}
+
+    def turn(number: int) -> None:
+        agent.invoke({"messages": [HumanMessage(words(f"q{number}"))]}, config)
+
+    _compactions_and_calls(turn, summarizer, results, 120)
