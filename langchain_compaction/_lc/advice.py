@@ -33,7 +33,8 @@ REPEATED = (
 )
 
 OVER_BUDGET = (
-    "the compacted context is still over budget: %d tokens > %d. The %d messages kept verbatim are too large: "
+    "the compacted context is still over budget: %d tokens > %d (%d of them the system prompt and tool schemas "
+    "sent with every request). The %d messages kept verbatim are too large: "
     "the newest ones stay whole (a tool call is never separated from its results), so a very large recent "
     "message, such as a long tool output, stays until newer messages follow it and the next compaction "
     "summarizes it. If this is frequent: a model with a larger context_window, or tools that return less "

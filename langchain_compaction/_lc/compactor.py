@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from langchain_core.messages import BaseMessage
 from typing_extensions import Self
 
-from langchain_compaction._lc.advice import OVER_BUDGET, Told
+from langchain_compaction._lc.advice import Told
 from langchain_compaction._lc.convert import SUMMARY_MARK, bridge_message, summary_message, to_core
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages, working
 from langchain_compaction.core.effects import Call
@@ -378,12 +378,8 @@ def summary_id(record: dict[str, Any]) -> str:
     return f"compaction-summary-{lineage[-1]}" if lineage else f"compaction-summary-{time.monotonic_ns():x}"
 
 
-def log(result: CompactionResult, options: CompactionOptions, *, warn: bool = True) -> None:
-    """Log what a compaction did: at INFO, and (``warn``) a warning when what must be kept is over the threshold."""
-    if result.over_budget and warn:
-        # The kept part alone is over the threshold (one huge recent message):
-        # nothing more can be summarized without touching what must be kept.
-        logger.warning(OVER_BUDGET, result.compacted_tokens, options.budget.threshold, result.messages_kept)
+def log(result: CompactionResult) -> None:
+    """Log what a compaction did, at INFO."""
     cleared = result.part("clearing").get("cleared")
     if cleared:
         logger.info(

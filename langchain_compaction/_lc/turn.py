@@ -39,7 +39,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 
-from langchain_compaction._lc.advice import FIXED, NO_ROOM, REPEATED, no_room
+from langchain_compaction._lc.advice import FIXED, NO_ROOM, OVER_BUDGET, REPEATED, no_room
 from langchain_compaction._lc.compactor import (
     Adapter,
     Compactor,
@@ -244,6 +244,11 @@ class Turn(Compactor):
             if output is None:
                 return Outcome()
         result, compacted = output
+        # Where the next request stands: the messages left and what it sends
+        # besides them (the system prompt and tool schemas), made on the spot
+        # or prepared alike.
+        context = result.compacted_tokens + place.overhead
+        budget = options.budget
         # What was sent for it, exactly: preparations discarded since the last
         # compaction (their prefix changed) included.
         result = replace(
@@ -251,12 +256,18 @@ class Turn(Compactor):
             wait_seconds=time.monotonic() - started,
             summarizer_calls=result.summarizer_calls + spent[0],
             summarizer_input_tokens=result.summarizer_input_tokens + spent[1],
+            over_budget=budget.threshold is not None and context > budget.threshold,
+            above_landing=budget.landing is not None and context > budget.landing,
         )
         if prepare is not None and ask.trigger == "auto":
             result = result.with_part("prepared", applied=applied, waited=round(waited, 3), discarded_calls=spent[0])
         if result.repeated:
             self.told.once(place.conversation.key, REPEATED, options.budget.keep)
-        log(result, options, warn=self.told.first(place.conversation.key, "over budget"))
+        if result.over_budget and self.told.first(place.conversation.key, "over budget"):
+            # What must be kept is over the threshold (one huge recent message):
+            # nothing more can be summarized without touching it. Said once.
+            logger.warning(OVER_BUDGET, context, budget.threshold, place.overhead, result.messages_kept)
+        log(result)
         yield twin(tell, atell, COMPACTION_EVENT, result.to_dict(), place.config)
         return Outcome(result, compacted, staged.messages)
 
@@ -463,15 +474,8 @@ class Turn(Compactor):
         """
         messages, core = staged.messages, staged.core
         combined = prepared.output_for(messages)
-        counts, combined_core = yield self.work(counts_and_core, combined, self.options)
-        size = context_tokens(combined_core, counts, place.overhead)
-        budget = self.options.budget
-        result = replace(
-            prepared.result,
-            compacted_tokens=sum(counts),
-            over_budget=budget.threshold is not None and size > budget.threshold,
-            above_landing=budget.landing is not None and size > budget.landing,
-        )
+        counts, _ = yield self.work(counts_and_core, combined, self.options)
+        result = replace(prepared.result, compacted_tokens=sum(counts))  # (where that leaves the request: the turn's)
         where = {id(m): i for i, m in enumerate(messages)}
         kept = [where[id(m)] for m in combined if id(m) in where]
         kept_set = set(kept)

@@ -48,7 +48,8 @@ class CompactionRecord(TypedDict):
     shortened_messages: int
     """Oversize messages shortened (head and tail kept) in the transcript."""
     over_budget: bool
-    """True if the compacted context is still above ``window - reserve``."""
+    """True if the next request is still above ``window - reserve``: the messages left (``compacted_tokens``)
+    and, through an adapter that knows them, the system prompt and tool schemas it sends besides."""
     summarizer_billed_input_tokens: int
     """Uncached input tokens the summarizer calls were billed (0 if not reported)."""
     summarizer_output_tokens: int
@@ -60,7 +61,7 @@ class CompactionRecord(TypedDict):
     wait_seconds: float
     """How long the turn waited for it: the summary made on the spot, or the wait for a prepared one."""
     above_landing: bool
-    """True if what had to be kept left the context above the landing target (half the threshold)."""
+    """True if what had to be kept left the next request above the landing target (see ``over_budget``)."""
     repeated: bool
     """True if it came a few turns after the previous compaction, which kept too much: it kept half as much."""
     parts: dict[str, dict[str, Any]]

@@ -8,6 +8,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 
 from bench.small_window import run as small_window_run
 from langchain_compaction import CompactionOptions, auto_compact
+from langchain_compaction.tokens import estimate_message_tokens
 
 # Threshold 3,500, landing 1,750, keep 1,050 (derived).
 OPTIONS = CompactionOptions(context_window=4_000, reserve_tokens=500, summary_input_tokens=50_000)
@@ -123,3 +124,65 @@ def test_a_warning_about_the_kept_messages_is_not_repeated_every_compaction(capl
     assert over_budget >= 5
     over = [r for r in caplog.records if "still over budget" in r.getMessage()]
     assert len(over) == 1
+
+
+def test_the_over_budget_warning_waits_for_a_compaction_that_is_over_budget(caplog) -> None:
+    """Normal compactions first: the one that is over budget later is still told (once)."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from langchain_compaction import CompactionNode
+    from tests.conftest import compaction_graph
+
+    graph = compaction_graph(CompactionNode(summarize, OPTIONS, result_key="compaction"), checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "later"}}
+    records: list[dict] = []
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for n in range(80):
+            state = graph.invoke({"messages": [HumanMessage(f"q{n} " + "word " * 80, id=f"q{n}")]}, config)
+            if state.get("compaction") and state["compaction"] not in records:
+                records.append(state["compaction"])
+        assert len(records) >= 2
+        assert not any(r["over_budget"] for r in records)
+        assert "still over budget" not in caplog.text
+        for n in range(3):
+            huge = HumanMessage(f"log {n}:\n" + "log line " * 1_800, id=f"huge{n}")
+            state = graph.invoke({"messages": [huge]}, config)
+    assert state["compaction"]["over_budget"]
+    assert len([r for r in caplog.records if "still over budget" in r.getMessage()]) == 1
+
+
+def test_over_budget_counts_what_every_request_sends_besides_the_messages(caplog) -> None:
+    """An agent's system prompt counts, prepared or not, and the warning names it."""
+    from langchain.agents import create_agent
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from langchain_compaction import CompactionMiddleware
+    from langchain_compaction.features import PrepareAhead, default_features
+
+    prompt = "Answer in the house style, with sources. " * 60
+    overhead = estimate_message_tokens([SystemMessage(prompt)])  # what each request sends besides the messages
+    for features in (None, [*default_features(), PrepareAhead(at=0.7)]):
+        results: list = []
+        options = CompactionOptions(context_window=1_600, reserve_tokens=200, keep_recent_tokens=300)
+        middleware = CompactionMiddleware(summarize, options, on_compaction=results.append, features=features)
+        replies = iter([AIMessage("reply " * 60) for _ in range(200)])
+        agent = create_agent(
+            GenericFakeChatModel(messages=replies),
+            system_prompt=prompt,
+            middleware=[middleware],
+            checkpointer=InMemorySaver(),
+        )
+        config = {"configurable": {"thread_id": f"mw-{features is None}"}}
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+            for n in range(30):
+                agent.invoke({"messages": [HumanMessage(f"q{n} " + "word " * 60)]}, config)
+        assert len(results) >= 3
+        threshold = options.budget.threshold
+        assert threshold is not None
+        for result in results:
+            assert result.over_budget == (result.compacted_tokens + overhead > threshold)
+        over = [r.getMessage() for r in caplog.records if "still over budget" in r.getMessage()]
+        assert len(over) == int(any(r.over_budget for r in results))
+        assert all(f"({overhead} of them the system prompt and tool schemas" in text for text in over)
