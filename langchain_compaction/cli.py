@@ -185,7 +185,7 @@ def _print_inspect(
         print("\nno --context-window given: automatic compaction is off; the cut below is for a manual one", file=out)
     cut, summarized, kept = report["cut_index"], report["summarized"], report["kept"]
     if not cut:
-        print(f"no cut: everything fits the keep budget of {report['keep_budget']:,} tokens", file=out)
+        print(f"no cut: {_no_cut(kept['tokens'], report['keep_budget'])}", file=out)
         return
     print(
         f"cut at message {cut}: summarize {summarized['messages']} (~{summarized['tokens']:,} tokens), "
@@ -237,12 +237,32 @@ def _writable(path: str | None) -> None:
         raise ConfigurationError("--output", path, "it cannot be written (permission denied)")
 
 
-def _what_happened(result: CompactionResult | None, args: argparse.Namespace) -> str:
+def _no_cut(tokens: int, keep: int) -> str:
+    """Why a conversation has no cut: it fits the keep budget, or nothing comes before what must stay."""
+    if tokens <= keep:
+        return f"everything fits the keep budget of {keep:,} tokens"
+    return (
+        f"nothing comes before the newest messages that must stay whole (the last message, a tool call with its "
+        f"results), and they take ~{tokens:,} tokens, over the keep budget of {keep:,}: nothing can be summarized"
+    )
+
+
+def _what_happened(result: CompactionResult | None, args: argparse.Namespace, messages: list[BaseMessage]) -> str:
     if result is not None:
         kind = "a manual compaction (forced cut)" if result.forced else "a compaction"
         why = "--force" if args.force else "no --context-window" if not args.context_window else "over the threshold"
         return f"{kind} ({why})"
     if args.context_window and not args.force:
+        from langchain_compaction._lc.counting import counts_and_core
+
+        options = _options(args)
+        counts, core = counts_and_core(messages, options)
+        if needs_compaction(core, counts, options):
+            return (
+                f"nothing done: the conversation (~{sum(counts):,} tokens) is over the threshold of "
+                f"{options.budget.threshold:,}, but {_no_cut(sum(counts), options.budget.keep)}; "
+                "a larger --context-window is the fix"
+            )
         return "nothing done: the conversation fits the window (pass --force to compact anyway)"
     return "nothing to compact"
 
@@ -262,7 +282,7 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
         result, compacted = auto_compact(summarizer, messages, options)
     else:
         result, compacted = compact(summarizer, messages, options, args.instructions or "")
-    happened = _what_happened(result, args)
+    happened = _what_happened(result, args, messages)
     text = dump_conversation(compacted, conversation.format, jsonl=conversation.jsonl)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")

@@ -252,3 +252,22 @@ def test_compact_says_that_nothing_was_done_once(tmp_path, ponyc):
     lines = out.splitlines()
     assert lines[0] == "nothing done: the conversation fits the window (pass --force to compact anyway)"
     assert lines[1:] == ["wrote 101 messages to " + str(tmp_path / "out.json")]
+
+
+def test_a_conversation_over_the_window_that_cannot_be_cut_is_not_said_to_fit(tmp_path, capsys):
+    """One message far over the window: inspect and compact say nothing can be cut, not that it fits."""
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps([{"role": "user", "content": "x " * 50_000}]))
+    _, text = run("inspect", str(path), "--context-window", "3000")
+    assert "would compact" in text
+    assert "fits" not in text
+    assert "nothing comes before the newest messages that must stay whole" in text
+    assert main(["compact", str(path), "--context-window", "3000", "-o", str(tmp_path / "out.json")]) == 0
+    said = capsys.readouterr()
+    assert "fits the window" not in said.out + said.err
+    assert "over the threshold of 2,625" in said.out + said.err
+    # A small one still fits.
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps([{"role": "user", "content": "hello"}]))
+    _, text = run("inspect", str(small), "--context-window", "3000")
+    assert "everything fits the keep budget" in text
