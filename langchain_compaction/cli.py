@@ -138,7 +138,10 @@ def _model(args: argparse.Namespace) -> Any:
 def _inspect_report(
     args: argparse.Namespace, messages: list[BaseMessage], core: list[Message], counts: list[int], fmt: str
 ) -> dict[str, Any]:
-    options = _options(args)
+    from langchain_compaction._lc.compactor import planning_options
+
+    # The keep budget a compaction plans with: over what it cannot remove (the leading system prompt).
+    options = planning_options(_options(args), core, counts)
     by_type: Counter[str] = Counter()
     number: Counter[str] = Counter()
     by_role: Counter[str] = Counter()

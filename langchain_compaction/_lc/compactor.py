@@ -218,8 +218,7 @@ class Compactor:
         tool schemas a request sends besides the messages) and the leading
         system messages.
         """
-        head = sum(counts[i] for i in range(leading_block(core)) if not core[i].is_summary)
-        return self.options.with_fixed(overhead + head)
+        return planning_options(self.options, core, counts, overhead)
 
     def _protected(
         self, core: Sequence[Message], counts: Sequence[int], start: int, cut: int
@@ -376,6 +375,14 @@ def positions(core: Sequence[Message]) -> tuple[int | None, ...]:
 def summary_id(record: dict[str, Any]) -> str:
     lineage = record.get(LINEAGE_KEY) or []
     return f"compaction-summary-{lineage[-1]}" if lineage else f"compaction-summary-{time.monotonic_ns():x}"
+
+
+def planning_options(
+    options: CompactionOptions, core: Sequence[Message], counts: Sequence[int], overhead: int = 0
+) -> CompactionOptions:
+    """``options`` with the fixed part a compaction cannot remove: ``overhead`` and the leading system messages."""
+    head = sum(counts[i] for i in range(leading_block(core)) if not core[i].is_summary)
+    return options.with_fixed(overhead + head)
 
 
 def log(result: CompactionResult) -> None:
