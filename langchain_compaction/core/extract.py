@@ -278,6 +278,11 @@ def subject_words(text: str) -> frozenset[str]:
     return frozenset(w[:-1] if w.endswith("s") and len(w) > 3 else w for w in words if w not in _STOP_WORDS)
 
 
+def _may_rule(sentence: str) -> bool:
+    low = sentence.lower()
+    return any(word in low for word in _CONSTRAINT_WORDS)
+
+
 def constraints(text: str) -> list[str]:
     """The user's rules, preferences and corrections in ``text``, one sentence each.
 
@@ -291,8 +296,9 @@ def constraints(text: str) -> list[str]:
     # Plain substring scans first: most messages hold no rule at all.
     rules = any(word in low for word in _CONSTRAINT_WORDS)
     for raw in _SENTENCE_END.split(words):
-        sentence = _EMPHASIS.sub(r"\2", raw).strip(" -*+\t")
-        rule = (rules and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)
+        sentence = (_EMPHASIS.sub(r"\2", raw) if "**" in raw or "__" in raw else raw).strip(" -*+\t")
+        # (The same substring scans per sentence: the regex reads only a sentence that may hold a rule.)
+        rule = (rules and _may_rule(sentence) and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)
         # (Taking a rule back is not a rule.)
         if 8 <= len(sentence) <= 400 and rule and not _REVOKE.search(sentence):
             found.append(clip(sentence))
