@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable
+from dataclasses import replace
 
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.options import MIN_ROOM_TOKENS, Budget
+from langchain_compaction.core.result import CompactionResult
 
 logger = logging.getLogger("langchain_compaction")
 
@@ -71,3 +73,26 @@ class Told:
         """Warn ``text % figures``, once per conversation."""
         if self.first(conversation, text):
             logger.warning(text, *figures)
+
+    def standing(
+        self, conversation: Hashable, result: CompactionResult, budget: Budget, overhead: int
+    ) -> CompactionResult:
+        """``result`` with where the next request stands, and what that calls for told (each once).
+
+        The next request holds the messages left and what it sends besides
+        them (``overhead``: the system prompt and tool schemas), whether the
+        compaction was prepared or made on the spot.
+        """
+        context = result.compacted_tokens + overhead
+        result = replace(
+            result,
+            over_budget=budget.threshold is not None and context > budget.threshold,
+            above_landing=budget.landing is not None and context > budget.landing,
+        )
+        if result.repeated:
+            self.once(conversation, REPEATED, budget.keep)
+        if result.over_budget:
+            # What must be kept is over the threshold (one huge recent message):
+            # nothing more can be summarized without touching it.
+            self.once(conversation, OVER_BUDGET, context, budget.threshold, overhead, result.messages_kept)
+        return result

@@ -39,7 +39,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 
-from langchain_compaction._lc.advice import FIXED, NO_ROOM, OVER_BUDGET, REPEATED, no_room
+from langchain_compaction._lc.advice import FIXED, NO_ROOM, no_room
 from langchain_compaction._lc.compactor import (
     Adapter,
     Compactor,
@@ -244,11 +244,6 @@ class Turn(Compactor):
             if output is None:
                 return Outcome()
         result, compacted = output
-        # Where the next request stands: the messages left and what it sends
-        # besides them (the system prompt and tool schemas), made on the spot
-        # or prepared alike.
-        context = result.compacted_tokens + place.overhead
-        budget = options.budget
         # What was sent for it, exactly: preparations discarded since the last
         # compaction (their prefix changed) included.
         result = replace(
@@ -256,17 +251,10 @@ class Turn(Compactor):
             wait_seconds=time.monotonic() - started,
             summarizer_calls=result.summarizer_calls + spent[0],
             summarizer_input_tokens=result.summarizer_input_tokens + spent[1],
-            over_budget=budget.threshold is not None and context > budget.threshold,
-            above_landing=budget.landing is not None and context > budget.landing,
         )
         if prepare is not None and ask.trigger == "auto":
             result = result.with_part("prepared", applied=applied, waited=round(waited, 3), discarded_calls=spent[0])
-        if result.repeated:
-            self.told.once(place.conversation.key, REPEATED, options.budget.keep)
-        if result.over_budget and self.told.first(place.conversation.key, "over budget"):
-            # What must be kept is over the threshold (one huge recent message):
-            # nothing more can be summarized without touching it. Said once.
-            logger.warning(OVER_BUDGET, context, budget.threshold, place.overhead, result.messages_kept)
+        result = self.told.standing(place.conversation.key, result, options.budget, place.overhead)
         log(result)
         yield twin(tell, atell, COMPACTION_EVENT, result.to_dict(), place.config)
         return Outcome(result, compacted, staged.messages)

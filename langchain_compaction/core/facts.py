@@ -481,10 +481,15 @@ def _fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list
             used += cost
             spent[fact.kind] = had + cost
             shown += "\n" + normalize(line)
+    return _in_order(list(chosen.values()), missing, budget)
+
+
+def _in_order(chosen: list[Fact], missing: Sequence[Fact], budget: int) -> list[Fact]:
+    """``chosen`` in the section's order (kind, then as met), within ``budget`` rendered whole."""
     order = {id(f): i for i, f in enumerate(missing)}
-    kept = sorted(chosen.values(), key=lambda f: (PRIORITY.index(f.kind), order[id(f)]))
-    # The estimate is not additive (lines join with newlines): what the whole
-    # section costs decides, the lowest priority's oldest going first.
+    kept = sorted(chosen, key=lambda f: (PRIORITY.index(f.kind), order[id(f)]))
+    # What the whole section costs decides (titles, line breaks), the lowest
+    # priority's oldest going first.
     while kept and estimate_tokens(render_section(kept)) > budget:
         last = max(PRIORITY.index(f.kind) for f in kept)
         kept.remove(next(f for f in kept if PRIORITY.index(f.kind) == last))
