@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 
 from langchain_core.messages import BaseMessage
 
-from langchain_compaction._lc.convert import fingerprint, prefix_digest
+from langchain_compaction._lc.convert import canonical, prefix_digest
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.errors import ConfigurationError
 
@@ -117,13 +117,22 @@ def conversation_of(config: Any, messages: Sequence[BaseMessage] = ()) -> Conver
 
 
 def opening(messages: Sequence[BaseMessage]) -> str:
-    """A digest of how a conversation opens: its leading system messages and the two messages after them."""
+    """A digest of how a conversation opens: its leading system messages and the two messages after them.
+
+    Each is taken by its type, id and content: a key for what a process
+    remembers (checked against the record before use), made on every turn of
+    a run without a thread, so it does not read a summary's whole mark as
+    ``fingerprint`` does (a summary's id is new with each compaction).
+    """
     lead = 0
     while lead < len(messages) and messages[lead].type == "system":
         lead += 1
     digest = hashlib.blake2b(digest_size=12)
     for message in messages[: lead + 2]:
-        digest.update(fingerprint(message).encode("ascii"))
+        content = message.content
+        body = content if type(content) is str else canonical(content)
+        digest.update(f"{message.type}\x00{message.id}\x00{len(body)}\x00".encode("utf-8", "surrogatepass"))
+        digest.update(body.encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
 
 

@@ -64,7 +64,8 @@ def json_text(value: Any) -> str:
         return str(value)
 
 
-def _canonical(value: Any) -> str:
+def canonical(value: Any) -> str:
+    """``value`` as key-sorted JSON: the same text for the same value, whatever the order of its keys."""
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
 
 
@@ -85,13 +86,13 @@ def fingerprint(message: BaseMessage) -> str:
     # Structured values go through key-sorted JSON, so a store that reorders
     # keys (JSONB, a sorted dump) gives the same identity back.
     content = message.content
-    body = content if type(content) is str else _canonical(content)
+    body = content if type(content) is str else canonical(content)
     extra = ""
     if isinstance(message, AIMessage):
         if message.tool_calls or message.invalid_tool_calls:
-            extra = _canonical([message.tool_calls, message.invalid_tool_calls])
+            extra = canonical([message.tool_calls, message.invalid_tool_calls])
         if message.usage_metadata:
-            extra += _canonical(message.usage_metadata)
+            extra += canonical(message.usage_metadata)
     elif isinstance(message, ToolMessage):
         extra = f"{message.tool_call_id}\x00{message.status}"
     elif isinstance(message, ChatMessage):
@@ -102,10 +103,10 @@ def fingerprint(message: BaseMessage) -> str:
         # mark alone is digested as 0.2 did, so its journals still reconcile.)
         mark = kwargs.get(SUMMARY_MARK)
         if mark:
-            extra += _canonical(mark)
+            extra += canonical(mark)
         rest = {k: v for k, v in kwargs.items() if k != SUMMARY_MARK} if mark is not None else kwargs
         if rest:
-            extra += _canonical(rest)
+            extra += canonical(rest)
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{message.type}\x00{message.id}\x00{message.name}\x00{extra}\x00".encode("utf-8", "surrogatepass"))
     digest.update(body.encode("utf-8", "surrogatepass"))
