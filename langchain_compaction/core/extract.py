@@ -46,7 +46,9 @@ _CONSTRAINT_WORDS = (
 )
 _CORRECTION = re.compile(r"^(?:no\b[,.!]?|actually\b|wait\b|sorry\b|i meant\b|correction\b|that'?s wrong\b)", re.I)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
-_FENCED = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
+# A fenced block to its closing fence or the end: of backticks, or of tildes
+# opening a line (a "~~~" inside a sentence is no fence).
+_FENCED = re.compile(r"```.*?(?:```|\Z)|^[ \t]{0,3}~~~.*?(?:^[ \t]{0,3}~~~|\Z)", re.DOTALL | re.MULTILINE)
 # Pasted material rather than the user's words: a numbered listing ("1535: ..."),
 # an indented code line (not a nested bullet), a file viewer's banner.
 _LISTING = re.compile(
@@ -57,7 +59,8 @@ _LISTING = re.compile(
 # forwarded message's header.
 _QUOTED = re.compile(r"^\s*>.*$", re.MULTILINE)
 _FORWARDED = re.compile(
-    r"^\s*(?:-{2,}\s*(?:Original Message|Forwarded message)\s*-{2,}|Begin forwarded message:|From:\s+\S.*$)",
+    r"^\s*(?:-{2,}\s*(?:Original Message|Forwarded message)\s*-{2,}|Begin forwarded message:"
+    r"|[*_]{0,2}From:[*_]{0,2}\s+\S.*$)",  # (a header pasted in bold too: **From:** Bob)
     re.MULTILINE | re.IGNORECASE,
 )
 # Markdown emphasis around words: **bold**, __bold__, *it*, `code` markers at the edges.
@@ -249,14 +252,36 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
 
 
 def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
-    """Whether a revocation of ``subjects`` (``revoked_subjects``) takes back ``rule``: they share a subject word.
+    """Whether a revocation of ``subjects`` (``revoked_subjects``) takes back ``rule``: the rule names all its subject.
+
+    Every word of one subject must be in the rule, in this or another form
+    ("running" and "run"): a permission about one thing ("you can
+    run the tests") does not take back a rule that only shares a word with it
+    ("never run the migrations").
 
     Example:
         >>> revokes(revoked_subjects("Tabs are fine now."), "Never use tabs in src/app.py.")
         True
+        >>> revokes(revoked_subjects("You can run the tests now."), "Never run the migrations in production.")
+        False
     """
     words = subject_words(rule)
-    return any(subject & words for subject in subjects)
+    return any(subject and all(_named(word, words) for word in subject) for subject in subjects)
+
+
+# What turns a word into another form of itself ("run" -> "running", "test" -> "tested").
+_INFLECTIONS = frozenset({"s", "es", "d", "ed", "ing", "er", "ers", "ning", "ting", "ping", "ming"})
+
+
+def _named(word: str, words: frozenset[str]) -> bool:
+    if word in words:
+        return True
+    # The same word in another form ("tab" and "table" are two words).
+    return any(_inflected(word, w) or _inflected(w, word) for w in words)
+
+
+def _inflected(stem: str, word: str) -> bool:
+    return len(stem) >= 3 and word.startswith(stem) and word[len(stem) :] in _INFLECTIONS
 
 
 def without_revoked(text: str, subjects: Sequence[frozenset[str]]) -> str:
@@ -274,8 +299,9 @@ def without_revoked(text: str, subjects: Sequence[frozenset[str]]) -> str:
 
 def subject_words(text: str) -> frozenset[str]:
     """The content words of ``text``, lower-cased and singular, that say what it is about."""
-    words = re.findall(r"[a-z0-9][a-z0-9_./-]*", text.lower())
-    return frozenset(w[:-1] if w.endswith("s") and len(w) > 3 else w for w in words if w not in _STOP_WORDS)
+    # (A word's closing dot or slash is the sentence's or the path's, not the word's: "tabs." is "tab".)
+    words = [w.rstrip("./-") for w in re.findall(r"[a-z0-9][a-z0-9_./-]*", text.lower())]
+    return frozenset(w[:-1] if w.endswith("s") and len(w) > 3 else w for w in words if w and w not in _STOP_WORDS)
 
 
 def _may_rule(sentence: str) -> bool:

@@ -77,7 +77,15 @@ from langchain_compaction.core.extract import (
     without_revoked,
 )
 from langchain_compaction.core.readings import agent_names, result_error, user_says
-from langchain_compaction.core.section import PRIORITY, SECTION_HEADING, SECTION_NOTE, TITLES, line_of, render_section
+from langchain_compaction.core.section import (
+    PRIORITY,
+    SECTION_HEADING,
+    SECTION_NOTE,
+    TITLES,
+    Within,
+    line_of,
+    render_section,
+)
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact, FactKind, Message, ToolCall
 
@@ -128,6 +136,11 @@ _COUNTED: frozenset[FactKind] = frozenset({"task", "request", "earlier", *_REPEA
 """The kinds whose number is bounded (``REQUESTS_KEPT``, ``EARLIER_KEPT``, ``NAMES_KEPT``, ``TERMS_KEPT``, one task)."""
 
 
+def _under(path: str, target: str) -> bool:
+    """Whether ``path`` is ``target`` or lies under it (``path`` starts with ``target``)."""
+    return len(path) == len(target) or not target or target[-1] in "/:" or path[len(target)] in "/:"
+
+
 @dataclass
 class _Tracker:
     """The facts in force, in order of appearance, as messages are read in order."""
@@ -147,7 +160,11 @@ class _Tracker:
         text = one_line(fact.text)
         if not text:
             return
-        detail = one_line(fact.detail) if fact.detail else ""
+        detail = fact.detail
+        if "\x00" in detail:  # an error's "tool\x00command": each part one line, the separator kept
+            detail = "\x00".join(one_line(part) for part in detail.split("\x00"))
+        elif detail:
+            detail = one_line(detail)
         if text is not fact.text or detail is not fact.detail:  # (a clean line comes back as itself)
             fact = Fact(fact.kind, text, fact.key, detail)
         if fact.kind == "error" and "\x00" not in fact.key:
@@ -295,9 +312,16 @@ class _Tracker:
             return
         start = end = bisect_left(held, (target,))
         while end < len(held) and held[end][0].startswith(target):
-            self.facts.pop(held[end][1], None)  # gone already if superseded meanwhile
             end += 1
-        del held[start:end]
+        # Of the targets that start with it, the ones it holds: itself and what
+        # lies under it ("tests/api" holds "tests/api/test_a.py", not "tests/api_v2").
+        left = []
+        for entry in held[start:end]:
+            if _under(entry[0], target):
+                self.facts.pop(entry[1], None)  # gone already if superseded meanwhile
+            else:
+                left.append(entry)
+        held[start:end] = left
 
     def result(self) -> list[Fact]:
         """The facts in force, oldest first; the code names met last, oldest first; the most repeated words first."""
@@ -384,7 +408,7 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
     chosen = _fitting(missing, norm, budget)
     # Added: listed, or stated by another fact's line (a path inside a constraint).
     listed = {id(f) for f in chosen}
-    within = _Within("\n".join(normalize(line_of(f)) for f in chosen))
+    within = Within("\n".join(normalize(line_of(f)) for f in chosen))
     added = [f for f in missing if id(f) in listed or within(norm[id(f)])]
     dropped = {id(f) for f in missing} - {id(f) for f in added}
     # A fact left out is not carried on (the mark would grow without end),
@@ -399,27 +423,6 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
         added=len(added),
         dropped=len(missing) - len(added),
     )
-
-
-class _Within:
-    """``part in text``, for many parts of one text: most are passed on their ends alone.
-
-    A part can only be in the text if its first and last six characters are:
-    a set of the text's six-character pieces, made once, answers that in two
-    look-ups, where a search would read the whole text for each part.
-    """
-
-    _SIZE = 6
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pieces = {text[i : i + self._SIZE] for i in range(len(text) - self._SIZE + 1)}
-
-    def __call__(self, part: str) -> bool:
-        size = self._SIZE
-        if len(part) >= size and (part[:size] not in self.pieces or part[-size:] not in self.pieces):
-            return False
-        return part in self.text
 
 
 def _fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[Fact]:

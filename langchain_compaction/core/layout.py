@@ -25,6 +25,7 @@ from langchain_compaction.core import prompts
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Layout, Plan
 from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.core.section import SECTION_HEADING, SECTION_NOTE
 from langchain_compaction.core.types import Message
 
 BODY_KEY = "body_chars"
@@ -38,7 +39,10 @@ if TYPE_CHECKING:
     from langchain_compaction.core.engine import DriverReport
 
 
-_FENCE = re.compile(r"^\s*(```|~~~)")
+# A fence line: three or more backticks or tildes (indented too: in a list
+# item). A block closes only at a fence of its own character, at least as
+# long, alone on its line (CommonMark's rule: "```" inside a "~~~" block is text).
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
 # A line of the prompt's template copied as it is: "[What ... ?]", "- [x] [Completed tasks]".
 _PLACEHOLDER = re.compile(r"^\s*(?:[-*]|\d+\.)?\s*(?:\[[ x]\]\s*)?\[[^\]\n]{3,}\](?:\s*:\s*\[[^\]\n]*\])?\s*$")
 # Lines of the prompts a summarizer may echo back (long enough to be telling).
@@ -54,6 +58,13 @@ _PROMPT_LINES = frozenset(
     # A heading the prompt asks for is the summary's own, not an echo.
     if len(line.strip()) > 24 and not line.lstrip().startswith("#")
 )
+# The library's own lines: a summarizer that writes them (echoed from a tool's
+# output, say) would make its text look like the library's section.
+_LIBRARY_LINES = frozenset(
+    " ".join(line.split()).casefold()
+    for line in (SECTION_HEADING, SECTION_NOTE, prompts.SUMMARY_HEADER, *prompts.SUMMARY_NOTICE.splitlines())
+    if line.strip()
+)
 
 
 def well_formed(summary: str) -> str:
@@ -68,16 +79,27 @@ def well_formed(summary: str) -> str:
         '## Goal\\n- ship it\\n```py\\nx = 1\\n```'
     """
     kept: list[str] = []
-    fenced = False
+    fence = ""  # the fence of the open block ("" outside one)
     for line in summary.splitlines():
-        if _FENCE.match(line):
-            fenced = not fenced
-        elif not fenced and (_PLACEHOLDER.match(line) or " ".join(line.split()).casefold() in _PROMPT_LINES):
+        found = _FENCE.match(line)
+        if found and not fence:
+            fence = found.group(1)
+        elif found and found.group(1).startswith(fence) and not found.group(2).strip():
+            fence = ""  # (its own character, at least as long: it starts with the opening fence)
+        elif not fence and _echoed(line):
             continue
         kept.append(line.rstrip())
-    if fenced:
-        kept.append("```")
+    if fence:
+        kept.append(fence)
     return "\n".join(kept).strip()
+
+
+def _echoed(line: str) -> bool:
+    """Whether a summary line is a template placeholder, a prompt line or one of the library's own."""
+    if _PLACEHOLDER.match(line):
+        return True
+    folded = " ".join(line.split()).casefold()
+    return folded in _PROMPT_LINES or folded in _LIBRARY_LINES
 
 
 def compose_summary(summary: str, sections: Sequence[str] = ()) -> tuple[str, int]:

@@ -80,3 +80,25 @@ def render_section(facts: Sequence[Fact]) -> str:
             lines.append(f"{TITLES[kind]}:")
             lines += [line_of(f) for f in of_kind]
     return "\n".join(lines)
+
+
+class Within:
+    """``part in text``, for many parts of one text: most are passed on their ends alone.
+
+    A part can only be in the text if its first and last six characters are:
+    a set of the text's six-character pieces, made once, answers that in two
+    look-ups, where a search would read the whole text for each part.
+    """
+
+    _SIZE = 6
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.pieces = {text[i : i + self._SIZE] for i in range(len(text) - self._SIZE + 1)}
+
+    def __call__(self, part: str) -> bool:
+        """Whether ``part`` is in the text."""
+        size = self._SIZE
+        if len(part) >= size and (part[:size] not in self.pieces or part[-size:] not in self.pieces):
+            return False
+        return part in self.text
