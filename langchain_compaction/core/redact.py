@@ -20,10 +20,21 @@ from langchain_compaction.errors import SummarizationError
 Redactor = Callable[[str], str]
 """A function from text to the same text with secrets replaced."""
 
+# A name that says secret, alone or at the end of a longer one (DB_PASSWORD,
+# PGPASSWORD, aws_secret_access_key, GITHUB_TOKEN, SECRET_KEY).
+_SECRET_NAME = (
+    r"\b(?:[A-Za-z0-9]+[_-])*(?:[A-Za-z0-9]*?(?:password|passwd)|pwd|secret|secret[_-]?(?:access[_-]?)?key"
+    r"|api[_-]?key|access[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret|private[_-]?key|token"
+    r"|credentials?)\b"
+)
+
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # PEM private keys, whole blocks.
     (
-        re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S),
+        re.compile(
+            r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)",
+            re.S,
+        ),
         "[REDACTED PRIVATE KEY]",
     ),
     # Provider keys with a recognizable prefix.
@@ -39,12 +50,20 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b"), "[REDACTED GITHUB TOKEN]"),
     (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{30,}\b"), "[REDACTED GITHUB TOKEN]"),
     (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b"), "[REDACTED SLACK TOKEN]"),
+    (re.compile(r"\bxapp-[A-Za-z0-9-]{10,}\b"), "[REDACTED SLACK TOKEN]"),
+    (re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}"), "[REDACTED GITLAB TOKEN]"),
+    # Webhook URLs whose path is the secret (Slack, Discord).
+    (re.compile(r"(hooks\.slack\.com/services/|discord(?:app)?\.com/api/webhooks/)[A-Za-z0-9/_\-]+"), r"\1[REDACTED]"),
     (re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b"), "[REDACTED GOOGLE KEY]"),
     (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"), "[REDACTED JWT]"),
     # Authorization headers and bearer tokens.
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{12,}"), r"\1 [REDACTED TOKEN]"),
-    # Passwords in URLs: scheme://user:password@host.
-    (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]+:)[^\s@/]+@"), r"\1[REDACTED]@"),
+    (re.compile(r"(?i)\b(bearer|basic|(?<=authorization: )token)\s+[A-Za-z0-9._~+/=\-]{12,}"), r"\1 [REDACTED TOKEN]"),
+    # Passwords in URLs: scheme://user:password@host (the user may be empty,
+    # the password may hold a slash; "host:8080/path@v2" is a port and a path).
+    (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]*:)(?!\[REDACTED|\d+/)[^\s@]+@"), r"\1[REDACTED]@"),
+    # Passwords on command lines: mysql -pSECRET, curl -u user:SECRET.
+    (re.compile(r"(\bmysql(?:dump|admin)?\b[^\n]*?\s-p)(?=\S)(?!\[REDACTED)[^\s'\"]+"), r"\1[REDACTED]"),
+    (re.compile(r"(\bcurl\b[^\n]*?\s(?:-u|--user)\s+['\"]?[^\s:'\"]+:)(?!\[REDACTED)[^\s'\"]+"), r"\1[REDACTED]"),
     # Credentials in a URL's query string (?token=..., &sig=..., &X-Amz-Signature=...).
     (
         re.compile(
@@ -57,13 +76,14 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b((?:AccountKey|SharedAccessKey|SharedAccessSignature)=)[^;\s\"']+"), r"\1[REDACTED]"),
     # key=value and "key": "value" for names that say secret, alone or at the end
     # of a longer name (DB_PASSWORD=, aws_secret_access_key = , GITHUB_TOKEN: ...).
+    # (the quotes may be JSON-escaped: tool-call arguments are JSON text). A
+    # quoted value is taken whole, spaces and all; a bare one to the next space.
     (
-        # (the quotes may be JSON-escaped: tool-call arguments are JSON text)
-        re.compile(
-            r"(?i)(\b(?:[A-Za-z0-9]+[_-])*(?:password|passwd|pwd|secret|secret[_-]?access[_-]?key|api[_-]?key"
-            r"|access[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret|private[_-]?key|token|credentials?)"
-            r"\b\\?[\"']?\s*[:=]\s*\\?[\"']?)(?!\[REDACTED)([^\s\"'\\,;&]{4,})"
-        ),
+        re.compile(rf"(?i)({_SECRET_NAME}\\?[\"']?\s*[:=]\s*(\\?[\"']))(?!\[REDACTED)[^\n]{{1,256}}?(\2)"),
+        r"\1[REDACTED]\3",
+    ),
+    (
+        re.compile(rf"(?i)({_SECRET_NAME}\\?[\"']?\s*[:=]\s*\\?[\"']?)(?!\[REDACTED)([^\s\"'\\,;&]{{4,}})"),
         r"\1[REDACTED]",
     ),
 )
@@ -72,13 +92,16 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 def redact_secrets(text: str) -> str:
     """Replace common secret shapes in ``text`` with ``[REDACTED ...]`` markers.
 
-    Covers PEM private keys, Anthropic/OpenAI-style ``sk-`` keys, Stripe
-    (``sk_live_``) and webhook keys, Hugging Face (``hf_``) and npm tokens, AWS
-    access key ids, GitHub and Slack tokens, Google API keys, JWTs, bearer and
-    basic authorization values, passwords in URLs and credentials in their
-    query strings, Azure connection-string keys, and assignments to names that
-    say secret (``password=``, ``DB_PASSWORD=``, ``aws_secret_access_key =``,
-    ``api_key:``, ``GITHUB_TOKEN=``, ``_authToken=``).
+    Covers PEM and PGP private keys, Anthropic/OpenAI-style ``sk-`` keys,
+    Stripe (``sk_live_``) and webhook keys, Hugging Face (``hf_``), npm and
+    GitLab (``glpat-``) tokens, AWS access key ids, GitHub and Slack tokens,
+    Slack and Discord webhook URLs, Google API keys, JWTs, bearer, basic and
+    ``token`` authorization values, passwords in URLs (``redis://:pw@``
+    too) and credentials in their query strings, ``mysql -p`` and ``curl -u``
+    passwords, Azure connection-string keys, and assignments to names that say
+    secret (``password=``, ``PGPASSWORD=``, ``DB_PASSWORD=``,
+    ``aws_secret_access_key =``, ``SECRET_KEY =``, ``api_key:``,
+    ``GITHUB_TOKEN=``, ``_authToken=``), a quoted value whole.
 
     Args:
         text: Any text.

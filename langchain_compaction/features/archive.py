@@ -446,7 +446,7 @@ def recall_tool(
         archive: The archive settings the node or middleware writes with
             (``None``: the defaults).
         redact: Applied to every message text returned (pass the same hook
-            as ``CompactionOptions(redact=...)``).
+            as ``CompactionOptions(redact=...)``; with ``history``, its own by default).
         max_chars: The most characters one call returns.
         name: The tool's name.
         history: A ``CompactingChatMessageHistory``: read its ``archive=``
@@ -464,6 +464,8 @@ def recall_tool(
         raise ConfigurationError("max_chars", max_chars, "pass a number of characters (200 or more)")
     if history is not None and (not callable(getattr(history, "recall_flow", None)) or history.archive is None):
         raise ConfigurationError("history", history, "pass a CompactingChatMessageHistory with archive=..., or None")
+    if redact is None and history is not None:
+        redact = history.options.redact  # the memory's own hook: what it summarized redacted, recall returns so
     recaller = _Recaller(archive if archive is not None else Archive(), redact, max_chars, history, messages_key)
     if history is not None:
         return StructuredTool.from_function(

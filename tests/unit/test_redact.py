@@ -82,6 +82,38 @@ CASES += [
     ),
     ("url query", f"GET https://img.example/cat.png?size=2&token={QUERY_TOKEN}", QUERY_TOKEN, "token=[REDACTED]"),
 ]
+# Shapes a second review found getting through (each reached a summary).
+SLASHED = "Xy7/" + "kP9+qZ"
+REDIS = "S3cr3t" + "RedisPass"
+PG = "hunter" + "2pgpass"
+DJANGO = "django-insecure-" + "q8#v2k9zt4lmx7"
+SPACED = "correct horse " + "battery staple"
+PGP_BODY = "lQOYBF0mZ5ABCACx" + "SECRETKEYMATERIALxQ"
+GH_TOKEN = "9944b09199c62bcf" + "9418ad846dd0e4bbdfc6ee4b"
+XAPP = "xapp-1-A0123456789-" + "1234567890123-abcdef0123456789abcdef"
+HOOK = "T0AB12CD3/B0EF45GH6/" + "zX9yW8vU7tS6rQ5pO4nM3lK2"
+GLPAT = "glpat-" + "xR3kT9vLm2QpZ8wYhN4c"
+CLI_PASSWORD = "hunter" + "2cli"
+CASES += [
+    ("url password with /", f"postgresql://admin:{SLASHED}@db.example.com:5432/app", SLASHED, "admin:[REDACTED]@"),
+    ("url password only", f"REDIS_URL=redis://:{REDIS}@cache.local:6379/0", REDIS, "redis://:[REDACTED]@"),
+    ("PGPASSWORD=", f"PGPASSWORD={PG} psql -h db -U admin", PG, "PGPASSWORD=[REDACTED]"),
+    ("SECRET_KEY =", f"SECRET_KEY = '{DJANGO}'", DJANGO, "SECRET_KEY = '[REDACTED]'"),
+    ("json password with spaces", f'{{"password": "{SPACED}"}}', SPACED, '"password": "[REDACTED]"'),
+    ("yaml password with spaces", f"db:\n  password: '{SPACED}'", SPACED, "password: '[REDACTED]'"),
+    (
+        "pgp",
+        f"-----BEGIN PGP PRIVATE KEY BLOCK-----\n\n{PGP_BODY}\n-----END PGP PRIVATE KEY BLOCK-----",
+        PGP_BODY,
+        "[REDACTED PRIVATE KEY]",
+    ),
+    ("authorization token", f"curl -H 'Authorization: token {GH_TOKEN}' https://api", GH_TOKEN, "token [REDACTED"),
+    ("slack app token", f"SLACK_APP={XAPP}", XAPP, "[REDACTED SLACK TOKEN]"),
+    ("slack webhook", f"post to https://hooks.slack.com/services/{HOOK}", HOOK, "services/[REDACTED]"),
+    ("gitlab", f"echo {GLPAT} > ~/.token", GLPAT, "[REDACTED GITLAB TOKEN]"),
+    ("mysql -p", f"mysql -u root -p{CLI_PASSWORD} app < dump.sql", CLI_PASSWORD, "-p[REDACTED]"),
+    ("curl -u", f"curl -u admin:{CLI_PASSWORD} https://api.example.com", CLI_PASSWORD, "admin:[REDACTED]"),
+]
 SECRETS = [secret for _, _, secret, _ in CASES]
 
 
@@ -330,3 +362,31 @@ def test_secret_in_a_json_string_inside_tool_arguments_is_redacted() -> None:
 def test_redact_must_be_callable() -> None:
     with pytest.raises(ValueError, match="redact"):
         CompactionOptions(redact="yes")  # type: ignore[arg-type]
+
+
+def test_the_chat_memory_recall_tool_redacts_with_the_memory_s_own_hook() -> None:
+    """``recall_tool(history=...)`` returns archived text through the memory's ``redact`` unless told otherwise."""
+    import warnings
+
+    from langchain_core.chat_history import InMemoryChatMessageHistory
+
+    from langchain_compaction import CompactingChatMessageHistory
+    from langchain_compaction.archive import recall_tool
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        memory = CompactingChatMessageHistory(
+            InMemoryChatMessageHistory(),
+            lambda prompt: "## Goal\n- deploy",
+            CompactionOptions(context_window=2_000, reserve_tokens=500, keep_recent_tokens=300, redact=redact_secrets),
+            archive=InMemoryChatMessageHistory(),
+        )
+    memory.add_messages([HumanMessage(f"Deploy with DB_PASSWORD={DB_PASSWORD} please"), AIMessage("ok")])
+    for i in range(40):
+        memory.add_messages([HumanMessage(f"question {i} " * 10), AIMessage(f"answer {i} " * 10)])
+    out = recall_tool(history=memory).invoke({"query": "Deploy"})
+    assert "Deploy with DB_PASSWORD=[REDACTED]" in out
+    assert DB_PASSWORD not in out
+    # Told otherwise (a hook of the caller's), that one applies.
+    shouted = recall_tool(history=memory, redact=str.upper).invoke({"query": "Deploy"})
+    assert f"DEPLOY WITH DB_PASSWORD={DB_PASSWORD.upper()}" in shouted
