@@ -1,9 +1,9 @@
 """What a message's text says, read without a model: the rules checked facts are found by.
 
 ``constraints`` (the user's rules, preferences and corrections), ``identifiers``
-(ids, codes, amounts, dates, versions, paths, URLs, code names), ``error_line``
-(the line of a tool's output that reports an error); what a tool call was
-about is ``core.calls``'. Every rule is a linear scan or regex:
+(ids, codes, amounts, dates, versions, paths, URLs, code names); the line of a
+tool's output that reports an error is ``core.readings.error_line``, what a tool
+call was about ``core.calls``'. Every rule is a linear scan or regex:
 the real transcripts in ``../shared/data/transcripts`` and the synthetic
 sessions of ``bench/`` chose them. ``core.facts`` turns what they find into
 facts; the extractive summarizer copies identifiers by the same rule.
@@ -124,27 +124,6 @@ _CODE_NAME = re.compile(
 )
 # Tried only where a word starts, and it scans that word once: linear.
 _MAYBE_IDENTIFIER = re.compile(r"(?<!\S)(?=\S*[\d/.@$€£¥])\S+")
-
-# An exception or a compiler's "error:" says what went wrong; a failure count
-# or an exit status only that something did.
-# (No pattern starts with a repeated class: each text position is tried once.)
-_SPECIFIC_ERROR = r"(?:Error|Exception)(?:\b|\w*:)|\berror(?:\[\w+\])?:|\bfatal:|\bpanic:"
-_ERROR = re.compile(
-    rf"{_SPECIFIC_ERROR}|\bFAILED\b|\bfailed\b|command not found|No such file or directory|exit (?:code|status) [1-9]"
-)
-_SPECIFIC = re.compile(_SPECIFIC_ERROR)
-# Every error line holds one of these (lowercased): a cheap test before the regex.
-_ERROR_WORDS = (
-    "error",
-    "exception",
-    "fatal:",
-    "panic:",
-    "failed",
-    "not found",
-    "no such file",
-    "exit code",
-    "exit status",
-)
 
 
 def normalize(text: str) -> str:
@@ -453,11 +432,6 @@ def task_terms(text: str) -> set[str]:
     return {w for w in words if (len(w) >= 5 or "-" in w) and w not in _COMMON}
 
 
-# Lines that name an error without reporting one: a traceback's banner, code
-# that raises, a diff's changed line.
-_NOT_AN_ERROR = re.compile(r"Traceback \(most recent call last\)|[+-]|\s*(?:raise|throw|except|catch)\b")
-
-
 # What a harness says in the user's turn when a call went wrong: an error
 # pasted back, or a tool's arguments refused. (Anchored at the line's start or
 # on literal words: linear on long lines.)
@@ -477,45 +451,3 @@ def feedback(text: str) -> bool:
     """
     first = next((line for line in text.splitlines() if line.strip()), "")
     return _FEEDBACK.match(first) is not None
-
-
-# Line breaks other than "\n" that ``str.splitlines`` also splits at.
-_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
-
-
-def _error_lines(text: str) -> list[str]:
-    """The lines of ``text`` (stripped) that hold an ``_ERROR`` match, in order.
-
-    One scan of the whole text finds them; each match is widened to its line
-    (nothing in ``_ERROR`` reads across a line break). Text with line breaks
-    other than "\\n" is split line by line, as ``str.splitlines`` splits it.
-    """
-    if _OTHER_BREAKS.search(text):
-        return [line.strip() for line in text.splitlines() if _ERROR.search(line)]
-    lines: list[str] = []
-    end = -1
-    for match in _ERROR.finditer(text):
-        if match.start() <= end:
-            continue  # another match on a line already taken
-        start = text.rfind("\n", 0, match.start()) + 1
-        end = text.find("\n", match.end())
-        if end < 0:
-            end = len(text)
-        lines.append(text[start:end].strip())
-    return lines
-
-
-def error_line(text: str) -> str:
-    """The last line of ``text`` that reports an error ("" if none does).
-
-    Example:
-        >>> error_line("collected 3 items\\nE   ValueError: bad offset 14\\n1 failed")
-        'E ValueError: bad offset 14'
-    """
-    low = text.lower()
-    if not any(word in low for word in _ERROR_WORDS):
-        return ""  # the common case, found by plain substring scans
-    lines = [line for line in _error_lines(text) if line and not _NOT_AN_ERROR.match(line)]
-    # A summary line ("1 failed, 2 passed") says less than the exception above it.
-    specific = [line for line in lines if _SPECIFIC.search(line)]
-    return clip((specific or lines or [""])[-1])

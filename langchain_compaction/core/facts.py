@@ -69,14 +69,13 @@ from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.extract import (
     clip,
     constraints,
-    error_line,
     identifiers,
     normalize,
     one_line,
     revokes,
     without_revoked,
 )
-from langchain_compaction.core.readings import agent_names, result_error, user_says
+from langchain_compaction.core.readings import agent_names, error_line, result_error, user_says
 from langchain_compaction.core.section import (
     PRIORITY,
     SECTION_HEADING,

@@ -1,6 +1,7 @@
 """What one message says, as checked facts read it: a user's message (``user_says``) and a tool's result.
 
-The rules are ``core.extract``'s; this module applies them to one message and
+The rules are ``core.extract``'s (a tool's error line is read here:
+``error_line``); this module applies them to one message and
 keeps what a user's message says and an assistant's code names, since the same
 text is read again and again: the kept messages at every compaction, then as
 the next one's region; a preparation, then the threshold compaction; a retried
@@ -12,6 +13,7 @@ the text itself is not held once its conversation lets it go.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -20,7 +22,6 @@ from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.extract import (
     clip,
     constraints,
-    error_line,
     feedback,
     identifiers,
     names_in_code,
@@ -83,6 +84,75 @@ def _read(text: str) -> UserSays:
         request=request,
         task=task,
     )
+
+
+# -- a tool's output: the error it reports --------------------------------------------------
+
+# An exception or a compiler's "error:" says what went wrong; a failure count
+# or an exit status only that something did.
+# (No pattern starts with a repeated class: each text position is tried once.)
+_SPECIFIC_ERROR = r"(?:Error|Exception)(?:\b|\w*:)|\berror(?:\[\w+\])?:|\bfatal:|\bpanic:"
+_ERROR = re.compile(
+    rf"{_SPECIFIC_ERROR}|\bFAILED\b|\bfailed\b|command not found|No such file or directory|exit (?:code|status) [1-9]"
+)
+_SPECIFIC = re.compile(_SPECIFIC_ERROR)
+# Every error line holds one of these (lowercased): a cheap test before the regex.
+_ERROR_WORDS = (
+    "error",
+    "exception",
+    "fatal:",
+    "panic:",
+    "failed",
+    "not found",
+    "no such file",
+    "exit code",
+    "exit status",
+)
+# Lines that name an error without reporting one: a traceback's banner, code
+# that raises, a diff's changed line.
+_NOT_AN_ERROR = re.compile(r"Traceback \(most recent call last\)|[+-]|\s*(?:raise|throw|except|catch)\b")
+
+
+# Line breaks other than "\n" that ``str.splitlines`` also splits at.
+_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+
+
+def _error_lines(text: str) -> list[str]:
+    """The lines of ``text`` (stripped) that hold an ``_ERROR`` match, in order.
+
+    One scan of the whole text finds them; each match is widened to its line
+    (nothing in ``_ERROR`` reads across a line break). Text with line breaks
+    other than "\\n" is split line by line, as ``str.splitlines`` splits it.
+    """
+    if _OTHER_BREAKS.search(text):
+        return [line.strip() for line in text.splitlines() if _ERROR.search(line)]
+    lines: list[str] = []
+    end = -1
+    for match in _ERROR.finditer(text):
+        if match.start() <= end:
+            continue  # another match on a line already taken
+        start = text.rfind("\n", 0, match.start()) + 1
+        end = text.find("\n", match.end())
+        if end < 0:
+            end = len(text)
+        lines.append(text[start:end].strip())
+    return lines
+
+
+def error_line(text: str) -> str:
+    """The last line of ``text`` that reports an error ("" if none does).
+
+    Example:
+        >>> error_line("collected 3 items\\nE   ValueError: bad offset 14\\n1 failed")
+        'E ValueError: bad offset 14'
+    """
+    low = text.lower()
+    if not any(word in low for word in _ERROR_WORDS):
+        return ""  # the common case, found by plain substring scans
+    lines = [line for line in _error_lines(text) if line and not _NOT_AN_ERROR.match(line)]
+    # A summary line ("1 failed, 2 passed") says less than the exception above it.
+    specific = [line for line in lines if _SPECIFIC.search(line)]
+    return clip((specific or lines or [""])[-1])
 
 
 def result_error(text: str, *, whole: bool) -> str:
