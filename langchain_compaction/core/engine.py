@@ -79,6 +79,10 @@ def _reply(value: object, request: SummaryRequest) -> SummaryReply:
             chunk_index=request.chunk_index,
             chunk_count=request.chunk_count,
         )
+    if not reply.text.strip() and request.prefix and request.attempt == 0:
+        # Asked over the agent's own request (tools bound), a model may answer
+        # with a tool call and no text: the flow asks again from the transcript.
+        return SummaryReply("", reply.usage, reply.covers_prefix)
     if not reply.text.strip():
         raise EmptySummaryError(
             "compaction produced an empty summary; the messages were left unchanged. "

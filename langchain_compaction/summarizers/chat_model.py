@@ -14,7 +14,7 @@ from langgraph.constants import TAG_NOSTREAM
 from langchain_compaction.core.effects import off_loop
 from langchain_compaction.core.engine import Summarizer
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
-from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.errors import ConfigurationError, SummarizationError
 
 SUMMARY_TAG = "langchain_compaction:summary"
 """Tag on every summary call, so traces can find them."""
@@ -33,6 +33,13 @@ def _reply(output: object, *, covers_prefix: bool = False) -> str | SummaryReply
         return SummaryReply(output.text, output.usage, covers_prefix)
     if not isinstance(output, (BaseMessage, str)):
         return cast("str", output)
+    refusal = _refusal(output)
+    if refusal:
+        # A refusal is no summary, whatever text came with it ("I can't help with that").
+        raise SummarizationError(
+            f"compaction summarisation failed: the model declined to summarize this conversation ({refusal}); "
+            "pass fallback=ExtractiveSummarizer() to compact it anyway"
+        )
     # ``.text`` joins the text blocks and skips thinking and tool-use blocks.
     text = str(output.text) if isinstance(output, BaseMessage) else output
     meta = output.usage_metadata if isinstance(output, AIMessage) else None
@@ -48,6 +55,18 @@ def _reply(output: object, *, covers_prefix: bool = False) -> str | SummaryReply
         cache_creation_input_tokens=written,
     )
     return SummaryReply(text, usage, covers_prefix)
+
+
+def _refusal(output: BaseMessage | str) -> str:
+    """How a chat model said it declined (Anthropic's stop reason, OpenAI's refusal or content filter), or ""."""
+    if not isinstance(output, AIMessage):
+        return ""
+    meta = output.response_metadata or {}
+    if meta.get("stop_reason") == "refusal":
+        return "stop_reason=refusal"
+    if meta.get("finish_reason") == "content_filter":
+        return "finish_reason=content_filter"
+    return "a refusal" if output.additional_kwargs.get("refusal") else ""
 
 
 def uses_prefix(request: SummaryRequest) -> bool:

@@ -117,3 +117,29 @@ def test_no_usage_reported_is_zero_not_a_guess():
     result, _ = compact(Script(GOOD), MESSAGES)
     assert result is not None
     assert result.summarizer_billed_input_tokens == result.summarizer_cache_read_tokens == 0
+
+
+def test_an_answer_that_only_echoes_the_instructions_is_no_summary() -> None:
+    """A model that repeats its system prompt back: rejected (asked again, then the fallback), never an empty summary."""
+    from langchain_compaction.core import prompts
+
+    messages = [HumanMessage("Fix src/app.py. Booking JG7FMM.", id="h")]
+    for i in range(30):
+        messages += [
+            AIMessage(f"step {i} edited module_{i}.py " * 10, id=f"a{i}"),
+            HumanMessage(f"go on {i} " * 10, id=f"h{i}"),
+        ]
+    echoes: list[str] = []
+
+    def echo(prompt: str) -> str:
+        echoes.append(prompt)
+        return prompts.SYSTEM_PROMPT
+
+    options = CompactionOptions(context_window=4_000)
+    with pytest.raises(InvalidSummaryError, match="only repeats the instructions"):
+        compact(echo, messages, options)
+    assert len(echoes) == 2  # asked once more, with the problem stated
+    result, out = compact(echo, messages, options, fallback=ExtractiveSummarizer())
+    assert result is not None
+    assert result.fallback_used
+    assert "JG7FMM" in result.summary

@@ -37,7 +37,14 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 
-from langchain_compaction import CompactingChatMessageHistory, CompactionNode, CompactionOptions, acompact, compact
+from langchain_compaction import (
+    CompactingChatMessageHistory,
+    CompactionNode,
+    CompactionOptions,
+    ExtractiveSummarizer,
+    acompact,
+    compact,
+)
 from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import is_summary_message
 from langchain_compaction.core.tokens import estimate_tokens
@@ -541,3 +548,30 @@ def test_timed_out_sync_summary_calls_do_not_pile_up_threads() -> None:
         release.set()
     wait_for(lambda: alive() <= baseline, 3.0)  # released: they end
     assert leaked <= 4, f"{leaked} summary threads are still alive after 8 timed-out calls"
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [{"stop_reason": "refusal"}, {"finish_reason": "content_filter"}],
+    ids=["anthropic refusal", "openai content filter"],
+)
+def test_a_chat_model_that_declines_writes_no_summary(metadata: dict[str, str]) -> None:
+    """A refusal's text ("I can't help with that") is no summary: an error, or the fallback writes it."""
+    messages = [HumanMessage("Rebook JG7FMM on the 21st.", id="h")]
+    for i in range(30):
+        messages += [
+            AIMessage(f"option {i} " * 20, id=f"a{i}"),
+            HumanMessage(f"what about option {i}? " * 5, id=f"q{i}"),
+        ]
+
+    def declining() -> GenericFakeChatModel:
+        reply = AIMessage("I can't help with that.", response_metadata=metadata)
+        return GenericFakeChatModel(messages=itertools.repeat(reply))
+
+    options = CompactionOptions(context_window=4_000)
+    with pytest.raises(SummarizationError, match="declined to summarize"):
+        compact(declining(), messages, options)
+    result, _ = compact(declining(), messages, options, fallback=ExtractiveSummarizer())
+    assert result is not None
+    assert result.fallback_used
+    assert "can't help" not in result.summary
