@@ -334,6 +334,20 @@ def _named(config: RunnableConfig | None) -> RunnableConfig:
     return named
 
 
+def _compactors_within(graph: Pregel[Any, Any, Any, Any], path: tuple[str, ...] = ()) -> list[str]:
+    """Where compaction runs below the top level: an agent's middleware, a subgraph's node (as node paths)."""
+    found: list[str] = []
+    for name, spec in graph.nodes.items():
+        bound = spec.bound
+        owner = bound if isinstance(bound, CompactionNode) else getattr(getattr(bound, "func", None), "__self__", None)
+        where = " > ".join((*path, name))
+        if isinstance(owner, Adapter) and (path or not isinstance(owner, CompactionNode)):
+            found.append(f"{where!r} ({type(owner).__name__})")
+        elif isinstance(bound, Pregel) and len(path) < 4:
+            found += _compactors_within(bound, (*path, name))
+    return found
+
+
 def _locate(
     graph: Pregel[Any, Any, Any, Any], node: str | None, model: Any, options: CompactionOptions | None
 ) -> tuple[str | None, CompactionNode]:
@@ -350,6 +364,16 @@ def _locate(
         return name, bound
     if len(found) > 1:
         raise ConfigurationError("node", None, f"this graph has several compaction nodes {sorted(found)}; name one")
+    within = _compactors_within(graph)
+    if within:
+        # A stand-in would compact without their features: what it removed
+        # would reach no archive of theirs.
+        raise ConfigurationError(
+            "graph",
+            type(graph).__name__,
+            f"its compaction runs inside {', '.join(within)}, with its own features, which compact_thread "
+            "cannot drive; send '/compact [instructions]' as a message through the graph instead",
+        )
     if model is None:
         raise ConfigurationError(
             "model", None, "this graph has no CompactionNode; pass model=... (and options=...) to compact it"

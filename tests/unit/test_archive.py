@@ -522,6 +522,36 @@ async def test_acompact_thread_with_archive_uses_the_graphs_store() -> None:
     assert len(archive_items(store, "manual-archive")) == result.messages_removed
 
 
+def test_compact_thread_refuses_a_graph_whose_compaction_runs_inside_it() -> None:
+    """An agent's middleware, a subgraph's node: compact_thread cannot drive them, and says how to compact instead.
+
+    (A stand-in would compact without their archive: what it removed would be nowhere.)
+    """
+    store = InMemoryStore()
+    features = [*default_features(), Archive()]
+    agent = create_agent(
+        ToolCallingFake(messages=iter([AIMessage(words("answer")) for _ in range(20)])),
+        middleware=[CompactionMiddleware(summarize, OPTIONS, features=features)],
+        checkpointer=InMemorySaver(),
+        store=store,
+    )
+    inner = StateGraph(CompactionState)
+    inner.add_node("compact", CompactionNode(summarize, OPTIONS, features=features))
+    inner.add_edge(START, "compact")
+    outer = StateGraph(CompactionState)
+    outer.add_node("sub", inner.compile())
+    outer.add_edge(START, "sub")
+    parent = outer.compile(checkpointer=InMemorySaver(), store=store)
+    for graph, where in ((agent, "'CompactionMiddleware.before_model'"), (parent, "'sub > compact'")):
+        config = cfg(f"inside-{where}")
+        graph.invoke({"messages": [HumanMessage(words("q0"), id="q0")]}, config)
+        before = graph.get_state(config).values["messages"]
+        for model in (None, summarize):
+            with pytest.raises(ConfigurationError, match=f"compaction runs inside {where}.*'/compact"):
+                compact_thread(graph, config, instructions="keep the questions", model=model)
+        assert graph.get_state(config).values["messages"] == before  # nothing removed
+
+
 # -- time travel: a forked thread --------------------------------------------------------------------
 
 
