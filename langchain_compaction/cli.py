@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from langchain_compaction import __version__
+from langchain_compaction._lc.advice import no_room
 from langchain_compaction.core.context import needs_compaction
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import plan_compaction
@@ -165,6 +166,7 @@ def _inspect_report(
         "context_window": options.context_window,
         "threshold": options.budget.threshold,
         "would_compact": needs_compaction(core, counts, options),
+        "held": _held(options, plan, total - sum(counts[i] for i in summarized)),
         "cut_index": plan.cut if plan else 0,
         "keep_budget": options.budget.keep,
         "summarized": {"messages": len(summarized), "tokens": t_summarized},
@@ -187,8 +189,11 @@ def _print_inspect(
     else:
         print("\nno --context-window given: automatic compaction is off; the cut below is for a manual one", file=out)
     cut, summarized, kept = report["cut_index"], report["summarized"], report["kept"]
+    if report["would_compact"] and report["held"]:
+        print(f"but no automatic compaction: {report['held']}", file=out)
     if not cut:
-        print(f"no cut: {_no_cut(kept['tokens'], report['keep_budget'])}", file=out)
+        if not report["would_compact"]:
+            print(f"no cut: {_held(None, None, kept['tokens'], report['keep_budget'])}", file=out)
         return
     print(
         f"cut at message {cut}: summarize {summarized['messages']} (~{summarized['tokens']:,} tokens), "
@@ -240,13 +245,29 @@ def _writable(path: str | None) -> None:
         raise ConfigurationError("--output", path, "it cannot be written (permission denied)")
 
 
-def _no_cut(tokens: int, keep: int) -> str:
-    """Why a conversation has no cut: it fits the keep budget, or nothing comes before what must stay."""
-    if tokens <= keep:
+def _held(options: CompactionOptions | None, plan: object, kept: int, keep: int = 0) -> str:
+    """Why a conversation over the threshold is not compacted ("" when it would be), or why there is no cut.
+
+    The fixed part (the system prompt and leading system messages) may leave
+    no room; or nothing comes before the messages that must stay whole.
+    """
+    if options is not None:
+        budget = options.budget
+        if no_room(budget):
+            return (
+                f"the system prompt and leading system messages take {budget.fixed:,} tokens of the "
+                f"{budget.threshold:,} a request may hold, so no compaction can bring it under; a larger "
+                "--context-window or a shorter system prompt is the fix"
+            )
+        if plan is not None:
+            return ""
+        keep = budget.keep
+    if kept <= keep:
         return f"everything fits the keep budget of {keep:,} tokens"
     return (
         f"nothing comes before the newest messages that must stay whole (the last message, a tool call with its "
-        f"results), and they take ~{tokens:,} tokens, over the keep budget of {keep:,}: nothing can be summarized"
+        f"results), and they take ~{kept:,} tokens, over the keep budget of {keep:,}: nothing can be summarized; "
+        "a larger --context-window is the fix"
     )
 
 
@@ -256,16 +277,19 @@ def _what_happened(result: CompactionResult | None, args: argparse.Namespace, me
         why = "--force" if args.force else "no --context-window" if not args.context_window else "over the threshold"
         return f"{kind} ({why})"
     if args.context_window and not args.force:
+        from langchain_compaction._lc.compactor import planning_options
         from langchain_compaction._lc.counting import counts_and_core
 
-        options = _options(args)
-        counts, core = counts_and_core(messages, options)
+        counts, core = counts_and_core(messages, _options(args))
+        options = planning_options(_options(args), core, counts)  # as the compaction plans
         if needs_compaction(core, counts, options):
-            return (
-                f"nothing done: the conversation (~{sum(counts):,} tokens) is over the threshold of "
-                f"{options.budget.threshold:,}, but {_no_cut(sum(counts), options.budget.keep)}; "
-                "a larger --context-window is the fix"
+            plan = plan_compaction(core, counts, options.budget.keep, force=False)
+            kept = sum(counts) if plan is None else sum(counts[plan.cut :])
+            why = _held(options, plan, kept) or "the compaction was not made"
+            over = (
+                f"the conversation (~{sum(counts):,} tokens) is over the threshold of {options.budget.threshold or 0:,}"
             )
+            return f"nothing done: {over}, but {why}"
         return "nothing done: the conversation fits the window (pass --force to compact anyway)"
     return "nothing to compact"
 

@@ -23,10 +23,14 @@ Redactor = Callable[[str], str]
 # A name that says secret, alone or at the end of a longer one (DB_PASSWORD,
 # PGPASSWORD, aws_secret_access_key, GITHUB_TOKEN, SECRET_KEY).
 _SECRET_NAME = (
-    r"\b(?:[A-Za-z0-9]+[_-])*(?:[A-Za-z0-9]*?(?:password|passwd)|pwd|secret|secret[_-]?(?:access[_-]?)?key"
+    r"\b(?:[A-Za-z0-9]+[_-]){0,6}(?:[A-Za-z0-9]{0,24}?(?:password|passwd)|pwd|secret|secret[_-]?(?:access[_-]?)?key"
     r"|api[_-]?key|access[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret|private[_-]?key|token"
     r"|credentials?)\b"
 )
+# A name for a password, whose value may be a phrase (spaces and all) when quoted.
+_PASSWORD_NAME = r"\b(?:[A-Za-z0-9]+[_-]){0,6}[A-Za-z0-9]{0,24}?(?:password|passwd|passphrase|pwd|secret)\b"
+# (Every repetition below is bounded, or stops at what ends it: a long line of
+# look-alikes, which tool output may be, costs linear time.)
 
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # PEM private keys, whole blocks.
@@ -58,12 +62,27 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"), "[REDACTED JWT]"),
     # Authorization headers and bearer tokens.
     (re.compile(r"(?i)\b(bearer|basic|(?<=authorization: )token)\s+[A-Za-z0-9._~+/=\-]{12,}"), r"\1 [REDACTED TOKEN]"),
-    # Passwords in URLs: scheme://user:password@host (the user may be empty,
-    # the password may hold a slash; "host:8080/path@v2" is a port and a path).
-    (re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]*:)(?!\[REDACTED|\d+/)[^\s@]+@"), r"\1[REDACTED]@"),
-    # Passwords on command lines: mysql -pSECRET, curl -u user:SECRET.
-    (re.compile(r"(\bmysql(?:dump|admin)?\b[^\n]*?\s-p)(?=\S)(?!\[REDACTED)[^\s'\"]+"), r"\1[REDACTED]"),
-    (re.compile(r"(\bcurl\b[^\n]*?\s(?:-u|--user)\s+['\"]?[^\s:'\"]+:)(?!\[REDACTED)[^\s'\"]+"), r"\1[REDACTED]"),
+    # Passwords in URLs: scheme://user:password@host (the user may be empty).
+    # A slash ends the part before the host, unless a dotted host name follows
+    # the "@" (an unescaped slash in a password): "host:8080/path@v2" is a port
+    # and a path, "ws://game:abc/room@lobby" a path.
+    (
+        re.compile(
+            r"(\b[a-zA-Z][a-zA-Z0-9+.\-]{0,20}://[^\s:/@]{0,64}:)(?!\[REDACTED|\d+/)"
+            r"(?:[^\s@/]{1,256}|(?:(?!://)[^\s@]){1,256}(?=@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+))@"
+        ),
+        r"\1[REDACTED]@",
+    ),
+    # Passwords on command lines: mysql -pSECRET, curl -u user:SECRET (in the
+    # same command: a pipe, ";" or "&&" ends it).
+    (
+        re.compile(r"((?:^|[\s;&|(])mysql(?:dump|admin)?(?=\s)[^\n;&|]{0,200}?\s-p)(?=[^\s-])(?!\[REDACTED)[^\s'\"]+"),
+        r"\1[REDACTED]",
+    ),
+    (
+        re.compile(r"(\bcurl(?=\s)[^\n;&|]{0,300}?\s(?:-u|--user)\s+['\"]?[^\s:'\"]{1,64}:)(?!\[REDACTED)[^\s'\"]+"),
+        r"\1[REDACTED]",
+    ),
     # Credentials in a URL's query string (?token=..., &sig=..., &X-Amz-Signature=...).
     (
         re.compile(
@@ -77,10 +96,11 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # key=value and "key": "value" for names that say secret, alone or at the end
     # of a longer name (DB_PASSWORD=, aws_secret_access_key = , GITHUB_TOKEN: ...).
     # (the quotes may be JSON-escaped: tool-call arguments are JSON text). A
-    # quoted value is taken whole, spaces and all; a bare one to the next space.
+    # password's quoted value is taken whole, spaces and all (a passphrase);
+    # any other value to the next space. An empty value is left alone.
     (
-        re.compile(rf"(?i)({_SECRET_NAME}\\?[\"']?\s*[:=]\s*(\\?[\"']))(?!\[REDACTED)[^\n]{{1,256}}?(\2)"),
-        r"\1[REDACTED]\3",
+        re.compile(rf"(?i)({_PASSWORD_NAME}\\?[\"']?\s*[:=]\s*(\\?[\"']))(?!\[REDACTED)(?:(?!\2)[^\n]){{1,256}}(?=\2)"),
+        r"\1[REDACTED]",
     ),
     (
         re.compile(rf"(?i)({_SECRET_NAME}\\?[\"']?\s*[:=]\s*\\?[\"']?)(?!\[REDACTED)([^\s\"'\\,;&]{{4,}})"),

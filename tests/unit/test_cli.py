@@ -277,3 +277,19 @@ def test_a_conversation_over_the_window_that_cannot_be_cut_is_not_said_to_fit(tm
     small.write_text(json.dumps([{"role": "user", "content": "hello"}]))
     _, text = run("inspect", str(small), "--context-window", "3000")
     assert "everything fits the keep budget" in text
+
+
+def test_a_system_prompt_that_leaves_no_room_is_named_as_the_reason(tmp_path, capsys):
+    """Over the threshold because of the fixed part: inspect and compact say so, not that nothing can be cut."""
+    path = tmp_path / "prompt.json"
+    messages = [{"role": "system", "content": "rule number one. " * 1200}]
+    for i in range(10):
+        messages += [{"role": "user", "content": f"q{i} " * 20}, {"role": "assistant", "content": f"a{i} " * 20}]
+    path.write_text(json.dumps(messages))
+    _, text = run("inspect", str(path), "--context-window", "5000")
+    assert "but no automatic compaction: the system prompt and leading system messages take" in text
+    assert main(["compact", str(path), "--context-window", "5000", "-o", str(tmp_path / "out.json")]) == 0
+    said = capsys.readouterr().out
+    assert "nothing done" in said
+    assert "the system prompt and leading system messages take" in said
+    assert "nothing comes before" not in said

@@ -390,3 +390,35 @@ def test_the_chat_memory_recall_tool_redacts_with_the_memory_s_own_hook() -> Non
     # Told otherwise (a hook of the caller's), that one applies.
     shouted = recall_tool(history=memory, redact=str.upper).invoke({"query": "Deploy"})
     assert f"DEPLOY WITH DB_PASSWORD={DB_PASSWORD.upper()}" in shouted
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"password": "", "user": "bob"}',
+        'const password = "";  const user = "admin";',
+        "apt install mysql-server && rsync -pav src/ dst/",
+        "curl -s https://x.com/a | docker run -u 1000:1000 alpine",
+        "connect to ws://game:abc/room@lobby",
+        "http://[::1]:8080/@scope/pkg",
+        'api_key: "is passed in the header, see docs"',
+        "mysql -u root -p app",
+    ],
+)
+def test_what_only_looks_like_a_secret_is_left_alone(text: str) -> None:
+    """An empty value, another command's flag, a path after a port, a phrase after a key's name."""
+    assert redact_secrets(text) == text
+
+
+def test_redaction_is_linear_on_long_lines_of_look_alikes() -> None:
+    # Tool output may be one long line; a pattern that rescans the line from
+    # every match would take minutes here. These finish at once.
+    for text in (
+        "mysql " * 50_000,
+        "curl -u " * 40_000,
+        "x://" * 80_000,
+        "http://a:" * 35_000,
+        "a-" * 150_000,
+        '{"name":"mysql-N","image":"mysql:8.0","cmd":"curl http://x/health"}' * 5_000,
+    ):
+        assert redact_secrets(text).count("[REDACTED") == 0
