@@ -231,12 +231,13 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
 
 
 def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
-    """Whether a revocation of ``subjects`` (``revoked_subjects``) takes back ``rule``: the rule names all its subject.
+    """Whether a revocation of ``subjects`` (``revoked_subjects``) takes back ``rule``: it names most of one subject.
 
-    Every word of one subject must be in the rule, in this or another form
-    ("running" and "run"): a permission about one thing ("you can
-    run the tests") does not take back a rule that only shares a word with it
-    ("never run the migrations").
+    More than half of a subject's words must be in the rule, in this or
+    another form ("running" and "run", "README" and "README.md"): a permission
+    about one thing ("you can run the tests") does not take back a rule that
+    only shares a word with it ("never run the migrations"). When in doubt the
+    rule stays: a rule kept too long is safer than one dropped.
 
     Example:
         >>> revokes(revoked_subjects("Tabs are fine now."), "Never use tabs in src/app.py.")
@@ -245,7 +246,7 @@ def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
         False
     """
     words = subject_words(rule)
-    return any(subject and all(_named(word, words) for word in subject) for subject in subjects)
+    return any(subject and 2 * sum(_named(word, words) for word in subject) > len(subject) for subject in subjects)
 
 
 # What turns a word into another form of itself ("run" -> "running", "test" -> "tested").
@@ -255,12 +256,31 @@ _INFLECTIONS = frozenset({"s", "es", "d", "ed", "ing", "er", "ers", "ning", "tin
 def _named(word: str, words: frozenset[str]) -> bool:
     if word in words:
         return True
-    # The same word in another form ("tab" and "table" are two words).
-    return any(_inflected(word, w) or _inflected(w, word) for w in words)
+    # The same word in another form ("tab" and "table" are two words), or the
+    # same file named with and without its folder or extension.
+    return any(_inflected(word, w) or _inflected(w, word) or _same_file(word, w) for w in words)
 
 
 def _inflected(stem: str, word: str) -> bool:
-    return len(stem) >= 3 and word.startswith(stem) and word[len(stem) :] in _INFLECTIONS
+    if len(stem) < 3 or not word.startswith(stem[:-1]):
+        return False
+    # "write" -> "writing": a final e goes before the ending.
+    return (
+        word[len(stem) :] in _INFLECTIONS
+        if word.startswith(stem)
+        else stem[-1] == "e" and word[len(stem) - 1 :] in {"ing", "ed", "er", "ers"}
+    )
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two words name one file: the same name once folders and extensions are left out."""
+    if not ({"/", "."} & (set(a) | set(b))):
+        return False
+    return _file_stem(a) == _file_stem(b) != ""
+
+
+def _file_stem(word: str) -> str:
+    return word.rsplit("/", 1)[-1].split(".", 1)[0]
 
 
 def without_revoked(text: str, subjects: Sequence[frozenset[str]]) -> str:
@@ -284,6 +304,7 @@ def subject_words(text: str) -> frozenset[str]:
 
 
 def _may_rule(sentence: str) -> bool:
+    """Whether ``sentence`` holds a rule word (a plain substring scan: the regex reads only those that do)."""
     low = sentence.lower()
     return any(word in low for word in _CONSTRAINT_WORDS)
 
@@ -297,12 +318,10 @@ def constraints(text: str) -> list[str]:
     """
     found = []
     words = own_words(text)
-    low = words.lower()
     # Plain substring scans first: most messages hold no rule at all.
-    rules = any(word in low for word in _CONSTRAINT_WORDS)
+    rules = _may_rule(words)
     for raw in _SENTENCE_END.split(words):
         sentence = (_EMPHASIS.sub(r"\2", raw) if "**" in raw or "__" in raw else raw).strip(" -*+\t")
-        # (The same substring scans per sentence: the regex reads only a sentence that may hold a rule.)
         rule = (rules and _may_rule(sentence) and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)
         # (Taking a rule back is not a rule.)
         if 8 <= len(sentence) <= 400 and rule and not _REVOKE.search(sentence):

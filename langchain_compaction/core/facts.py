@@ -137,7 +137,7 @@ _COUNTED: frozenset[FactKind] = frozenset({"task", "request", "earlier", *_REPEA
 
 def _under(path: str, target: str) -> bool:
     """Whether ``path`` is ``target`` or lies under it (``path`` starts with ``target``)."""
-    return len(path) == len(target) or not target or target[-1] in "/:" or path[len(target)] in "/:"
+    return len(path) == len(target) or not target or target[-1] in "/\\:" or path[len(target)] in "/\\:"
 
 
 @dataclass

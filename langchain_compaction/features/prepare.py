@@ -93,8 +93,10 @@ class PrepareAhead(Feature):
     """Prepare the next compaction in the background, and apply it at the threshold without waiting.
 
     Attributes:
-        at: The share of the threshold past which a preparation starts; it
-            must lie above the landing target (half the threshold).
+        at: Where a preparation starts: past this share of the threshold when
+            nothing is fixed (above the landing, half the threshold); a long
+            system prompt or many tools raise the landing, and the mark keeps
+            its place between the landing and the threshold (``mark_for``).
         wait: How many seconds a turn at the threshold waits for a
             preparation still running before it compacts on the spot.
         in_store: Also keep a finished preparation in the graph's LangGraph
@@ -142,6 +144,8 @@ class PrepareAhead(Feature):
     def bind(self, options: CompactionOptions) -> PrepareAhead:
         """This feature with its mark worked out for ``options`` (the same cache: preparations carry over)."""
         mark = self.mark_for(options.budget)
+        if mark is not None and options.budget.landing is not None and mark <= options.budget.landing:
+            raise ConfigurationError("at", self.at, _ADVICE)  # (rounded onto the landing: no room to prepare in)
         bound = PrepareAhead.__new__(PrepareAhead)
         for name in ("at", "wait", "in_store", "lease", "remember", "_cache", "_spent"):
             object.__setattr__(bound, name, getattr(self, name))

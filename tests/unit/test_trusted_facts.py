@@ -514,6 +514,11 @@ def test_an_error_names_its_tool_and_command_apart() -> None:
         ("Never use tabs.", "Tabs are fine now."),
         ("Do not use Docker.", "Forget what I said about Docker."),
         ("Never run tests in CI.", "Forget what I said about running tests in CI."),
+        ("Never push to main.", "You can now push directly to main."),
+        ("Never edit README.md", "You can edit the README."),
+        ("Never edit src/app.py", "You can edit app.py now."),
+        ("Don't start writing tests yet.", "You can now write the tests."),
+        ("Never make changes to the schema.", "Making changes to the schema is fine."),
     ],
 )
 def test_a_rule_ending_with_its_subject_is_taken_back(rule: str, later: str) -> None:
@@ -528,6 +533,8 @@ def test_a_rule_ending_with_its_subject_is_taken_back(rule: str, later: str) -> 
         ("Never write to the production database directly.", "The staging database is fine now."),
         ("Never check in the .env file to git.", "You can check the logs if you want."),
         ("Never edit the table schema.", "Tabs are fine now."),
+        # Half the subject only: kept (a rule kept too long is safer than one dropped).
+        ("Never use tabs.", "You can use tabs again in Makefiles."),
     ],
 )
 def test_a_permission_about_something_else_keeps_the_rule(rule: str, later: str) -> None:
@@ -587,3 +594,13 @@ def test_a_clean_run_of_a_sibling_directory_resolves_nothing() -> None:
         ]
     )
     assert "AssertionError: 401" not in resolved
+
+
+def test_a_clean_run_of_a_windows_folder_resolves_what_lies_in_it() -> None:
+    turns = [
+        call("bash", {"command": "pytest tests\\api\\test_auth.py"}, "c1"),
+        result("FAILED tests\\api\\test_auth.py::test_login - AssertionError: 401\n1 failed", "c1", "bash"),
+        call("bash", {"command": "pytest tests\\api"}, "c2"),
+        result("12 passed in 0.8s", "c2", "bash"),
+    ]
+    assert "AssertionError: 401" not in _compacted(turns)
