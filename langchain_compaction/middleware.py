@@ -378,8 +378,17 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         aligned: CacheAligned | None = self._turn.feature(CacheAligned)
         if aligned is not None:
             aligned.remember(conversation.key, preamble)
+        # One level down under nested="parent", what is made here lands
+        # mid-history in the parent: only a request that would not fit is
+        # compacted here; the next before_model compacts where it can write.
+        deferred = self._delivery.nested == "parent" and bool(conversation.namespace)
         place = Place(
-            conversation, getattr(getattr(request, "runtime", None), "store", None), config, overhead, preamble
+            conversation,
+            getattr(getattr(request, "runtime", None), "store", None),
+            config,
+            overhead,
+            preamble,
+            deferred=deferred,
         )
         compacted = yield from self._compaction(messages, place, "auto")
         try:

@@ -84,6 +84,8 @@ class Place:
             a call that returns ``None`` when it may not (chat memory's lease).
         refresh: Reads the conversation again (and counts it), first thing
             under the guard.
+        deferred: Made only when the request would not fit the window, nothing prepared (an agent's model
+            call one level down, where a compaction lands mid-history; ``before_model`` does both).
     """
 
     conversation: Conversation
@@ -93,6 +95,7 @@ class Place:
     preamble: Preamble | None = None
     guard: Callable[[Flow[Any]], Call[Any]] | None = None
     refresh: Callable[[], Flow[tuple[list[BaseMessage], tuple[list[int], list[Message]]]]] | None = None
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,16 +178,8 @@ class Turn(Compactor):
             counted = yield self.cache.count(messages, place.conversation.key)
         staged = self._staged(messages, counted)
         unchanged = Outcome(messages=staged.messages, source=staged.messages) if staged.reordered else Outcome()
-        if trigger == "auto":
-            # Past the mark over what a compaction can remove: a fixed part raises the landing, and the mark with it.
-            planned = self.planning(staged.core, staged.counts, place.overhead).budget if prepare is not None else None
-            if prepare is not None and planned is not None:
-                mark = prepare.mark_for(planned)
-            where = stage(staged.core, staged.counts, self.options, place.overhead, mark)
-            if where != "due":
-                if where == "prepare" and prepare is not None and planned is not None:
-                    yield from self._ahead(prepare, staged.messages, staged.counts, place, planned)
-                return unchanged
+        if trigger == "auto" and not (yield from self._due(staged, place, prepare)):
+            return unchanged
         ask = _Asked(place, trigger, instructions.strip(), summarizer)
 
         def compaction(config: RunnableConfig | None) -> Flow[Outcome]:
@@ -197,6 +192,18 @@ class Turn(Compactor):
         else:
             outcome = yield from compaction(place.config)
         return outcome if outcome is not None and outcome.messages is not None else unchanged
+
+    def _due(self, staged: _Staged, place: Place, prepare: PrepareAhead | None) -> Flow[bool]:
+        """Whether an automatic turn compacts now; past the preparation mark, it starts one in the background."""
+        # The mark over what a compaction can remove: a fixed part raises the landing, and the mark with it.
+        planned = self.planning(staged.core, staged.counts, place.overhead).budget if prepare is not None else None
+        mark = prepare.mark_for(planned) if prepare is not None and planned is not None else None
+        where = stage(staged.core, staged.counts, self.options, place.overhead, mark)
+        if place.deferred:
+            return where == "due" and not self._room(staged, place)
+        if where == "prepare" and prepare is not None and planned is not None:
+            yield from self._ahead(prepare, staged.messages, staged.counts, place, planned)
+        return where == "due"
 
     def _staged(self, messages: Sequence[BaseMessage], counted: tuple[list[int], list[Message]]) -> _Staged:
         counts, core = counted

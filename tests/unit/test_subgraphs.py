@@ -357,3 +357,42 @@ def test_subgraph_invoked_inside_a_parent_node_function_finishes(kind: str, capl
     assert len(sub_messages) < 60
     said = [r for r in caplog.records if r.name == "langchain_compaction" and "nested='own'" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_an_agent_one_level_down_with_archive_and_preparation_archives_each_message_once() -> None:
+    """create_agent (Archive, PrepareAhead) as a node of a parent sharing its messages: once each, none lost.
+
+    Its model call compacts only a request that would not fit (what it makes
+    lands mid-history in the parent); a compaction made there as well as in
+    ``before_model`` filed messages twice, at two positions.
+    """
+    from langchain_core.messages import messages_from_dict
+    from langgraph.store.memory import InMemoryStore
+
+    from langchain_compaction.features import Archive, PrepareAhead, default_features
+
+    middleware = CompactionMiddleware(
+        short_summary,
+        CompactionOptions(context_window=3_000),
+        features=[*default_features(), Archive(), PrepareAhead(at=0.7, wait=2.0)],
+    )
+    replies = (AIMessage(f"reply {n} " * 30) for n in itertools.count())
+    agent = create_agent(ToolCallingFake(messages=replies), middleware=[middleware], name="agent")
+    parent = StateGraph(MessagesState)
+    parent.add_node("agent", agent)
+    parent.add_edge(START, "agent")
+    parent.add_edge("agent", END)
+    store = InMemoryStore()
+    graph = parent.compile(checkpointer=InMemorySaver(), store=store)
+    config = cfg("P")
+    sent = [f"h{turn}" for turn in range(60)]
+    for turn, message_id in enumerate(sent):
+        graph.invoke({"messages": [HumanMessage(f"H{turn:04d} user says {turn} " * 10, id=message_id)]}, config)
+    state = [m.id for m in graph.get_state(config).values["messages"]]
+    archived = [
+        messages_from_dict([item.value["message"]])[0].id
+        for item in store.search(("compaction_archive", "P"), limit=10_000)
+    ]
+    assert archived, "the window should have compacted"
+    for message_id in sent:
+        assert state.count(message_id) + archived.count(message_id) == 1, message_id
