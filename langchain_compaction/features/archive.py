@@ -244,7 +244,9 @@ def _in_timeline(value: Mapping[str, Any], lineage: set[str], number: int) -> bo
     """Whether an archived item belongs to the timeline whose record has ``lineage`` and ``number``."""
     sid = value.get("lineage")
     if isinstance(sid, str):
-        return sid in lineage
+        # "": a tool output only cleared (no summary, so no compaction id):
+        # the thread's, whichever summaries came after it.
+        return sid in lineage or not sid
     compaction = value.get("compaction")  # written by 0.2: no lineage, numbered
     return isinstance(compaction, int) and compaction <= number
 

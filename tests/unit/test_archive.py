@@ -42,7 +42,7 @@ from langgraph.prebuilt import ToolNode
 from langgraph.store.memory import InMemoryStore
 from typing_extensions import TypedDict
 
-from langchain_compaction import CompactingChatMessageHistory, CompactionMiddleware, CompactionNode
+from langchain_compaction import CompactingChatMessageHistory, CompactionMiddleware, CompactionNode, CompactionOptions
 from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import SUMMARY_MARK, is_compaction_message, is_summary_message
 from langchain_compaction.archive import Archive, recall_tool
@@ -750,3 +750,41 @@ def test_archive_warn_does_not_summarize_and_discard_every_turn() -> None:
     discarded = len(prompts) - used
     assert discarded == 0, f"{discarded} summary calls made and discarded ({over} turns past the threshold)"
     assert len(prompts) <= 5, f"{len(prompts)} summary calls over {over} turns past the threshold"
+
+
+def test_a_tool_output_only_cleared_can_be_recalled() -> None:
+    """ClearToolOutputs files the whole output (with no summary, so no compaction id): recall returns it."""
+    from archive_sessions import GraphSession
+
+    from langchain_compaction.features import ClearToolOutputs
+
+    store = InMemoryStore()
+    features = [*default_features(), ClearToolOutputs(keep_tool_uses=1, min_tokens=50), Archive()]
+    node = CompactionNode(summarize, CompactionOptions(context_window=8_000), features=features)
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", END)
+    session = GraphSession(builder.compile(checkpointer=InMemorySaver(), store=store), node, "cleared")
+    first_cleared = None
+    for n in range(60):
+        call = {"name": "read_file", "args": {"path": f"src/mod{n}.py"}, "id": f"call{n}", "type": "tool_call"}
+        output = f"UNIQUE_{n}_CONTENT\n" + "    return compute(value)\n" * 60
+        turn = [
+            HumanMessage(f"read module {n}", id=f"h{n}"),
+            AIMessage("", tool_calls=[call], id=f"a{n}"),
+            ToolMessage(output, tool_call_id=f"call{n}", name="read_file", id=f"tool{n}"),
+        ]
+        state = session.graph.invoke({"messages": turn}, session.config)["messages"]
+        cleared = [
+            m.id for m in state if isinstance(m, ToolMessage) and str(m.content).startswith("[Tool output cleared")
+        ]
+        if cleared and first_cleared is None:
+            first_cleared = cleared[0]
+            assert "UNIQUE_0_CONTENT" in session.recall(store, ids=[first_cleared])  # right after clearing
+    assert first_cleared == "tool0"
+    state = session.graph.get_state(session.config).values["messages"]
+    assert any(is_summary_message(m) for m in state)  # a summary has taken the placeholder since
+    assert all(m.id != "tool0" for m in state)
+    assert "UNIQUE_0_CONTENT" in session.recall(store, ids=["tool0"])
+    assert "UNIQUE_0_CONTENT" in session.recall(store, query="UNIQUE_0_CONTENT")
