@@ -23,12 +23,12 @@ Redactor = Callable[[str], str]
 # A name that says secret, alone or at the end of a longer one (DB_PASSWORD,
 # PGPASSWORD, aws_secret_access_key, GITHUB_TOKEN, SECRET_KEY).
 _SECRET_NAME = (
-    r"\b(?:[A-Za-z0-9]+[_-]){0,6}(?:[A-Za-z0-9]{0,24}?(?:password|passwd)|pwd|secret|secret[_-]?(?:access[_-]?)?key"
+    r"\b(?:[A-Za-z0-9]+[_-]){0,16}(?:[A-Za-z0-9]{0,40}?(?:password|passwd)|pwd|secret|secret[_-]?(?:access[_-]?)?key"
     r"|api[_-]?key|access[_-]?key|access[_-]?token|auth[_-]?token|client[_-]?secret|private[_-]?key|token"
     r"|credentials?)\b"
 )
 # A name for a password, whose value may be a phrase (spaces and all) when quoted.
-_PASSWORD_NAME = r"\b(?:[A-Za-z0-9]+[_-]){0,6}[A-Za-z0-9]{0,24}?(?:password|passwd|passphrase|pwd|secret)\b"
+_PASSWORD_NAME = r"\b(?:[A-Za-z0-9]+[_-]){0,16}[A-Za-z0-9]{0,40}?(?:password|passwd|passphrase|pwd|secret)\b"
 # (Every repetition below is bounded, or stops at what ends it: a long line of
 # look-alikes, which tool output may be, costs linear time.)
 
@@ -63,20 +63,22 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # Authorization headers and bearer tokens.
     (re.compile(r"(?i)\b(bearer|basic|(?<=authorization: )token)\s+[A-Za-z0-9._~+/=\-]{12,}"), r"\1 [REDACTED TOKEN]"),
     # Passwords in URLs: scheme://user:password@host (the user may be empty).
-    # A slash ends the part before the host, unless a dotted host name follows
-    # the "@" (an unescaped slash in a password): "host:8080/path@v2" is a port
-    # and a path, "ws://game:abc/room@lobby" a path.
+    # A slash ends the part before the host, unless a host name follows the "@"
+    # (dotted, or with a port: an unescaped slash in a password):
+    # "host:8080/path@v2" is a port and a path, "ws://game:abc/room@lobby" a path.
     (
         re.compile(
             r"(\b[a-zA-Z][a-zA-Z0-9+.\-]{0,20}://[^\s:/@]{0,64}:)(?!\[REDACTED|\d+/)"
-            r"(?:[^\s@/]{1,256}|(?:(?!://)[^\s@]){1,256}(?=@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+))@"
+            r"(?:[^\s@/]{1,256}|(?:(?!://)[^\s@]){1,256}(?=@[A-Za-z0-9-]+(?:(?:\.[A-Za-z0-9-]+)+|:\d)))@"
         ),
         r"\1[REDACTED]@",
     ),
     # Passwords on command lines: mysql -pSECRET, curl -u user:SECRET (in the
     # same command: a pipe, ";" or "&&" ends it).
     (
-        re.compile(r"((?:^|[\s;&|(])mysql(?:dump|admin)?(?=\s)[^\n;&|]{0,200}?\s-p)(?=[^\s-])(?!\[REDACTED)[^\s'\"]+"),
+        re.compile(
+            r"((?:^|[\s;&|(\"'`/])mysql(?:dump|admin)?(?=\s)[^\n;&|]{0,200}?\s-p)(?=[^\s-])(?!\[REDACTED)[^\s'\"]+"
+        ),
         r"\1[REDACTED]",
     ),
     (
@@ -121,7 +123,7 @@ def redact_secrets(text: str) -> str:
     passwords, Azure connection-string keys, and assignments to names that say
     secret (``password=``, ``PGPASSWORD=``, ``DB_PASSWORD=``,
     ``aws_secret_access_key =``, ``SECRET_KEY =``, ``api_key:``,
-    ``GITHUB_TOKEN=``, ``_authToken=``), a quoted value whole.
+    ``GITHUB_TOKEN=``, ``_authToken=``), a password's quoted value whole.
 
     Args:
         text: Any text.
