@@ -97,6 +97,8 @@ _STOP_WORDS = frozenset(
         *("you", "my", "me", "it", "is", "are", "be", "was", "were", "this", "that", "these", "those", "now"),
         *("again", "after", "all", "fine", "ok", "okay", "allowed", "said", "told", "use", "using", "just"),
         *("please", "any", "some"),
+        # Adverbs that qualify a permission without naming what it is about.
+        *("directly", "simply", "also", "still", "really", "even", "here", "there", "anymore", "go", "ahead"),
     }
 )
 
@@ -231,13 +233,14 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
 
 
 def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
-    """Whether a revocation of ``subjects`` (``revoked_subjects``) takes back ``rule``: it names most of one subject.
+    """Whether a revocation of ``subjects`` (``revoked_subjects``) takes back ``rule``: it names all of one subject.
 
-    More than half of a subject's words must be in the rule, in this or
-    another form ("running" and "run", "README" and "README.md"): a permission
-    about one thing ("you can run the tests") does not take back a rule that
-    only shares a word with it ("never run the migrations"). When in doubt the
-    rule stays: a rule kept too long is safer than one dropped.
+    Every word of a subject must be in the rule, in this or another form
+    ("running" and "run", "README" and "README.md"): a permission about one
+    thing ("you can run the tests", "the frontend config") does not take back
+    a rule that shares words with it ("never run the migrations", "the
+    backend config"). When in doubt the rule stays: a rule kept too long is
+    safer than one dropped.
 
     Example:
         >>> revokes(revoked_subjects("Tabs are fine now."), "Never use tabs in src/app.py.")
@@ -246,7 +249,7 @@ def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
         False
     """
     words = subject_words(rule)
-    return any(subject and 2 * sum(_named(word, words) for word in subject) > len(subject) for subject in subjects)
+    return any(subject and all(_named(word, words) for word in subject) for subject in subjects)
 
 
 # What turns a word into another form of itself ("run" -> "running", "test" -> "tested").
@@ -273,14 +276,14 @@ def _inflected(stem: str, word: str) -> bool:
 
 
 def _same_file(a: str, b: str) -> bool:
-    """Whether two words name one file: the same name once folders and extensions are left out."""
+    """Whether two words name one file: folders left out unless both give them, an extension unless both do."""
     if not ({"/", "."} & (set(a) | set(b))):
         return False
-    return _file_stem(a) == _file_stem(b) != ""
-
-
-def _file_stem(word: str) -> str:
-    return word.rsplit("/", 1)[-1].split(".", 1)[0]
+    if not ("/" in a and "/" in b):
+        a, b = a.rsplit("/", 1)[-1], b.rsplit("/", 1)[-1]
+    if "." in a.rsplit("/", 1)[-1] and "." in b.rsplit("/", 1)[-1]:
+        return a == b  # index.md and index.ts are two files
+    return a.split(".", 1)[0] == b.split(".", 1)[0] != ""
 
 
 def without_revoked(text: str, subjects: Sequence[frozenset[str]]) -> str:

@@ -533,8 +533,12 @@ def test_a_rule_ending_with_its_subject_is_taken_back(rule: str, later: str) -> 
         ("Never write to the production database directly.", "The staging database is fine now."),
         ("Never check in the .env file to git.", "You can check the logs if you want."),
         ("Never edit the table schema.", "Tabs are fine now."),
-        # Half the subject only: kept (a rule kept too long is safer than one dropped).
+        # Part of the subject only: kept (a rule kept too long is safer than one dropped).
         ("Never use tabs.", "You can use tabs again in Makefiles."),
+        ("Never run the database migrations.", "You can now run the database tests."),
+        ("Never edit the backend config.", "You can edit the frontend config now."),
+        ("Do not deploy the staging server on Fridays.", "You can deploy the production server now."),
+        ("Never edit docs/index.md.", "You can edit src/index.ts now."),
     ],
 )
 def test_a_permission_about_something_else_keeps_the_rule(rule: str, later: str) -> None:
