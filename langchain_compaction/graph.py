@@ -335,13 +335,14 @@ def _named(config: RunnableConfig | None) -> RunnableConfig:
 
 
 def _compactors_within(graph: Pregel[Any, Any, Any, Any], path: tuple[str, ...] = ()) -> list[str]:
-    """Where compaction runs below the top level: an agent's middleware, a subgraph's node (as node paths)."""
+    """Where compaction with an archive runs below the top level: an agent's middleware, a subgraph's node."""
     found: list[str] = []
     for name, spec in graph.nodes.items():
         bound = spec.bound
         owner = bound if isinstance(bound, CompactionNode) else getattr(getattr(bound, "func", None), "__self__", None)
         where = " > ".join((*path, name))
-        if isinstance(owner, Adapter) and (path or not isinstance(owner, CompactionNode)):
+        archived = isinstance(owner, Adapter) and any(isinstance(f, Archive) for f in owner.features)
+        if archived and (path or not isinstance(owner, CompactionNode)):
             found.append(f"{where!r} ({type(owner).__name__})")
         elif isinstance(bound, Pregel) and len(path) < 4:
             found += _compactors_within(bound, (*path, name))
@@ -366,13 +367,14 @@ def _locate(
         raise ConfigurationError("node", None, f"this graph has several compaction nodes {sorted(found)}; name one")
     within = _compactors_within(graph)
     if within:
-        # A stand-in would compact without their features: what it removed
-        # would reach no archive of theirs.
+        # A stand-in would compact without their archive: what it removed
+        # would be kept nowhere.
         raise ConfigurationError(
             "graph",
             type(graph).__name__,
-            f"its compaction runs inside {', '.join(within)}, with its own features, which compact_thread "
-            "cannot drive; send '/compact [instructions]' as a message through the graph instead",
+            f"its compaction runs inside {', '.join(within)}, with an Archive that compact_thread cannot reach "
+            "(a stand-in would remove messages without archiving them); call compact_thread on the graph that "
+            "holds the CompactionNode at its top level, or let the agent compact when its window fills",
         )
     if model is None:
         raise ConfigurationError(

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from langchain_compaction.core import prompts
 from langchain_compaction.core.cut import valid_boundaries
-from langchain_compaction.core.layout import BODY_KEY, summary_body, well_formed
+from langchain_compaction.core.layout import BODY_KEY, echoes_prompt, summary_body
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Plan
 from langchain_compaction.core.redact import apply_redactor, redact_message
@@ -105,9 +105,8 @@ def review_summary(text: str, options: CompactionOptions, required: Sequence[str
         return f"it has about {size} tokens, more than the summary budget of {budget}; write it shorter"
     if not text.strip():
         return "it has no text (a tool call, or nothing); answer with the summary itself, as text"
-    if not well_formed(text):
-        # (What the layout would keep of it: nothing, once the echoed lines go.)
-        return "it only repeats the instructions or the template's placeholders; write the summary itself"
+    if echoes_prompt(text):
+        return "it only repeats the instructions or the template (headings, placeholders); write the summary itself"
     if required:
         lines = {
             line.strip().lstrip("#").strip().lower() for line in text.splitlines() if line.lstrip().startswith("#")

@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
 # A line of the prompt's template copied as it is: "[What ... ?]", "- [x] [Completed tasks]".
 _PLACEHOLDER = re.compile(r"^\s*(?:[-*]|\d+\.)?\s*(?:\[[ x]\]\s*)?\[[^\]\n]{3,}\](?:\s*:\s*\[[^\]\n]*\])?\s*$")
-# Lines of the prompts a summarizer may echo back (long enough to be telling).
-_PROMPT_LINES = frozenset(
+# Every line of the prompts but their headings (a heading the prompt asks for
+# is the summary's own, not an echo), folded.
+_ANY_PROMPT_LINE = frozenset(
     " ".join(line.split()).casefold()
     for prompt in (
         prompts.CHECKPOINT_PROMPT,
@@ -55,9 +56,11 @@ _PROMPT_LINES = frozenset(
         prompts.CACHE_ALIGNED_PROMPT,
     )
     for line in prompt.splitlines()
-    # A heading the prompt asks for is the summary's own, not an echo.
-    if len(line.strip()) > 24 and not line.lstrip().startswith("#")
+    if line.strip() and not line.lstrip().startswith("#")
 )
+# Those a summarizer's text loses wherever they stand (long enough to be telling);
+# an answer made of nothing but prompt lines is no summary (``echoes_prompt``).
+_PROMPT_LINES = frozenset(line for line in _ANY_PROMPT_LINE if len(line) > 24)
 # The library's own lines: a summarizer that writes them (echoed from a tool's
 # output, say) would make its text look like the library's section.
 _LIBRARY_LINES = frozenset(
@@ -92,6 +95,12 @@ def well_formed(summary: str) -> str:
     if fence:
         kept.append(fence)
     return "\n".join(kept).strip()
+
+
+def echoes_prompt(summary: str) -> bool:
+    """Whether ``summary`` holds nothing but headings and the prompts' own lines (the instructions echoed back)."""
+    content = [line for line in well_formed(summary).splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return all(" ".join(line.split()).casefold() in _ANY_PROMPT_LINE for line in content)
 
 
 def _echoed(line: str) -> bool:

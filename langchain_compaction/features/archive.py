@@ -240,20 +240,24 @@ def _ttl(archive: Archive, store: BaseStore) -> float | None:
     return float(default) if isinstance(default, (int, float)) and getattr(store, "supports_ttl", False) else None
 
 
-def _in_timeline(value: Mapping[str, Any], lineage: set[str], number: int) -> bool:
-    """Whether an archived item belongs to the timeline whose record has ``lineage`` and ``number``."""
+def _in_timeline(value: Mapping[str, Any], lineage: set[str], number: int, *, cleared: bool = True) -> bool:
+    """Whether an archived item belongs to the timeline whose record has ``lineage`` and ``number``.
+
+    An item with lineage "" is a tool output only cleared (no summary, so no
+    compaction id): recall counts it as the thread's whichever summaries came
+    after it (``cleared``); retention does not, and leaves it to the TTL (it
+    cannot tell which branch cleared it).
+    """
     sid = value.get("lineage")
     if isinstance(sid, str):
-        # "": a tool output only cleared (no summary, so no compaction id):
-        # the thread's, whichever summaries came after it.
-        return sid in lineage or not sid
+        return sid in lineage or (cleared and not sid)
     compaction = value.get("compaction")  # written by 0.2: no lineage, numbered
     return isinstance(compaction, int) and compaction <= number
 
 
 def _beyond(items: Sequence[Item], lineage: set[str], number: int, keep: int) -> list[Item]:
     """This timeline's items older than its newest ``keep`` (other branches' are never touched)."""
-    mine = [i for i in items if _in_timeline(i.value, lineage, number)]
+    mine = [i for i in items if _in_timeline(i.value, lineage, number, cleared=False)]
     positions = sorted((str(i.value.get("position", "")) for i in mine), reverse=True)
     if len(positions) <= keep:
         return []

@@ -40,8 +40,12 @@ def _reply(output: object, *, covers_prefix: bool = False) -> str | SummaryReply
             f"compaction summarisation failed: the model declined to summarize this conversation ({refusal}); "
             "pass fallback=ExtractiveSummarizer() to compact it anyway"
         )
-    # ``.text`` joins the text blocks and skips thinking and tool-use blocks.
+    # ``.text`` joins the text blocks and skips thinking and tool-use blocks. A
+    # reply that calls a tool (asked over the agent's request, tools bound) is
+    # no summary, whatever it says first ("Let me look that up."): no text.
     text = str(output.text) if isinstance(output, BaseMessage) else output
+    if isinstance(output, AIMessage) and output.tool_calls:
+        text = ""
     meta = output.usage_metadata if isinstance(output, AIMessage) else None
     if not meta:
         return SummaryReply(text, covers_prefix=covers_prefix)

@@ -523,7 +523,7 @@ async def test_acompact_thread_with_archive_uses_the_graphs_store() -> None:
 
 
 def test_compact_thread_refuses_a_graph_whose_compaction_runs_inside_it() -> None:
-    """An agent's middleware, a subgraph's node: compact_thread cannot drive them, and says how to compact instead.
+    """An agent's middleware, a subgraph's node, with an archive: compact_thread refuses a stand-in and says why.
 
     (A stand-in would compact without their archive: what it removed would be nowhere.)
     """
@@ -547,7 +547,7 @@ def test_compact_thread_refuses_a_graph_whose_compaction_runs_inside_it() -> Non
         graph.invoke({"messages": [HumanMessage(words("q0"), id="q0")]}, config)
         before = graph.get_state(config).values["messages"]
         for model in (None, summarize):
-            with pytest.raises(ConfigurationError, match=f"compaction runs inside {where}.*'/compact"):
+            with pytest.raises(ConfigurationError, match=f"compaction runs inside {where} .*, with an Archive"):
                 compact_thread(graph, config, instructions="keep the questions", model=model)
         assert graph.get_state(config).values["messages"] == before  # nothing removed
 
@@ -788,3 +788,18 @@ def test_a_tool_output_only_cleared_can_be_recalled() -> None:
     assert all(m.id != "tool0" for m in state)
     assert "UNIQUE_0_CONTENT" in session.recall(store, ids=["tool0"])
     assert "UNIQUE_0_CONTENT" in session.recall(store, query="UNIQUE_0_CONTENT")
+
+
+def test_retention_leaves_cleared_outputs_to_the_ttl() -> None:
+    """Items of outputs only cleared carry no compaction id: retention can tell no branch's, so it counts none."""
+    from langchain_compaction.features.archive import _beyond
+
+    store = InMemoryStore()
+    for position in range(10):
+        store.put(("a",), f"b1:{position:012d}", {"position": f"{position:012d}", "lineage": "b1", "compaction": 1})
+    for position in range(40, 50):
+        store.put(("a",), f":{position:012d}", {"position": f"{position:012d}", "lineage": "", "compaction": 0})
+    items = store.search(("a",), limit=100)
+    assert _beyond(items, {"b1"}, 1, keep=10) == []  # the branch's own ten stay, the cleared ten are not counted
+    stale = _beyond(items, {"b1"}, 1, keep=4)
+    assert sorted(i.key for i in stale) == [f"b1:{p:012d}" for p in range(6)]

@@ -348,12 +348,15 @@ def test_cache_aligned_summary_uses_its_own_threads_system_prompt() -> None:
     assert not mixed, f"a summary request for one thread carried another thread's system prompt: {mixed[:2]}"
 
 
-def test_a_tool_call_answered_to_the_agents_request_is_asked_again_from_the_transcript():
+@pytest.mark.parametrize("said", ["", "Let me look that order up."])
+def test_a_tool_call_answered_to_the_agents_request_is_asked_again_from_the_transcript(said: str):
     """Over the agent's own request, with its tools bound, a model may answer a tool call: the transcript then."""
     from langchain_core.messages import ToolCall as LCToolCall
 
     call = LCToolCall(name="lookup", args={"order": "1"}, id="x1")
-    summarizer = ToolRecording(messages=iter([AIMessage("", tool_calls=[call]), AIMessage(REPLY)]), inputs=[], bound=[])
+    summarizer = ToolRecording(
+        messages=iter([AIMessage(said, tool_calls=[call]), AIMessage(REPLY)]), inputs=[], bound=[]
+    )
     result, _ = compact(summarizer, conversation(), OPTIONS, features=ALIGNED)
     assert result is not None
     assert result.summary == REPLY

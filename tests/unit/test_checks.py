@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
@@ -17,7 +19,8 @@ MESSAGES = [
     HumanMessage("next", id="h2"),
 ]
 GOOD = "## Goal\n- fix src/a.py"
-FULL = CHECKPOINT_FORMAT.split("Keep each section")[0]
+# Every heading of the format, each with something under it (the bare template is no summary).
+FULL = re.sub(r"\[[^\]]*\]", "noted", CHECKPOINT_FORMAT.split("Keep each section")[0])
 
 
 class Script:
@@ -119,8 +122,9 @@ def test_no_usage_reported_is_zero_not_a_guess():
     assert result.summarizer_billed_input_tokens == result.summarizer_cache_read_tokens == 0
 
 
-def test_an_answer_that_only_echoes_the_instructions_is_no_summary() -> None:
-    """A model that repeats its system prompt back: rejected (asked again, then the fallback), never an empty summary."""
+@pytest.mark.parametrize("which", ["SYSTEM_PROMPT", "CHECKPOINT_PROMPT", "UPDATE_PROMPT", "CACHE_ALIGNED_PROMPT"])
+def test_an_answer_that_only_echoes_the_instructions_is_no_summary(which: str) -> None:
+    """A model that repeats a prompt back: rejected (asked again, then the fallback), never an empty summary."""
     from langchain_compaction.core import prompts
 
     messages = [HumanMessage("Fix src/app.py. Booking JG7FMM.", id="h")]
@@ -133,7 +137,7 @@ def test_an_answer_that_only_echoes_the_instructions_is_no_summary() -> None:
 
     def echo(prompt: str) -> str:
         echoes.append(prompt)
-        return prompts.SYSTEM_PROMPT
+        return str(getattr(prompts, which))
 
     options = CompactionOptions(context_window=4_000)
     with pytest.raises(InvalidSummaryError, match="only repeats the instructions"):
