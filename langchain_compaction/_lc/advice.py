@@ -35,8 +35,7 @@ REPEATED = (
 )
 
 OVER_BUDGET = (
-    "the compacted context is still over budget: %d tokens > %d (%d of them the system prompt and tool schemas "
-    "sent with every request). The %d messages kept verbatim are too large: "
+    "the compacted context is still over budget: %d tokens > %d%s. The %d messages kept verbatim are too large: "
     "the newest ones stay whole (a tool call is never separated from its results), so a very large recent "
     "message, such as a long tool output, stays until newer messages follow it and the next compaction "
     "summarizes it. If this is frequent: a model with a larger context_window, or tools that return less "
@@ -94,5 +93,8 @@ class Told:
         if result.over_budget:
             # What must be kept is over the threshold (one huge recent message):
             # nothing more can be summarized without touching it.
-            self.once(conversation, OVER_BUDGET, context, budget.threshold, overhead, result.messages_kept)
+            sent = (
+                f" ({overhead} of them the system prompt and tool schemas sent with every request)" if overhead else ""
+            )
+            self.once(conversation, OVER_BUDGET, context, budget.threshold, sent, result.messages_kept)
         return result
