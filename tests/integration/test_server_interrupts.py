@@ -788,6 +788,10 @@ def test_a_cancelled_run_is_interrupted_or_rolled_back(session: Session) -> None
         if not run.cancel["accepted"]:  # the run had ended before the cancel came
             assert run.status == "success", f"{where}: cancel refused ({run.cancel['refused']}), run {run.status}"
             continue
+        if run.status == "success" and log.spans and max(end for _, end in log.spans) <= log.cancelled:
+            # Accepted, but the worker had finished the run before the server
+            # received the cancel (the server's own timestamps): too late, not lost.
+            continue
         if run.cancel["action"] == "interrupt":
             assert run.status == "interrupted", f"{where}: cancelled, ended {run.status}"
         else:  # rollback: the run is deleted, or, cancelled before it started with a client joined, interrupted
