@@ -128,19 +128,20 @@ def estimate_tokens(text: str) -> int:
 
 def part_units(part: Part) -> int:
     """``estimate_units`` of a part's text, made once per part and kept on it."""
-    units = part.known_units
-    if units < 0:
-        units = estimate_units(part.text)
-        object.__setattr__(part, "known_units", units)  # a cache, not a change of value
-    return units
+    return _kept_units(part, part.text)
 
 
 def argument_units(call: ToolCall) -> int:
     """``estimate_units`` of a tool call's arguments, made once per call and kept on it."""
-    units = call.known_units
+    return _kept_units(call, call.arguments)
+
+
+def _kept_units(holder: Part | ToolCall, text: str) -> int:
+    """``estimate_units(text)``, kept in ``holder.known_units`` (-1 until made)."""
+    units = holder.known_units
     if units < 0:
-        units = estimate_units(call.arguments)
-        object.__setattr__(call, "known_units", units)  # a cache, not a change of value
+        units = estimate_units(text)
+        object.__setattr__(holder, "known_units", units)  # a cache, not a change of value
     return units
 
 
