@@ -30,6 +30,7 @@ from langchain_compaction.core.plan import Plan
 from langchain_compaction.core.redact import apply_redactor, redact_message
 from langchain_compaction.core.tokens import UNITS, estimate_tokens, estimate_units
 from langchain_compaction.core.transcript import (
+    BLANK_LINE_UNITS,
     Block,
     make_block,
     make_fence,
@@ -43,7 +44,6 @@ from langchain_compaction.errors import SummarizationError
 
 # No message is shortened below this, however small the budget.
 _MIN_MESSAGE_TOKENS = 256
-_BLANK_LINE_UNITS = estimate_units("\n\n")
 
 SummaryFlow = Generator[SummaryRequest, SummaryReply, "Outcome"]
 """What ``compaction_flow`` returns: requests out, replies in, the outcome at the end."""
@@ -275,7 +275,7 @@ def _request(
         pieces.append(render(chunk, fence))
         units += rendered_units(chunk, fence)
     tail = "\n\n" + instructions_text(setup.options, shown is not None) + setup.extra
-    units += estimate_units(tail) + _BLANK_LINE_UNITS * max(len(pieces) - 1, 0)
+    units += estimate_units(tail) + BLANK_LINE_UNITS * max(len(pieces) - 1, 0)
     prompt = "\n\n".join(pieces) + tail
     request = SummaryRequest(
         system=setup.system,

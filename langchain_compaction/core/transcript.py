@@ -52,6 +52,8 @@ def message_body(message: Message) -> str:
 
 _LINE_PREFIX = {"reasoning": "(reasoning) ", "compaction": "(server-side compaction summary) ", "data": "(block) "}
 _NEWLINE_UNITS = estimate_units("\n")
+BLANK_LINE_UNITS = estimate_units("\n\n")
+"""What the blank line that joins two pieces of a request costs, in ``estimate_units``."""
 
 
 def _body(message: Message) -> tuple[str, int]:
@@ -213,7 +215,7 @@ def rendered_units(blocks: Sequence[Block], fence: str) -> int:
     # are estimated in one text, a line each, and the line breaks taken off.)
     per_block = estimate_units(f"<<{fence} >>\n\n<</{fence}>>")
     headers = estimate_units("\n".join(b.header for b in blocks)) - _NEWLINE_UNITS * (len(blocks) - 1)
-    return sum(b.units for b in blocks) + headers + per_block * len(blocks) + 2 * _NEWLINE_UNITS * (len(blocks) - 1)
+    return sum(b.units for b in blocks) + headers + per_block * len(blocks) + BLANK_LINE_UNITS * (len(blocks) - 1)
 
 
 def render(blocks: Sequence[Block], fence: str) -> str:
