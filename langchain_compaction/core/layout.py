@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from langchain_compaction.core import prompts
+from langchain_compaction.core.extract import normalize
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Layout, Plan
 from langchain_compaction.core.result import CompactionResult
@@ -48,7 +49,7 @@ _PLACEHOLDER = re.compile(r"^\s*(?:[-*]|\d+\.)?\s*(?:\[[ x]\]\s*)?\[[^\]\n]{3,}\
 # Every line of the prompts but their headings (a heading the prompt asks for
 # is the summary's own, not an echo), folded.
 _ANY_PROMPT_LINE = frozenset(
-    " ".join(line.split()).casefold()
+    normalize(line)
     for prompt in (
         prompts.CHECKPOINT_PROMPT,
         prompts.UPDATE_PROMPT,
@@ -64,7 +65,7 @@ _PROMPT_LINES = frozenset(line for line in _ANY_PROMPT_LINE if len(line) > 24)
 # The library's own lines: a summarizer that writes them (echoed from a tool's
 # output, say) would make its text look like the library's section.
 _LIBRARY_LINES = frozenset(
-    " ".join(line.split()).casefold()
+    normalize(line)
     for line in (SECTION_HEADING, SECTION_NOTE, prompts.SUMMARY_HEADER, *prompts.SUMMARY_NOTICE.splitlines())
     if line.strip()
 )
@@ -100,14 +101,14 @@ def well_formed(summary: str) -> str:
 def echoes_prompt(summary: str) -> bool:
     """Whether ``summary`` holds nothing but headings and the prompts' own lines (the instructions echoed back)."""
     content = [line for line in well_formed(summary).splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    return all(" ".join(line.split()).casefold() in _ANY_PROMPT_LINE for line in content)
+    return all(normalize(line) in _ANY_PROMPT_LINE for line in content)
 
 
 def _echoed(line: str) -> bool:
     """Whether a summary line is a template placeholder, a prompt line or one of the library's own."""
     if _PLACEHOLDER.match(line):
         return True
-    folded = " ".join(line.split()).casefold()
+    folded = normalize(line)
     return folded in _PROMPT_LINES or folded in _LIBRARY_LINES
 
 
