@@ -280,8 +280,9 @@ def _what_happened(result: CompactionResult | None, args: argparse.Namespace, me
         from langchain_compaction._lc.compactor import planning_options
         from langchain_compaction._lc.counting import counts_and_core
 
-        counts, core = counts_and_core(messages, _options(args))
-        options = planning_options(_options(args), core, counts)  # as the compaction plans
+        given = _options(args)
+        counts, core = counts_and_core(messages, given)
+        options = planning_options(given, core, counts)  # as the compaction plans
         if needs_compaction(core, counts, options):
             plan = plan_compaction(core, counts, options.budget.keep, force=False)
             kept = sum(counts) if plan is None else sum(counts[plan.cut :])
