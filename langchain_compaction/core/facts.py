@@ -18,6 +18,9 @@ What counts as a fact (the rules were chosen on the real transcripts in
   message, a fenced block, a tool's output or the system prompt. A later
   message that takes a rule back ("forget what I said about tabs", "tabs are
   fine now", "you may use tabs") drops the rules on that subject, and only those;
+- rule: the rules of one message past its first ``RULES_PER_MESSAGE`` (a pasted
+  prompt or policy lays down dozens, which would crowd out everything else):
+  kept and revoked as constraints are, but last in line for the section's room;
 - task: the user's first substantive request (the task statement), kept for good;
 - request: the user's newest requests in the compacted part (``REQUESTS_KEPT``);
 - earlier: the requests before those, shortened (``EARLIER_KEPT``), last in line;
@@ -80,12 +83,11 @@ from langchain_compaction.core.section import (
     PRIORITY,
     SECTION_HEADING,
     SECTION_NOTE,
-    TITLES,
     Within,
+    fitting,
     line_of,
     render_section,
 )
-from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact, FactKind, Message, ToolCall
 
 __all__ = [
@@ -102,22 +104,10 @@ __all__ = [
     "render_section",
 ]
 
-# The share of the section each kind is sure of before the others: the user's
-# own words are few and come first; the rest may not crowd each other out.
-_SHARES: dict[FactKind, float] = {
-    "constraint": 1.0,
-    "task": 1.0,
-    "request": 1.0,
-    "identifier": 0.3,
-    "modified_file": 0.15,
-    "error": 0.15,
-    "earlier": 0.05,
-    "done_call": 0.15,
-    "read_file": 0.05,
-    "name": 0.05,
-    "term": 0.03,
-}
-
+RULES_PER_MESSAGE = 3
+"""How many of one message's rules are constraints (the first): a person states one or two
+at a time; the rest of a message that lays down more (a pasted prompt, a policy, a
+task template) are ``rule`` facts, kept last in line for room."""
 REQUESTS_KEPT = 2
 """How many of the user's newest requests are facts."""
 EARLIER_KEPT = 10
@@ -213,8 +203,7 @@ class _Tracker:
             self._revoke(subject)
         if not record:
             return
-        for sentence in said.constraints:
-            self.add(Fact("constraint", sentence))
+        self._rules(said.constraints)
         for value in said.identifiers:
             self.add(Fact("identifier", value))
         for term in said.terms:
@@ -246,10 +235,22 @@ class _Tracker:
         self.requests = requests[cut:]
         self.add(Fact("request", request, key=f"request:{normalize(request)}"))
 
+    def _rules(self, sentences: Sequence[str]) -> None:
+        """One message's rules: the first ``RULES_PER_MESSAGE`` constraints, the rest ``rule`` facts."""
+        for n, sentence in enumerate(sentences):
+            # One rule is one fact: stated again, it moves to the end, as a
+            # constraint if either time it was one.
+            kind: FactKind = "constraint" if n < RULES_PER_MESSAGE else "rule"
+            plain = normalize(one_line(sentence))
+            if self.facts.pop(("constraint", plain), None) is not None:
+                kind = "constraint"
+            self.facts.pop(("rule", plain), None)
+            self.add(Fact(kind, sentence))
+
     def _revoke(self, subject: frozenset[str]) -> None:
         """Drop the rules the user took back: those about ``subject`` (and only those)."""
         for key, fact in list(self.facts.items()):
-            if fact.kind == "constraint" and revokes([subject], fact.text):
+            if fact.kind in ("constraint", "rule") and revokes([subject], fact.text):
                 del self.facts[key]
             elif fact.kind in ("task", "request", "earlier"):
                 # The request stays; the rule it stated goes.
@@ -404,7 +405,7 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
     stated = normalize(summary)
     norm = {id(f): normalize(f.text) for f in facts}
     missing = [f for f in facts if norm[id(f)] not in stated]
-    chosen = _fitting(missing, norm, budget)
+    chosen = fitting(missing, norm, budget)
     # Added: listed, or stated by another fact's line (a path inside a constraint).
     listed = {id(f) for f in chosen}
     within = Within("\n".join(normalize(line_of(f)) for f in chosen))
@@ -422,77 +423,3 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
         added=len(added),
         dropped=len(missing) - len(added),
     )
-
-
-def _fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[Fact]:
-    """The missing facts the section can hold within ``budget``, in the section's order.
-
-    Newest first, in rounds: each kind up to its share of the budget
-    (``_SHARES``), the shares doubling each round, so forty identifiers cannot
-    starve the files and the calls already made; then what is left to the
-    newest facts of any kind.
-    """
-    chosen: dict[int, Fact] = {}
-    shown = ""
-    used = estimate_tokens(f"{SECTION_HEADING}\n{SECTION_NOTE}")
-    titled: set[FactKind] = set()
-    # Newest first, but the user's words most repeated first (``result`` lists them so, last).
-    newest_first = [f for f in reversed(missing) if f.kind != "term"] + [f for f in missing if f.kind == "term"]
-    by_kind = {kind: [f for f in newest_first if f.kind == kind] for kind in PRIORITY}
-    # Shares double each round: a kind with more facts than its share gets
-    # more only as every other kind does.
-    rounds: list[tuple[FactKind | None, list[Fact], float]] = [
-        (kind, by_kind[kind], budget * _SHARES[kind] * 2**n) for n in range(4) for kind in PRIORITY
-    ]
-    rounds.append((None, newest_first, budget))
-    # The least a fact of each kind can cost (a quarter token a character):
-    # a round whose kind cannot fit even that is passed whole.
-    least = {kind: min((len(f.text) for f in of_kind), default=0) // 4 + 1 for kind, of_kind in by_kind.items()}
-    spent: dict[FactKind | None, int] = {}
-    lines: dict[int, str] = {}  # rendered once a fact is looked at (most never are: the section fills first)
-    costs: dict[int, int] = {}
-    title_costs = {kind: estimate_tokens(TITLES[kind]) + 2 for kind in PRIORITY}
-    for round_kind, candidates, cap in rounds:
-        if round_kind is not None and (
-            not candidates or used + least[round_kind] > budget or spent.get(round_kind, 0) + least[round_kind] > cap
-        ):
-            continue
-        for fact in candidates:
-            if id(fact) in chosen:
-                continue
-            title = 0 if fact.kind in titled else title_costs[fact.kind]  # paid once
-            # No character costs less than a quarter token, and a fact's line
-            # holds its text: a fact that cannot fit by that bound is passed
-            # before anything costlier is done (once the section is nearly
-            # full, that is most of them).
-            had = spent.get(fact.kind, 0)
-            if used + len(fact.text) // 4 + 1 + title > budget or had + len(fact.text) // 4 > cap:
-                continue
-            line = lines.get(id(fact)) or lines.setdefault(id(fact), line_of(fact))
-            if used + len(line) // 4 + 1 + title > budget or had + len(line) // 4 > cap:
-                continue
-            if norm[id(fact)] in shown:
-                continue  # already in the section (a path inside a constraint)
-            if id(fact) not in costs:  # a fact over its kind's cap this round is priced once, not every round
-                costs[id(fact)] = estimate_tokens(line) + 1
-            cost = costs[id(fact)] + title
-            if used + cost > budget or had + cost > cap:
-                continue
-            chosen[id(fact)] = fact
-            titled.add(fact.kind)
-            used += cost
-            spent[fact.kind] = had + cost
-            shown += "\n" + normalize(line)
-    return _in_order(list(chosen.values()), missing, budget)
-
-
-def _in_order(chosen: list[Fact], missing: Sequence[Fact], budget: int) -> list[Fact]:
-    """``chosen`` in the section's order (kind, then as met), within ``budget`` rendered whole."""
-    order = {id(f): i for i, f in enumerate(missing)}
-    kept = sorted(chosen, key=lambda f: (PRIORITY.index(f.kind), order[id(f)]))
-    # What the whole section costs decides (titles, line breaks), the lowest
-    # priority's oldest going first.
-    while kept and estimate_tokens(render_section(kept)) > budget:
-        last = max(PRIORITY.index(f.kind) for f in kept)
-        kept.remove(next(f for f in kept if PRIORITY.index(f.kind) == last))
-    return kept

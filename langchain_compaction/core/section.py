@@ -1,16 +1,19 @@
-"""How checked facts are shown: the section the library writes under a summary.
+"""How checked facts are shown: the section the library writes under a summary, and which fit.
 
 Every fact is data there: paths, ids and names as inline code that they cannot
 close, the user's words and a tool's output between quotes they cannot close,
 a tool's output always with the tool and call it came from; the section holds
 no heading or instruction but the library's (``core.facts`` finds the facts).
+When they do not all fit, each kind is sure of its share first (``SHARES``,
+``fitting``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from langchain_compaction.core.extract import quoted
+from langchain_compaction.core.extract import normalize, quoted
+from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact, FactKind
 
 PRIORITY: tuple[FactKind, ...] = (
@@ -25,8 +28,26 @@ PRIORITY: tuple[FactKind, ...] = (
     "read_file",
     "name",
     "term",
+    "rule",
 )
 """The order in which facts get the section's budget (the first kinds first)."""
+
+# The share of the section each kind is sure of before the others: the user's
+# own words are few and come first; the rest may not crowd each other out.
+SHARES: dict[FactKind, float] = {
+    "constraint": 1.0,
+    "task": 1.0,
+    "request": 1.0,
+    "identifier": 0.3,
+    "modified_file": 0.15,
+    "error": 0.15,
+    "earlier": 0.05,
+    "done_call": 0.15,
+    "read_file": 0.05,
+    "name": 0.05,
+    "term": 0.03,
+    "rule": 0.05,
+}
 
 SECTION_HEADING = "## Checked facts"
 SECTION_NOTE = (
@@ -46,6 +67,7 @@ TITLES: dict[FactKind, str] = {
     "read_file": "Files read",
     "name": "Code names the agent keeps using",
     "term": "Words the user keeps using",
+    "rule": "More rules, from messages that lay down many (a pasted prompt or policy)",
 }
 
 
@@ -62,7 +84,7 @@ def line_of(fact: Fact) -> str:
         return f"- {source} reported: {quoted(fact.text)}"
     if fact.kind == "done_call":
         return f"- {_code(fact.detail)}: {_code(fact.text)}" if fact.detail else f"- {_code(fact.text)}"
-    if fact.kind in ("constraint", "task", "request", "earlier"):
+    if fact.kind in ("constraint", "rule", "task", "request", "earlier"):
         return f"- {quoted(fact.text)}"
     if fact.kind in ("modified_file", "read_file", "identifier", "name"):
         return f"- {_code(fact.text)}"
@@ -102,3 +124,77 @@ class Within:
         if len(part) >= size and (part[:size] not in self.pieces or part[-size:] not in self.pieces):
             return False
         return part in self.text
+
+
+def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[Fact]:
+    """The missing facts the section can hold within ``budget``, in the section's order.
+
+    Newest first, in rounds: each kind up to its share of the budget
+    (``SHARES``), the shares doubling each round, so forty identifiers cannot
+    starve the files and the calls already made; then what is left to the
+    newest facts of any kind.
+    """
+    chosen: dict[int, Fact] = {}
+    shown = ""
+    used = estimate_tokens(f"{SECTION_HEADING}\n{SECTION_NOTE}")
+    titled: set[FactKind] = set()
+    # Newest first, but the user's words most repeated first (``result`` lists them so, last).
+    newest_first = [f for f in reversed(missing) if f.kind != "term"] + [f for f in missing if f.kind == "term"]
+    by_kind = {kind: [f for f in newest_first if f.kind == kind] for kind in PRIORITY}
+    # Shares double each round: a kind with more facts than its share gets
+    # more only as every other kind does.
+    rounds: list[tuple[FactKind | None, list[Fact], float]] = [
+        (kind, by_kind[kind], budget * SHARES[kind] * 2**n) for n in range(4) for kind in PRIORITY
+    ]
+    rounds.append((None, newest_first, budget))
+    # The least a fact of each kind can cost (a quarter token a character):
+    # a round whose kind cannot fit even that is passed whole.
+    least = {kind: min((len(f.text) for f in of_kind), default=0) // 4 + 1 for kind, of_kind in by_kind.items()}
+    spent: dict[FactKind | None, int] = {}
+    lines: dict[int, str] = {}  # rendered once a fact is looked at (most never are: the section fills first)
+    costs: dict[int, int] = {}
+    title_costs = {kind: estimate_tokens(TITLES[kind]) + 2 for kind in PRIORITY}
+    for round_kind, candidates, cap in rounds:
+        if round_kind is not None and (
+            not candidates or used + least[round_kind] > budget or spent.get(round_kind, 0) + least[round_kind] > cap
+        ):
+            continue
+        for fact in candidates:
+            if id(fact) in chosen:
+                continue
+            title = 0 if fact.kind in titled else title_costs[fact.kind]  # paid once
+            # No character costs less than a quarter token, and a fact's line
+            # holds its text: a fact that cannot fit by that bound is passed
+            # before anything costlier is done (once the section is nearly
+            # full, that is most of them).
+            had = spent.get(fact.kind, 0)
+            if used + len(fact.text) // 4 + 1 + title > budget or had + len(fact.text) // 4 > cap:
+                continue
+            line = lines.get(id(fact)) or lines.setdefault(id(fact), line_of(fact))
+            if used + len(line) // 4 + 1 + title > budget or had + len(line) // 4 > cap:
+                continue
+            if norm[id(fact)] in shown:
+                continue  # already in the section (a path inside a constraint)
+            if id(fact) not in costs:  # a fact over its kind's cap this round is priced once, not every round
+                costs[id(fact)] = estimate_tokens(line) + 1
+            cost = costs[id(fact)] + title
+            if used + cost > budget or had + cost > cap:
+                continue
+            chosen[id(fact)] = fact
+            titled.add(fact.kind)
+            used += cost
+            spent[fact.kind] = had + cost
+            shown += "\n" + normalize(line)
+    return _in_order(list(chosen.values()), missing, budget)
+
+
+def _in_order(chosen: list[Fact], missing: Sequence[Fact], budget: int) -> list[Fact]:
+    """``chosen`` in the section's order (kind, then as met), within ``budget`` rendered whole."""
+    order = {id(f): i for i, f in enumerate(missing)}
+    kept = sorted(chosen, key=lambda f: (PRIORITY.index(f.kind), order[id(f)]))
+    # What the whole section costs decides (titles, line breaks), the lowest
+    # priority's oldest going first.
+    while kept and estimate_tokens(render_section(kept)) > budget:
+        last = max(PRIORITY.index(f.kind) for f in kept)
+        kept.remove(next(f for f in kept if PRIORITY.index(f.kind) == last))
+    return kept

@@ -64,6 +64,7 @@ class ToolCall:
 
 FactKind = Literal[
     "constraint",
+    "rule",
     "task",
     "request",
     "earlier",

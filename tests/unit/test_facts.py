@@ -19,6 +19,7 @@ from langchain_compaction import (
 from langchain_compaction._lc.convert import SUMMARY_MARK, is_summary_message, summary_message, to_core_list
 from langchain_compaction.core.facts import (
     NAMES_KEPT,
+    RULES_PER_MESSAGE,
     SECTION_HEADING,
     check_summary,
     constraints,
@@ -389,6 +390,42 @@ def test_a_pasted_message_gives_only_its_first_code_names_but_every_value() -> N
     facts = gather((), to_core_list([HumanMessage(text, id="h1")]), range(1), ())
     ids = [f.text for f in facts if f.kind == "identifier"]
     assert ids == codes + names[:12]
+
+
+def test_a_pasted_policy_does_not_crowd_out_the_users_own_rules_and_the_rest() -> None:
+    policy = " ".join(
+        f"You must always confirm step {chr(97 + i)} with the customer before booking." for i in range(20)
+    )
+    messages = [
+        HumanMessage("Never use tabs in src/app.py.", id="h0"),
+        HumanMessage(f"Here is our policy. {policy}", id="h1"),
+        AIMessage("Done.", tool_calls=[{"name": "Read", "args": {"file_path": "src/app.py"}, "id": "c1"}], id="a1"),
+        ToolMessage("print('hi')", tool_call_id="c1", id="t1"),
+        HumanMessage("Book JG7FMM for the user and never mention the policy text.", id="h2"),
+    ]
+    facts = gather((), to_core_list(messages), range(len(messages)), ())
+    kinds = [f.kind for f in facts if f.kind in ("constraint", "rule") and "confirm step" in f.text]
+    # Every rule is kept and recorded; the first few of the long message are constraints.
+    assert kinds == ["constraint"] * RULES_PER_MESSAGE + ["rule"] * (20 - RULES_PER_MESSAGE)
+    check = check_summary("", facts, 160)
+    # Short on room: the user's own rules, the identifier and the file come before the policy's 17 others.
+    for wanted in ("Never use tabs in src/app.py.", "never mention the policy text", "JG7FMM", "src/app.py"):
+        assert wanted in check.section
+    assert "step t" not in check.section
+    # With room, the policy's other rules are listed too, under their own title.
+    roomy = check_summary("", facts, 2_000).section
+    assert "More rules, from messages that lay down many" in roomy
+    assert "step t " in roomy
+    # They are taken back as constraints are, and a rule stated again is one fact.
+    again = to_core_list([HumanMessage("You must always confirm step t with the customer before booking.", id="h3")])
+    restated = [
+        f for f in gather(facts, again, range(1), ()) if f.kind in ("constraint", "rule") and "step t " in f.text
+    ]
+    assert [f.kind for f in restated] == ["constraint"]
+    revoked = to_core_list([HumanMessage("Forget what I said about confirming step t with the customer.", id="h4")])
+    assert not [
+        f for f in gather(facts, revoked, range(1), ()) if f.kind in ("constraint", "rule") and "step t " in f.text
+    ]
 
 
 def test_a_message_read_again_is_not_read_again_and_gives_the_same_facts() -> None:
