@@ -36,7 +36,7 @@ TASK_CHARS = 200
 """What is kept of the request that states the task."""
 _R = TypeVar("_R")
 
-READINGS_KEPT = 4096
+READINGS_KEPT = 8192
 """How many readings of each kind are kept (the most recently used): user messages', assistants' code names."""
 
 
