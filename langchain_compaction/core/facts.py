@@ -125,6 +125,30 @@ _COUNTED: frozenset[FactKind] = frozenset({"task", "request", "earlier", *_REPEA
 """The kinds whose number is bounded (``REQUESTS_KEPT``, ``EARLIER_KEPT``, ``NAMES_KEPT``, ``TERMS_KEPT``, one task)."""
 
 
+_RULES: frozenset[FactKind] = frozenset({"constraint", "rule"})
+"""The user's rules: the first of a message's, and the rest (``RULES_PER_MESSAGE``)."""
+
+
+def _cleaned(fact: Fact) -> Fact | None:
+    """``fact`` as one clean line (``None`` when nothing is left); an error recorded by 0.2 keyed as errors are now."""
+    # Nothing a message holds can make a fact more than one line.
+    text = one_line(fact.text)
+    if not text:
+        return None
+    detail = fact.detail
+    if "\x00" in detail:  # an error's "tool\x00command": each part one line, the separator kept
+        detail = "\x00".join(one_line(part) for part in detail.split("\x00"))
+    elif detail:
+        detail = one_line(detail)
+    if text is not fact.text or detail is not fact.detail:  # (a clean line comes back as itself)
+        fact = Fact(fact.kind, text, fact.key, detail)
+    if fact.kind == "error" and "\x00" not in fact.key:
+        # Recorded by 0.2 (keyed by the whole command): keyed as errors are now.
+        program, target = command_target(fact.key or fact.detail)
+        fact = Fact("error", text, f"{program}\x00{target}", f"{program}\x00{fact.detail}")
+    return fact
+
+
 def _under(path: str, target: str) -> bool:
     """Whether ``path`` is ``target`` or lies under it (``path`` starts with ``target``)."""
     return len(path) == len(target) or not target or target[-1] in "/\\:" or path[len(target)] in "/\\:"
@@ -145,25 +169,21 @@ class _Tracker:
     repeats: dict[tuple[FactKind, str], int] = field(default_factory=dict)
 
     def add(self, fact: Fact) -> None:
-        # Every fact is one clean line: nothing a message holds can make it more.
-        text = one_line(fact.text)
-        if not text:
+        cleaned = _cleaned(fact)
+        if cleaned is None:
             return
-        detail = fact.detail
-        if "\x00" in detail:  # an error's "tool\x00command": each part one line, the separator kept
-            detail = "\x00".join(one_line(part) for part in detail.split("\x00"))
-        elif detail:
-            detail = one_line(detail)
-        if text is not fact.text or detail is not fact.detail:  # (a clean line comes back as itself)
-            fact = Fact(fact.kind, text, fact.key, detail)
-        if fact.kind == "error" and "\x00" not in fact.key:
-            # Recorded by 0.2 (keyed by the whole command): keyed as errors are now.
-            program, target = command_target(fact.key or fact.detail)
-            fact = Fact("error", text, f"{program}\x00{target}", f"{program}\x00{fact.detail}")
+        fact = cleaned
         if fact.kind in _REPEATED:
             self.repeat(fact.kind, fact.text, int(fact.detail) if fact.detail.isdigit() else 1)  # carried: its count
             return
         key = (fact.kind, fact.key or normalize(fact.text))
+        if fact.kind in _RULES:
+            # One rule is one fact: stated again, it moves to the end, as a
+            # constraint if either time it was one.
+            other_kind: FactKind = "rule" if fact.kind == "constraint" else "constraint"
+            other = (other_kind, key[1])
+            if self.facts.pop(other, None) is not None and fact.kind == "rule":
+                fact, key = replace(fact, kind="constraint"), other
         self.facts.pop(key, None)  # a fact seen again moves to the end: it is the newest
         self.facts[key] = fact
         if fact.kind in ("request", "earlier"):
@@ -203,7 +223,8 @@ class _Tracker:
             self._revoke(subject)
         if not record:
             return
-        self._rules(said.constraints)
+        for n, sentence in enumerate(said.constraints):
+            self.add(Fact("constraint" if n < RULES_PER_MESSAGE else "rule", sentence))
         for value in said.identifiers:
             self.add(Fact("identifier", value))
         for term in said.terms:
@@ -235,22 +256,10 @@ class _Tracker:
         self.requests = requests[cut:]
         self.add(Fact("request", request, key=f"request:{normalize(request)}"))
 
-    def _rules(self, sentences: Sequence[str]) -> None:
-        """One message's rules: the first ``RULES_PER_MESSAGE`` constraints, the rest ``rule`` facts."""
-        for n, sentence in enumerate(sentences):
-            # One rule is one fact: stated again, it moves to the end, as a
-            # constraint if either time it was one.
-            kind: FactKind = "constraint" if n < RULES_PER_MESSAGE else "rule"
-            plain = normalize(one_line(sentence))
-            if self.facts.pop(("constraint", plain), None) is not None:
-                kind = "constraint"
-            self.facts.pop(("rule", plain), None)
-            self.add(Fact(kind, sentence))
-
     def _revoke(self, subject: frozenset[str]) -> None:
         """Drop the rules the user took back: those about ``subject`` (and only those)."""
         for key, fact in list(self.facts.items()):
-            if fact.kind in ("constraint", "rule") and revokes([subject], fact.text):
+            if fact.kind in _RULES and revokes([subject], fact.text):
                 del self.facts[key]
             elif fact.kind in ("task", "request", "earlier"):
                 # The request stays; the rule it stated goes.

@@ -140,7 +140,9 @@ def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[
     titled: set[FactKind] = set()
     # Newest first, but the user's words most repeated first (``result`` lists them so, last).
     newest_first = [f for f in reversed(missing) if f.kind != "term"] + [f for f in missing if f.kind == "term"]
-    by_kind = {kind: [f for f in newest_first if f.kind == kind] for kind in PRIORITY}
+    by_kind: dict[FactKind, list[Fact]] = {kind: [] for kind in PRIORITY}
+    for fact in newest_first:
+        by_kind[fact.kind].append(fact)
     # Shares double each round: a kind with more facts than its share gets
     # more only as every other kind does.
     rounds: list[tuple[FactKind | None, list[Fact], float]] = [
@@ -150,6 +152,7 @@ def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[
     # The least a fact of each kind can cost (a quarter token a character):
     # a round whose kind cannot fit even that is passed whole.
     least = {kind: min((len(f.text) for f in of_kind), default=0) // 4 + 1 for kind, of_kind in by_kind.items()}
+    cheapest = min(least[f.kind] for f in missing) if missing else 0
     spent: dict[FactKind | None, int] = {}
     lines: dict[int, str] = {}  # rendered once a fact is looked at (most never are: the section fills first)
     costs: dict[int, int] = {}
@@ -185,6 +188,11 @@ def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[
             used += cost
             spent[fact.kind] = had + cost
             shown += "\n" + normalize(line)
+            # Full: the rest of the round is passed (no fact left can cost less than its kind's least).
+            if used + (cheapest if round_kind is None else least[round_kind]) > budget or (
+                round_kind is not None and spent[round_kind] + least[round_kind] > cap
+            ):
+                break
     return _in_order(list(chosen.values()), missing, budget)
 
 
