@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 from langchain_compaction.core.extract import MAX_KEY_CHARS, clip, is_path
@@ -122,6 +123,53 @@ def file_use(call: ToolCall, args: dict[str, object], last_opened: str | None) -
     if path and action == "read":
         return "read", path
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class CallReading:
+    """What one tool call was about, read once (``read_call``).
+
+    Attributes:
+        use: ``file_use`` of the call with no file opened before.
+        edits_last_opened: The call modifies the file opened last (SWE-agent's
+            ``edit 1:1``): its ``use`` depends on that file.
+        key: Its key argument (``key_argument``).
+        command: The key argument, else the tool's name.
+        shell: The tool runs commands (its errors are in its whole output).
+        program: The program the command ran (the tool's name for other tools).
+        target: What it ran on (the command, for other tools).
+    """
+
+    use: tuple[str, str] | None
+    edits_last_opened: bool
+    key: str
+    command: str
+    shell: bool
+    program: str
+    target: str
+
+    def file_use(self, last_opened: str | None) -> tuple[str, str] | None:
+        """``file_use`` of the call, given the file opened last."""
+        if self.edits_last_opened and last_opened:
+            return "modified", last_opened
+        return self.use
+
+
+def read_call(call: ToolCall) -> CallReading:
+    """What ``call`` was about, read once and kept on it (a call is read at every compaction that holds it)."""
+    known = call.known_reading
+    if isinstance(known, CallReading):
+        return known
+    args = call_arguments(call)
+    key = key_argument(call, args)
+    command = key or call.name
+    shell = SHELL.search(call.name) is not None
+    program, target = command_target(command) if shell else (call.name, command)
+    use = file_use(call, args, None)
+    edits_last_opened = use is None and file_use(call, args, "\x00") is not None
+    reading = CallReading(use, edits_last_opened, key, command, shell, program, target)
+    object.__setattr__(call, "known_reading", reading)
+    return reading
 
 
 @lru_cache(maxsize=1024)

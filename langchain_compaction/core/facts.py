@@ -60,14 +60,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from langchain_compaction.core.calls import (
-    SHELL,
-    call_arguments,
-    command_target,
-    file_use,
-    key_argument,
-    written_files,
-)
+from langchain_compaction.core.calls import CallReading, command_target, read_call, written_files
 from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.extract import (
     clip,
@@ -159,7 +152,7 @@ class _Tracker:
     """The facts in force, in order of appearance, as messages are read in order."""
 
     facts: dict[tuple[FactKind, str], Fact] = field(default_factory=dict)
-    calls: dict[str, tuple[ToolCall, dict[str, object]]] = field(default_factory=dict)
+    calls: dict[str, tuple[ToolCall, CallReading]] = field(default_factory=dict)
     last_opened: str | None = None
     requests: list[tuple[FactKind, str]] = field(default_factory=list)
     earlier: list[tuple[FactKind, str]] = field(default_factory=list)
@@ -270,10 +263,10 @@ class _Tracker:
                     self.facts[key] = replace(fact, text=text)
 
     def _call(self, call: ToolCall, *, record: bool) -> None:
-        args = call_arguments(call)
+        reading = read_call(call)
         if call.id:
-            self.calls[call.id] = (call, args)
-        use = file_use(call, args, self.last_opened)
+            self.calls[call.id] = (call, reading)
+        use = reading.file_use(self.last_opened)
         if use is not None:
             kind, path = use
             path = one_line(path, 400)
@@ -283,7 +276,7 @@ class _Tracker:
             elif record and ("modified_file", path) not in self.facts:
                 self.add(Fact("read_file", path, key=path))
             return
-        argument = key_argument(call, args)
+        argument = reading.key
         if record and argument and call.name:
             self.add(Fact("done_call", argument, key=f"{call.name}\x00{argument}", detail=call.name))
 
@@ -296,19 +289,18 @@ class _Tracker:
         found = self.calls.get(message.tool_call_id or "")
         if found is None:
             return
-        call, args = found
-        command = key_argument(call, args) or call.name
+        call, reading = found
         # Keyed by the program (or tool) and what it ran on: a later clean run
         # of the same program on a target that holds it, or a later successful
         # call of the same tool on the same target, resolves it.
-        program, target = command_target(command) if SHELL.search(call.name) else (call.name, command)
+        command, program, target = reading.command, reading.program, reading.target
         text = message.text.strip()
-        line = result_error(text, whole=SHELL.search(call.name) is not None)
+        line = result_error(text, whole=reading.shell)
         if message.is_error and not line:
             line = clip(text.splitlines()[-1]) if text else "failed"
         if not line:
             self._resolve(program, target)
-            if file_use(call, args, None) is None:  # a file tool's own result is its file's content
+            if reading.use is None:  # a file tool's own result is its file's content
                 for path in written_files(text):
                     self._modified(one_line(path, 400), record=record)
         elif record:

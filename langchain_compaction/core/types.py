@@ -54,12 +54,16 @@ class ToolCall:
         arguments: The arguments as JSON text.
         known_units: The estimate of ``arguments`` once made
             (``core.tokens.argument_units``), -1 before.
+        known_reading: What ``core.calls.read_call`` found in it once read
+            (its arguments, key argument, file, program), ``None`` before: a
+            call is read at every compaction whose region or kept part holds it.
     """
 
     id: str | None
     name: str
     arguments: str
     known_units: int = field(default=-1, init=False, compare=False, repr=False)
+    known_reading: object = field(default=None, init=False, compare=False, repr=False)
 
 
 FactKind = Literal[

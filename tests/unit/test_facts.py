@@ -279,7 +279,8 @@ def test_file_tools_of_each_agent_family() -> None:
         *call("get_reservation_details", {"reservation_id": "JG7FMM"}, 8),  # tau-bench
         *call("think", {"thought": "a long thought " * 20}, 9),  # prose, not a call to remember
     ]
-    facts = gather((), to_core_list(messages), range(len(messages)), ())
+    core = to_core_list(messages)
+    facts = gather((), core, range(len(core)), ())
     by_kind = {(f.kind, f.text) for f in facts}
     assert by_kind == {
         ("read_file", "/repo/a.ts"),
@@ -289,6 +290,12 @@ def test_file_tools_of_each_agent_family() -> None:
         ("modified_file", "pkg/e.py"),
         ("done_call", "JG7FMM"),
     }
+    # A call is read once and its reading kept on it: the next compaction over the
+    # same messages finds the same facts, and SWE-agent's edit still follows the
+    # file opened before it in that reading (here none: the edit alone is a call made, not a file).
+    assert {(f.kind, f.text) for f in gather((), core, range(len(core)), ())} == by_kind
+    assert all(call.known_reading is not None for m in core for call in m.tool_calls)
+    assert [(f.kind, f.text) for f in gather((), core, range(10, 12), ())] == [("done_call", "edit 1:1")]
 
 
 def test_a_file_aider_reports_editing_is_a_modified_file() -> None:
