@@ -102,6 +102,9 @@ class Fact:
     detail: str = ""
 
 
+_READABLE = frozenset({"text", "reasoning"})
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """A framework-neutral message.
@@ -159,7 +162,10 @@ class Message:
     @property
     def text(self) -> str:
         """The message's readable text: text and reasoning parts joined."""
-        return "\n".join(p.text for p in self.parts if p.kind in ("text", "reasoning"))
+        parts = self.parts
+        if len(parts) == 1:  # most messages: read on every compaction, so without a generator
+            return parts[0].text if parts[0].kind in _READABLE else ""
+        return "\n".join(p.text for p in parts if p.kind in _READABLE)
 
     @property
     def carries_summary(self) -> bool:
