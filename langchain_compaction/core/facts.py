@@ -57,6 +57,7 @@ cut: an error fixed there is not reported as open.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -158,8 +159,10 @@ class _Tracker:
     earlier: list[tuple[FactKind, str]] = field(default_factory=list)
     # Errors by program, (target, key) sorted: a clean run looks at its program's, at targets starting with its own.
     errors: dict[str, list[tuple[str, tuple[FactKind, str]]]] = field(default_factory=dict)
-    # In how many messages each (_REPEATED) came; in the order they were last met.
-    repeats: dict[tuple[FactKind, str], int] = field(default_factory=dict)
+    # In how many messages each code name came, in the order they were last met;
+    # in how many each of the user's words came (ranked by count: their order does not matter).
+    names: dict[str, int] = field(default_factory=dict)
+    terms: Counter[str] = field(default_factory=Counter)
 
     def add(self, fact: Fact) -> None:
         cleaned = _cleaned(fact)
@@ -167,7 +170,11 @@ class _Tracker:
             return
         fact = cleaned
         if fact.kind in _REPEATED:
-            self.repeat(fact.kind, fact.text, int(fact.detail) if fact.detail.isdigit() else 1)  # carried: its count
+            count = int(fact.detail) if fact.detail.isdigit() else 1  # carried: its count
+            if fact.kind == "name":
+                self.name(fact.text, count)
+            else:
+                self.terms[fact.text] += count
             return
         key = (fact.kind, fact.key or normalize(fact.text))
         if fact.kind in _RULES:
@@ -177,8 +184,7 @@ class _Tracker:
             other = (other_kind, key[1])
             if self.facts.pop(other, None) is not None and fact.kind == "rule":
                 fact, key = replace(fact, kind="constraint"), other
-        self.facts.pop(key, None)  # a fact seen again moves to the end: it is the newest
-        self.facts[key] = fact
+        self._put(key, fact)
         if fact.kind in ("request", "earlier"):
             order = self.requests if fact.kind == "request" else self.earlier
             if key in order:
@@ -191,9 +197,14 @@ class _Tracker:
             if held[at : at + 1] != [(target, key)]:
                 held.insert(at, (target, key))
 
-    def repeat(self, kind: FactKind, text: str, count: int = 1) -> None:
-        """``text`` (a word or a code name: one clean line) met in ``count`` more messages, met last now."""
-        self.repeats[kind, text] = self.repeats.pop((kind, text), 0) + count
+    def _put(self, key: tuple[FactKind, str], fact: Fact) -> None:
+        """Keep ``fact`` under ``key``: a fact seen again moves to the end (it is the newest)."""
+        self.facts.pop(key, None)
+        self.facts[key] = fact
+
+    def name(self, text: str, count: int = 1) -> None:
+        """The code name ``text`` (one clean line) met in ``count`` more messages, met last now."""
+        self.names[text] = self.names.pop(text, 0) + count
 
     def read(self, message: Message, *, record: bool) -> None:
         """Take what ``message`` says; with ``record=False`` (a kept message) only resolve and supersede."""
@@ -206,7 +217,7 @@ class _Tracker:
             for call in message.tool_calls:
                 self._call(call, record=record)
             for name in agent_names(message.text) if record else ():
-                self.repeat("name", name)
+                self.name(name)
         elif message.role == "tool":
             self._result(message, record=record)
 
@@ -218,10 +229,10 @@ class _Tracker:
             return
         for n, sentence in enumerate(said.constraints):
             self.add(Fact("constraint" if n < RULES_PER_MESSAGE else "rule", sentence))
-        for value in said.identifiers:
-            self.add(Fact("identifier", value))
-        for term in said.terms:
-            self.repeat("term", term)
+        for value, plain in zip(said.identifiers, said.identifier_keys, strict=True):
+            # (Clean and compared once, with the reading: what ``add`` would do to them.)
+            self._put(("identifier", plain), Fact("identifier", value))
+        self.terms.update(said.terms)  # (each word once a message: ``task_terms`` is a set)
         request = said.request
         if not request:
             return
@@ -327,9 +338,9 @@ class _Tracker:
     def result(self) -> list[Fact]:
         """The facts in force, oldest first; the code names met last, oldest first; the most repeated words first."""
         found = list(self.facts.values())
-        names = [(t, n) for (k, t), n in self.repeats.items() if k == "name" and n >= 2][-NAMES_KEPT:]
+        names = [(t, n) for t, n in self.names.items() if n >= 2][-NAMES_KEPT:]
         found += [Fact("name", text, key=text, detail=str(count)) for text, count in names]
-        terms = sorted((n, t) for (k, t), n in self.repeats.items() if k == "term" and n >= 2)[-TERMS_KEPT:]
+        terms = sorted((n, t) for t, n in self.terms.items() if n >= 2)[-TERMS_KEPT:]
         found += [Fact("term", text, key=text, detail=str(count)) for count, text in reversed(terms)]
         return found
 

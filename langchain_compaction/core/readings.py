@@ -25,6 +25,8 @@ from langchain_compaction.core.extract import (
     feedback,
     identifiers,
     names_in_code,
+    normalize,
+    one_line,
     own_words,
     revoked_subjects,
     task_terms,
@@ -47,7 +49,7 @@ class UserSays:
     Attributes:
         revoked: The subjects of the rules it takes back.
         constraints: Its rules, preferences and corrections.
-        identifiers: Its ids, amounts, paths and URLs, all of them (twenty
+        identifiers: Its ids, amounts, paths and URLs, each one clean line, all of them (twenty
             booking codes are twenty facts), and its first
             ``CODE_NAMES_PER_MESSAGE`` code names (dozens are a paste, a
             prompt or a listing: the summary's to carry).
@@ -59,6 +61,8 @@ class UserSays:
     revoked: tuple[frozenset[str], ...]
     constraints: tuple[str, ...]
     identifiers: tuple[str, ...]
+    identifier_keys: tuple[str, ...]
+    """Each identifier as facts are compared (``normalize``), made once with the reading."""
     terms: tuple[str, ...]
     request: str
     task: str
@@ -71,6 +75,7 @@ def user_says(text: str) -> UserSays:
 
 def _read(text: str) -> UserSays:
     words = own_words(text)
+    found = tuple(one for value in identifiers(text, max_code_names=CODE_NAMES_PER_MESSAGE) if (one := one_line(value)))
     request = clip(words)
     if not request or feedback(words) or request.startswith("/"):
         request = ""  # a harness's feedback on a call, or a slash command, is no request (and never the task)
@@ -79,7 +84,8 @@ def _read(text: str) -> UserSays:
     return UserSays(
         revoked=tuple(revoked_subjects(text)),
         constraints=tuple(constraints(text)),
-        identifiers=tuple(identifiers(text, max_code_names=CODE_NAMES_PER_MESSAGE)),
+        identifiers=found,
+        identifier_keys=tuple(map(normalize, found)),
         terms=tuple(sorted(task_terms(words))),
         request=request,
         task=task,
