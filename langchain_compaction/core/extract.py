@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from langchain_compaction.core.types import Fact
 
 MAX_FACT_CHARS = 240
 MAX_KEY_CHARS = 160
@@ -131,6 +135,15 @@ _MAYBE_IDENTIFIER = re.compile(r"(?<!\S)(?=\S*[\d/.@$€£¥])\S+")
 def normalize(text: str) -> str:
     """``text`` as facts are compared: case folded, runs of whitespace made one space."""
     return " ".join(text.split()).casefold()
+
+
+def compared(fact: Fact) -> str:
+    """``normalize(fact.text)``, made once and kept on the fact (``Fact.known_norm``)."""
+    known = fact.known_norm
+    if not known:
+        known = normalize(fact.text)
+        object.__setattr__(fact, "known_norm", known)
+    return known
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")

@@ -65,6 +65,7 @@ from langchain_compaction.core.calls import CallReading, command_target, read_ca
 from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.extract import (
     clip,
+    compared,
     constraints,
     identifiers,
     normalize,
@@ -176,7 +177,7 @@ class _Tracker:
             else:
                 self.terms[fact.text] += count
             return
-        key = (fact.kind, fact.key or normalize(fact.text))
+        key = (fact.kind, fact.key or compared(fact))
         if fact.kind in _RULES:
             # One rule is one fact: stated again, it moves to the end, as a
             # constraint if either time it was one.
@@ -229,9 +230,9 @@ class _Tracker:
             return
         for n, sentence in enumerate(said.constraints):
             self.add(Fact("constraint" if n < RULES_PER_MESSAGE else "rule", sentence))
-        for value, plain in zip(said.identifiers, said.identifier_keys, strict=True):
+        for fact in said.identifiers:
             # (Clean and compared once, with the reading: what ``add`` would do to them.)
-            self._put(("identifier", plain), Fact("identifier", value))
+            self._put(("identifier", fact.known_norm), fact)
         self.terms.update(said.terms)  # (each word once a message: ``task_terms`` is a set)
         request = said.request
         if not request:
@@ -415,7 +416,7 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
         ((1, 1), '- "Never edit tests/fixtures.json."')
     """
     stated = normalize(summary)
-    norm = {id(f): normalize(f.text) for f in facts}
+    norm = {id(f): compared(f) for f in facts}
     missing = [f for f in facts if norm[id(f)] not in stated]
     chosen = fitting(missing, norm, budget)
     # Added: listed, or stated by another fact's line (a path inside a constraint).

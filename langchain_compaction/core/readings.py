@@ -21,16 +21,17 @@ from typing import TypeVar
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.extract import (
     clip,
+    compared,
     constraints,
     feedback,
     identifiers,
     names_in_code,
-    normalize,
     one_line,
     own_words,
     revoked_subjects,
     task_terms,
 )
+from langchain_compaction.core.types import Fact
 
 CODE_NAMES_PER_MESSAGE = 12
 """How many code names (``camelCase``, ``snake_case``) one user message may give (the first); values are not capped."""
@@ -49,7 +50,8 @@ class UserSays:
     Attributes:
         revoked: The subjects of the rules it takes back.
         constraints: Its rules, preferences and corrections.
-        identifiers: Its ids, amounts, paths and URLs, each one clean line, all of them (twenty
+        identifiers: Its ids, amounts, paths and URLs as facts (each one clean
+            line, compared once: ``compared``), all of them (twenty
             booking codes are twenty facts), and its first
             ``CODE_NAMES_PER_MESSAGE`` code names (dozens are a paste, a
             prompt or a listing: the summary's to carry).
@@ -60,9 +62,7 @@ class UserSays:
 
     revoked: tuple[frozenset[str], ...]
     constraints: tuple[str, ...]
-    identifiers: tuple[str, ...]
-    identifier_keys: tuple[str, ...]
-    """Each identifier as facts are compared (``normalize``), made once with the reading."""
+    identifiers: tuple[Fact, ...]
     terms: tuple[str, ...]
     request: str
     task: str
@@ -75,7 +75,10 @@ def user_says(text: str) -> UserSays:
 
 def _read(text: str) -> UserSays:
     words = own_words(text)
-    found = tuple(one for value in identifiers(text, max_code_names=CODE_NAMES_PER_MESSAGE) if (one := one_line(value)))
+    values = (one_line(value) for value in identifiers(text, max_code_names=CODE_NAMES_PER_MESSAGE))
+    found = tuple(Fact("identifier", value) for value in values if value)
+    for fact in found:
+        compared(fact)  # kept with the reading: a message's identifiers are compared once
     request = clip(words)
     if not request or feedback(words) or request.startswith("/"):
         request = ""  # a harness's feedback on a call, or a slash command, is no request (and never the task)
@@ -85,7 +88,6 @@ def _read(text: str) -> UserSays:
         revoked=tuple(revoked_subjects(text)),
         constraints=tuple(constraints(text)),
         identifiers=found,
-        identifier_keys=tuple(map(normalize, found)),
         terms=tuple(sorted(task_terms(words))),
         request=request,
         task=task,

@@ -94,12 +94,16 @@ class Fact:
             command); ``""`` means the text itself.
         detail: Shown beside the text, not checked (the command an error
             came from, the tool a call was made with).
+        known_norm: ``text`` as facts are compared, once made
+            (``core.extract.compared``), "" before: a fact is compared at
+            every compaction that carries it.
     """
 
     kind: FactKind
     text: str
     key: str = ""
     detail: str = ""
+    known_norm: str = field(default="", init=False, compare=False, repr=False)
 
 
 _READABLE = frozenset({"text", "reasoning"})
