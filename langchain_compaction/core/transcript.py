@@ -57,7 +57,15 @@ BLANK_LINE_UNITS = estimate_units("\n\n")
 
 
 def _body(message: Message) -> tuple[str, int]:
-    """``message_body`` and its ``estimate_units``, added up from the parts' own (known once counted)."""
+    """``message_body`` and its ``estimate_units``, added up from the parts' own (known once counted), kept."""
+    known = message.known_body
+    if known is None:
+        known = _made_body(message)
+        object.__setattr__(message, "known_body", known)
+    return known
+
+
+def _made_body(message: Message) -> tuple[str, int]:
     lines: list[str] = []
     units = 0
     for part in message.parts:

@@ -158,6 +158,9 @@ class Message:
     mark: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     has_compaction_block: bool = field(init=False, default=False)
     """Whether the message carries a provider-side compaction block (derived from ``parts``)."""
+    known_body: tuple[str, int] | None = field(init=False, default=None, compare=False, repr=False)
+    """Its transcript body and that body's estimate once made (``core.transcript``), ``None`` before:
+    a message is shown to the summarizer at every compaction (or preparation) whose region holds it."""
 
     def __post_init__(self) -> None:
         # Derived once: the trigger looks for the last block on every turn.
