@@ -53,18 +53,23 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 # A fenced block to its closing fence or the end: of backticks, or of tildes
 # opening a line (a "~~~" inside a sentence is no fence).
 _FENCED = re.compile(r"```.*?(?:```|\Z)|^[ \t]{0,3}~~~.*?(?:^[ \t]{0,3}~~~|\Z)", re.DOTALL | re.MULTILINE)
+# Space within a line: a line-anchored pattern that let ``\s`` cross line breaks
+# would rescan a run of blank lines from each of them (quadratic on a pasted
+# sheet of empty rows).
+_SPACE = r"[^\S\n]"
 # Pasted material rather than the user's words: a numbered listing ("1535: ..."),
 # an indented code line (not a nested bullet), a file viewer's banner.
 _LISTING = re.compile(
-    r"^(?:\s*\d+[:|]|(?:    |\t)(?!\s*(?:[-*+]|\d+[.)])\s)|\s*[\[(](?:File|Open file|Current directory)\b).*$",
+    rf"^(?:{_SPACE}*\d+[:|]|(?:    |\t)(?!{_SPACE}*(?:[-*+]|\d+[.)])\s)"
+    rf"|{_SPACE}*[\[(](?:File|Open file|Current directory)\b).*$",
     re.MULTILINE,
 )
 # Someone else's words the user passes on: quoted lines, and everything after a
 # forwarded message's header.
-_QUOTED = re.compile(r"^\s*>.*$", re.MULTILINE)
+_QUOTED = re.compile(rf"^{_SPACE}*>.*$", re.MULTILINE)
 _FORWARDED = re.compile(
-    r"^\s*(?:-{2,}\s*(?:Original Message|Forwarded message)\s*-{2,}|Begin forwarded message:"
-    r"|[*_]{0,2}From:[*_]{0,2}\s+\S.*$)",  # (a header pasted in bold too: **From:** Bob)
+    rf"^{_SPACE}*(?:-{{2,}}{_SPACE}*(?:Original Message|Forwarded message){_SPACE}*-{{2,}}|Begin forwarded message:"
+    rf"|[*_]{{0,2}}From:[*_]{{0,2}}{_SPACE}+\S.*$)",  # (a header pasted in bold too: **From:** Bob)
     re.MULTILINE | re.IGNORECASE,
 )
 # Markdown emphasis around words: **bold**, __bold__, *it*, `code` markers at the edges.
@@ -74,7 +79,8 @@ _EMPHASIS = re.compile(r"(\*\*|__)(.+?)\1")
 _REVOKE = re.compile(
     r"\b(?:forget|ignore|disregard|scratch|drop)\s+(?:what i (?:said|told you)|my (?:earlier |previous |last )?"
     r"(?:rule|instruction|request|constraint)s?)\s+(?:about|on|regarding|for)\s+(?P<a>[^.;!?\n]+)"
-    r"|\bnever ?mind\s+(?:about\s+)?(?:the\s+|my\s+)?(?P<b>[^.;!?,\n]+?)\s+(?:rule|thing|instruction|part)\b"
+    # (A subject of at most 80 characters: unbounded, each "never mind" read on to the sentence's end.)
+    r"|\bnever ?mind\s+(?:about\s+)?(?:the\s+|my\s+)?(?P<b>[^.;!?,\n]{1,80}?)\s+(?:rule|thing|instruction|part)\b"
     r"|(?:^|[.;!?,]\s*)(?P<c>[\w'./ -]{2,40}?)\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
     r"(?:\s+(?:now|again|after all|with me))?\b"
     r"|\byou (?:may|can) (?:now |again |go ahead and )?(?P<d>[^.;!?\n]+)",

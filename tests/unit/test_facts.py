@@ -254,6 +254,25 @@ def test_extraction_is_linear_on_pathological_input() -> None:
         error_line(text)
 
 
+def test_reading_a_message_is_linear_on_blank_rows_and_repeated_phrases() -> None:
+    """A pasted sheet of empty rows, or a phrase said thousands of times: a line-anchored pattern that let
+    whitespace cross line breaks, or an unbounded subject, rescanned the rest from each line (50,000 blank rows: 144 s).
+
+    Run in a process of its own with a deadline sixty times what it takes (under a second): a hang detector.
+    """
+    import subprocess
+    import sys
+
+    code = (
+        "from langchain_compaction.core.readings import user_says, result_error\n"
+        "for text in ('\\t\\t\\t\\t\\n' * 50_000, ' \\n' * 100_000, '> \\n' * 50_000, '    \\n' * 50_000,\n"
+        "             '-- \\n' * 50_000, 'From: \\n' * 50_000, 'never mind ' * 5_000, 'forget what i said about ' * 5_000):\n"
+        "    user_says(text)\n"
+        "    result_error(text, whole=True)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 def test_error_lines_prefer_the_exception_to_the_count() -> None:
     assert error_line("collected 3 items\nE   ValueError: bad offset 14\n1 failed") == "E ValueError: bad offset 14"
     assert error_line("make: *** [Makefile:192: build] Error 2") == "make: *** [Makefile:192: build] Error 2"
