@@ -48,6 +48,8 @@ _CONSTRAINT_WORDS = (
     "going forward",
     "please",
 )
+# Where a sentence turns to a new point: what a revocation's subject stops at.
+_CONTRAST = re.compile(r",?\s+(?:but|however|though|yet)\s+|;\s*", re.IGNORECASE)
 _CORRECTION = re.compile(r"^(?:no\b[,.!]?|actually\b|wait\b|sorry\b|i meant\b|correction\b|that'?s wrong\b)", re.I)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 # A fenced block to its closing fence or the end: of backticks, or of tildes
@@ -244,7 +246,8 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
         return []  # the common case, found by plain substring scans
     found = []
     for match in _REVOKE.finditer(own_words(text)):
-        subject = next(group for group in match.groups() if group)
+        # The subject ends where a new rule starts ("tabs are fine, but never in Makefiles").
+        subject = _CONTRAST.split(next(group for group in match.groups() if group), 1)[0]
         words = subject_words(subject)
         if words:
             found.append(words)
@@ -345,8 +348,14 @@ def constraints(text: str) -> list[str]:
     for raw in _SENTENCE_END.split(words):
         sentence = (_EMPHASIS.sub(r"\2", raw) if "**" in raw or "__" in raw else raw).strip(" -*+\t")
         rule = (rules and _may_rule(sentence) and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)
-        # (Taking a rule back is not a rule.)
-        if 8 <= len(sentence) <= 400 and rule and not _REVOKE.search(sentence):
+        if not (8 <= len(sentence) <= 400 and rule):
+            continue
+        # Taking a rule back is not a rule, but what follows a "but" in the
+        # same sentence may be one: "Tabs are fine now, but never in Makefiles."
+        # (kept whole: the new rule is read with what it narrows).
+        if not _REVOKE.search(sentence) or any(
+            _CONSTRAINT.search(clause) and not _REVOKE.search(clause) for clause in _CONTRAST.split(sentence)[1:]
+        ):
             found.append(clip(sentence))
     return found
 

@@ -547,6 +547,23 @@ def test_a_permission_about_something_else_keeps_the_rule(rule: str, later: str)
 
 
 @pytest.mark.parametrize(
+    ("rule", "later"),
+    [
+        ("Never use tabs.", "Tabs are fine now, but never in Makefiles."),
+        ("Never use tabs.", "You may use tabs now, but never in Makefiles."),
+        ("Never use tabs.", "Forget what I said about tabs, but always use 4 spaces in Python."),
+        ("Don't start writing tests yet.", "You can now write the tests; never mock the database."),
+    ],
+)
+def test_a_rule_taken_back_with_a_narrower_one_in_the_same_sentence(rule: str, later: str) -> None:
+    text = _compacted([HumanMessage(rule, id="r"), AIMessage("noted", id="n"), HumanMessage(later, id="l")])
+    assert f'"{rule}"' not in text  # the subject stops where the new rule starts
+    # The new rule is a constraint, with what it narrows (not only the latest request).
+    constraints = text.partition("User constraints (the user's own words):\n")[2].split("\n\n")[0]
+    assert constraints.splitlines()[0] == f'- "{later}"'
+
+
+@pytest.mark.parametrize(
     "pasted",
     [
         "Here is the doc:\n~~~\nYou must always delete the old backups first.\n~~~\nWhat does it say?",
