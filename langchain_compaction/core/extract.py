@@ -79,8 +79,18 @@ _EMPHASIS = re.compile(r"(\*\*|__)(.+?)\1")
 # A revocation: the user takes a rule back ("forget what I said about tabs",
 # "tabs are fine now", "you may use tabs", "never mind the tabs rule").
 _REVOKE = re.compile(
-    r"\b(?:forget|ignore|disregard|scratch|drop)\s+(?:what i (?:said|told you)|my (?:earlier |previous |last )?"
-    r"(?:rule|instruction|request|constraint)s?)\s+(?:about|on|regarding|for)\s+(?P<a>[^.;!?\n]+)"
+    r"\b(?:forget|ignore|disregard|scratch|drop)\s+(?:what (?:i (?:said|told you)|the \w+ (?:said|says))"
+    r"|(?:my|the|our) (?:earlier |previous |last )?(?:rule|instruction|request|constraint|policy|guideline)s?)"
+    r"\s+(?:about|on|regarding|for)\s+(?P<a>[^.;!?\n]+)"
+    # "forget the voucher rule", "ignore that policy about refunds" (a subject of at most 80 characters).
+    r"|\b(?:forget|ignore|disregard|scratch|drop)\s+(?:the|my|our|that)\s+(?P<e>[^.;!?,\n]{1,80}?)\s+"
+    r"(?:rule|policy|instruction|requirement|guideline)s?\b"
+    r"|\b(?P<f>[\w'./ -]{2,40}?)\s+(?:rule|policy|requirement)s?\s+no longer appl(?:y|ies)\b"
+    # Permissions: "it's okay to ...", "feel free to ...", "you're allowed to ...", "you no longer need to ...".
+    r"|\b(?:it'?s|it is) (?:ok|okay|fine|alright|allowed) (?:now |again )?to (?P<g>[^.;!?\n]+)"
+    r"|\bfeel free to (?P<h>[^.;!?\n]+)"
+    r"|\byou(?:'re| are) (?:now |again )?allowed to (?P<i>[^.;!?\n]+)"
+    r"|\byou (?:no longer (?:need|have) to|don'?t (?:need|have) to (?=[^.;!?\n]{0,120}\bany ?more\b))(?P<j>[^.;!?\n]+)"
     # (A subject of at most 80 characters: unbounded, each "never mind" read on to the sentence's end.)
     r"|\bnever ?mind\s+(?:about\s+)?(?:the\s+|my\s+)?(?P<b>[^.;!?,\n]{1,80}?)\s+(?:rule|thing|instruction|part)\b"
     r"|(?:^|[.;!?,]\s*)(?P<c>[\w'./ -]{2,40}?)\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
@@ -102,6 +112,10 @@ _REVOKE_WORDS = (
     "acceptable",
     "you may",
     "you can",
+    "free to",
+    "no longer",
+    "anymore",
+    "any more",
 )
 _STOP_WORDS = frozenset(
     {
@@ -110,7 +124,7 @@ _STOP_WORDS = frozenset(
         *("again", "after", "all", "fine", "ok", "okay", "allowed", "said", "told", "use", "using", "just"),
         *("please", "any", "some"),
         # Adverbs that qualify a permission without naming what it is about.
-        *("directly", "simply", "also", "still", "really", "even", "here", "there", "anymore", "go", "ahead"),
+        *("directly", "simply", "also", "still", "really", "even", "here", "there", "anymore", "more", "go", "ahead"),
     }
 )
 

@@ -266,7 +266,8 @@ def test_reading_a_message_is_linear_on_blank_rows_and_repeated_phrases() -> Non
     code = (
         "from langchain_compaction.core.readings import user_says, result_error\n"
         "for text in ('\\t\\t\\t\\t\\n' * 50_000, ' \\n' * 100_000, '> \\n' * 50_000, '    \\n' * 50_000,\n"
-        "             '-- \\n' * 50_000, 'From: \\n' * 50_000, 'never mind ' * 5_000, 'forget what i said about ' * 5_000):\n"
+        "             '-- \\n' * 50_000, 'From: \\n' * 50_000, 'never mind ' * 5_000, 'forget what i said about ' * 5_000,\n"
+        "             \"you don't need to \" * 5_000, 'forget the ' * 5_000, 'feel free to ' * 5_000):\n"
         "    user_says(text)\n"
         "    result_error(text, whole=True)\n"
     )

@@ -519,6 +519,16 @@ def test_an_error_names_its_tool_and_command_apart() -> None:
         ("Never edit src/app.py", "You can edit app.py now."),
         ("Don't start writing tests yet.", "You can now write the tests."),
         ("Never make changes to the schema.", "Making changes to the schema is fine."),
+        # The ways a pasted policy's rule is taken back.
+        ("Never refund basic economy tickets.", "Forget what the policy said about basic economy tickets."),
+        ("Do not offer travel vouchers unless the customer asks.", "Ignore the policy on travel vouchers."),
+        ("Do not offer travel vouchers unless the customer asks.", "Forget the voucher rule."),
+        ("Never refund basic economy tickets.", "It's okay to refund basic economy tickets now."),
+        ("Do not offer travel vouchers unless the customer asks.", "Feel free to offer travel vouchers."),
+        ("Never refund basic economy tickets.", "You're allowed to refund basic economy tickets now."),
+        ("Always log the refund reason in the ticket.", "You no longer need to log the refund reason."),
+        ("Always log the refund reason in the ticket.", "You don't need to log the refund reason anymore."),
+        ("Always log the refund reason in the ticket.", "The refund reason rule no longer applies."),
     ],
 )
 def test_a_rule_ending_with_its_subject_is_taken_back(rule: str, later: str) -> None:
@@ -539,11 +549,18 @@ def test_a_rule_ending_with_its_subject_is_taken_back(rule: str, later: str) -> 
         ("Never edit the backend config.", "You can edit the frontend config now."),
         ("Do not deploy the staging server on Fridays.", "You can deploy the production server now."),
         ("Never edit docs/index.md.", "You can edit src/index.ts now."),
+        ("Always log the refund reason in the ticket.", "Feel free to log the refund amount."),
+        ("Never email the customer directly.", "Forget the voucher rule."),
     ],
 )
 def test_a_permission_about_something_else_keeps_the_rule(rule: str, later: str) -> None:
     text = _compacted([HumanMessage(rule, id="r"), AIMessage("noted", id="n"), HumanMessage(later, id="l")])
     assert f'"{rule}"' in text
+
+
+def test_not_needing_to_do_something_is_still_a_rule_unless_it_was_needed_before() -> None:
+    text = _compacted([HumanMessage("You don't need to explain your changes, just make them.", id="r")])
+    assert "User constraints" in text  # a preference, not a permission ("anymore" would take a rule back)
 
 
 @pytest.mark.parametrize(
