@@ -393,13 +393,13 @@ def identifiers(text: str, *, code_names: bool = True, max_code_names: int | Non
         _add_new(found, url.rstrip(".,;:!?"))
     # Only words with a digit, a dot, a slash, an @ or a currency sign can be
     # identifiers: one pass finds them, plain words are never looked at.
-    for word in _MAYBE_IDENTIFIER.findall(words):
-        token = word.lstrip("([{<\"'`*").rstrip(")]}>\"'`*.,;:!?")
-        if len(token) > _MAX_TOKEN_CHARS or "://" in token or not _TOKEN.fullmatch(token) or encoded(token):
-            continue
-        if "/" in token and not is_path(token):
-            continue  # "and/or", "yes/no"
-        _add_new(found, token)
+    for word in _MAYBE_IDENTIFIER.findall(_CJK_GLUE.sub(" ", words)):
+        for token in _tokens(word):
+            if len(token) > _MAX_TOKEN_CHARS or "://" in token or not _TOKEN.fullmatch(token) or encoded(token):
+                continue
+            if "/" in token and not is_path(token):
+                continue  # "and/or", "yes/no"
+            _add_new(found, token)
     # Names from code the user wrote in prose (camelCase, PascalCase with an
     # inner capital, snake_case): a model paraphrases them into plain words.
     if code_names:
@@ -409,6 +409,30 @@ def identifiers(text: str, *, code_names: bool = True, max_code_names: int | Non
                 break
             _add_new(found, name)
     return found
+
+
+def _tokens(word: str) -> Sequence[str]:
+    """``word`` trimmed of brackets and punctuation; when that is no identifier, its pieces.
+
+    Pieces are split at ``:``, ``=`` and ``|``: "code:JG7FMM", "id=RZ8KPW", a table
+    row "|JG7FMM|2024-05-21|".
+    """
+    token = word.lstrip(_OPENERS).rstrip(_CLOSERS)
+    if "://" in token or _TOKEN.fullmatch(token):
+        return (token,)
+    pieces = [piece.lstrip(_OPENERS).rstrip(_CLOSERS) for piece in _ASCII_GLUE.split(word)]
+    return pieces if len(pieces) > 1 else (token,)
+
+
+_OPENERS = "([{<\"'`*"
+_CLOSERS = ")]}>\"'`*.,;:!?"
+_ASCII_GLUE = re.compile(r"[:=|]")
+# Chinese, Japanese and Korean text is written without spaces: a run of its
+# letters, or its full-width punctuation, parts the ids and paths around it
+# ("预订号：JG7FMM，日期2024-05-21"), except a run between path separators
+# (a folder's name: "/home/用户/app.py").
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
+_CJK_GLUE = re.compile(rf"[\u3000-\u303f\uff00-\uffef]|(?<![/\\{_CJK}])[{_CJK}]+(?![/\\{_CJK}])")
 
 
 def names_in_code(text: str) -> list[str]:

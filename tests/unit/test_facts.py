@@ -246,6 +246,25 @@ def test_identifiers_are_what_a_model_cannot_guess() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("Please rebook code:JG7FMM today.", ["JG7FMM"]),
+        ("Look up the booking with id=RZ8KPW please.", ["RZ8KPW"]),
+        ("|code|date|\n|---|---|\n|JG7FMM|2024-05-21|", ["JG7FMM", "2024-05-21"]),
+        ("The failure is at src/app.py:12 in v1.2.3", ["src/app.py", "v1.2.3"]),
+        ("予約番号JG7FMMの便を変更してください。", ["JG7FMM"]),
+        ("请改签，预订号：JG7FMM，日期2024-05-21。", ["JG7FMM", "2024-05-21"]),
+        ("文件src/app.py不要改，谢谢。", ["src/app.py"]),
+        # A folder named in CJK is part of its path; a URL keeps its own colons and equals signs.
+        ("改 /home/用户/项目/app.py 吧", ["/home/用户/项目/app.py"]),
+        ("see https://x.example/a?b=1&c=2 now", ["https://x.example/a?b=1&c=2"]),
+    ],
+)
+def test_identifiers_glued_to_punctuation_or_cjk_text_are_found(text: str, found: list[str]) -> None:
+    assert identifiers(text) == found
+
+
 def test_extraction_is_linear_on_pathological_input() -> None:
     # A catastrophic regex would not finish; these finish at once.
     for text in ("fix src/app.py" * 20_000, "a" * 200_000, "x/" * 100_000, "1," * 100_000):
@@ -267,7 +286,8 @@ def test_reading_a_message_is_linear_on_blank_rows_and_repeated_phrases() -> Non
         "from langchain_compaction.core.readings import user_says, result_error\n"
         "for text in ('\\t\\t\\t\\t\\n' * 50_000, ' \\n' * 100_000, '> \\n' * 50_000, '    \\n' * 50_000,\n"
         "             '-- \\n' * 50_000, 'From: \\n' * 50_000, 'never mind ' * 5_000, 'forget what i said about ' * 5_000,\n"
-        "             \"you don't need to \" * 5_000, 'forget the ' * 5_000, 'feel free to ' * 5_000):\n"
+        "             \"you don't need to \" * 5_000, 'forget the ' * 5_000, 'feel free to ' * 5_000,\n"
+        "             '用户' * 50_000, 'a用户/' * 30_000, 'id=x:' * 30_000):\n"
         "    user_says(text)\n"
         "    result_error(text, whole=True)\n"
     )
