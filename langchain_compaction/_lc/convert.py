@@ -145,7 +145,8 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
         return Part("data", str(block))
     kind = block.get("type")
     if kind == "text" or (kind is None and isinstance(block.get("text"), str)):
-        return Part("text", str(block.get("text", "")))
+        text = block.get("text")
+        return Part("text", "" if text is None else str(text))  # (a block with no text is not the word "None")
     if kind in _REASONING_BLOCKS:
         text = block.get("thinking") or block.get("reasoning") or block.get("text") or ""
         if not text and isinstance(block.get("summary"), list):

@@ -75,6 +75,12 @@ def test_unknown_blocks_are_shown_as_json() -> None:
     assert message_body(message) == '(block) {"source": "doc-7", "type": "citation"}'
 
 
+def test_a_text_block_without_text_is_empty_not_the_word_none() -> None:
+    message = to_core(HumanMessage([{"type": "text", "text": None}, {"type": "text", "text": "hello"}]))
+    assert message.text == "\nhello"
+    assert "None" not in message_body(message)
+
+
 def test_render_fences_every_message() -> None:
     messages = [to_core(HumanMessage("hello")), to_core(AIMessage("hi there"))]
     blocks = [make_block(m, i, max_tokens=1000) for i, m in enumerate(messages)]
