@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from langchain_compaction.core.extract import MAX_KEY_CHARS, clip, is_path
+from langchain_compaction.core.extract import MAX_KEY_CHARS, clip
+from langchain_compaction.core.identifiers import is_path
 from langchain_compaction.core.types import ToolCall
 
 _SHORT_ARGUMENT = 80

@@ -1,7 +1,8 @@
 """What a message's text says, read without a model: the rules checked facts are found by.
 
-``constraints`` (the user's rules, preferences and corrections), ``identifiers``
-(ids, codes, amounts, dates, versions, paths, URLs, code names); the line of a
+``constraints`` (the user's rules, preferences and corrections, and the ways they
+are taken back), what the user says in their own voice; ``core.identifiers``
+finds ids, codes, amounts, dates, versions, paths, URLs and code names; the line of a
 tool's output that reports an error is ``core.readings.error_line``, what a tool
 call was about ``core.calls``'. Every rule is a linear scan or regex:
 the real transcripts in ``../shared/data/transcripts`` and the synthetic
@@ -128,31 +129,6 @@ _STOP_WORDS = frozenset(
     }
 )
 
-# Identifiers are matched token by token (whitespace-separated words, trimmed
-# of brackets and punctuation), so a pathological input stays linear.
-_URL = re.compile(r"https?://[^\s)>\]\"'`]+")
-_TOKEN = re.compile(
-    r"""
-      [\w.+-]+@[\w-]+(?:\.[\w-]+)+                         # e-mail addresses
-    | [\w.~@/-]*/[\w.@/-]+                                 # paths (checked by _is_path)
-    | [\w-]+\.(?:py|pyi|js|ts|tsx|jsx|json|ya?ml|toml|md|txt|csv|c|h|cc|cpp|hpp|go|rs|java|kt|rb|php|sh|sql
-        |html|css|cfg|ini|lock|xml|ipynb|env|pony)         # bare file names
-    | [$€£¥]\d[\d,]*(?:\.\d+)?                             # amounts
-    | \d{4}-\d{2}-\d{2}                                    # dates
-    | v?\d+\.\d+(?:\.\d+)+                                 # versions
-    | (?=[A-Za-z_-]*\d)(?=[\d_-]*[A-Za-z])[A-Za-z0-9][A-Za-z0-9_-]{3,}  # codes mixing letters and digits
-    | \d[\d,]{3,}(?:\.\d+)?                                # long numbers
-    """,
-    re.VERBOSE,
-)
-_MAX_TOKEN_CHARS = 200
-# camelCase, PascalCase with an inner capital, snake_case; tried at word starts only.
-_CODE_NAME = re.compile(
-    r"\b(?:[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][a-z0-9]+[A-Z][A-Za-z0-9]*|[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]+)\b"
-)
-# Tried only where a word starts, and it scans that word once: linear.
-_MAYBE_IDENTIFIER = re.compile(r"(?<!\S)(?=\S*[\d/.@$€£¥])\S+")
-
 
 def normalize(text: str) -> str:
     """``text`` as facts are compared: case folded, runs of whitespace made one space."""
@@ -216,7 +192,8 @@ def prose(text: str) -> str:
 
 # A slash command ("/add src/a.py"): what follows it in the same turn is the
 # harness's answer, not the user's words.
-_COMMAND_WORD = re.compile(r"/[A-Za-z][\w-]*")
+SLASH_COMMAND = re.compile(r"/[A-Za-z][\w-]*")
+"""A slash command's word ("/add", "/undo")."""
 
 
 def command_line(text: str) -> str:
@@ -227,7 +204,7 @@ def command_line(text: str) -> str:
         ('/undo', '')
     """
     first = text.lstrip().split("\n", 1)[0].strip()
-    return first if _COMMAND_WORD.fullmatch(first.split(" ", 1)[0]) else ""
+    return first if SLASH_COMMAND.fullmatch(first.split(" ", 1)[0]) else ""
 
 
 def own_words(text: str) -> str:
@@ -374,128 +351,6 @@ def constraints(text: str) -> list[str]:
     return found
 
 
-def identifiers(text: str, *, code_names: bool = True, max_code_names: int | None = None) -> list[str]:
-    """Ids, codes, amounts, dates, versions, paths, URLs, addresses and code names in ``text``.
-
-    ``max_code_names`` keeps only the first code names (a pasted prompt or
-    listing names dozens); values are never capped.
-
-    Example:
-        >>> identifiers("Rebook RZ8KPW for $1,250.50 on 2024-05-21, see docs/booking.md")
-        ['RZ8KPW', '$1,250.50', '2024-05-21', 'docs/booking.md']
-        >>> identifiers("Use the useCart hook in CartPanel and keep max_retries")
-        ['useCart', 'CartPanel', 'max_retries']
-    """
-    # What a harness answered to a slash command is not what the user gave.
-    words = prose(command_line(text) or text)
-    found: list[str] = []
-    for url in _URL.findall(words):
-        _add_new(found, url.rstrip(".,;:!?"))
-    # Only words with a digit, a dot, a slash, an @ or a currency sign can be
-    # identifiers: one pass finds them, plain words are never looked at.
-    for word in _MAYBE_IDENTIFIER.findall(_CJK_GLUE.sub(" ", words)):
-        for token in _tokens(word):
-            if len(token) > _MAX_TOKEN_CHARS or "://" in token or not _TOKEN.fullmatch(token) or encoded(token):
-                continue
-            if "/" in token and not is_path(token):
-                continue  # "and/or", "yes/no"
-            _add_new(found, token)
-    # Names from code the user wrote in prose (camelCase, PascalCase with an
-    # inner capital, snake_case): a model paraphrases them into plain words.
-    if code_names:
-        values = len(found)
-        for name in names_in_code(words):
-            if max_code_names is not None and len(found) - values >= max_code_names:
-                break
-            _add_new(found, name)
-    return found
-
-
-def _tokens(word: str) -> Sequence[str]:
-    """``word`` trimmed of brackets and punctuation; when that is no identifier, its pieces.
-
-    Pieces are split at ``:``, ``=`` and ``|``: "code:JG7FMM", "id=RZ8KPW", a table
-    row "|JG7FMM|2024-05-21|".
-    """
-    token = word.lstrip(_OPENERS).rstrip(_CLOSERS)
-    if "://" in token or _TOKEN.fullmatch(token):
-        return (token,)
-    pieces = [piece.lstrip(_OPENERS).rstrip(_CLOSERS) for piece in _ASCII_GLUE.split(word)]
-    return pieces if len(pieces) > 1 else (token,)
-
-
-_OPENERS = "([{<\"'`*"
-_CLOSERS = ")]}>\"'`*.,;:!?"
-_ASCII_GLUE = re.compile(r"[:=|]")
-# Chinese, Japanese and Korean text is written without spaces: a run of its
-# letters, or its full-width punctuation, parts the ids and paths around it
-# ("预订号：JG7FMM，日期2024-05-21"), except a run between path separators
-# (a folder's name: "/home/用户/app.py").
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
-_CJK_GLUE = re.compile(rf"[\u3000-\u303f\uff00-\uffef]|(?<![/\\{_CJK}])[{_CJK}]+(?![/\\{_CJK}])")
-
-
-def names_in_code(text: str) -> list[str]:
-    """The code names in ``text`` (camelCase, PascalCase with an inner capital, snake_case), in order, repeats too.
-
-    Example:
-        >>> names_in_code("call build_case_type on TOKEN_KIND_ANY, not Plain words")
-        ['build_case_type', 'TOKEN_KIND_ANY']
-    """
-    # (Not from inside a pasted blob: base64 is full of "camelCase".)
-    # (Words shorter than 20 characters are never encoded: only the long
-    # ones are looked at, found by the regex engine, not a Python loop.)
-    return _CODE_NAME.findall(_LONG_WORD.sub(_unless_readable, text))
-
-
-_LONG_WORD = re.compile(r"\S{20,}")
-
-
-def _unless_readable(match: re.Match[str]) -> str:
-    word = match.group()
-    return word if len(word) <= _MAX_TOKEN_CHARS and not encoded(word) else " "
-
-
-# Base64, hex and hash runs: their character class keeps changing, which an id's does not.
-_CLASS_CHANGE = re.compile(r"[a-z][A-Z0-9+/=]|[A-Z][0-9+/=]|[0-9][A-Za-z+/=]")
-_HEX = re.compile(r"[0-9a-fA-F]{24,}")
-
-
-def encoded(token: str) -> bool:
-    """Whether ``token`` looks like encoded data (base64, hex, a hash, minified blobs), not an identifier.
-
-    Example:
-        >>> encoded("RZ8KPW"), encoded("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJ"), encoded("deadbeef" * 4)
-        (False, True, True)
-    """
-    if len(token) > 60:
-        return True
-    if len(token) < 20 or (is_path(token) and "/" in token):
-        return False
-    if _HEX.fullmatch(token) or len(_CLASS_CHANGE.findall(token)) * 4 >= len(token):
-        return True
-    # Base64 of binary data mixes cases and digits, with long runs (AAAA) that
-    # change class rarely; a name mixes cases sparingly.
-    letters = [c for c in token if c.isalpha()]
-    upper = sum(1 for c in letters if c.isupper())
-    mixed = 0 < upper < len(letters) and upper * 10 >= len(letters) * 3
-    return len(token) >= 24 and mixed and any(c.isdigit() for c in token)
-
-
-def _add_new(found: list[str], value: str) -> None:
-    if value and value not in found:
-        found.append(clip(value, MAX_KEY_CHARS))
-
-
-def is_path(value: str) -> bool:
-    """Whether ``value`` looks like a file path or URL (not a slash command, not \"and/or\")."""
-    last = value.rstrip("/").rsplit("/", 1)[-1]
-    if _COMMAND_WORD.fullmatch(value):
-        return False  # "/add", "/undo": a slash command, not a path worth keeping
-    return value.startswith(("/", "~", "./", "../", "http")) or "." in last or value.count("/") >= 2
-
-
-# Words too common to say what a task is about (and the library's own).
 _COMMON_WORDS = """
     about above after again against also always another anything around because been before being below
     between both cannot could does doing done down during each else even every first from further have

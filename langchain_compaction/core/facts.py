@@ -67,12 +67,12 @@ from langchain_compaction.core.extract import (
     clip,
     compared,
     constraints,
-    identifiers,
     normalize,
     one_line,
     revokes,
     without_revoked,
 )
+from langchain_compaction.core.identifiers import identifiers
 from langchain_compaction.core.readings import agent_names, error_line, result_error, user_says
 from langchain_compaction.core.section import (
     PRIORITY,

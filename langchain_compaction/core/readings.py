@@ -24,13 +24,12 @@ from langchain_compaction.core.extract import (
     compared,
     constraints,
     feedback,
-    identifiers,
-    names_in_code,
     one_line,
     own_words,
     revoked_subjects,
     task_terms,
 )
+from langchain_compaction.core.identifiers import identifiers, names_in_code
 from langchain_compaction.core.types import Fact
 
 CODE_NAMES_PER_MESSAGE = 12

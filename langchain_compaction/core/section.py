@@ -138,20 +138,7 @@ def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[
     shown = ""
     used = estimate_tokens(f"{SECTION_HEADING}\n{SECTION_NOTE}")
     titled: set[FactKind] = set()
-    # Newest first, but the user's words most repeated first (``result`` lists them so, last).
-    newest_first = [f for f in reversed(missing) if f.kind != "term"] + [f for f in missing if f.kind == "term"]
-    by_kind: dict[FactKind, list[Fact]] = {kind: [] for kind in PRIORITY}
-    for fact in newest_first:
-        by_kind[fact.kind].append(fact)
-    # Shares double each round: a kind with more facts than its share gets
-    # more only as every other kind does.
-    rounds: list[tuple[FactKind | None, list[Fact], float]] = [
-        (kind, by_kind[kind], budget * SHARES[kind] * 2**n) for n in range(4) for kind in PRIORITY
-    ]
-    rounds.append((None, newest_first, budget))
-    # The least a fact of each kind can cost (a quarter token a character):
-    # a round whose kind cannot fit even that is passed whole.
-    least = {kind: min((len(f.text) for f in of_kind), default=0) // 4 + 1 for kind, of_kind in by_kind.items()}
+    rounds, least = _rounds(missing, budget)
     cheapest = min(least[f.kind] for f in missing) if missing else 0
     spent: dict[FactKind | None, int] = {}
     lines: dict[int, str] = {}  # rendered once a fact is looked at (most never are: the section fills first)
@@ -194,6 +181,27 @@ def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[
             ):
                 break
     return _in_order(list(chosen.values()), missing, budget)
+
+
+def _rounds(
+    missing: Sequence[Fact], budget: int
+) -> tuple[list[tuple[FactKind | None, list[Fact], float]], dict[FactKind, int]]:
+    """The rounds of ``fitting`` (kind, its facts newest first, its cap), and the least a fact of each kind costs."""
+    # Newest first, but the user's words most repeated first (``result`` lists them so, last).
+    newest_first = [f for f in reversed(missing) if f.kind != "term"] + [f for f in missing if f.kind == "term"]
+    by_kind: dict[FactKind, list[Fact]] = {kind: [] for kind in PRIORITY}
+    for fact in newest_first:
+        by_kind[fact.kind].append(fact)
+    # Shares double each round: a kind with more facts than its share gets
+    # more only as every other kind does.
+    rounds: list[tuple[FactKind | None, list[Fact], float]] = [
+        (kind, by_kind[kind], budget * SHARES[kind] * 2**n) for n in range(4) for kind in PRIORITY
+    ]
+    rounds.append((None, newest_first, budget))
+    # The least a fact of each kind can cost (a quarter token a character):
+    # a round whose kind cannot fit even that is passed whole.
+    least = {kind: min((len(f.text) for f in of_kind), default=0) // 4 + 1 for kind, of_kind in by_kind.items()}
+    return rounds, least
 
 
 def _in_order(chosen: list[Fact], missing: Sequence[Fact], budget: int) -> list[Fact]:

@@ -31,7 +31,7 @@ from langchain_compaction.core.extract import (
     revokes,
     without_revoked,
 )
-from langchain_compaction.core.extract import identifiers as core_identifiers
+from langchain_compaction.core.identifiers import identifiers as core_identifiers
 from langchain_compaction.core.types import Message, SummaryRequest
 from langchain_compaction.summarizers.checkpoint import HEADINGS, SECTIONS, Checkpoint
 
