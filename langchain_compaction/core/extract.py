@@ -319,6 +319,26 @@ def subject_words(text: str) -> frozenset[str]:
     return frozenset(w[:-1] if w.endswith("s") and len(w) > 3 else w for w in words if w and w not in _STOP_WORDS)
 
 
+RULES_PER_MESSAGE = 3
+"""How many of a pasted document's rules are the user's own: its first ones, and its
+last one besides (what the user adds after a paste: "... and above all, never ...")."""
+DOCUMENT_CHARS = 1_000
+"""A message longer than this that lays down more than ``RULES_PER_MESSAGE`` rules is a
+pasted document (a prompt, a policy, a task template); in a shorter one every rule is
+the user's own."""
+
+
+def own_rule(text: str, index: int, count: int) -> bool:
+    """Whether the ``index``-th of the ``count`` rules ``constraints(text)`` found is the user's own.
+
+    A pasted document lays down dozens, which would crowd out everything else:
+    only its first and its last are (checked facts list the others last, the
+    offline summary lets them go for room).
+    """
+    document = count > RULES_PER_MESSAGE + 1 and len(text) > DOCUMENT_CHARS
+    return not document or index < RULES_PER_MESSAGE or index == count - 1
+
+
 def _may_rule(sentence: str) -> bool:
     """Whether ``sentence`` holds a rule word (a plain substring scan: the regex reads only those that do)."""
     low = sentence.lower()

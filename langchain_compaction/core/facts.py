@@ -18,9 +18,10 @@ What counts as a fact (the rules were chosen on the real transcripts in
   message, a fenced block, a tool's output or the system prompt. A later
   message that takes a rule back ("forget what I said about tabs", "tabs are
   fine now", "you may use tabs") drops the rules on that subject, and only those;
-- rule: the rules of one message past its first ``RULES_PER_MESSAGE`` (a pasted
-  prompt or policy lays down dozens, which would crowd out everything else):
-  kept and revoked as constraints are, but last in line for the section's room;
+- rule: the rules of a pasted document (a message of more than
+  ``DOCUMENT_CHARS`` that lays down more than ``RULES_PER_MESSAGE``: a prompt or a
+  policy lays down dozens, which would crowd out everything else) but its first
+  and its last: kept and revoked as constraints are, but last in line for room;
 - task: the user's first substantive request (the task statement), kept for good;
 - request: the user's newest requests in the compacted part (``REQUESTS_KEPT``);
 - earlier: the requests before those, shortened (``EARLIER_KEPT``), last in line;
@@ -64,11 +65,14 @@ from dataclasses import dataclass, field, replace
 from langchain_compaction.core.calls import CallReading, command_target, read_call, written_files
 from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.extract import (
+    DOCUMENT_CHARS,
+    RULES_PER_MESSAGE,
     clip,
     compared,
     constraints,
     normalize,
     one_line,
+    own_rule,
     revokes,
     without_revoked,
 )
@@ -86,7 +90,9 @@ from langchain_compaction.core.section import (
 from langchain_compaction.core.types import Fact, FactKind, Message, ToolCall
 
 __all__ = [
+    "DOCUMENT_CHARS",
     "PRIORITY",
+    "RULES_PER_MESSAGE",
     "SECTION_HEADING",
     "SECTION_NOTE",
     "FactCheck",
@@ -99,10 +105,6 @@ __all__ = [
     "render_section",
 ]
 
-RULES_PER_MESSAGE = 3
-"""How many of one message's rules are constraints (the first): a person states one or two
-at a time; the rest of a message that lays down more (a pasted prompt, a policy, a
-task template) are ``rule`` facts, kept last in line for room."""
 REQUESTS_KEPT = 2
 """How many of the user's newest requests are facts."""
 EARLIER_KEPT = 10
@@ -121,7 +123,7 @@ _COUNTED: frozenset[FactKind] = frozenset({"task", "request", "earlier", *_REPEA
 
 
 _RULES: frozenset[FactKind] = frozenset({"constraint", "rule"})
-"""The user's rules: the first of a message's, and the rest (``RULES_PER_MESSAGE``)."""
+"""The user's rules: their own and a pasted document's first and last, and the rest (``DOCUMENT_CHARS``)."""
 
 
 def _cleaned(fact: Fact) -> Fact | None:
@@ -229,7 +231,8 @@ class _Tracker:
         if not record:
             return
         for n, sentence in enumerate(said.constraints):
-            self.add(Fact("constraint" if n < RULES_PER_MESSAGE else "rule", sentence))
+            own = own_rule(text, n, len(said.constraints))
+            self.add(Fact("constraint" if own else "rule", sentence))
         for fact in said.identifiers:
             # (Clean and compared once, with the reading: what ``add`` would do to them.)
             self._put(("identifier", fact.known_norm), fact)

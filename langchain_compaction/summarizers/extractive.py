@@ -25,6 +25,7 @@ from langchain_compaction.core.extract import (
     constraints,
     feedback,
     one_line,
+    own_rule,
     own_words,
     quoted,
     revoked_subjects,
@@ -301,8 +302,10 @@ class ExtractiveSummarizer:
             for section in SECTIONS:
                 if section != "Constraints & Preferences":
                     summary.revise(section, lambda item: without_revoked(item, revoked))
-        for sentence in constraints(text):
-            summary.add("Constraints & Preferences", _clip(sentence), precious=True)
+        rules = constraints(text)
+        for n, sentence in enumerate(rules):
+            # A pasted document's other rules may go for room; the user's own may not.
+            summary.add("Constraints & Preferences", _clip(sentence), precious=own_rule(text, n, len(rules)))
         self._add_context(summary, text, from_user=True)
         if command and "\n" in text.strip():
             # What the harness answered to the command is read as a tool's output.

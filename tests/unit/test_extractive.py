@@ -58,6 +58,22 @@ def test_fills_every_checkpoint_section_from_the_messages():
         assert fact in context
 
 
+@pytest.mark.parametrize("budget", [300, 400])
+def test_a_pasted_policy_never_pushes_out_the_users_own_rule(budget):
+    policy = " ".join(
+        f"You must always confirm step {chr(97 + i)} with the customer before booking." for i in range(20)
+    )
+    messages = [
+        HumanMessage("Never use tabs in src/app.py.", id="h0"),
+        HumanMessage(f"Here is our policy. {policy}", id="h1"),
+        AIMessage("Booked.", id="a1"),
+    ]
+    summary = ExtractiveSummarizer(max_tokens=budget).summarize_messages(to_core_list(messages))
+    rules = summary.split("## Constraints & Preferences", 1)[1].split("## Progress", 1)[0]
+    assert "Never use tabs in src/app.py." in rules  # the user's own: kept before a paste's other rules
+    assert "confirm step a " in rules  # a paste's first rules are protected too
+
+
 def test_unanswered_call_is_in_progress():
     messages = [
         HumanMessage("deploy it"),

@@ -445,34 +445,57 @@ def test_a_pasted_policy_does_not_crowd_out_the_users_own_rules_and_the_rest() -
     )
     messages = [
         HumanMessage("Never use tabs in src/app.py.", id="h0"),
-        HumanMessage(f"Here is our policy. {policy}", id="h1"),
+        HumanMessage(f"Here is our policy. {policy} And above all, never book flight UA908.", id="h1"),
         AIMessage("Done.", tool_calls=[{"name": "Read", "args": {"file_path": "src/app.py"}, "id": "c1"}], id="a1"),
         ToolMessage("print('hi')", tool_call_id="c1", id="t1"),
         HumanMessage("Book JG7FMM for the user and never mention the policy text.", id="h2"),
     ]
     facts = gather((), to_core_list(messages), range(len(messages)), ())
-    kinds = [f.kind for f in facts if f.kind in ("constraint", "rule") and "confirm step" in f.text]
-    # Every rule is kept and recorded; the first few of the long message are constraints.
-    assert kinds == ["constraint"] * RULES_PER_MESSAGE + ["rule"] * (20 - RULES_PER_MESSAGE)
-    check = check_summary("", facts, 160)
+    of_policy = [(f.kind, f.text) for f in facts if f.kind in ("constraint", "rule") and "step" in f.text]
+    # Every rule is kept and recorded: the document's first few and its last (the
+    # user's own, after the paste) are constraints, the rest rules.
+    assert [k for k, _ in of_policy] == ["constraint"] * RULES_PER_MESSAGE + ["rule"] * (20 - RULES_PER_MESSAGE)
+    assert ("constraint", "And above all, never book flight UA908.") in [(f.kind, f.text) for f in facts]
+    check = check_summary("", facts, 180)
     # Short on room: the user's own rules, the identifier and the file come before the policy's 17 others.
-    for wanted in ("Never use tabs in src/app.py.", "never mention the policy text", "JG7FMM", "src/app.py"):
+    for wanted in ("Never use tabs in src/app.py.", "never mention the policy text", "never book flight UA908"):
         assert wanted in check.section
-    assert "step t" not in check.section
-    # With room, the policy's other rules are listed too, under their own title.
+    for wanted in ("JG7FMM", "src/app.py"):
+        assert wanted in check.section
+    assert not [text for kind, text in of_policy if kind == "rule" and text in check.section]
+    # With room, the policy's other rules are listed too, last, under their own title.
     roomy = check_summary("", facts, 2_000).section
-    assert "More rules, from messages that lay down many" in roomy
-    assert "step t " in roomy
-    # They are taken back as constraints are, and a rule stated again is one fact.
-    again = to_core_list([HumanMessage("You must always confirm step t with the customer before booking.", id="h3")])
+    assert roomy.index("The user's latest requests:") < roomy.index("More rules, from messages that lay down many")
+    assert all(text in roomy for _, text in of_policy)
+    # They are taken back as constraints are, and a rule stated again is one fact,
+    # a constraint if either time it was one.
+    again = to_core_list([HumanMessage("You must always confirm step s with the customer before booking.", id="h3")])
     restated = [
-        f for f in gather(facts, again, range(1), ()) if f.kind in ("constraint", "rule") and "step t " in f.text
+        f for f in gather(facts, again, range(1), ()) if f.kind in ("constraint", "rule") and "step s " in f.text
     ]
     assert [f.kind for f in restated] == ["constraint"]
-    revoked = to_core_list([HumanMessage("Forget what I said about confirming step t with the customer.", id="h4")])
-    assert not [
-        f for f in gather(facts, revoked, range(1), ()) if f.kind in ("constraint", "rule") and "step t " in f.text
+    later = to_core_list([HumanMessage(f"Here is our policy again. {policy} Thanks.", id="h5")])
+    own_then_pasted = [
+        f.kind for f in gather(facts, later, range(1), ()) if f.kind in ("constraint", "rule") and "step a " in f.text
     ]
+    assert own_then_pasted == ["constraint"]
+    middle = to_core_list([HumanMessage("Never use tabs in src/app.py. " + policy, id="h6")])
+    carried = [
+        f.kind
+        for f in gather(facts, middle, range(1), ())
+        if f.kind in ("constraint", "rule") and f.text == "Never use tabs in src/app.py."
+    ]
+    assert carried == ["constraint"]
+    revoked = to_core_list([HumanMessage("Forget what I said about confirming step s with the customer.", id="h4")])
+    assert not [
+        f for f in gather(facts, revoked, range(1), ()) if f.kind in ("constraint", "rule") and "step s " in f.text
+    ]
+
+
+def test_a_users_own_message_of_many_rules_is_all_constraints() -> None:
+    own = "Never use tabs. Never push to main. Keep each commit under 200 lines. Always run the tests. Don't touch CI."
+    facts = gather((), to_core_list([HumanMessage(own, id="h0")]), range(1), ())
+    assert [f.kind for f in facts if f.kind in ("constraint", "rule")] == ["constraint"] * 5
 
 
 def test_a_message_read_again_is_not_read_again_and_gives_the_same_facts() -> None:
