@@ -22,7 +22,7 @@ def test_the_suite_runs_without_the_shared_transcripts(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "LANGCHAIN_COMPACTION_TRANSCRIPTS"}
     env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_formats.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "tests/unit/test_formats.py"],
         cwd=checkout,
         env=env,
         capture_output=True,
