@@ -79,12 +79,14 @@ _FORWARDED = re.compile(
 _EMPHASIS = re.compile(r"(\*\*|__)(.+?)\1")
 # A revocation: the user takes a rule back ("forget what I said about tabs",
 # "tabs are fine now", "you may use tabs", "never mind the tabs rule").
+# (Not after a "don't" or a "never": "don't forget the voucher rule" is a reminder.)
+_NOT = r"(?<!don't )(?<!don\u2019t )(?<!dont )(?<!do not )(?<!never )"
 _REVOKE = re.compile(
-    r"\b(?:forget|ignore|disregard|scratch|drop)\s+(?:what (?:i (?:said|told you)|the \w+ (?:said|says))"
+    rf"{_NOT}\b(?:forget|ignore|disregard|scratch|drop)\s+(?:what (?:i (?:said|told you)|the \w+ (?:said|says))"
     r"|(?:my|the|our) (?:earlier |previous |last )?(?:rule|instruction|request|constraint|policy|guideline)s?)"
     r"\s+(?:about|on|regarding|for)\s+(?P<a>[^.;!?\n]+)"
     # "forget the voucher rule", "ignore that policy about refunds" (a subject of at most 80 characters).
-    r"|\b(?:forget|ignore|disregard|scratch|drop)\s+(?:the|my|our|that)\s+(?P<e>[^.;!?,\n]{1,80}?)\s+"
+    rf"|{_NOT}\b(?:forget|ignore|disregard|scratch|drop)\s+(?:the|my|our|that)\s+(?P<e>[^.;!?,\n]{{1,80}}?)\s+"
     r"(?:rule|policy|instruction|requirement|guideline)s?\b"
     r"|\b(?P<f>[\w'./ -]{2,40}?)\s+(?:rule|policy|requirement)s?\s+no longer appl(?:y|ies)\b"
     # Permissions: "it's okay to ...", "feel free to ...", "you're allowed to ...", "you no longer need to ...".

@@ -551,6 +551,10 @@ def test_a_rule_ending_with_its_subject_is_taken_back(rule: str, later: str) -> 
         ("Never edit docs/index.md.", "You can edit src/index.ts now."),
         ("Always log the refund reason in the ticket.", "Feel free to log the refund amount."),
         ("Never email the customer directly.", "Forget the voucher rule."),
+        # A reminder is no revocation.
+        ("Do not offer travel vouchers unless the customer asks.", "Don't forget the voucher rule."),
+        ("Do not offer travel vouchers unless the customer asks.", "Don\u2019t forget the voucher rule."),
+        ("Never refund basic economy tickets.", "Never ignore the policy on basic economy tickets."),
     ],
 )
 def test_a_permission_about_something_else_keeps_the_rule(rule: str, later: str) -> None:
