@@ -325,9 +325,9 @@ RULES_PER_MESSAGE = 3
 """How many of a pasted document's rules are the user's own: its first ones, and its
 last one besides (what the user adds after a paste: "... and above all, never ...")."""
 DOCUMENT_CHARS = 1_000
-"""A message longer than this that lays down more than ``RULES_PER_MESSAGE`` rules is a
-pasted document (a prompt, a policy, a task template); in a shorter one every rule is
-the user's own."""
+"""A message longer than this that lays down more rules than ``RULES_PER_MESSAGE`` and a
+last one is a pasted document (a prompt, a policy, a task template); in a shorter one
+every rule is the user's own."""
 
 
 def own_rule(text: str, index: int, count: int) -> bool:

@@ -18,8 +18,7 @@ What counts as a fact (the rules were chosen on the real transcripts in
   message, a fenced block, a tool's output or the system prompt. A later
   message that takes a rule back ("forget what I said about tabs", "tabs are
   fine now", "you may use tabs") drops the rules on that subject, and only those;
-- rule: the rules of a pasted document (a message of more than
-  ``DOCUMENT_CHARS`` that lays down more than ``RULES_PER_MESSAGE``: a prompt or a
+- rule: the rules of a pasted document (``core.extract.own_rule``: a prompt or a
   policy lays down dozens, which would crowd out everything else) but its first
   and its last: kept and revoked as constraints are, but last in line for room;
 - task: the user's first substantive request (the task statement), kept for good;
@@ -234,8 +233,8 @@ class _Tracker:
             own = own_rule(text, n, len(said.constraints))
             self.add(Fact("constraint" if own else "rule", sentence))
         for fact in said.identifiers:
-            # (Clean and compared once, with the reading: what ``add`` would do to them.)
-            self._put(("identifier", fact.known_norm), fact)
+            # (Clean with the reading, and compared once: kept on the reading's fact.)
+            self._put(("identifier", compared(fact)), fact)
         self.terms.update(said.terms)  # (each word once a message: ``task_terms`` is a set)
         request = said.request
         if not request:

@@ -21,7 +21,6 @@ from typing import TypeVar
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.extract import (
     clip,
-    compared,
     constraints,
     feedback,
     one_line,
@@ -50,7 +49,7 @@ class UserSays:
         revoked: The subjects of the rules it takes back.
         constraints: Its rules, preferences and corrections.
         identifiers: Its ids, amounts, paths and URLs as facts (each one clean
-            line, compared once: ``compared``), all of them (twenty
+            line), all of them (twenty
             booking codes are twenty facts), and its first
             ``CODE_NAMES_PER_MESSAGE`` code names (dozens are a paste, a
             prompt or a listing: the summary's to carry).
@@ -76,8 +75,6 @@ def _read(text: str) -> UserSays:
     words = own_words(text)
     values = (one_line(value) for value in identifiers(text, max_code_names=CODE_NAMES_PER_MESSAGE))
     found = tuple(Fact("identifier", value) for value in values if value)
-    for fact in found:
-        compared(fact)  # kept with the reading: a message's identifiers are compared once
     request = clip(words)
     if not request or feedback(words) or request.startswith("/"):
         request = ""  # a harness's feedback on a call, or a slash command, is no request (and never the task)
