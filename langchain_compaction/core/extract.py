@@ -225,6 +225,12 @@ def own_words(text: str) -> str:
     return _QUOTED.sub("", words)
 
 
+def _may_revoke(text: str) -> bool:
+    """Whether ``text`` holds a revocation word (a plain substring scan: ``_REVOKE`` reads only those that do)."""
+    low = text.lower()
+    return any(word in low for word in _REVOKE_WORDS)
+
+
 def revoked_subjects(text: str) -> list[frozenset[str]]:
     """What the user takes back in ``text``: for each revocation, the words of its subject (stemmed).
 
@@ -234,8 +240,7 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
         >>> revoked_subjects("forget the last file, use b.py")
         []
     """
-    low = text.lower()
-    if not any(word in low for word in _REVOKE_WORDS):
+    if not _may_revoke(text):
         return []  # the common case, found by plain substring scans
     found = []
     for match in _REVOKE.finditer(own_words(text)):
@@ -366,7 +371,7 @@ def constraints(text: str) -> list[str]:
         # Taking a rule back is not a rule, but what follows a "but" in the
         # same sentence may be one: "Tabs are fine now, but never in Makefiles."
         # (kept whole: the new rule is read with what it narrows).
-        if not _REVOKE.search(sentence) or any(
+        if not (_may_revoke(sentence) and _REVOKE.search(sentence)) or any(
             _CONSTRAINT.search(clause) and not _REVOKE.search(clause) for clause in _CONTRAST.split(sentence)[1:]
         ):
             found.append(clip(sentence))

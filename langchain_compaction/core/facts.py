@@ -71,12 +71,11 @@ from langchain_compaction.core.extract import (
     constraints,
     normalize,
     one_line,
-    own_rule,
     revokes,
     without_revoked,
 )
 from langchain_compaction.core.identifiers import identifiers
-from langchain_compaction.core.readings import agent_names, error_line, result_error, user_says
+from langchain_compaction.core.readings import UserSays, agent_names, error_in, error_line, said_in
 from langchain_compaction.core.section import (
     PRIORITY,
     SECTION_HEADING,
@@ -168,9 +167,11 @@ class _Tracker:
 
     def add(self, fact: Fact) -> None:
         cleaned = _cleaned(fact)
-        if cleaned is None:
-            return
-        fact = cleaned
+        if cleaned is not None:
+            self._keep(cleaned)
+
+    def _keep(self, fact: Fact) -> None:
+        """Keep ``fact``, one clean line already (``_cleaned``, or a reading's own)."""
         if fact.kind in _REPEATED:
             count = int(fact.detail) if fact.detail.isdigit() else 1  # carried: its count
             if fact.kind == "name":
@@ -214,7 +215,7 @@ class _Tracker:
         if message.is_summary:
             return
         if message.role == "user":
-            self._user(message.text, record=record)
+            self._user(said_in(message), record=record)
         elif message.role == "assistant":
             for call in message.tool_calls:
                 self._call(call, record=record)
@@ -223,24 +224,23 @@ class _Tracker:
         elif message.role == "tool":
             self._result(message, record=record)
 
-    def _user(self, text: str, *, record: bool) -> None:
-        said = user_says(text)
+    def _user(self, said: UserSays, *, record: bool) -> None:
         for subject in said.revoked:
             self._revoke(subject)
         if not record:
             return
-        for n, sentence in enumerate(said.constraints):
-            own = own_rule(text, n, len(said.constraints))
-            self.add(Fact("constraint" if own else "rule", sentence))
+        # (The reading's facts are clean lines already, shared by every
+        # conversation that holds the text, and compared once.)
+        for fact in said.rules:
+            self._keep(fact)
         for fact in said.identifiers:
-            # (Clean with the reading, and compared once: kept on the reading's fact.)
             self._put(("identifier", compared(fact)), fact)
         self.terms.update(said.terms)  # (each word once a message: ``task_terms`` is a set)
         request = said.request
-        if not request:
+        if request is None:
             return
-        if said.task and ("task", "task") not in self.facts:
-            self.add(Fact("task", said.task, key="task"))
+        if said.task is not None and ("task", "task") not in self.facts:
+            self._keep(said.task)
         # The newest requests: what the user is after now in full, and, shorter,
         # the one before (the task it continues); older ones are the summary's.
         # (Requests are few: kept in order beside the facts, not found by scanning them.)
@@ -261,7 +261,7 @@ class _Tracker:
             if short is not previous.text:
                 self.facts[key] = replace(previous, text=short)
         self.requests = requests[cut:]
-        self.add(Fact("request", request, key=f"request:{normalize(request)}"))
+        self._keep(request)
 
     def _revoke(self, subject: frozenset[str]) -> None:
         """Drop the rules the user took back: those about ``subject`` (and only those)."""
@@ -308,14 +308,14 @@ class _Tracker:
         # of the same program on a target that holds it, or a later successful
         # call of the same tool on the same target, resolves it.
         command, program, target = reading.command, reading.program, reading.target
-        text = message.text.strip()
-        line = result_error(text, whole=reading.shell)
+        line = error_in(message, whole=reading.shell)
         if message.is_error and not line:
+            text = message.text.strip()
             line = clip(text.splitlines()[-1]) if text else "failed"
         if not line:
             self._resolve(program, target)
             if reading.use is None:  # a file tool's own result is its file's content
-                for path in written_files(text):
+                for path in written_files(message.text.strip()):
                     self._modified(one_line(path, 400), record=record)
         elif record:
             self.add(Fact("error", line, key=f"{program}\x00{target}", detail=f"{call.name}\x00{command}"))

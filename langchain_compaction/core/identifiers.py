@@ -59,7 +59,7 @@ def identifiers(text: str, *, code_names: bool = True, max_code_names: int | Non
         _add_new(found, url.rstrip(".,;:!?"))
     # Only words with a digit, a dot, a slash, an @ or a currency sign can be
     # identifiers: one pass finds them, plain words are never looked at.
-    for word in _MAYBE_IDENTIFIER.findall(_CJK_GLUE.sub(" ", words)):
+    for word in _MAYBE_IDENTIFIER.findall(words if words.isascii() else _CJK_GLUE.sub(" ", words)):
         for token in _tokens(word):
             if len(token) > _MAX_TOKEN_CHARS or "://" in token or not _TOKEN.fullmatch(token) or encoded(token):
                 continue

@@ -23,13 +23,15 @@ from langchain_compaction.core.extract import (
     clip,
     constraints,
     feedback,
+    normalize,
     one_line,
+    own_rule,
     own_words,
     revoked_subjects,
     task_terms,
 )
 from langchain_compaction.core.identifiers import identifiers, names_in_code
-from langchain_compaction.core.types import Fact
+from langchain_compaction.core.types import Fact, FactKind, Message
 
 CODE_NAMES_PER_MESSAGE = 12
 """How many code names (``camelCase``, ``snake_case``) one user message may give (the first); values are not capped."""
@@ -46,24 +48,29 @@ class UserSays:
     """What one user message says, as checked facts read it.
 
     Attributes:
+    Its facts are made once, each one clean line (``core.extract.one_line``),
+    and shared by every conversation that holds the text.
+
+    Attributes:
         revoked: The subjects of the rules it takes back.
-        constraints: Its rules, preferences and corrections.
-        identifiers: Its ids, amounts, paths and URLs as facts (each one clean
-            line), all of them (twenty
-            booking codes are twenty facts), and its first
+        rules: Its rules, preferences and corrections: ``constraint`` facts,
+            or ``rule`` for a pasted document's middle ones (``own_rule``).
+        identifiers: Its ids, amounts, paths and URLs as facts, all of them
+            (twenty booking codes are twenty facts), and its first
             ``CODE_NAMES_PER_MESSAGE`` code names (dozens are a paste, a
             prompt or a listing: the summary's to carry).
         terms: Its words that may name what the task is about.
-        request: What it asks for, clipped ("" for a harness's feedback or a slash command).
-        task: The request again, if it states a task (``TASK_CHARS``), else "".
+        request: What it asks for, clipped (``None`` for a harness's feedback
+            or a slash command), keyed by its compared form.
+        task: The request again, if it states a task (``TASK_CHARS``), else ``None``.
     """
 
     revoked: tuple[frozenset[str], ...]
-    constraints: tuple[str, ...]
+    rules: tuple[Fact, ...]
     identifiers: tuple[Fact, ...]
     terms: tuple[str, ...]
-    request: str
-    task: str
+    request: Fact | None
+    task: Fact | None
 
 
 def user_says(text: str) -> UserSays:
@@ -71,10 +78,21 @@ def user_says(text: str) -> UserSays:
     return _once(_SAID, _read, text)
 
 
+def said_in(message: Message) -> UserSays:
+    """``user_says`` of a user message's text, kept on the message too (no digest when it is read again)."""
+    known = message.known_reading
+    if isinstance(known, UserSays):
+        return known
+    said = user_says(message.text)
+    object.__setattr__(message, "known_reading", said)
+    return said
+
+
 def _read(text: str) -> UserSays:
     words = own_words(text)
     values = (one_line(value) for value in identifiers(text, max_code_names=CODE_NAMES_PER_MESSAGE))
     found = tuple(Fact("identifier", value) for value in values if value)
+    rules = constraints(text)
     request = clip(words)
     if not request or feedback(words) or request.startswith("/"):
         request = ""  # a harness's feedback on a call, or a slash command, is no request (and never the task)
@@ -82,12 +100,22 @@ def _read(text: str) -> UserSays:
     task = clip(request, TASK_CHARS) if len(request.split()) >= 5 and not feedback(request) else ""
     return UserSays(
         revoked=tuple(revoked_subjects(text)),
-        constraints=tuple(constraints(text)),
+        rules=tuple(
+            Fact("constraint" if own_rule(text, n, len(rules)) else "rule", line)
+            for n, rule in enumerate(rules)
+            if (line := one_line(rule))
+        ),
         identifiers=found,
         terms=tuple(sorted(task_terms(words))),
-        request=request,
-        task=task,
+        request=_fact("request", request, f"request:{normalize(request)}"),
+        task=_fact("task", task, "task"),
     )
+
+
+def _fact(kind: FactKind, text: str, key: str) -> Fact | None:
+    """A ``kind`` fact of ``text`` made one clean line, ``None`` when nothing is left."""
+    line = one_line(text)
+    return Fact(kind, line, key) if line else None
 
 
 # -- a tool's output: the error it reports --------------------------------------------------
@@ -157,6 +185,16 @@ def error_line(text: str) -> str:
     # A summary line ("1 failed, 2 passed") says less than the exception above it.
     specific = [line for line in lines if _SPECIFIC.search(line)]
     return clip((specific or lines or [""])[-1])
+
+
+def error_in(message: Message, *, whole: bool) -> str:
+    """``result_error`` of a tool result's text, kept on the message (read again at every compaction)."""
+    known = message.known_reading
+    if isinstance(known, tuple) and known[0] is whole:
+        return known[1]  # type: ignore[no-any-return]
+    line = result_error(message.text.strip(), whole=whole)
+    object.__setattr__(message, "known_reading", (whole, line))
+    return line
 
 
 def result_error(text: str, *, whole: bool) -> str:

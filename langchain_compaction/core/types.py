@@ -161,6 +161,9 @@ class Message:
     known_body: tuple[str, int] | None = field(init=False, default=None, compare=False, repr=False)
     """Its transcript body and that body's estimate once made (``core.transcript``), ``None`` before:
     a message is shown to the summarizer at every compaction (or preparation) whose region holds it."""
+    known_reading: object = field(init=False, default=None, compare=False, repr=False)
+    """What checked facts read in it once read (``core.readings.read_once``), ``None`` before: a
+    message is read at every compaction whose region or kept part holds it."""
 
     def __post_init__(self) -> None:
         # Derived once: the trigger looks for the last block on every turn.

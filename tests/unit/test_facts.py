@@ -29,7 +29,7 @@ from langchain_compaction.core.facts import (
     normalize,
 )
 from langchain_compaction.core.layout import compose_summary, summary_body
-from langchain_compaction.core.readings import agent_names, forget, kept, user_says
+from langchain_compaction.core.readings import agent_names, error_in, forget, kept, said_in, user_says
 from langchain_compaction.core.redact import redact_secrets
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact
@@ -515,6 +515,22 @@ def test_a_message_read_again_is_not_read_again_and_gives_the_same_facts() -> No
     assert agent_names("call build_case_type twice") is agent_names("call build_case_type twice")
     forget()
     assert kept() == 0
+
+
+def test_a_message_keeps_its_reading_and_a_tool_result_is_read_by_its_calls_kind() -> None:
+    user, result = to_core_list([HumanMessage("Never use sudo on db-7.", id="h1"), ToolMessage("ok", tool_call_id="c")])
+    said = said_in(user)
+    assert said_in(user) is said
+    assert [f.text for f in said.rules] == ["Never use sudo on db-7."]
+    forget()  # the text's reading is gone; the message still holds its own
+    assert said_in(user) is said
+    # A file's content mentions an error without reporting one; a command's output reports it anywhere.
+    text = "line 1\nValueError: bad offset 3 (an example the file documents)\nline 3"
+    shown = to_core_list([ToolMessage(text, tool_call_id="c")])[0]
+    assert error_in(shown, whole=False) == ""
+    assert error_in(shown, whole=True) == "ValueError: bad offset 3 (an example the file documents)"
+    assert error_in(shown, whole=False) == ""  # kept per kind of call, not the first answer for both
+    assert error_in(result, whole=True) == ""
 
 
 def test_kept_messages_resolve_but_add_nothing() -> None:
