@@ -28,6 +28,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
+from langchain_compaction._lc.attachments import ATTACHMENT_BLOCKS, attachment_part
 from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.prompts import LANGCHAIN_SUMMARY_PREFIX, SUMMARY_HEADER
 from langchain_compaction.core.record import ANCHOR_KEY, KEPT_BEFORE_KEY, KEPT_FROM_KEY
@@ -40,7 +41,6 @@ SUMMARY_MARK = "langchain_compaction"
 PIN_KEY = "compaction_pin"
 """Key in a message's ``additional_kwargs`` that pins it: ``{"compaction_pin": True}`` keeps it verbatim."""
 
-_IMAGE_BLOCKS = frozenset({"image", "image_url", "input_image", "file", "audio", "video", "document", "input_audio"})
 _REASONING_BLOCKS = frozenset({"thinking", "reasoning", "redacted_thinking"})
 _TOOL_USE_BLOCKS = frozenset({"tool_use", "tool_call", "server_tool_use", "function_call"})
 _CHAT_ROLES: dict[str, Role] = {
@@ -121,23 +121,6 @@ def prefix_digest(messages: Sequence[BaseMessage]) -> str:
     return digest.hexdigest()
 
 
-def _attachment(block: dict[str, Any], kind: str) -> str:
-    """What the summarizer is told about an attachment: its kind, media type and URL (never inline data)."""
-    raw = block.get("source")
-    source: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    media = block.get("mime_type") or block.get("media_type") or source.get("media_type")
-    image_url = block.get("image_url")
-    candidates = (
-        block.get("url"),
-        image_url.get("url") if isinstance(image_url, dict) else image_url,
-        source.get("url"),
-        block.get("file_url"),
-    )
-    # A link the agent can refer to later; a data: URL is the payload itself.
-    url = next((u for u in candidates if isinstance(u, str) and u.startswith(("http://", "https://"))), None)
-    return " ".join(p for p in (kind, media, url) if p)
-
-
 def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
     if isinstance(block, str):
         return Part("text", block)
@@ -152,8 +135,8 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
         if not text and isinstance(block.get("summary"), list):
             text = " ".join(str(s.get("text", "")) for s in block["summary"] if isinstance(s, dict))
         return Part("reasoning", str(text)) if text else None
-    if kind in _IMAGE_BLOCKS:
-        return Part("image", _attachment(block, str(kind)))
+    if kind in ATTACHMENT_BLOCKS:
+        return attachment_part(block, str(kind))
     if kind in _TOOL_USE_BLOCKS and str(block.get("id")) in skip_ids:
         return None  # the same call is in ``tool_calls``; count it once
     if kind == "compaction":

@@ -152,7 +152,7 @@ def redact_message(message: Message, redactor: Redactor) -> Message:
     """
     # An image part's text is its description: its kind, media type and URL,
     # whose user:password@ or token= query redacts like any other text.
-    parts = tuple(Part(p.kind, apply_redactor(redactor, p.text)) if p.text else p for p in message.parts)
+    parts = tuple(Part(p.kind, apply_redactor(redactor, p.text), p.tokens) if p.text else p for p in message.parts)
     calls = tuple(ToolCall(c.id, c.name, apply_redactor(redactor, c.arguments)) for c in message.tool_calls)
     return replace(message, parts=parts, tool_calls=calls)
 

@@ -20,6 +20,27 @@ from langchain_compaction.core.types import Message, Part, ToolCall
 
 IMAGE_TOKENS = 1600
 """Fixed cost of one image: about what a 1092x1092 image costs on Claude."""
+PDF_PAGE_TOKENS = 3000
+"""Cost of one PDF page: Anthropic gives 1,500-3,000 tokens of text a page, and
+each page is also shown to the model as an image."""
+PDF_BYTES_PER_PAGE = 50_000
+"""A page's size in a PDF whose pages cannot be counted (compressed object streams)."""
+_PDF_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z])")
+
+
+def pdf_tokens(data: bytes) -> int:
+    """The estimated cost of a PDF: ``PDF_PAGE_TOKENS`` a page.
+
+    Pages are counted by their page objects; a file that hides them in
+    compressed streams is taken as a page per ``PDF_BYTES_PER_PAGE``.
+
+    Example:
+        >>> pdf_tokens(b"%PDF-1.4 1 0 obj << /Type /Pages /Count 2 >> << /Type /Page >> << /Type/Page >>")
+        6000
+    """
+    pages = len(_PDF_PAGE.findall(data)) or -(-len(data) // PDF_BYTES_PER_PAGE)
+    return max(pages, 1) * PDF_PAGE_TOKENS
+
 
 MESSAGE_OVERHEAD_TOKENS = 4
 """Per-message framing (role markers, separators) that providers bill."""
@@ -163,7 +184,7 @@ def estimate_message(message: Message) -> int:
     total = MESSAGE_OVERHEAD_TOKENS
     for part in message.parts:
         if part.kind == "image":
-            total += IMAGE_TOKENS
+            total += part.tokens or IMAGE_TOKENS
         else:
             total += part_units(part) // UNITS
     for call in message.tool_calls:

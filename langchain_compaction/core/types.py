@@ -34,6 +34,9 @@ class Part:
         kind: What the part holds.
         text: Its text (for ``image`` parts, a short description such as the
             media type; the bytes are never carried).
+        tokens: For an ``image`` part, its cost when its content tells it (a
+            PDF's pages: ``core.tokens.pdf_tokens``); 0 means one image's
+            (``core.tokens.IMAGE_TOKENS``).
         known_units: The estimate of ``text`` once made (``core.tokens.part_units``),
             -1 before: a part is counted on the turn it arrives and shown to
             the summarizer later, and its text is not read twice for it.
@@ -41,6 +44,7 @@ class Part:
 
     kind: PartKind
     text: str
+    tokens: int = 0
     known_units: int = field(default=-1, init=False, compare=False, repr=False)
 
 

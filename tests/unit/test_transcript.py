@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import re
 
 from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 
 from langchain_compaction._lc.convert import to_core
-from langchain_compaction.core.tokens import estimate_tokens
+from langchain_compaction.core.tokens import PDF_PAGE_TOKENS, estimate_message, estimate_tokens
 from langchain_compaction.core.transcript import (
     CUT_MARKER,
     make_block,
@@ -68,6 +69,50 @@ def test_reasoning_and_attachments_are_marked() -> None:
     picture = to_core(HumanMessage([{"type": "image", "base64": "AAAA", "mime_type": "image/png"}]))
     assert message_body(picture) == "(attachment: image image/png)"
     assert "AAAA" not in message_body(picture)  # the bytes never reach the summarizer
+
+
+def test_a_document_that_holds_text_is_shown_and_counted_by_its_text() -> None:
+    text = "CLAUSE 7: the deposit ZX-4471 is refundable. Never share it. " * 400
+    blocks = [
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": text}, "title": "a.txt"},
+        {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": text}]}},
+        {"type": "text-plain", "text": text, "mime_type": "text/plain"},
+        {"type": "text-plain", "base64": base64.b64encode(text.encode()).decode(), "mime_type": "text/plain"},
+    ]
+    inline = estimate_message(to_core(HumanMessage(text)))
+    for block in blocks:
+        message = to_core(HumanMessage([block]))
+        body = message_body(message)
+        assert "ZX-4471" in body, block["type"]
+        assert body.startswith("(block) [document"), body[:40]
+        # Counted by its text (plus its label), not as one image.
+        assert inline <= estimate_message(message) <= inline * 1.01 + 20, block
+        # Quoted material: checked facts never read it as the user's own words.
+        assert message.text == ""
+    assert message_body(to_core(HumanMessage([blocks[0]]))).startswith("(block) [document: a.txt, text/plain]\n")
+
+
+def test_a_pdf_is_counted_by_its_pages() -> None:
+    pages = b"".join(b"%d 0 obj << /Type /Page /Parent 2 0 R >> endobj " % i for i in range(3, 15))
+    pdf = b"%PDF-1.7 1 0 obj << /Type /Catalog >> 2 0 obj << /Type /Pages /Count 12 >> " + pages
+    data = base64.b64encode(pdf).decode()
+    shapes = [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": data}},
+        {"type": "file", "base64": data, "mime_type": "application/pdf"},
+        {"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{data}"}},
+    ]
+    for block in shapes:
+        message = to_core(HumanMessage([block]))
+        assert estimate_message(message) >= 12 * PDF_PAGE_TOKENS, block["type"]
+        assert data[:12] not in message_body(message)  # the bytes never reach the summarizer
+    # One whose pages are hidden in compressed streams: a page per 50,000 bytes.
+    hidden = base64.b64encode(b"%PDF-1.7 " + bytes(range(256)) * 800).decode()
+    message = to_core(HumanMessage([{"type": "file", "base64": hidden, "mime_type": "application/pdf"}]))
+    assert estimate_message(message) >= 5 * PDF_PAGE_TOKENS
+    # A link or a file id: one image's cost, as before.
+    linked = to_core(HumanMessage([{"type": "document", "source": {"type": "url", "url": "https://x.example/a.pdf"}}]))
+    assert estimate_message(linked) < PDF_PAGE_TOKENS
+    assert message_body(linked) == "(attachment: document https://x.example/a.pdf)"
 
 
 def test_unknown_blocks_are_shown_as_json() -> None:

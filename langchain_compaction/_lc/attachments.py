@@ -1,0 +1,102 @@
+"""Attachments in LangChain content: images, files and documents, as the core counts and shows them.
+
+An image or a binary file is never carried: the summarizer is told its kind,
+media type and link, and it is counted at a fixed cost, or at a PDF's pages
+(``core.tokens.pdf_tokens``). A document that holds text (Anthropic's
+``document`` block with a ``text`` or ``content`` source, LangChain's
+``text-plain`` block) is text the model reads: it is counted by its text and
+shown to the summarizer whole, labelled as a document (quoted material, so
+checked facts never take it for the user's own words).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from langchain_compaction.core.tokens import pdf_tokens
+from langchain_compaction.core.types import Part
+
+ATTACHMENT_BLOCKS = frozenset(
+    {"image", "image_url", "input_image", "file", "audio", "video", "document", "input_audio", "text-plain"}
+)
+"""Content block types that attach something rather than say it."""
+
+
+def attachment_part(block: dict[str, Any], kind: str) -> Part:
+    """The part an attachment block becomes: its text when it holds text, else a description with its cost."""
+    source = _source(block)
+    title = block.get("title")
+    media = block.get("mime_type") or block.get("media_type") or source.get("media_type")
+    text = _document_text(block, kind, source)
+    if text is not None:
+        label = ", ".join(str(p) for p in (title, media) if p)
+        return Part("data", f"[document{': ' + label if label else ''}]\n{text}")
+    data = _payload(block, source)
+    tokens = pdf_tokens(data) if data is not None and (media == "application/pdf" or data[:5] == b"%PDF-") else 0
+    return Part("image", describe(block, kind), tokens)
+
+
+def describe(block: dict[str, Any], kind: str) -> str:
+    """What the summarizer is told about an attachment: its kind, media type and URL (never inline data)."""
+    source = _source(block)
+    media = block.get("mime_type") or block.get("media_type") or source.get("media_type")
+    image_url = block.get("image_url")
+    candidates = (
+        block.get("url"),
+        image_url.get("url") if isinstance(image_url, dict) else image_url,
+        source.get("url"),
+        block.get("file_url"),
+    )
+    # A link the agent can refer to later; a data: URL is the payload itself.
+    url = next((u for u in candidates if isinstance(u, str) and u.startswith(("http://", "https://"))), None)
+    return " ".join(p for p in (kind, media, url) if p)
+
+
+def _source(block: dict[str, Any]) -> dict[str, Any]:
+    raw = block.get("source")
+    return raw if isinstance(raw, dict) else {}
+
+
+def _document_text(block: dict[str, Any], kind: str, source: dict[str, Any]) -> str | None:
+    """The text a document block holds (``None`` for a binary file, a link or a file id)."""
+    if kind == "text-plain":
+        text = block.get("text")
+        if isinstance(text, str):
+            return text
+        data = _decoded(block.get("base64"))
+        return data.decode("utf-8", "replace") if data is not None else None
+    if kind != "document":
+        return None
+    if source.get("type") == "text" and isinstance(source.get("data"), str):
+        return str(source["data"])
+    content = source.get("content") if source.get("type") == "content" else None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        return "\n".join(t for t in texts if isinstance(t, str))
+    return None
+
+
+def _payload(block: dict[str, Any], source: dict[str, Any]) -> bytes | None:
+    """The bytes of a file sent inline (Anthropic's base64 source, LangChain's ``base64``, a data: URL)."""
+    if source.get("type") == "base64":
+        return _decoded(source.get("data"))
+    if isinstance(block.get("base64"), str):
+        return _decoded(block["base64"])
+    nested = block.get("file")
+    url = block.get("file_data") or (nested.get("file_data") if isinstance(nested, dict) else None)
+    if isinstance(url, str) and url.startswith("data:") and ";base64," in url:
+        return _decoded(url.split(";base64,", 1)[1])
+    return None
+
+
+def _decoded(data: Any) -> bytes | None:
+    if not isinstance(data, str):
+        return None
+    try:
+        return base64.b64decode(data, validate=False)
+    except (binascii.Error, ValueError):
+        return None
