@@ -113,17 +113,28 @@ def check_flag(name: str, value: object) -> bool:
     return value
 
 
-def check_names(name: str, value: object) -> tuple[str, ...]:
-    """``value`` as a tuple of names (tools), or the error that says what to pass."""
+def check_names(
+    name: str, value: object, example: str = "a tuple of tool names, e.g. ('read_plan',)"
+) -> tuple[str, ...]:
+    """``value`` as a tuple of names (tools, by default), or the error that says what to pass (``example``)."""
     if isinstance(value, str) or not isinstance(value, (tuple, list)) or not all(isinstance(t, str) for t in value):
-        raise ConfigurationError(name, value, "pass a tuple of tool names, e.g. ('read_plan',)")
+        raise ConfigurationError(name, value, f"pass {example}")
     return tuple(value)
 
 
+MAX_SECONDS = 7 * 24 * 3600.0
+"""The longest wait an option may name (a week): past it, clocks and thread joins overflow."""
+
+
 def check_seconds(name: str, value: object, advice: str, *, zero: bool = False) -> float:
-    """``value`` as seconds (more than 0, or 0 too with ``zero``), or the error that says what to pass."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero):
-        raise ConfigurationError(name, value, advice)
+    """``value`` as seconds (more than 0, or 0 too with ``zero``; finite, at most ``MAX_SECONDS``), or the error."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value <= MAX_SECONDS  # (NaN compares false: refused too)
+        or (value == 0 and not zero)
+    ):
+        raise ConfigurationError(name, value, f"{advice}; at most {MAX_SECONDS:,.0f} (a week)")
     return float(value)
 
 

@@ -32,4 +32,8 @@ class RequireSections(Feature):
     headings: tuple[str, ...] = prompts.CHECKPOINT_SECTIONS
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "headings", check_names("headings", self.headings))
+        object.__setattr__(
+            self,
+            "headings",
+            check_names("headings", self.headings, "a tuple of section headings, e.g. ('## Goal', '## Next Steps')"),
+        )

@@ -60,6 +60,7 @@ from langchain_compaction.errors import (
     SummarizationError,
     SummaryTimeoutError,
 )
+from langchain_compaction.features import PrepareAhead, RequireSections
 from langchain_compaction.graph import CompactionRecord
 from langchain_compaction.summarizers.chat_model import SUMMARY_TAG
 from langchain_compaction.tokens import estimate_message_tokens, estimate_tokens
@@ -225,6 +226,8 @@ def test_option_defaults_are_the_references() -> None:
         ({"timeout": -1.0}, "timeout", -1.0),
         ({"timeout": "5"}, "timeout", "5"),
         ({"timeout": True}, "timeout", True),
+        ({"timeout": float("inf")}, "timeout", float("inf")),
+        ({"timeout": 1e12}, "timeout", 1e12),  # past what a clock or a thread join can wait
         ({"summary_input_tokens": 10}, "summary_input_tokens", 10),
     ],
 )
@@ -239,6 +242,18 @@ def test_invalid_options_raise_configuration_error(kwargs: dict[str, Any], field
     text = str(error)
     assert f"{field}={value!r}" in text
     assert "pass" in text  # says what to pass instead
+
+
+def test_a_wait_that_is_not_a_number_is_refused() -> None:
+    nan = float("nan")
+    for make in (lambda: CompactionOptions(timeout=nan), lambda: PrepareAhead(wait=nan)):
+        with pytest.raises(ConfigurationError, match=r"is invalid: pass .*at most 604,800"):
+            make()
+
+
+def test_required_headings_given_as_one_string_say_to_pass_headings() -> None:
+    with pytest.raises(ConfigurationError, match=r"headings='## Goal' is invalid: pass a tuple of section headings"):
+        RequireSections(headings="## Goal")  # type: ignore[arg-type]
 
 
 def test_keep_leaving_no_room_suggests_a_value() -> None:
