@@ -311,7 +311,7 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
     else:
         result, compacted = compact(summarizer, messages, options, args.instructions or "")
     happened = _what_happened(result, args, messages)
-    text = dump_conversation(compacted, conversation.format, jsonl=conversation.jsonl)
+    text = dump_conversation(compacted, conversation.format, jsonl=conversation.jsonl, read=conversation)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
     if args.json:

@@ -18,6 +18,7 @@ traceback from deep inside.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -49,11 +50,17 @@ class Conversation:
         messages: The messages.
         format: The shape of each message.
         jsonl: Whether the file had one message per line.
+        originals: For each message, the file's item it was read from (its
+            index and the item), so messages written back unchanged are
+            written as they were read (``dump_conversation``); empty for the
+            top-level system prompt's message.
     """
 
     messages: list[BaseMessage]
     format: Format
     jsonl: bool = False
+    originals: tuple[tuple[int, object], ...] = ()
+    """For each message, the file's item it was read from (its index and the item itself)."""
 
 
 def _shape(item: object, where: str) -> Format:
@@ -64,13 +71,23 @@ def _shape(item: object, where: str) -> Format:
         return "langchain"
     if "role" in item:
         content = item.get("content")
-        if isinstance(content, list) and any(
-            isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result") for b in content
-        ):
+        if isinstance(content, list) and any(_anthropic_block(b) for b in content):
             return "anthropic"
         return "openai"
     msg = 'a message needs "role" (OpenAI/Anthropic style) or "type" and "data" (LangChain style)'
     raise ConversationFileError(msg, where=where)
+
+
+# Blocks only Anthropic's format has (OpenAI's are "text", "image_url",
+# "input_audio" and "file"; an image with a "source" is Anthropic's).
+_ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking", "document", "search_result"})
+
+
+def _anthropic_block(block: object) -> bool:
+    if not isinstance(block, dict):
+        return False
+    kind = block.get("type")
+    return kind in _ANTHROPIC_BLOCKS or (kind == "image" and isinstance(block.get("source"), dict))
 
 
 def _from_langchain(item: dict[str, Any], where: str) -> BaseMessage:
@@ -271,13 +288,16 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
         raise ConversationFileError("the file holds no messages", where=name)
     shape, shapes = _file_shape(items)
     messages: list[BaseMessage] = [] if system is None else [_system_message(system, name)]
+    originals: list[tuple[int, object]] = [(-1, system)] if system is not None else []
     if system is not None or "anthropic" in shapes:
         shape = "anthropic"
-    for actual, (item, where) in zip(shapes, items):
+    for number, (actual, (item, where)) in enumerate(zip(shapes, items)):
         assert isinstance(item, dict)  # _shape checked it
         kind: Format = "anthropic" if shape == "anthropic" and actual != "langchain" else actual
-        messages.extend(_converted(item, kind, where))
-    return Conversation(messages, shape, jsonl)
+        read = _converted(item, kind, where)
+        messages.extend(read)
+        originals += [(number, item)] * len(read)
+    return Conversation(messages, shape, jsonl, tuple(originals))
 
 
 def _to_anthropic(messages: Sequence[BaseMessage]) -> list[dict[str, Any]] | dict[str, Any]:
@@ -316,26 +336,91 @@ def _to_anthropic(messages: Sequence[BaseMessage]) -> list[dict[str, Any]] | dic
     return {"system": system, "messages": out} if system else out
 
 
-def dump_conversation(messages: Sequence[BaseMessage], shape: Format, *, jsonl: bool = False) -> str:
+def dump_conversation(
+    messages: Sequence[BaseMessage], shape: Format, *, jsonl: bool = False, read: Conversation | None = None
+) -> str:
     """Write messages in ``shape`` (the input's format, for round trips).
 
     Args:
         messages: The messages.
         shape: The format to write.
         jsonl: One message per line instead of one JSON list.
+        read: The conversation ``messages`` were made from: its messages
+            that are written back whole (every message read from one item of
+            the file, in order) are written as the file had them, byte for
+            byte in meaning (a "developer" role, a name, raw tool arguments).
 
     Returns:
         The file's text.
     """
     items: Any
-    if shape == "langchain":
-        items = messages_to_dict(list(messages))
-    elif shape == "openai":
-        items = convert_to_openai_messages(list(messages))
-    else:
-        items = _to_anthropic(messages)
+    items = messages_to_dict(list(messages)) if shape == "langchain" else _written(messages, shape, read)
     if jsonl:
         if isinstance(items, dict):  # JSON Lines has no place for a top-level system
             items = [{"role": "system", "content": items["system"]}, *items["messages"]]
-        return "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items)
-    return json.dumps(items, ensure_ascii=False, indent=2) + "\n"
+        return "".join(_json(item) + "\n" for item in items)
+    return _json(items, indent=2) + "\n"
+
+
+def _written(messages: Sequence[BaseMessage], shape: Format, read: Conversation | None) -> list[Any] | dict[str, Any]:
+    """The items of an OpenAI- or Anthropic-style file: the file's own where a whole item is written back."""
+    origin = {id(m): (m, *o) for m, o in zip(read.messages, read.originals)} if read is not None else {}
+    sizes = Counter(number for number, _ in read.originals) if read is not None else Counter()
+    system: list[Any] = []
+    out: list[Any] = []
+    fresh: list[BaseMessage] = []
+
+    def flush() -> None:
+        converted = convert_to_openai_messages(fresh) if shape == "openai" else _to_anthropic(fresh)
+        if isinstance(converted, dict):
+            system.extend(converted["system"])
+            converted = converted["messages"]
+        out.extend(converted)
+        fresh.clear()
+
+    index = 0
+    while index < len(messages):
+        whole = _whole_item(messages, index, origin, sizes)
+        if whole is None:
+            fresh.append(messages[index])
+            index += 1
+            continue
+        if fresh:
+            flush()
+        count, item = whole
+        out.append(item)
+        index += count
+    if fresh:
+        flush()
+    return {"system": system, "messages": out} if system else out
+
+
+def _whole_item(
+    messages: Sequence[BaseMessage],
+    index: int,
+    origin: dict[int, tuple[BaseMessage, int, object]],
+    sizes: Counter[int],
+) -> tuple[int, object] | None:
+    """``(how many messages, the item)`` when ``messages[index:]`` starts with all of one item's, else ``None``."""
+    found = origin.get(id(messages[index]))
+    if found is None or found[0] is not messages[index] or found[1] < 0:
+        return None  # a new message, or the top-level system prompt (written to "system")
+    number, item = found[1], found[2]
+    count = sizes[number]
+    run = messages[index : index + count]
+    if len(run) < count or any((o := origin.get(id(m))) is None or o[0] is not m or o[1] != number for m in run):
+        return None
+    return count, item
+
+
+def _json(value: Any, indent: int | None = None) -> str:
+    """``value`` as JSON that UTF-8 can write: text as it is, or escaped when it holds a lone surrogate.
+
+    (JSON may escape one, ``"\\ud800"``, and Python reads it; UTF-8 cannot hold it.)
+    """
+    text = json.dumps(value, ensure_ascii=False, indent=indent)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, ensure_ascii=True, indent=indent)
+    return text

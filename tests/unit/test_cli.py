@@ -293,3 +293,74 @@ def test_a_system_prompt_that_leaves_no_room_is_named_as_the_reason(tmp_path, ca
     assert "nothing done" in said
     assert "the system prompt and leading system messages take" in said
     assert "nothing comes before" not in said
+
+
+def _openai_chat(turns: int) -> list[dict[str, object]]:
+    chat: list[dict[str, object]] = [{"role": "developer", "content": "Be terse."}]
+    for i in range(turns):
+        calls = [
+            {"id": f"a{i}", "type": "function", "function": {"name": "f", "arguments": "{bad"}},
+            {"id": f"b{i}", "type": "function", "function": {"name": "g", "arguments": "[1, 2]"}},
+        ]
+        chat += [
+            {"role": "user", "name": "alice", "content": f"question {i} " * 60},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": f"a{i}", "content": f"result {i} " * 60},
+            {"role": "tool", "tool_call_id": f"b{i}", "content": "2"},
+            {"role": "assistant", "content": f"answer {i} " * 60},
+        ]
+    return chat
+
+
+def test_compact_writes_the_messages_it_keeps_as_the_file_had_them(tmp_path):
+    source, out_file = tmp_path / "chat.json", tmp_path / "out.json"
+    for turns, window in ((2, "200000"), (40, "6000")):
+        chat = _openai_chat(turns)
+        source.write_text(json.dumps(chat))
+        code, _ = run("compact", str(source), "--offline", "--context-window", window, "-o", str(out_file))
+        assert code == 0
+        written = json.loads(out_file.read_text())
+        if turns == 2:  # nothing to compact: the file as it was
+            assert written == chat
+            continue
+        # A developer prompt, a user's name and raw tool arguments are kept as
+        # they were; the summary is the one new item.
+        assert written[0] == chat[0]
+        assert written[1]["role"] == "system"
+        assert "[Conversation summary" in written[1]["content"]
+        tail = written[2:]
+        if tail[0]["role"] == "user" and "summary above" in str(tail[0]["content"]):
+            tail = tail[1:]  # the user turn after the summary
+        assert 0 < len(tail) < len(chat) - 1
+        assert tail == chat[-len(tail) :]
+
+
+def test_an_anthropic_file_without_tool_blocks_is_written_back_as_anthropic(tmp_path):
+    picture = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    chat = []
+    for i in range(40):
+        chat += [
+            {"role": "user", "content": [{"type": "text", "text": f"what is in picture {i}? " * 20}, picture]},
+            {"role": "assistant", "content": [{"type": "text", "text": f"a cat, number {i} " * 30}]},
+        ]
+    source, out_file = tmp_path / "chat.json", tmp_path / "out.json"
+    source.write_text(json.dumps(chat))
+    code, _ = run("compact", str(source), "--offline", "--context-window", "30000", "-o", str(out_file))
+    assert code == 0
+    written = json.loads(out_file.read_text())
+    assert "[Conversation summary" in written["system"][0]["text"]  # the summary goes to the top-level system
+    blocks = [b["type"] for m in written["messages"] for b in m["content"] if isinstance(b, dict)]
+    assert "image" in blocks
+    assert "image_url" not in blocks
+    assert written["messages"][-4:] == chat[-4:]
+
+
+def test_a_lone_surrogate_escaped_in_the_file_is_written_back_escaped(tmp_path, capsys):
+    source, out_file = tmp_path / "chat.json", tmp_path / "out.json"
+    source.write_text(
+        '[{"role":"user","content":"pasted bytes \\ud800 from a log"},{"role":"assistant","content":"ok"}]'
+    )
+    assert main(["compact", str(source), "-o", str(out_file)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert json.loads(out_file.read_text())[0]["content"] == "pasted bytes \ud800 from a log"
+    assert main(["compact", str(source)]) == 0  # to standard output too
