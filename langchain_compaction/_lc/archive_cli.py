@@ -7,10 +7,12 @@ The store packages come with the ``stores`` extra (``pip install
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import quote
 
 from langchain_core.messages import messages_from_dict
 
@@ -37,23 +39,50 @@ def open_store(url: str) -> Iterator[BaseStore]:
     """
     if url.startswith(("postgres://", "postgresql://")):
         try:
+            import psycopg
             from langgraph.store.postgres import PostgresStore
         except ImportError as exc:
             raise ConfigurationError("store", url, _EXTRA) from exc
-        with PostgresStore.from_conn_string(url) as store:
-            yield store
+        try:
+            with PostgresStore.from_conn_string(url) as store:
+                yield store
+        except psycopg.Error as exc:  # not reachable, or no store in it (a listing never creates one)
+            raise ConfigurationError("store", url, f"{_first_line(exc)}; {_STORE_ADVICE}") from exc
         return
     path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else url
     if not url.startswith("sqlite:///") and Path(path).suffix not in (".db", ".sqlite", ".sqlite3"):
         raise ConfigurationError("store", url, "pass postgresql://user@host/db or sqlite:///path/to/store.db")
     if not Path(path).is_file():
         raise ConfigurationError("store", url, f"no SQLite file at {path}")
+    _holds_a_store(path, url)
     try:
         from langgraph.store.sqlite import SqliteStore
     except ImportError as exc:
         raise ConfigurationError("store", url, _EXTRA) from exc
     with SqliteStore.from_conn_string(path) as store:
         yield store
+
+
+_STORE_ADVICE = "pass the database the graph's store writes to (not its checkpointer's)"
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _holds_a_store(path: str, url: str) -> None:
+    """Refuse a SQLite file that is no database or holds no LangGraph store, read-only.
+
+    (``SqliteStore`` creates its tables on first use: a listing must not
+    write them into another database, the checkpointer's say.)
+    """
+    try:
+        with closing(sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)) as db:
+            found = db.execute("select 1 from sqlite_master where type = 'table' and name = 'store'").fetchone()
+    except sqlite3.Error as exc:
+        raise ConfigurationError("store", url, f"{path} is not a SQLite database ({_first_line(exc)})") from exc
+    if found is None:
+        raise ConfigurationError("store", url, f"{path} holds no LangGraph store; {_STORE_ADVICE}")
 
 
 def _row(item: Item) -> dict[str, Any] | None:

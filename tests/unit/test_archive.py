@@ -428,6 +428,31 @@ def test_the_command_line_says_what_is_wrong_with_a_store_url(
     assert says in capsys.readouterr().err
 
 
+def test_the_command_line_refuses_a_file_that_is_no_store_and_writes_nothing_into_it(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sqlite3
+
+    from langchain_compaction.cli import main
+
+    text = tmp_path / "notes.db"
+    text.write_text("this is not a database\n" * 10)
+    checkpoints = tmp_path / "checkpoints.db"
+    with sqlite3.connect(checkpoints) as db:
+        db.execute("create table checkpoints (id text)")
+    tables = "select name from sqlite_master where type = 'table'"
+    for path, says in ((text, "is not a SQLite database"), (checkpoints, "holds no LangGraph store")):
+        assert main(["archive", f"sqlite:///{path}", "t"]) == 2
+        err = capsys.readouterr().err
+        assert says in err
+        assert "Traceback" not in err
+    with sqlite3.connect(checkpoints) as db:
+        assert [row[0] for row in db.execute(tables)] == ["checkpoints"]  # no store tables added to it
+    # A PostgreSQL server that is not there: one line, not a traceback.
+    assert main(["archive", "postgresql://nobody@127.0.0.1:1/nodb", "t"]) == 2
+    assert "connection" in capsys.readouterr().err
+
+
 def _meaning(texts: list[str]) -> list[list[float]]:
     """A tiny embedding: one dimension per topic, so "reservation" and "booking" land together."""
     topics = (("booking", "reservation", "flight"), ("weather", "rain"), ("report", "paragraph", "figures"))
