@@ -10,6 +10,7 @@ ordinal in the whole conversation).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -42,7 +43,9 @@ class Lookup:
     """What to read back. Criteria combine; none given means the newest messages.
 
     Attributes:
-        query: Words that must all occur in a message (case and spacing ignored).
+        query: Words that must all occur in a message (case and spacing
+            ignored); where more match than ``limit``, those where each
+            occurs as a whole word come first.
         ids: Message ids (or archive keys) to read.
         start: The first position to read.
         end: The last position to read (inclusive).
@@ -69,6 +72,16 @@ class Lookup:
         text = normalize(f"{role_label(item.message)} {message_body(item.message)}")
         return all(word in text for word in words)
 
+    def exact(self, item: Archived) -> bool:
+        """Whether every word of the query occurs in ``item`` as a whole word ("T-1", not inside "T-10").
+
+        A match of parts of words ("book" in "booking") is still a match,
+        ranked after every whole-word one (``select``).
+        """
+        words = normalize(self.query).split()
+        text = normalize(f"{role_label(item.message)} {message_body(item.message)}")
+        return all(re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text) for word in words)
+
 
 def select(items: Iterable[Archived], lookup: Lookup) -> list[Archived]:
     """The items ``lookup`` asks for, newest (highest position) first, at most ``lookup.limit``.
@@ -82,6 +95,9 @@ def select(items: Iterable[Archived], lookup: Lookup) -> list[Archived]:
     """
     limit = max(1, min(lookup.limit, MAX_RESULTS))
     found = sorted((item for item in items if lookup.matches(item)), key=lambda a: a.position, reverse=True)
+    if len(found) > limit and lookup.query.strip():
+        # Whole-word matches first ("T-1" before the newer "T-10" ... "T-19"), each newest first.
+        found.sort(key=lambda a: not lookup.exact(a))
     return found[:limit]
 
 

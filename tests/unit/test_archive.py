@@ -377,6 +377,21 @@ def test_what_the_tool_returns_goes_through_redact() -> None:
     assert FACT not in answer
 
 
+def test_recall_ranks_whole_word_matches_before_parts_of_words() -> None:
+    from langchain_compaction.core.recall import Archived, Lookup, select
+    from langchain_compaction.core.types import Message, Part
+
+    said = [
+        Archived(n, f"m{n}", Message("user", (Part("text", f"Please look into ticket T-{n} and the booking"),)))
+        for n in range(1, 40)
+    ]
+    # T-1 is older than T-10 ... T-19, which hold "T-1" inside a longer word: it comes first.
+    assert [a.position for a in select(said, Lookup(query="ticket T-1", limit=3))] == [1, 19, 18]
+    # A part of a word still matches ("book" in "booking"), newest first.
+    assert [a.position for a in select(said, Lookup(query="book", limit=2))] == [39, 38]
+    assert [a.position for a in select(said, Lookup(query="T-3", limit=5))] == [3, 39, 38, 37, 36]
+
+
 # -- the command line ------------------------------------------------------------------
 
 
