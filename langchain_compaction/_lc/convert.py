@@ -256,6 +256,15 @@ def to_core(message: object, index: int = 0) -> Message:
     """
     breathe()  # called per message: on the worker thread, let the event loop in
     if not isinstance(message, BaseMessage):
+        if isinstance(message, dict) and (message.get("type") == "remove" or SUMMARY_MARK in str(message)):
+            # A compaction's own update, appended as it was written: only the
+            # add_messages reducer turns it into messages (and removes the old list).
+            msg = (
+                f"messages[{index}] is a compaction's update kept as a dict: the state's messages key does "
+                "not use the add_messages reducer; declare it Annotated[list[AnyMessage], add_messages] "
+                "(langgraph.graph.message) or use MessagesState"
+            )
+            raise InvalidMessagesError(msg, index=index)
         msg = (
             f"messages[{index}] is a {type(message).__name__}, not a LangChain message; "
             "pass BaseMessage objects (langchain_core.messages.convert_to_messages converts "

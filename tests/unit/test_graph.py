@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, TypedDict
@@ -35,7 +36,7 @@ from langchain_compaction import CompactionError, CompactionOptions
 from langchain_compaction._lc.convert import BRIDGE_TEXT, is_summary_message
 from langchain_compaction._lc.counting import TokenCountCache
 from langchain_compaction.core.types import SummaryRequest
-from langchain_compaction.errors import ConfigurationError, SummarizationError
+from langchain_compaction.errors import ConfigurationError, InvalidMessagesError, SummarizationError
 from langchain_compaction.graph import (
     COMPACTION_EVENT,
     CompactionNode,
@@ -859,3 +860,34 @@ async def test_what_each_stream_mode_shows_of_a_compaction(mode: str) -> None:
     assert sum(1 for m in final if is_summary_message(m)) == 1
     assert all(not isinstance(m, dict) for m in final)
     assert len(final) < 2 * 8
+
+
+class _Appending(TypedDict):
+    """A state whose messages key appends (``operator.add``) instead of using ``add_messages``."""
+
+    messages: Annotated[list[AnyMessage], operator.add]
+
+
+def test_a_messages_key_without_add_messages_is_named_as_the_cause() -> None:
+    builder = StateGraph(_Appending)
+    builder.add_node(
+        "compact", CompactionNode(lambda prompt: "## Goal\n- answer", CompactionOptions(context_window=3000))
+    )
+    builder.add_node("agent", lambda state: {"messages": [AIMessage("answer " * 60)]})
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "appending"}}
+
+    def turns() -> int:
+        for turn in range(30):
+            graph.invoke({"messages": [HumanMessage(f"q{turn} " * 60)]}, config)
+        return turn
+
+    with pytest.raises(InvalidMessagesError, match="does not use the add_messages reducer"):
+        turns()
+    # Nothing was lost on the way: every question asked is still in the state.
+    held = graph.get_state(config).values["messages"]
+    asked = {str(m.content).split()[0] for m in held if isinstance(m, HumanMessage) and str(m.content).startswith("q")}
+    assert asked == {f"q{turn}" for turn in range(len(asked))}
+    assert len(asked) > 10
