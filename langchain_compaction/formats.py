@@ -51,16 +51,15 @@ class Conversation:
         format: The shape of each message.
         jsonl: Whether the file had one message per line.
         originals: For each message, the file's item it was read from (its
-            index and the item), so messages written back unchanged are
-            written as they were read (``dump_conversation``); empty for the
-            top-level system prompt's message.
+            index, -1 for a top-level ``system``, and the item), so messages
+            written back whole are written as they were read
+            (``dump_conversation``).
     """
 
     messages: list[BaseMessage]
     format: Format
     jsonl: bool = False
     originals: tuple[tuple[int, object], ...] = ()
-    """For each message, the file's item it was read from (its index and the item itself)."""
 
 
 def _shape(item: object, where: str) -> Format:
