@@ -33,8 +33,12 @@ def attachment_part(block: dict[str, Any], kind: str) -> Part:
     if text is not None:
         label = ", ".join(str(p) for p in (title, media) if p)
         return Part("data", f"[document{': ' + label if label else ''}]\n{text}")
-    data = _payload(block, source)
-    tokens = pdf_tokens(data) if data is not None and (media == "application/pdf" or data[:5] == b"%PDF-") else 0
+    tokens = 0
+    if kind in ("document", "file") and media in ("application/pdf", None):
+        # (Only a file that is or may be a PDF is decoded: an image never is.)
+        data = _payload(block, source)
+        if data is not None and data[:5] == b"%PDF-":
+            tokens = pdf_tokens(data)
     return Part("image", describe(block, kind), tokens)
 
 
