@@ -19,6 +19,7 @@ the event loop then only renders prompts.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 
@@ -117,40 +118,60 @@ def review_summary(text: str, options: CompactionOptions, required: Sequence[str
     return ""
 
 
-def _units(blocks: Sequence[Block], valid: Sequence[bool]) -> list[list[Block]]:
-    """Blocks grouped so that no chunk boundary falls where the cut may not (``core.cut``'s rule).
+def _next_chunk(start: int, room: int, tokens: Sequence[int], plan: _Plan) -> int:
+    """Where the chunk that starts at block ``start`` ends: blocks packed greedily within ``room`` tokens.
+
+    Blocks go in units that no chunk boundary splits where the cut may not
+    (``_Plan``); a unit over ``room`` alone is split block by block. Only this
+    chunk's blocks are read.
+    """
+    end, used, count = start, 0, len(tokens)
+    while end < count:
+        stop = plan.unit_end[end]
+        size = plan.before[stop] - plan.before[end]
+        if size <= room:
+            if used and used + size > room:
+                return end
+            used += size
+        else:
+            for at in range(end, stop):
+                if used and used + tokens[at] > room:
+                    return at
+                used += tokens[at]
+        end = stop
+    return end
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How a region's blocks may be chunked, read once for all its chunks.
 
     A chunk that ended between an assistant's calls and their results would
-    show one request calls with no result and the next results of no call:
-    a summarizer then reports finished work as pending.
+    show one request calls with no result and the next results of no call: a
+    summarizer then reports finished work as pending. So blocks go in units
+    that end only where the cut may (``core.cut``'s rule).
+
+    Attributes:
+        unit_end: For each block, where the unit that starts at it ends (the
+            next block a cut may precede).
+        before: The tokens of the blocks before each position (``before[i]``
+            for ``blocks[:i]``).
     """
-    units: list[list[Block]] = []
-    for block in blocks:
-        if units and not valid[block.index]:
-            units[-1].append(block)
-        else:
-            units.append([block])
-    return units
 
+    unit_end: list[int]
+    before: list[int]
 
-def _chunks(units: Sequence[Sequence[Block]], room: int) -> list[list[Block]]:
-    """Pack units greedily into chunks of at most ``room`` tokens; a unit over ``room`` alone is split."""
-    chunks: list[list[Block]] = []
-    current: list[Block] = []
-    used = 0
-    for unit in units:
-        size = sum(b.tokens for b in unit)
-        pieces = [list(unit)] if size <= room else [[b] for b in unit]
-        for piece in pieces:
-            tokens = sum(b.tokens for b in piece)
-            if current and used + tokens > room:
-                chunks.append(current)
-                current, used = [], 0
-            current += piece
-            used += tokens
-    if current:
-        chunks.append(current)
-    return chunks
+    @classmethod
+    def of(cls, tokens: Sequence[int], starts: Sequence[bool]) -> _Plan:
+        """The plan of blocks costing ``tokens``, ``starts[i]`` when a cut may precede block ``i``."""
+        count = len(tokens)
+        unit_end = [count] * count
+        following = count
+        for i in range(count - 1, -1, -1):
+            unit_end[i] = following
+            if starts[i]:
+                following = i
+        return cls(unit_end, [0, *itertools.accumulate(tokens)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,16 +404,20 @@ def compaction_flow(
 def _run(setup: _Setup) -> SummaryFlow:
     running = setup.previous
     tally = _Tally()
-    remaining = setup.blocks
-    number = 0
+    blocks = setup.blocks
+    tokens = [b.tokens for b in blocks]
+    plan = _Plan.of(tokens, [setup.valid[b.index] for b in blocks])
+    start = number = 0
     while True:
         shown = shorten(running, setup.summary_cap) if running is not None else None
         # Room for messages is what the running summary, as shown, leaves.
         room = max(setup.budget - setup.fixed - estimate_tokens(shown or ""), setup.per_message + 64)
-        planned = _chunks(_units(remaining, setup.valid), room)
-        chunk = planned[0] if planned else []
-        remaining = remaining[len(chunk) :]
-        request, cost = _request(setup, chunk, shown, number, len(planned))
+        end = _next_chunk(start, room, tokens, plan)
+        chunk = blocks[start:end]
+        start = end
+        # How many chunks are left, for progress reports: this one and what the rest fills.
+        planned = 1 + -(-(plan.before[-1] - plan.before[end]) // room) if chunk else 0
+        request, cost = _request(setup, chunk, shown, number, planned)
         try:
             text, covered = yield from _answer(setup, request, cost, tally)
         except SummarizationError as error:
@@ -405,9 +430,7 @@ def _run(setup: _Setup) -> SummaryFlow:
             return replace(_outcome(setup, running, tally, number), until=until, failure=error)
         running = text.strip()
         number += 1
-        if covered:
-            remaining = []  # the prefix covered every message of the region
-        if not remaining:
+        if covered or start >= len(blocks):  # (a prefix request covers every message of the region)
             break
     return _outcome(setup, running, tally, number)
 

@@ -54,7 +54,7 @@ def identifiers(text: str, *, code_names: bool = True, max_code_names: int | Non
     """
     # What a harness answered to a slash command is not what the user gave.
     words = prose(command_line(text) or text)
-    found: list[str] = []
+    found: dict[str, None] = {}  # (an ordered set: a tool's output may hold thousands)
     for url in _URL.findall(words):
         _add_new(found, url.rstrip(".,;:!?"))
     # Only words with a digit, a dot, a slash, an @ or a currency sign can be
@@ -74,7 +74,7 @@ def identifiers(text: str, *, code_names: bool = True, max_code_names: int | Non
             if max_code_names is not None and len(found) - values >= max_code_names:
                 break
             _add_new(found, name)
-    return found
+    return list(found)
 
 
 def _tokens(word: str) -> Sequence[str]:
@@ -148,9 +148,9 @@ def encoded(token: str) -> bool:
     return len(token) >= 24 and mixed and any(c.isdigit() for c in token)
 
 
-def _add_new(found: list[str], value: str) -> None:
-    if value and value not in found:
-        found.append(clip(value, MAX_KEY_CHARS))
+def _add_new(found: dict[str, None], value: str) -> None:
+    if value:
+        found.setdefault(clip(value, MAX_KEY_CHARS), None)
 
 
 def is_path(value: str) -> bool:

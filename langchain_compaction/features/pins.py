@@ -32,7 +32,11 @@ def _exchanges(messages: Sequence[Message], start: int, cut: int) -> dict[int, t
             owner.update((c.id, i) for c in message.tool_calls if c.id)
         elif message.role == "tool" and (message.tool_call_id or "") in owner:
             groups[owner[message.tool_call_id or ""]].append(i)
-    return {i: tuple(group) for group in groups.values() for i in group}
+    out: dict[int, tuple[int, ...]] = {}
+    for group in groups.values():
+        whole = tuple(group)  # one tuple an exchange, shared by its messages (thousands of parallel calls)
+        out.update(dict.fromkeys(whole, whole))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
