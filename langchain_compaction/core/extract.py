@@ -50,7 +50,9 @@ _CONSTRAINT_WORDS = (
     "please",
 )
 # Where a sentence turns to a new point: what a revocation's subject stops at.
-_CONTRAST = re.compile(r",?\s+(?:but|however|though|yet)\s+|;\s*", re.IGNORECASE)
+# (A run of spaces is entered at its start only: tried from each of its
+# spaces, it was rescanned from each, quadratic in a padded line.)
+_CONTRAST = re.compile(r",?(?<!\s)\s+(?:but|however|though|yet)\s+|;\s*", re.IGNORECASE)
 _CORRECTION = re.compile(r"^(?:no\b[,.!]?|actually\b|wait\b|sorry\b|i meant\b|correction\b|that'?s wrong\b)", re.I)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 # A fenced block to its closing fence or the end: of backticks, or of tildes
@@ -88,7 +90,7 @@ _REVOKE = re.compile(
     # "forget the voucher rule", "ignore that policy about refunds" (a subject of at most 80 characters).
     rf"|{_NOT}\b(?:forget|ignore|disregard|scratch|drop)\s+(?:the|my|our|that)\s+(?P<e>[^.;!?,\n]{{1,80}}?)\s+"
     r"(?:rule|policy|instruction|requirement|guideline)s?\b"
-    r"|\b(?P<f>[\w'./ -]{2,40}?)\s+(?:rule|policy|requirement)s?\s+no longer appl(?:y|ies)\b"
+    r"|\b(?P<f>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:rule|policy|requirement)s?\s+no longer appl(?:y|ies)\b"
     # Permissions: "it's okay to ...", "feel free to ...", "you're allowed to ...", "you no longer need to ...".
     r"|\b(?:it'?s|it is) (?:ok|okay|fine|alright|allowed) (?:now |again )?to (?P<g>[^.;!?\n]+)"
     r"|\bfeel free to (?P<h>[^.;!?\n]+)"
@@ -96,7 +98,9 @@ _REVOKE = re.compile(
     r"|\byou (?:no longer (?:need|have) to|don'?t (?:need|have) to (?=[^.;!?\n]{0,120}\bany ?more\b))(?P<j>[^.;!?\n]+)"
     # (A subject of at most 80 characters: unbounded, each "never mind" read on to the sentence's end.)
     r"|\bnever ?mind\s+(?:about\s+)?(?:the\s+|my\s+)?(?P<b>[^.;!?,\n]{1,80}?)\s+(?:rule|thing|instruction|part)\b"
-    r"|(?:^|[.;!?,]\s*)(?P<c>[\w'./ -]{2,40}?)\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
+    # (Subjects start and end with a non-space: a run of spaces around one is
+    # read one way, not split every way between the subject and the spaces.)
+    r"|(?:^|[.;!?,]\s*)(?P<c>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
     r"(?:\s+(?:now|again|after all|with me))?\b"
     r"|\byou (?:may|can) (?:now |again |go ahead and )?(?P<d>[^.;!?\n]+)",
     re.IGNORECASE,

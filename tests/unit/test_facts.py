@@ -287,7 +287,12 @@ def test_reading_a_message_is_linear_on_blank_rows_and_repeated_phrases() -> Non
         "for text in ('\\t\\t\\t\\t\\n' * 50_000, ' \\n' * 100_000, '> \\n' * 50_000, '    \\n' * 50_000,\n"
         "             '-- \\n' * 50_000, 'From: \\n' * 50_000, 'never mind ' * 5_000, 'forget what i said about ' * 5_000,\n"
         "             \"you don't need to \" * 5_000, 'forget the ' * 5_000, 'feel free to ' * 5_000,\n"
-        "             '用户' * 50_000, 'a用户/' * 30_000, 'id=x:' * 30_000):\n"
+        "             '用户' * 50_000, 'a用户/' * 30_000, 'id=x:' * 30_000,\n"
+        # A padded table in a message that says "fine", and a revocation with a run of spaces:
+        # the subject and the contrast were split every way between words and spaces.
+        "             'it looks fine:\\n' + ''.join(f'item{i},' + ' ' * 800 + f'{i}.00\\n' for i in range(200)),\n"
+        "             'You may use tabs' + ' ' * 100_000 + 'in the docs.',\n"
+        "             'x rule' + ' ' * 50_000 + 'no longer applies'):\n"
         "    user_says(text)\n"
         "    result_error(text, whole=True)\n"
     )
