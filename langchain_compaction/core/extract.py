@@ -85,12 +85,13 @@ _EMPHASIS = re.compile(r"(\*\*|__)(.+?)\1")
 _NOT = r"(?<!don't )(?<!don\u2019t )(?<!dont )(?<!do not )(?<!never )"
 _REVOKE = re.compile(
     rf"{_NOT}\b(?:forget|ignore|disregard|scratch|drop)\s+(?:what (?:i (?:said|told you)|the \w+ (?:said|says))"
-    r"|(?:my|the|our) (?:earlier |previous |last )?(?:rule|instruction|request|constraint|policy|guideline)s?)"
+    r"|(?:my|the|our) (?:earlier |previous |last )?(?:rule|instruction|request|constraint|policy|guideline"
+    r"|preference)s?)"
     r"\s+(?:about|on|regarding|for)\s+(?P<a>[^.;!?\n]+)"
     # "forget the voucher rule", "ignore that policy about refunds" (a subject of at most 80 characters).
     rf"|{_NOT}\b(?:forget|ignore|disregard|scratch|drop)\s+(?:the|my|our|that)\s+(?P<e>[^.;!?,\n]{{1,80}}?)\s+"
-    r"(?:rule|policy|instruction|requirement|guideline)s?\b"
-    r"|\b(?P<f>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:rule|policy|requirement)s?\s+no longer appl(?:y|ies)\b"
+    r"(?:rule|policy|instruction|requirement|guideline|preference)s?\b"
+    r"|\b(?P<f>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:rule|policy|requirement|preference)s?\s+no longer appl(?:y|ies)\b"
     # Permissions: "it's okay to ...", "feel free to ...", "you're allowed to ...", "you no longer need to ...".
     r"|\b(?:it'?s|it is) (?:ok|okay|fine|alright|allowed) (?:now |again )?to (?P<g>[^.;!?\n]+)"
     r"|\bfeel free to (?P<h>[^.;!?\n]+)"
@@ -102,7 +103,8 @@ _REVOKE = re.compile(
     # read one way, not split every way between the subject and the spaces.)
     r"|(?:^|[.;!?,]\s*)(?P<c>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
     r"(?:\s+(?:now|again|after all|with me))?\b"
-    r"|\byou (?:may|can) (?:now |again |go ahead and )?(?P<d>[^.;!?\n]+)",
+    # ("You can forget the X rule" is the forgetting above, not a permission to forget.)
+    r"|\byou (?:may|can) (?:now |again |go ahead and )?(?!(?:forget|ignore|disregard|scratch|drop)\b)(?P<d>[^.;!?\n]+)",
     re.IGNORECASE,
 )
 # Every revocation holds one of these (lowercased): a cheap test before the regex.
@@ -248,8 +250,9 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
         return []  # the common case, found by plain substring scans
     found = []
     for match in _REVOKE.finditer(own_words(text)):
-        # The subject ends where a new rule starts ("tabs are fine, but never in Makefiles").
-        subject = _CONTRAST.split(next(group for group in match.groups() if group), 1)[0]
+        # The subject ends where a new rule starts ("tabs are fine, but never in Makefiles",
+        # "forget what I said about the window seat, give me an aisle").
+        subject = _CONTRAST.split(next(group for group in match.groups() if group), 1)[0].split(",", 1)[0]
         words = subject_words(subject)
         if words:
             found.append(words)

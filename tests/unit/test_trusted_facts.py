@@ -529,6 +529,13 @@ def test_an_error_names_its_tool_and_command_apart() -> None:
         ("Always log the refund reason in the ticket.", "You no longer need to log the refund reason."),
         ("Always log the refund reason in the ticket.", "You don't need to log the refund reason anymore."),
         ("Always log the refund reason in the ticket.", "The refund reason rule no longer applies."),
+        # The new preference after a comma: the subject ends there.
+        ("I always want a window seat.", "Forget what I said about the window seat, give me an aisle."),
+        ("I always want a window seat.", "Forget what I said about the window seat, I want an aisle now."),
+        # A preference is taken back as a rule is.
+        ("I always want a window seat.", "You can forget the window seat preference."),
+        ("I always want a window seat.", "The window seat preference no longer applies."),
+        ("I always want a window seat.", "Ignore my earlier preference about the window seat."),
     ],
 )
 def test_a_rule_ending_with_its_subject_is_taken_back(rule: str, later: str) -> None:
@@ -555,6 +562,8 @@ def test_a_rule_ending_with_its_subject_is_taken_back(rule: str, later: str) -> 
         ("Do not offer travel vouchers unless the customer asks.", "Don't forget the voucher rule."),
         ("Do not offer travel vouchers unless the customer asks.", "Don\u2019t forget the voucher rule."),
         ("Never refund basic economy tickets.", "Never ignore the policy on basic economy tickets."),
+        # What follows the comma is no part of the subject.
+        ("Never use tabs in Makefiles.", "Forget what I said about the window seat, tabs in Makefiles are bad."),
     ],
 )
 def test_a_permission_about_something_else_keeps_the_rule(rule: str, later: str) -> None:
