@@ -56,10 +56,10 @@ _CHAT_ROLES: dict[str, Role] = {
 }
 
 
-def json_text(value: Any) -> str:
-    """``value`` as key-sorted JSON text (``str(value)`` if it is not JSON data)."""
+def json_text(value: Any, *, sort_keys: bool = True) -> str:
+    """``value`` as JSON text, keys sorted unless told (``str(value)`` if it is not JSON data)."""
     try:
-        return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+        return json.dumps(value, ensure_ascii=False, sort_keys=sort_keys, default=str)
     except (TypeError, ValueError):
         return str(value)
 
@@ -201,7 +201,8 @@ def _usage_total(message: AIMessage) -> int:
 
 def _assistant(message: AIMessage) -> Message:
     calls = tuple(
-        ToolCall(call.get("id"), str(call.get("name") or ""), json_text(call.get("args", {})))
+        # In the model's order: it names what a call is about first (``core.calls.key_argument``).
+        ToolCall(call.get("id"), str(call.get("name") or ""), json_text(call.get("args", {}), sort_keys=False))
         for call in message.tool_calls
     ) + tuple(
         ToolCall(call.get("id"), str(call.get("name") or ""), str(call.get("args") or ""))

@@ -538,6 +538,26 @@ def test_a_message_keeps_its_reading_and_a_tool_result_is_read_by_its_calls_kind
     assert error_in(result, whole=True) == ""
 
 
+@pytest.mark.parametrize(("booking", "card"), [("code", "card"), ("booking", "payment")])
+def test_a_failed_call_is_resolved_by_a_later_success_on_what_it_names_first(booking: str, card: str) -> None:
+    # The same story whatever the arguments are called: the call is about the
+    # booking, which the model names first (alphabetically, "card" < "code").
+    def change(n: int, payment: str, result: str, status: str) -> list[BaseMessage]:
+        call = {"name": "change_booking", "args": {booking: "QX7M2P", card: payment}, "id": f"c{n}"}
+        return [
+            AIMessage("", tool_calls=[call], id=f"a{n}"),
+            ToolMessage(result, tool_call_id=f"c{n}", status=status, id=f"t{n}"),
+        ]
+
+    messages = [
+        *change(1, "visa-4417", "Error: PaymentDeclined: card declined (code 05)", "error"),
+        *change(2, "amex-1009", "ok: QX7M2P changed", "success"),
+    ]
+    facts = gather((), to_core_list(messages), range(4), ())
+    assert [f.kind for f in facts] == ["done_call"]
+    assert facts[0].text == "QX7M2P"
+
+
 def test_kept_messages_resolve_but_add_nothing() -> None:
     messages = [
         AIMessage("", tool_calls=[{"name": "bash", "args": {"command": "make"}, "id": "c1"}], id="a1"),
