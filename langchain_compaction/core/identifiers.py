@@ -1,7 +1,9 @@
 """Identifiers in a message's text, read without a model: what a summary must not paraphrase.
 
-Ids and codes that mix letters and digits, amounts, dates, versions, paths,
-URLs, e-mail addresses and names from code (``camelCase``, ``snake_case``),
+Ids and codes that mix letters and digits, numeric ids with hyphens, amounts
+(with a currency sign, or a currency named beside them: "145.60 EUR"), dates,
+versions, paths, file names, URLs, e-mail addresses and names from code
+(``camelCase``, ``snake_case``; not the parts of a value found already),
 but nothing from an encoded blob. ``core.facts`` keeps those a user gave; the
 extractive summarizer copies them by the same rule. Every rule is a linear scan
 or regex, tried word by word.
@@ -22,15 +24,26 @@ _TOKEN = re.compile(
       [\w.+-]+@[\w-]+(?:\.[\w-]+)+                         # e-mail addresses
     | [\w.~@/-]*/[\w.@/-]+                                 # paths (checked by _is_path)
     | [\w-]+\.(?:py|pyi|js|ts|tsx|jsx|json|ya?ml|toml|md|txt|csv|c|h|cc|cpp|hpp|go|rs|java|kt|rb|php|sh|sql
-        |html|css|cfg|ini|lock|xml|ipynb|env|pony)         # bare file names
+        |html|css|cfg|ini|lock|xml|ipynb|env|pony|swift|scala|lua|vue|scss|proto|tf|gradle
+        |pdf|docx?|xlsx?|pptx?|odt|ods|rtf|tsv|parquet|avro|pkl|npy|npz|h5|db|sqlite3?|log|bak|dat
+        |png|jpe?g|gif|svg|webp|tiff?|mp3|mp4|wav|mov|zip|tar|gz|tgz|bz2|xz|7z|whl|jar)  # bare file names
     | [$€£¥]\d[\d,]*(?:\.\d+)?                             # amounts
-    | \d{4}-\d{2}-\d{2}                                    # dates
+    | \d{3,}-\d{4,}|\d+(?:-\d+){2,}                        # numeric ids and dates (047-2299310455), not ranges
     | v?\d+\.\d+(?:\.\d+)+                                 # versions
     | (?=[A-Za-z_-]*\d)(?=[\d_-]*[A-Za-z])[A-Za-z0-9][A-Za-z0-9_-]{3,}  # codes mixing letters and digits
     | \d[\d,]{3,}(?:\.\d+)?                                # long numbers
     """,
     re.VERBOSE,
 )
+_CURRENCY = (
+    r"(?:(?:EUR|USD|GBP|JPY|CHF|CAD|AUD|NZD|CNY|HKD|SGD|INR|SEK|NOK|DKK|PLN|CZK|HUF|BRL|MXN|ZAR|TRY|KRW|AED)\b"
+    r"|[€£¥₹₩]|(?:euros?|dollars?|pounds?|yen)\b)"
+)
+# (A number starts where no word, digit or separator precedes it: each is read once.)
+_AMOUNT = re.compile(
+    rf"(?<![\w.,]){_CURRENCY}[^\S\n]?\d(?:[\d.,']*\d)?(?![\w])|(?<![\w.,])\d(?:[\d.,']*\d)?[^\S\n]?{_CURRENCY}"
+)
+_PARTS = re.compile(r"[^\w]+")
 _MAX_TOKEN_CHARS = 200
 # camelCase, PascalCase with an inner capital, snake_case; tried at word starts only.
 _CODE_NAME = re.compile(
@@ -57,6 +70,9 @@ def identifiers(text: str, *, code_names: bool = True, max_code_names: int | Non
     found: dict[str, None] = {}  # (an ordered set: a tool's output may hold thousands)
     for url in _URL.findall(words):
         _add_new(found, url.rstrip(".,;:!?"))
+    # An amount with its currency named beside it ("145.60 EUR", "EUR 420.00", "1.250,50 €"): two words.
+    for amount in _AMOUNT.findall(words):
+        _add_new(found, amount)
     # Only words with a digit, a dot, a slash, an @ or a currency sign can be
     # identifiers: one pass finds them, plain words are never looked at.
     for word in _MAYBE_IDENTIFIER.findall(words if words.isascii() else _CJK_GLUE.sub(" ", words)):
@@ -70,10 +86,13 @@ def identifiers(text: str, *, code_names: bool = True, max_code_names: int | Non
     # inner capital, snake_case): a model paraphrases them into plain words.
     if code_names:
         values = len(found)
+        # (Not the parts of a value found already: "report_final" of "report_final.pdf".)
+        parts = {part for value in found for part in _PARTS.split(value)}
         for name in names_in_code(words):
             if max_code_names is not None and len(found) - values >= max_code_names:
                 break
-            _add_new(found, name)
+            if name not in parts:
+                _add_new(found, name)
     return list(found)
 
 

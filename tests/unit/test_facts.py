@@ -265,6 +265,30 @@ def test_identifiers_glued_to_punctuation_or_cjk_text_are_found(text: str, found
     assert identifiers(text) == found
 
 
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        # Amounts with their currency named beside them, in the ways people write them.
+        ("I accept the change fee of 145.60 EUR.", ["145.60 EUR"]),
+        ("My budget is EUR 420.00 per night.", ["EUR 420.00"]),
+        ("El total pagado fue 1.250,50 € con la tarjeta.", ["1.250,50 €"]),
+        ("The refund should be 99.99 USD, or 30 dollars in cash.", ["99.99 USD", "30 dollars"]),
+        # Numeric ids with hyphens, not ranges.
+        ("My e-ticket number is 047-2299310455.", ["047-2299310455"]),
+        ("Call 1-800-555-0199 about loyalty number 4471-2290.", ["1-800-555-0199", "4471-2290"]),
+        ("Read pages 10-15 and 100-150 of it.", []),
+        # Files of every kind, once (not their names' parts again as code names).
+        (
+            "Attach report_final.pdf, q3_sales.xlsx and region_medians.png.",
+            ["report_final.pdf", "q3_sales.xlsx", "region_medians.png"],
+        ),
+        ("Fix src/pkg_0/mod_0.py but keep handle_0() as it is.", ["src/pkg_0/mod_0.py", "handle_0"]),
+    ],
+)
+def test_amounts_numeric_ids_and_file_names_a_user_gives_are_identifiers(text: str, found: list[str]) -> None:
+    assert identifiers(text) == found
+
+
 def test_extraction_is_linear_on_pathological_input() -> None:
     # A catastrophic regex would not finish; these finish at once.
     for text in ("fix src/app.py" * 20_000, "a" * 200_000, "x/" * 100_000, "1," * 100_000):
