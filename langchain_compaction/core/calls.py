@@ -91,6 +91,18 @@ def key_argument(call: ToolCall, arguments: dict[str, object] | None = None) -> 
     return text if len(text) <= _SHORT_ARGUMENT and "\n" not in text else ""
 
 
+def holds(target: str, path: str) -> bool:
+    """Whether a run on ``target`` covers ``path``: it is ``target`` or lies under it.
+
+    Example:
+        >>> holds("tests/api", "tests/api/test_a.py"), holds("tests/api", "tests/api_v2")
+        (True, False)
+    """
+    if not path.startswith(target):
+        return False
+    return len(path) == len(target) or not target or target[-1] in "/\\:" or path[len(target)] in "/\\:"
+
+
 def written_files(result: str) -> list[str]:
     """The paths a successful result reports the harness applied edits to, in order (aider's report).
 
@@ -148,6 +160,14 @@ class CallReading:
     shell: bool
     program: str
     target: str
+
+    def resolves(self, failed: CallReading) -> bool:
+        """Whether this call, run cleanly, resolves ``failed``'s error: the same program, on a target holding its.
+
+        A later clean run of the same program and suite (flags aside), or a
+        later successful call of the same tool on the same target.
+        """
+        return self.program == failed.program and holds(self.target, failed.target)
 
     def file_use(self, last_opened: str | None) -> tuple[str, str] | None:
         """``file_use`` of the call, given the file opened last."""

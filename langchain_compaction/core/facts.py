@@ -61,7 +61,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from langchain_compaction.core.calls import CallReading, command_target, read_call, written_files
+from langchain_compaction.core.calls import CallReading, command_target, holds, read_call, written_files
 from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.extract import (
     DOCUMENT_CHARS,
@@ -142,11 +142,6 @@ def _cleaned(fact: Fact) -> Fact | None:
         program, target = command_target(fact.key or fact.detail)
         fact = Fact("error", text, f"{program}\x00{target}", f"{program}\x00{fact.detail}")
     return fact
-
-
-def _under(path: str, target: str) -> bool:
-    """Whether ``path`` is ``target`` or lies under it (``path`` starts with ``target``)."""
-    return len(path) == len(target) or not target or target[-1] in "/\\:" or path[len(target)] in "/\\:"
 
 
 @dataclass
@@ -332,7 +327,7 @@ class _Tracker:
         # lies under it ("tests/api" holds "tests/api/test_a.py", not "tests/api_v2").
         left = []
         for entry in held[start:end]:
-            if _under(entry[0], target):
+            if holds(target, entry[0]):
                 self.facts.pop(entry[1], None)  # gone already if superseded meanwhile
             else:
                 left.append(entry)

@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from langchain_compaction.core.calls import CallReading, read_call
 from langchain_compaction.core.effects import breathe, compute_off_loop
 from langchain_compaction.core.extract import (
     constraints,
@@ -33,7 +34,7 @@ from langchain_compaction.core.extract import (
     without_revoked,
 )
 from langchain_compaction.core.identifiers import identifiers as core_identifiers
-from langchain_compaction.core.types import Message, SummaryRequest
+from langchain_compaction.core.types import Message, SummaryRequest, ToolCall
 from langchain_compaction.summarizers.checkpoint import HEADINGS, SECTIONS, Checkpoint
 
 __all__ = ["ExtractiveSummarizer"]
@@ -159,6 +160,22 @@ def _context_facts(text: str, *, from_user: bool, identifiers: bool = True) -> l
     return found
 
 
+def _reported(source: str, line: str) -> str:
+    """A tool's error line as the summary quotes it, with the tool it came from."""
+    return _clip(f"{source} reported: {quoted(line)}", _CONTEXT_CHARS)
+
+
+def _resolve(summary: Checkpoint, clean: CallReading, failures: list[tuple[CallReading, set[str]]]) -> None:
+    """A clean call: the earlier failures it resolves (checked facts' rule, ``CallReading.resolves``) leave."""
+    gone: set[str] = set()
+    for failure in [f for f in failures if clean.resolves(f[0])]:
+        gone |= failure[1]
+        failures.remove(failure)
+    if gone:
+        for section in ("Blocked", "Critical Context"):
+            summary.revise(section, lambda item: "" if item in gone else item)
+
+
 def _error_lines(text: str, limit: int = 3) -> list[str]:
     found = [line.strip() for line in text.splitlines() if _ERROR_LINE.search(line)]
     return found[-limit:]
@@ -233,10 +250,11 @@ class ExtractiveSummarizer:
         results: dict[str | None, Message] = {
             m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id
         }
+        failures: list[tuple[CallReading, set[str]]] = []  # each failed call, and the lines it added
         requests: list[str] = []
         answered = False
         for message in messages:
-            if self._read(summary, message, results):
+            if self._read(summary, message, results, failures):
                 if requests and answered:
                     summary.add("Done", _clip(f"Answered: {requests[-1]}", _BRIEF_CHARS))
                 requests.append(own_words(message.text).strip() or _first_line(message.text))
@@ -253,7 +271,13 @@ class ExtractiveSummarizer:
             summary.add("Next Steps", _clip(f"{_NEXT_PREFIX}{requests[-1]}"))
         return summary.trim(budget)
 
-    def _read(self, summary: Checkpoint, message: Message, results: dict[str | None, Message]) -> bool:
+    def _read(
+        self,
+        summary: Checkpoint,
+        message: Message,
+        results: dict[str | None, Message],
+        failures: list[tuple[CallReading, set[str]]],
+    ) -> bool:
         """Add what ``message`` tells to ``summary``; whether it is a user request."""
         breathe()  # called per message: on the library's worker thread, let the event loop in
         text = message.text
@@ -264,7 +288,7 @@ class ExtractiveSummarizer:
                 if _DECISION.search(sentence) and not _FILLER.search(sentence):
                     summary.add("Key Decisions", _clip(sentence))
             for call in message.tool_calls:
-                self._add_call(summary, call.name, call.arguments, results.get(call.id))
+                self._add_call(summary, call, results.get(call.id), failures)
             self._add_context(summary, text, from_user=False)
         elif message.role == "tool":
             # Tool output is long and noisy: take its paths, URLs and error
@@ -314,7 +338,14 @@ class ExtractiveSummarizer:
         # Neither a command nor a harness's feedback on a call is a request to continue with.
         return not command and not harness
 
-    def _add_call(self, summary: Checkpoint, name: str, arguments: str, result: Message | None) -> None:
+    def _add_call(
+        self,
+        summary: Checkpoint,
+        call: ToolCall,
+        result: Message | None,
+        failures: list[tuple[CallReading, set[str]]],
+    ) -> None:
+        name, arguments = call.name, call.arguments
         brief = _args_brief(arguments)
         label = f"{name}({brief})" if brief else name
         if result is None:
@@ -325,11 +356,18 @@ class ExtractiveSummarizer:
             errors = _error_lines(result.text, limit=1)
             problem = errors[0] if errors else _first_line(result.text)
             # What a tool wrote is quoted, never stated: it may say anything.
-            summary.add("Blocked", _clip(f"✗ {label} failed: {quoted(problem)}"))
-            summary.add("Critical Context", _clip(f"{name} reported: {quoted(problem)}", _CONTEXT_CHARS))
+            blocked, reported = _clip(f"✗ {label} failed: {quoted(problem)}"), _reported(name, problem)
+            summary.add("Blocked", blocked)
+            summary.add("Critical Context", reported)
+            # What a later clean run takes back: these lines, and the error
+            # lines its output adds when it is read (``_add_context``).
+            source = result.name or "a tool"
+            shown = {_reported(source, e) for e in _error_lines(result.text, limit=2)}
+            failures.append((read_call(call), {blocked, reported, *shown}))
         else:
             outcome = _first_line(result.text)
             summary.add("Done", _clip(f"{label} → {outcome}" if outcome else label))
+            _resolve(summary, read_call(call), failures)
         for key in ("command", "cmd"):
             try:
                 value = json.loads(arguments).get(key)
@@ -343,7 +381,7 @@ class ExtractiveSummarizer:
     ) -> None:
         # Error lines first: with the per-message cap they must not be crowded
         # out by paths. A tool's are quoted, with the tool's name.
-        errors = [f"{source} reported: {quoted(e)}" if source else e for e in _error_lines(text, limit=2)]
+        errors = [_reported(source, e) if source else e for e in _error_lines(text, limit=2)]
         facts = errors + _context_facts(text, from_user=from_user, identifiers=identifiers)
         taken = 0
         seen: set[str] = set()
