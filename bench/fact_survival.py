@@ -107,10 +107,12 @@ def _empty_checkpoint(prompt: str) -> str:
 
 def extraction_cost(messages: list[BaseMessage], repeats: int = 5) -> float:
     """Microseconds of fact extraction per compacted message read for the first time (CPU time, best of ``repeats``)."""
-    core = to_core_list(messages)
     best = float("inf")
     for _ in range(repeats):
-        readings.forget()  # what a message says is kept once read: each repeat reads them afresh
+        # What a message says is kept once read, by its text and on the message:
+        # each repeat reads new message objects with the readings cleared.
+        core = to_core_list(messages)
+        readings.forget()
         started = time.process_time()
         gather((), core, range(len(core)), ())
         best = min(best, time.process_time() - started)
