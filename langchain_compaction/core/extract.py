@@ -152,7 +152,13 @@ def compared(fact: Fact) -> str:
     return known
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+# Control characters and line separators part words; direction marks and other
+# invisible format characters (a soft hyphen, the Arabic letter mark, zero-width
+# spaces and joiners, tag characters that can spell a hidden line) go.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_INVISIBLE = re.compile(
+    "[\xad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb\U000e0000-\U000e007f]"
+)
 
 
 def one_line(text: str, limit: int = MAX_FACT_CHARS) -> str:
@@ -164,14 +170,14 @@ def one_line(text: str, limit: int = MAX_FACT_CHARS) -> str:
     """
     if _clean(text, limit):
         return text
-    return clip(_CONTROL.sub(" ", text), limit)
+    return clip(_CONTROL.sub(" ", _INVISIBLE.sub("", text)), limit)
 
 
 def _clean(text: str, limit: int) -> bool:
     """Whether ``text`` is one clean line within ``limit`` already (most are: then nothing is copied).
 
-    Every character ``_CONTROL`` removes and every whitespace but the ASCII
-    space is non-printable, so a printable text without doubled or edge spaces
+    Every character ``_CONTROL`` and ``_INVISIBLE`` take out and every
+    whitespace but the ASCII space is non-printable, so a printable text without doubled or edge spaces
     is what ``clip`` and ``one_line`` would return.
     """
     return len(text) <= limit and text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " "

@@ -236,6 +236,9 @@ def _setup(
     system = options.system_prompt or prompts.SYSTEM_PROMPT
     region = [i for i in plan.region if not messages[i].is_summary]
     shown, previous = _shown(messages, plan, region, options)
+    if instructions and options.redact is not None:
+        # The caller's instructions (a "/compact ..." a user typed) go to the summarizer too.
+        instructions = apply_redactor(options.redact, instructions)
     extra = prompts.ADDITIONAL_INSTRUCTIONS + instructions if instructions else ""
     budget = options.budget.summary_input
     longest = max(estimate_tokens(instructions_text(options, True)), estimate_tokens(instructions_text(options, False)))

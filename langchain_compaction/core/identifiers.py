@@ -116,8 +116,9 @@ _ASCII_GLUE = re.compile(r"[:=|]")
 # letters, or its full-width punctuation, parts the ids and paths around it
 # ("预订号：QX42LM，日期2024-05-21"), except a run between path separators
 # (a folder's name: "/home/用户/app.py").
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
-_CJK_GLUE = re.compile(rf"[\u3000-\u303f\uff00-\uffef]|(?<![/\\{_CJK}])[{_CJK}]+(?![/\\{_CJK}])")
+CJK_LETTERS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
+"""Chinese, Japanese and Korean letters (a character class's inside), written without spaces."""
+_CJK_GLUE = re.compile(rf"[\u3000-\u303f\uff00-\uffef]|(?<![/\\{CJK_LETTERS}])[{CJK_LETTERS}]+(?![/\\{CJK_LETTERS}])")
 
 
 def names_in_code(text: str) -> list[str]:

@@ -30,7 +30,7 @@ from langchain_compaction.core.extract import (
     revoked_subjects,
     task_terms,
 )
-from langchain_compaction.core.identifiers import identifiers, names_in_code
+from langchain_compaction.core.identifiers import CJK_LETTERS, identifiers, names_in_code
 from langchain_compaction.core.types import Fact, FactKind, Message
 
 CODE_NAMES_PER_MESSAGE = 12
@@ -97,7 +97,7 @@ def _read(text: str) -> UserSays:
     if not request or feedback(words) or request.startswith("/"):
         request = ""  # a harness's feedback on a call, or a slash command, is no request (and never the task)
     # A task is stated in a sentence, not a greeting or an acknowledgement.
-    task = clip(request, TASK_CHARS) if len(request.split()) >= 5 and not feedback(request) else ""
+    task = clip(request, TASK_CHARS) if _words(request) >= 5 and not feedback(request) else ""
     return UserSays(
         revoked=tuple(revoked_subjects(text)),
         rules=tuple(
@@ -110,6 +110,15 @@ def _read(text: str) -> UserSays:
         request=_fact("request", request, f"request:{normalize(request)}"),
         task=_fact("task", task, "task"),
     )
+
+
+# Chinese and Japanese are written without spaces: about two characters a word.
+_CJK_LETTER = re.compile(f"[{CJK_LETTERS}]")
+
+
+def _words(text: str) -> int:
+    """About how many words ``text`` holds, in any script."""
+    return len(text.split()) + (0 if text.isascii() else len(_CJK_LETTER.findall(text)) // 2)
 
 
 def _fact(kind: FactKind, text: str, key: str) -> Fact | None:

@@ -130,18 +130,25 @@ class Checkpoint:
             ranked = sorted(self.sections[section].items(), key=lambda kv: (kv[1].precious, kv[1].order))
             queues[section] = deque((key, estimate_tokens(item.text) + 2) for key, item in ranked)
             weight[section] = sum(cost for _, cost in queues[section])
-        total = sum(weight.values()) + 60
+        total = sum(weight.values()) + 60  # about the headings, and a few "(none)" placeholders
         heap = [(-weight[s] * _SECTION_WEIGHT[s], n, s) for n, s in enumerate(SECTIONS) if queues[s]]
         heapq.heapify(heap)
-        while total > max_tokens and heap:
-            _, number, section = heapq.heappop(heap)
-            key, cost = queues[section].popleft()
-            del self.sections[section][key]
-            weight[section] -= cost
-            total -= cost
-            if queues[section]:
-                heapq.heappush(heap, (-weight[section] * _SECTION_WEIGHT[section], number, section))
-        return _fit(self.render(), max_tokens)
+        while True:
+            while total > max_tokens and heap:
+                _, number, section = heapq.heappop(heap)
+                key, cost = queues[section].popleft()
+                del self.sections[section][key]
+                weight[section] -= cost
+                total -= cost
+                if queues[section]:
+                    heapq.heappush(heap, (-weight[section] * _SECTION_WEIGHT[section], number, section))
+            text = self.render()
+            if not heap or estimate_tokens(text) <= max_tokens:
+                break
+            # The items' costs add up to a little less than the text: one more goes, and
+            # only an empty template is ever cut (a cut line could start a heading).
+            total = max_tokens + 1
+        return _fit(text, max_tokens)
 
 
 _CUT = " [...]"

@@ -154,7 +154,9 @@ def _context_facts(text: str, *, from_user: bool, identifiers: bool = True) -> l
     found = core_identifiers(text, code_names=False)  # the agent's own code names come from _IDENT below
     if not from_user:
         found = [value for value in found if "/" in value or "." in value]
-    found += _INLINE_CODE.findall(text)
+    if from_user or identifiers:
+        # (Not a tool's inline code: a span of a tool's output is any sentence, stated unquoted.)
+        found += _INLINE_CODE.findall(text)
     if identifiers and not from_user:
         found += [m.group().rstrip("(") for m in _IDENT.finditer(text)]
     return found
@@ -365,8 +367,8 @@ class ExtractiveSummarizer:
             shown = {_reported(source, e) for e in _error_lines(result.text, limit=2)}
             failures.append((read_call(call), {blocked, reported, *shown}))
         else:
-            outcome = _first_line(result.text)
-            summary.add("Done", _clip(f"{label} → {outcome}" if outcome else label))
+            outcome = _first_line(result.text)  # what a tool wrote: quoted, as its failures are
+            summary.add("Done", _clip(f"{label} → {quoted(outcome)}" if outcome else label))
             _resolve(summary, read_call(call), failures)
         for key in ("command", "cmd"):
             try:

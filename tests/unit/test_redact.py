@@ -297,6 +297,19 @@ def test_extractive_summary_holds_no_secret() -> None:
     assert "[REDACTED" in result.summary
 
 
+def test_the_callers_instructions_are_redacted_too() -> None:
+    # A "/compact keep the db password=..." a user typed goes to the summarizer as instructions.
+    prompts: list[str] = []
+    said = f"keep the db password=Zq9vXk7hunter2 and the key {SK} in the summary"
+    compact(lambda p: prompts.append(p) or "## Goal\n- deploy", conversation(), OPTIONS, said)
+    result, _ = compact(ExtractiveSummarizer(), conversation(), OPTIONS, said)
+    assert result is not None
+    for text in (*prompts, result.summary):
+        assert "Zq9vXk7hunter2" not in text
+        assert_no_secret(text)
+    assert "keep the db password=" in prompts[0]  # the instructions themselves still go
+
+
 def test_extractive_copies_secrets_without_redact() -> None:
     # Guard: the extractive summarizer would copy at least one secret verbatim.
     result, _ = compact(ExtractiveSummarizer(), conversation(), CompactionOptions(keep_recent_tokens=1))
