@@ -120,7 +120,8 @@ class Checkpoint:
         weighted by how much its facts are worth keeping: sections stay
         balanced, constraints and errors outlive chatter, and within each
         section the newest facts win (what the user said and error lines go
-        after every other item of their section).
+        after every other item of their section). The task (the first goal)
+        goes after every other item.
         """
         # Each item costs its text plus the bullet and line break; the fixed
         # part is the headings and the "(none)" placeholders.
@@ -131,7 +132,15 @@ class Checkpoint:
             queues[section] = deque((key, estimate_tokens(item.text) + 2) for key, item in ranked)
             weight[section] = sum(cost for _, cost in queues[section])
         total = sum(weight.values()) + 60  # about the headings, and a few "(none)" placeholders
-        heap = [(-weight[s] * _SECTION_WEIGHT[s], n, s) for n, s in enumerate(SECTIONS) if queues[s]]
+        tasks = {key for key, item in self.sections["Goal"].items() if item.precious}
+
+        def rank(section: str) -> float:
+            # The task (the first goal) goes after everything else: the summary is about it.
+            if section == "Goal" and queues[section][0][0] in tasks:
+                return 0.0
+            return -weight[section] * _SECTION_WEIGHT[section]
+
+        heap = [(rank(s), n, s) for n, s in enumerate(SECTIONS) if queues[s]]
         heapq.heapify(heap)
         while True:
             while total > max_tokens and heap:
@@ -141,7 +150,7 @@ class Checkpoint:
                 weight[section] -= cost
                 total -= cost
                 if queues[section]:
-                    heapq.heappush(heap, (-weight[section] * _SECTION_WEIGHT[section], number, section))
+                    heapq.heappush(heap, (rank(section), number, section))
             text = self.render()
             if not heap or estimate_tokens(text) <= max_tokens:
                 break

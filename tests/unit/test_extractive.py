@@ -134,6 +134,24 @@ def test_a_small_budget_never_cuts_the_users_text_into_a_line_of_its_own():
             assert not headings, (budget, repeats, summary)
 
 
+def test_the_task_outlives_every_other_item_when_the_summary_is_trimmed():
+    from langchain_compaction import should_compact
+    from langchain_compaction.demo import demo_session
+
+    options = CompactionOptions(context_window=8_000)
+    state: list = []
+    goals = []
+    for message in demo_session():
+        if isinstance(message, AIMessage) and should_compact(state, options=options):
+            result, state = compact(ExtractiveSummarizer(), state, options)
+            assert result is not None
+            goals.append(result.summary.split("## Goal", 1)[1].split("##", 1)[0])
+        state.append(message)
+    assert len(goals) == 5
+    # The fifth summary was trimmed hard (its region held long tool outputs); the task stays.
+    assert all("I've uploaded a C code repository" in goal for goal in goals), goals
+
+
 def test_deterministic():
     core = to_core_list(_session())
     assert ExtractiveSummarizer().summarize_messages(core) == ExtractiveSummarizer().summarize_messages(core)
