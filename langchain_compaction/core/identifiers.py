@@ -39,9 +39,10 @@ _CURRENCY = (
     r"(?:(?:EUR|USD|GBP|JPY|CHF|CAD|AUD|NZD|CNY|HKD|SGD|INR|SEK|NOK|DKK|PLN|CZK|HUF|BRL|MXN|ZAR|TRY|KRW|AED)\b"
     r"|[€£¥₹₩]|(?:euros?|dollars?|pounds?|yen)\b)"
 )
-# (A number starts where no word, digit or separator precedes it: each is read once.)
+# (A number starts where no word, digit or separator of its own precedes it:
+# each run is read once, from its start. "1'1'1'..." read from each digit took minutes.)
 _AMOUNT = re.compile(
-    rf"(?<![\w.,]){_CURRENCY}[^\S\n]?\d(?:[\d.,']*\d)?(?![\w])|(?<![\w.,])\d(?:[\d.,']*\d)?[^\S\n]?{_CURRENCY}"
+    rf"(?<![\w.,']){_CURRENCY}[^\S\n]?\d(?:[\d.,']*\d)?(?![\w])|(?<![\w.,'])\d(?:[\d.,']*\d)?[^\S\n]?{_CURRENCY}"
 )
 _PARTS = re.compile(r"[^\w]+")
 _MAX_TOKEN_CHARS = 200

@@ -317,7 +317,9 @@ def test_reading_a_message_is_linear_on_blank_rows_and_repeated_phrases() -> Non
         # the subject and the contrast were split every way between words and spaces.
         "             'it looks fine:\\n' + ''.join(f'item{i},' + ' ' * 800 + f'{i}.00\\n' for i in range(200)),\n"
         "             'You may use tabs' + ' ' * 100_000 + 'in the docs.',\n"
-        "             'x rule' + ' ' * 50_000 + 'no longer applies'):\n"
+        "             'x rule' + ' ' * 50_000 + 'no longer applies',\n"
+        # An amount's number was read from each digit of a run like 1'1'1' (600 s).
+        '             "1\'" * 100_000, "EUR 1\'" * 50_000):\n'
         "    user_says(text)\n"
         "    result_error(text, whole=True)\n"
     )
