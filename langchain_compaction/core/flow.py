@@ -301,6 +301,7 @@ def _request(
     tail = "\n\n" + instructions_text(setup.options, shown is not None) + setup.extra
     units += estimate_units(tail) + BLANK_LINE_UNITS * max(len(pieces) - 1, 0)
     prompt = "\n\n".join(pieces) + tail
+    budget = setup.options.budget
     request = SummaryRequest(
         system=setup.system,
         prompt=prompt,
@@ -311,7 +312,9 @@ def _request(
         chunk_count=number + max(planned, 1),
         indices=tuple(b.index for b in chunk),
         # What the features add under the summary is left to them.
-        max_tokens=max(setup.options.budget.summary_max - setup.reserved, _MIN_MESSAGE_TOKENS),
+        # (At least 256 tokens, but never more than the summary is checked against:
+        # a summarizer that keeps to what it was asked is never rejected for its length.)
+        max_tokens=min(max(budget.summary_max - setup.reserved, _MIN_MESSAGE_TOKENS), budget.summary_max),
     )
     cost = setup.system_tokens + units // UNITS
     if number == 0 and setup.prefix:

@@ -53,6 +53,7 @@ from langchain_compaction._lc.convert import (
 )
 from langchain_compaction.core import prompts
 from langchain_compaction.core.layout import compose_summary
+from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import (
     ConfigurationError,
     EmptySummaryError,
@@ -1507,3 +1508,22 @@ def test_chunks_never_split_a_tool_call_from_its_results(shape: str) -> None:
     assert not splits, (
         f"a chunk boundary split a tool call from its result (filler, call, chunk of call, chunk of result): {splits[:3]}"
     )
+
+
+def test_a_summary_budget_under_256_tokens_is_what_the_summarizer_is_asked_for() -> None:
+    # The summarizer is asked for at least 256 tokens, but never more than the summary is
+    # checked against: asked 256 and judged at 150, the offline summary was rejected twice.
+    asked: list[int] = []
+
+    class Recording(ExtractiveSummarizer):
+        def summarize(self, request: SummaryRequest) -> str:
+            asked.append(request.max_tokens)
+            return super().summarize(request)
+
+    messages = [m for i in range(30) for m in (HumanMessage(f"question {i} " * 30), AIMessage(f"answer {i} " * 30))]
+    options = CompactionOptions(context_window=3_000, summary_max_tokens=150)
+    result, _ = compact(Recording(), messages, options)
+    assert result is not None
+    assert asked
+    assert max(asked) == 150
+    assert estimate_tokens(result.summary) <= 150
