@@ -12,7 +12,9 @@ change named beside it in the CHANGELOG):
 - many small messages in one region (its chunks);
 - one assistant message with thousands of parallel calls (its exchange);
 - a pasted table padded with spaces in a message that says "fine" (a revocation's subject);
-- a revocation sentence holding a long run of spaces (a contrast's split).
+- a revocation sentence holding a long run of spaces (a contrast's split);
+- test runs of one program, half of them failing (each clean run was checked
+  against every failure held, in the offline summary).
 """
 
 from __future__ import annotations
@@ -78,12 +80,22 @@ def spaced_revocation(n: int) -> list[BaseMessage]:
     return _tail([SystemMessage("sys"), HumanMessage("Never use tabs."), AIMessage("ok"), HumanMessage(said)])
 
 
+def failing_tests(n: int) -> list[BaseMessage]:
+    messages: list[BaseMessage] = [SystemMessage("sys"), HumanMessage("make every test pass")]
+    for i in range(n):
+        call = {"name": "bash", "args": {"command": f"pytest tests/test_{i}.py"}, "id": f"c{i}"}
+        output = f"E   AssertionError: {i}\n1 failed" if i % 2 == 0 else "3 passed"
+        messages += [AIMessage("", tool_calls=[call]), ToolMessage(output, tool_call_id=f"c{i}")]
+    return _tail(messages)
+
+
 SHAPES: dict[str, tuple[Callable[[int], list[BaseMessage]], int]] = {
     "one tool output of distinct identifiers (lines)": (identifiers_output, 3_000),
     "small messages in one region": (small_messages, 8_000),
     "parallel calls in one message": (parallel_calls, 3_000),
     "a padded table saying 'fine' (spaces a row)": (padded_table, 200),
     "a revocation with a run of spaces (spaces)": (spaced_revocation, 10_000),
+    "test runs of one program, half failing (calls)": (failing_tests, 1_000),
 }
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from bisect import bisect_left, insort
+from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Generic, TypeVar
 
 from langchain_compaction.core.extract import MAX_KEY_CHARS, clip
 from langchain_compaction.core.identifiers import is_path
@@ -103,6 +105,55 @@ def holds(target: str, path: str) -> bool:
     return len(path) == len(target) or not target or target[-1] in "/\\:" or path[len(target)] in "/\\:"
 
 
+_V = TypeVar("_V")
+
+
+@dataclass
+class Unresolved(Generic[_V]):
+    """Failed calls not resolved yet, each with a value, by program and target.
+
+    A later clean run of the same program on a target that holds the failed
+    one resolves it (the same suite, flags aside; the same tool on the same
+    target). Targets are kept sorted by program: a clean run looks only at the
+    targets that start with its own, so resolving stays cheap with thousands held.
+
+    Example:
+        >>> held = Unresolved[str]()
+        >>> held.add("pytest", "tests/api/test_a.py", "boom"); held.add("pytest", "tests/api_v2", "other")
+        >>> held.resolve("pytest", "tests/api"), held.resolve("pytest", "tests/api")
+        (['boom'], [])
+    """
+
+    held: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    values: dict[int, _V] = field(default_factory=dict)
+    _count: int = 0
+
+    def add(self, program: str, target: str, value: _V) -> None:
+        """Hold ``value`` for a failure of ``program`` on ``target``."""
+        self._count += 1
+        insort(self.held.setdefault(program, []), (target, self._count))
+        self.values[self._count] = value
+
+    def resolve(self, program: str, target: str) -> list[_V]:
+        """A clean run of ``program`` on ``target``: the values of the failures it resolves, taken out."""
+        held = self.held.get(program)
+        if not held:
+            return []
+        start = end = bisect_left(held, (target,))
+        while end < len(held) and held[end][0].startswith(target):
+            end += 1
+        # Of the targets that start with it, the ones it holds: itself and what
+        # lies under it ("tests/api" holds "tests/api/test_a.py", not "tests/api_v2").
+        gone, left = [], []
+        for entry in held[start:end]:
+            if holds(target, entry[0]):
+                gone.append(self.values.pop(entry[1]))
+            else:
+                left.append(entry)
+        held[start:end] = left
+        return gone
+
+
 def written_files(result: str) -> list[str]:
     """The paths a successful result reports the harness applied edits to, in order (aider's report).
 
@@ -160,14 +211,6 @@ class CallReading:
     shell: bool
     program: str
     target: str
-
-    def resolves(self, failed: CallReading) -> bool:
-        """Whether this call, run cleanly, resolves ``failed``'s error: the same program, on a target holding its.
-
-        A later clean run of the same program and suite (flags aside), or a
-        later successful call of the same tool on the same target.
-        """
-        return self.program == failed.program and holds(self.target, failed.target)
 
     def file_use(self, last_opened: str | None) -> tuple[str, str] | None:
         """``file_use`` of the call, given the file opened last."""

@@ -56,12 +56,11 @@ cut: an error fixed there is not reported as open.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from langchain_compaction.core.calls import CallReading, command_target, holds, read_call, written_files
+from langchain_compaction.core.calls import CallReading, Unresolved, command_target, read_call, written_files
 from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.extract import (
     DOCUMENT_CHARS,
@@ -154,7 +153,7 @@ class _Tracker:
     requests: list[tuple[FactKind, str]] = field(default_factory=list)
     earlier: list[tuple[FactKind, str]] = field(default_factory=list)
     # Errors by program, (target, key) sorted: a clean run looks at its program's, at targets starting with its own.
-    errors: dict[str, list[tuple[str, tuple[FactKind, str]]]] = field(default_factory=dict)
+    errors: Unresolved[tuple[FactKind, str]] = field(default_factory=Unresolved)
     # In how many messages each code name came, in the order they were last met;
     # in how many each of the user's words came (ranked by count: their order does not matter).
     names: dict[str, int] = field(default_factory=dict)
@@ -190,10 +189,7 @@ class _Tracker:
             order.append(key)
         elif fact.kind == "error":
             program, _, target = fact.key.partition("\x00")
-            held = self.errors.setdefault(program, [])
-            at = bisect_left(held, (target, key))
-            if held[at : at + 1] != [(target, key)]:
-                held.insert(at, (target, key))
+            self.errors.add(program, target, key)  # (a key superseded meanwhile is looked up and not found)
 
     def _put(self, key: tuple[FactKind, str], fact: Fact) -> None:
         """Keep ``fact`` under ``key``: a fact seen again moves to the end (it is the newest)."""
@@ -317,21 +313,8 @@ class _Tracker:
 
     def _resolve(self, program: str, target: str) -> None:
         """A clean run of ``program`` on ``target``: the errors it covers are resolved."""
-        held = self.errors.get(program)
-        if not held:
-            return
-        start = end = bisect_left(held, (target,))
-        while end < len(held) and held[end][0].startswith(target):
-            end += 1
-        # Of the targets that start with it, the ones it holds: itself and what
-        # lies under it ("tests/api" holds "tests/api/test_a.py", not "tests/api_v2").
-        left = []
-        for entry in held[start:end]:
-            if holds(target, entry[0]):
-                self.facts.pop(entry[1], None)  # gone already if superseded meanwhile
-            else:
-                left.append(entry)
-        held[start:end] = left
+        for key in self.errors.resolve(program, target):
+            self.facts.pop(key, None)  # gone already if superseded meanwhile
 
     def result(self) -> list[Fact]:
         """The facts in force, oldest first; the code names met last, oldest first; the most repeated words first."""

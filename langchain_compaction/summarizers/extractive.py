@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from langchain_compaction.core.calls import CallReading, read_call
+from langchain_compaction.core.calls import CallReading, Unresolved, read_call
 from langchain_compaction.core.effects import breathe, compute_off_loop
 from langchain_compaction.core.extract import (
     constraints,
@@ -167,12 +167,9 @@ def _reported(source: str, line: str) -> str:
     return _clip(f"{source} reported: {quoted(line)}", _CONTEXT_CHARS)
 
 
-def _resolve(summary: Checkpoint, clean: CallReading, failures: list[tuple[CallReading, set[str]]]) -> None:
-    """A clean call: the earlier failures it resolves (checked facts' rule, ``CallReading.resolves``) leave."""
-    gone: set[str] = set()
-    for failure in [f for f in failures if clean.resolves(f[0])]:
-        gone |= failure[1]
-        failures.remove(failure)
+def _resolve(summary: Checkpoint, clean: CallReading, failures: Unresolved[set[str]]) -> None:
+    """A clean call: the earlier failures it resolves (checked facts' rule, ``Unresolved``) leave."""
+    gone = set().union(*failures.resolve(clean.program, clean.target))
     if gone:
         for section in ("Blocked", "Critical Context"):
             summary.revise(section, lambda item: "" if item in gone else item)
@@ -252,7 +249,7 @@ class ExtractiveSummarizer:
         results: dict[str | None, Message] = {
             m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id
         }
-        failures: list[tuple[CallReading, set[str]]] = []  # each failed call, and the lines it added
+        failures: Unresolved[set[str]] = Unresolved()  # each failed call's lines, by program and target
         requests: list[str] = []
         answered = False
         for message in messages:
@@ -278,7 +275,7 @@ class ExtractiveSummarizer:
         summary: Checkpoint,
         message: Message,
         results: dict[str | None, Message],
-        failures: list[tuple[CallReading, set[str]]],
+        failures: Unresolved[set[str]],
     ) -> bool:
         """Add what ``message`` tells to ``summary``; whether it is a user request."""
         breathe()  # called per message: on the library's worker thread, let the event loop in
@@ -345,7 +342,7 @@ class ExtractiveSummarizer:
         summary: Checkpoint,
         call: ToolCall,
         result: Message | None,
-        failures: list[tuple[CallReading, set[str]]],
+        failures: Unresolved[set[str]],
     ) -> None:
         name, arguments = call.name, call.arguments
         brief = _args_brief(arguments)
@@ -365,7 +362,8 @@ class ExtractiveSummarizer:
             # lines its output adds when it is read (``_add_context``).
             source = result.name or "a tool"
             shown = {_reported(source, e) for e in _error_lines(result.text, limit=2)}
-            failures.append((read_call(call), {blocked, reported, *shown}))
+            failed = read_call(call)
+            failures.add(failed.program, failed.target, {blocked, reported, *shown})
         else:
             outcome = _first_line(result.text)  # what a tool wrote: quoted, as its failures are
             summary.add("Done", _clip(f"{label} → {quoted(outcome)}" if outcome else label))
