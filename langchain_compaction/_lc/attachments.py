@@ -39,13 +39,11 @@ def attachment_part(block: dict[str, Any], kind: str) -> Part:
         data = _payload(block, source)
         if data is not None and data[:5] == b"%PDF-":
             tokens = pdf_tokens(data)
-    return Part("image", describe(block, kind), tokens)
+    return Part("image", _describe(block, kind, source, media), tokens)
 
 
-def describe(block: dict[str, Any], kind: str) -> str:
+def _describe(block: dict[str, Any], kind: str, source: dict[str, Any], media: object) -> str:
     """What the summarizer is told about an attachment: its kind, media type and URL (never inline data)."""
-    source = _source(block)
-    media = block.get("mime_type") or block.get("media_type") or source.get("media_type")
     image_url = block.get("image_url")
     candidates = (
         block.get("url"),
@@ -55,7 +53,7 @@ def describe(block: dict[str, Any], kind: str) -> str:
     )
     # A link the agent can refer to later; a data: URL is the payload itself.
     url = next((u for u in candidates if isinstance(u, str) and u.startswith(("http://", "https://"))), None)
-    return " ".join(p for p in (kind, media, url) if p)
+    return " ".join(str(p) for p in (kind, media, url) if p)
 
 
 def _source(block: dict[str, Any]) -> dict[str, Any]:

@@ -152,7 +152,7 @@ class _Tracker:
     last_opened: str | None = None
     requests: list[tuple[FactKind, str]] = field(default_factory=list)
     earlier: list[tuple[FactKind, str]] = field(default_factory=list)
-    # Errors by program, (target, key) sorted: a clean run looks at its program's, at targets starting with its own.
+    # The errors not resolved yet, by program and target (a clean run resolves those its target holds).
     errors: Unresolved[tuple[FactKind, str]] = field(default_factory=Unresolved)
     # In how many messages each code name came, in the order they were last met;
     # in how many each of the user's words came (ranked by count: their order does not matter).

@@ -47,7 +47,6 @@ READINGS_KEPT = 8192
 class UserSays:
     """What one user message says, as checked facts read it.
 
-    Attributes:
     Its facts are made once, each one clean line (``core.extract.one_line``),
     and shared by every conversation that holds the text.
 

@@ -67,10 +67,7 @@ class Lookup:
         if self.end is not None and item.position > self.end:
             return False
         words = normalize(self.query).split()
-        if not words:
-            return True
-        text = normalize(f"{role_label(item.message)} {message_body(item.message)}")
-        return all(word in text for word in words)
+        return not words or all(word in _searched(item) for word in words)
 
     def exact(self, item: Archived) -> bool:
         """Whether every word of the query occurs in ``item`` as a whole word ("T-1", not inside "T-10").
@@ -78,9 +75,13 @@ class Lookup:
         A match of parts of words ("book" in "booking") is still a match,
         ranked after every whole-word one (``select``).
         """
-        words = normalize(self.query).split()
-        text = normalize(f"{role_label(item.message)} {message_body(item.message)}")
-        return all(re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text) for word in words)
+        text = _searched(item)
+        return all(re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text) for word in normalize(self.query).split())
+
+
+def _searched(item: Archived) -> str:
+    """What a query is looked for in: the message's role and body, folded as queries are."""
+    return normalize(f"{role_label(item.message)} {message_body(item.message)}")
 
 
 def select(items: Iterable[Archived], lookup: Lookup) -> list[Archived]:

@@ -352,8 +352,9 @@ class ExtractiveSummarizer:
             return
         opening = " ".join(result.text.strip().splitlines()[:2])
         if result.is_error or _FAILURE.search(opening):
-            errors = _error_lines(result.text, limit=1)
-            problem = errors[0] if errors else _first_line(result.text)
+            # (The two its output's context gives, read once; the last is its problem.)
+            errors = _error_lines(result.text, limit=2)
+            problem = errors[-1] if errors else _first_line(result.text)
             # What a tool wrote is quoted, never stated: it may say anything.
             blocked, reported = _clip(f"✗ {label} failed: {quoted(problem)}"), _reported(name, problem)
             summary.add("Blocked", blocked)
@@ -361,7 +362,7 @@ class ExtractiveSummarizer:
             # What a later clean run takes back: these lines, and the error
             # lines its output adds when it is read (``_add_context``).
             source = result.name or "a tool"
-            shown = {_reported(source, e) for e in _error_lines(result.text, limit=2)}
+            shown = {_reported(source, e) for e in errors}
             failed = read_call(call)
             failures.add(failed.program, failed.target, {blocked, reported, *shown})
         else:
