@@ -23,6 +23,7 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from itertools import repeat
 from typing import Any, TypeVar, cast
 
@@ -183,8 +184,15 @@ class TokenCountCache:
     def _reused(messages: Sequence[BaseMessage], last: Sequence[BaseMessage]) -> int:
         """How many leading messages are the very objects of ``last`` (the previous call's)."""
         known = len(last)
-        if len(messages) >= known and all(map(operator.is_, messages[:known], last)):
-            return known  # the common case: the same history plus new messages
+        # The common case: the same history plus new messages. A list
+        # comparison passes identical items in C without calling their
+        # ``__eq__`` (a tenth of a pairwise ``is``); the ends are checked
+        # first so that a history read anew (a checkpoint's copies) is not
+        # compared field by field. An item that is only equal counts the same.
+        if 0 < known <= len(messages) and messages[0] is last[0] and messages[known - 1] is last[-1]:
+            with suppress(Exception):  # an odd payload's own ``__eq__``: the pairwise check decides
+                if messages[:known] == last:
+                    return known
         same = list(map(operator.is_, messages, last))
         return same.index(False) if False in same else len(same)
 

@@ -416,6 +416,24 @@ def test_cache_catches_in_place_edit_of_the_same_object() -> None:
     assert counter.calls == 5  # messages without ids are never cached
 
 
+def test_cache_reuses_equal_copies_and_recounts_changed_ones_in_the_middle() -> None:
+    """The previous call's prefix is reused when its messages are the same objects or equal copies, never otherwise."""
+    cache = TokenCountCache(CompactionOptions())
+    history = [HumanMessage(f"message {i} " * 30, id=f"m{i}") for i in range(50)]
+    cache.counts(history)
+    # An equal copy in the middle (no ids needed: nothing is looked up) costs nothing.
+    anonymous = [m.model_copy(update={"id": None}) for m in history]
+    cache.counts(anonymous)
+    before = cache.misses
+    same = [*anonymous[:20], anonymous[20].model_copy(), *anonymous[21:], HumanMessage("new")]
+    assert cache.counts(same) == TokenCountCache(CompactionOptions()).counts(same)
+    assert cache.misses - before == 1
+    # A changed copy in the middle, with the first and last messages the same objects, is counted again.
+    changed = [*same[:20], same[20].model_copy(update={"content": "rewritten " * 300}), *same[21:]]
+    assert cache.counts(changed) == TokenCountCache(CompactionOptions()).counts(changed)
+    assert cache.misses - before == 1 + 31  # the changed message and the 30 after it (no ids: no lookup)
+
+
 def test_cache_stays_bounded() -> None:
     cache = TokenCountCache(CompactionOptions(), max_entries=100)
     cache.counts([HumanMessage(str(i), id=str(i)) for i in range(250)])
