@@ -74,7 +74,7 @@ from langchain_compaction.core.extract import (
     without_revoked,
 )
 from langchain_compaction.core.identifiers import identifiers
-from langchain_compaction.core.readings import UserSays, agent_names, error_in, error_line, said_in
+from langchain_compaction.core.readings import UserSays, agent_names, error_line, failure_in, said_in
 from langchain_compaction.core.section import (
     PRIORITY,
     SECTION_HEADING,
@@ -299,10 +299,7 @@ class _Tracker:
         # of the same program on a target that holds it, or a later successful
         # call of the same tool on the same target, resolves it.
         command, program, target = reading.command, reading.program, reading.target
-        line = error_in(message, whole=reading.shell)
-        if message.is_error and not line:
-            text = message.text.strip()
-            line = clip(text.splitlines()[-1]) if text else "failed"
+        line = failure_in(message, whole=reading.shell)
         if not line:
             self._resolve(program, target)
             if reading.use is None:  # a file tool's own result is its file's content

@@ -133,7 +133,8 @@ def _fact(kind: FactKind, text: str, key: str) -> Fact | None:
 # (No pattern starts with a repeated class: each text position is tried once.)
 _SPECIFIC_ERROR = r"(?:Error|Exception)(?:\b|\w*:)|\berror(?:\[\w+\])?:|\bfatal:|\bpanic:"
 _ERROR = re.compile(
-    rf"{_SPECIFIC_ERROR}|\bFAILED\b|\bfailed\b|command not found|No such file or directory|exit (?:code|status) [1-9]"
+    rf"{_SPECIFIC_ERROR}|\bERROR\b|\b(?:FAILED|[Ff]ailed)\b|command not found|No such file or directory"
+    r"|[Pp]ermission denied|exit (?:code|status) [1-9]"
 )
 _SPECIFIC = re.compile(_SPECIFIC_ERROR)
 # Every error line holds one of these (lowercased): a cheap test before the regex.
@@ -147,6 +148,7 @@ _ERROR_WORDS = (
     "no such file",
     "exit code",
     "exit status",
+    "permission denied",
 )
 # Lines that name an error without reporting one: a traceback's banner, code
 # that raises, a diff's changed line.
@@ -179,6 +181,19 @@ def _error_lines(text: str) -> list[str]:
     return lines
 
 
+def error_lines(text: str) -> list[str]:
+    """The lines of ``text`` (stripped) that report an error, in order.
+
+    Example:
+        >>> error_lines("Traceback (most recent call last):\\n    raise ValueError(x)\\nValueError: bad offset 14")
+        ['ValueError: bad offset 14']
+    """
+    low = text.lower()
+    if not any(word in low for word in _ERROR_WORDS):
+        return []  # the common case, found by plain substring scans
+    return [line for line in _error_lines(text) if line and not _NOT_AN_ERROR.match(line)]
+
+
 def error_line(text: str) -> str:
     """The last line of ``text`` that reports an error ("" if none does).
 
@@ -186,10 +201,7 @@ def error_line(text: str) -> str:
         >>> error_line("collected 3 items\\nE   ValueError: bad offset 14\\n1 failed")
         'E ValueError: bad offset 14'
     """
-    low = text.lower()
-    if not any(word in low for word in _ERROR_WORDS):
-        return ""  # the common case, found by plain substring scans
-    lines = [line for line in _error_lines(text) if line and not _NOT_AN_ERROR.match(line)]
+    lines = error_lines(text)
     # A summary line ("1 failed, 2 passed") says less than the exception above it.
     specific = [line for line in lines if _SPECIFIC.search(line)]
     return clip((specific or lines or [""])[-1])
@@ -215,6 +227,19 @@ def result_error(text: str, *, whole: bool) -> str:
         return error_line(text)
     lines = text.splitlines()
     return error_line("\n".join(lines[:1] + lines[-1:]) if lines else "")
+
+
+def failure_in(message: Message, *, whole: bool) -> str:
+    """The failure a tool's result reports, "" if none: ``error_in``, or its last line when the tool marked it an error.
+
+    One rule for checked facts (its unresolved errors) and the offline
+    summary (its Blocked section): they never disagree on whether a call failed.
+    """
+    line = error_in(message, whole=whole)
+    if message.is_error and not line:
+        text = message.text.strip()
+        line = clip(text.splitlines()[-1]) if text else "failed"
+    return line
 
 
 def agent_names(text: str) -> tuple[str, ...]:

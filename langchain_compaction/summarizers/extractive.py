@@ -34,6 +34,7 @@ from langchain_compaction.core.extract import (
     without_revoked,
 )
 from langchain_compaction.core.identifiers import identifiers as core_identifiers
+from langchain_compaction.core.readings import error_lines, failure_in
 from langchain_compaction.core.types import Message, SummaryRequest, ToolCall
 from langchain_compaction.summarizers.checkpoint import HEADINGS, SECTIONS, Checkpoint
 
@@ -59,17 +60,8 @@ _COURTESY = frozenset(
     {"hi", "hello", "hey", "thanks", "thank", "you", "ok", "okay", "yes", "no", "sure", "great", "good", "fine"}
     | {"cool", "go", "on", "continue", "please", "bye"}
 )
-# Anchored on literal words, so a long line costs linear time (a leading
-# ``\w*`` would make every position a start and the scan quadratic).
-_ERROR_LINE = re.compile(
-    r"Traceback|(?:Error|Exception)\w*:|\bError\b|error:|ERROR|FAILED|Failed|failed|fatal:|panic:"
-    r"|not found|No such file"
-)
-# A tool result that opens like this reports a failure.
-_FAILURE = re.compile(
-    r"(?i)\b(error|errors|error\(s\)|exception|traceback|failed|failure|fatal|panic|not found|"
-    r"no such file|permission denied|invalid|cannot|can't|unable to)\b"
-)
+# A message's error lines in Critical Context (its last ones: the problem comes last).
+_ERRORS_SHOWN = 2
 _INLINE_CODE = re.compile(r"`([^`\n]{2,160})`")
 _IDENT = re.compile(
     r"\b(?:[A-Za-z_][A-Za-z0-9]*_[A-Za-z0-9_]+"  # snake_case
@@ -173,11 +165,6 @@ def _resolve(summary: Checkpoint, clean: CallReading, failures: Unresolved[set[s
     if gone:
         for section in ("Blocked", "Critical Context"):
             summary.revise(section, lambda item: "" if item in gone else item)
-
-
-def _error_lines(text: str, limit: int = 3) -> list[str]:
-    found = [line.strip() for line in text.splitlines() if _ERROR_LINE.search(line)]
-    return found[-limit:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,11 +337,11 @@ class ExtractiveSummarizer:
         if result is None:
             summary.add("In Progress", _clip(f"{label}: no result yet"))
             return
-        opening = " ".join(result.text.strip().splitlines()[:2])
-        if result.is_error or _FAILURE.search(opening):
-            # (The two its output's context gives, read once; the last is its problem.)
-            errors = _error_lines(result.text, limit=2)
-            problem = errors[-1] if errors else _first_line(result.text)
+        # Failed or not by checked facts' rule (``failure_in``): the summary's
+        # Blocked and the section's unresolved errors never disagree.
+        reading = read_call(call)
+        problem = failure_in(result, whole=reading.shell)
+        if problem:
             # What a tool wrote is quoted, never stated: it may say anything.
             blocked, reported = _clip(f"✗ {label} failed: {quoted(problem)}"), _reported(name, problem)
             summary.add("Blocked", blocked)
@@ -362,13 +349,12 @@ class ExtractiveSummarizer:
             # What a later clean run takes back: these lines, and the error
             # lines its output adds when it is read (``_add_context``).
             source = result.name or "a tool"
-            shown = {_reported(source, e) for e in errors}
-            failed = read_call(call)
-            failures.add(failed.program, failed.target, {blocked, reported, *shown})
+            shown = {_reported(source, e) for e in error_lines(result.text)[-_ERRORS_SHOWN:]}
+            failures.add(reading.program, reading.target, {blocked, reported, *shown})
         else:
             outcome = _first_line(result.text)  # what a tool wrote: quoted, as its failures are
             summary.add("Done", _clip(f"{label} → {quoted(outcome)}" if outcome else label))
-            _resolve(summary, read_call(call), failures)
+            _resolve(summary, reading, failures)
         for key in ("command", "cmd"):
             try:
                 value = json.loads(arguments).get(key)
@@ -382,7 +368,7 @@ class ExtractiveSummarizer:
     ) -> None:
         # Error lines first: with the per-message cap they must not be crowded
         # out by paths. A tool's are quoted, with the tool's name.
-        errors = [_reported(source, e) if source else e for e in _error_lines(text, limit=2)]
+        errors = [_reported(source, e) if source else e for e in error_lines(text)[-_ERRORS_SHOWN:]]
         facts = errors + _context_facts(text, from_user=from_user, identifiers=identifiers)
         taken = 0
         seen: set[str] = set()
