@@ -246,7 +246,11 @@ def anthropic_model() -> Any:
 
 
 def assert_valid_anthropic_request(
-    messages: Sequence[BaseMessage], system_prompt: str | None = None, *, ends_with_user: bool = False
+    messages: Sequence[BaseMessage],
+    system_prompt: str | None = None,
+    *,
+    ends_with_user: bool = False,
+    thinking: bool | None = None,
 ) -> None:
     """ChatAnthropic builds the payload without a warning, and tool uses and results pair up.
 
@@ -255,7 +259,9 @@ def assert_valid_anthropic_request(
     tool use is answered in the turn after it (a state may end on a tool call).
     With ``system_prompt``, the list starts with that system message and the
     payload's system text starts with it. With ``ends_with_user``, the list is a
-    request as sent: it must end on the user's side (no prefill).
+    request as sent: it must end on the user's side (no prefill). With
+    ``thinking`` (extended thinking on; ``None``: on when a thinking block is
+    anywhere in the request), a tool loop in progress opens with its thinking block.
     """
     messages = list(messages)
     with warnings.catch_warnings():
@@ -287,3 +293,38 @@ def assert_valid_anthropic_request(
             following = turns[index + 1]["content"]
             answered = {b["tool_use_id"] for b in following if isinstance(b, dict) and b.get("type") == "tool_result"}
             assert uses <= answered, f"tool_use without its tool_result at turn {index}"
+    _assert_thinking_opens_the_last_turn(turns, thinking)
+
+
+_THINKING = ("thinking", "redacted_thinking")
+
+
+def _assert_thinking_opens_the_last_turn(turns: list[dict[str, Any]], thinking: bool | None) -> None:
+    """With extended thinking, the tool loop in progress starts with a thinking block.
+
+    The API's rule: the assistant turn after the last user message that is not
+    only tool results (a tool loop) must open with its thinking block.
+    """
+
+    def blocks(turn: dict[str, Any]) -> list[Any]:
+        return turn["content"] if isinstance(turn["content"], list) else []
+
+    if thinking is None:
+        thinking = any(isinstance(b, dict) and b.get("type") in _THINKING for t in turns for b in blocks(t))
+    if not thinking:
+        return
+    opened = max(
+        (
+            i
+            for i, t in enumerate(turns)
+            if t["role"] == "user"
+            and any(not (isinstance(b, dict) and b.get("type") == "tool_result") for b in (blocks(t) or [t["content"]]))
+        ),
+        default=-1,
+    )
+    final = next((t for t in turns[opened + 1 :] if t["role"] == "assistant"), None)
+    if final is not None and any(t["role"] == "user" for t in turns[opened + 1 :]):  # a tool loop in progress
+        first = next(iter(blocks(final)), None)
+        message = "with thinking on, the tool loop in progress must open with its thinking block"
+        assert isinstance(first, dict), message
+        assert first.get("type") in _THINKING, message

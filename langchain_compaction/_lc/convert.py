@@ -134,7 +134,9 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
         text = block.get("thinking") or block.get("reasoning") or block.get("text") or ""
         if not text and isinstance(block.get("summary"), list):
             text = " ".join(str(s.get("text", "")) for s in block["summary"] if isinstance(s, dict))
-        return Part("reasoning", str(text)) if text else None
+        # Redacted thinking has no readable text, but it opens a turn as
+        # thinking does (the cut keeps a tool loop with its opening: core.cut).
+        return Part("reasoning", str(text)) if text or kind == "redacted_thinking" else None
     if kind in ATTACHMENT_BLOCKS:
         return attachment_part(block, str(kind))
     if kind in _TOOL_USE_BLOCKS and str(block.get("id")) in skip_ids:

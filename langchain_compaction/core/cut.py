@@ -50,7 +50,8 @@ def valid_boundaries(messages: Sequence[Message]) -> list[bool]:
     """For each index ``c``, whether cutting before ``messages[c]`` is allowed.
 
     A boundary is invalid on a tool result (it must stay with its call, as in
-    pi's compaction) and wherever a call/result pair spans it.
+    pi's compaction), wherever a call/result pair spans it, and inside a tool
+    loop in progress that opened with reasoning (``thinking_loop_opening``).
 
     Args:
         messages: The conversation.
@@ -72,7 +73,37 @@ def valid_boundaries(messages: Sequence[Message]) -> list[bool]:
         open_pairs += spans[index]
         valid.append(open_pairs == 0 and messages[index].role != "tool")
     valid.append(True)
+    opening = thinking_loop_opening(messages)
+    if opening is not None:
+        valid[opening + 1 : count] = [False] * (count - opening - 1)
     return valid
+
+
+def thinking_loop_opening(messages: Sequence[Message]) -> int | None:
+    """The first assistant message of the tool loop in progress, when it opens with reasoning; else ``None``.
+
+    With extended thinking, Claude opens a turn with a signed thinking block
+    and then calls tools, reply after reply; a request whose tool loop in
+    progress (the assistant turn after the last user message) does not start
+    with that block is rejected. A cut inside such a loop would leave it
+    without its opening, so the loop is kept whole or summarized whole. A
+    finished turn (it ends on an answer without tool calls) is not in progress.
+
+    Example:
+        >>> from langchain_compaction.core.types import Part, ToolCall
+        >>> think = Message("assistant", (Part("reasoning", "plan"),), (ToolCall("c1", "read", "{}"),))
+        >>> result = Message("tool", (Part("text", "ok"),), tool_call_id="c1")
+        >>> thinking_loop_opening([Message("user", (Part("text", "go"),)), think, result])
+        1
+    """
+    last = messages[-1] if messages else None
+    if last is None or not (last.role == "tool" or (last.role == "assistant" and last.tool_calls)):
+        return None
+    start = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "user"), -1) + 1
+    opening = next((i for i in range(start, len(messages)) if messages[i].role == "assistant"), None)
+    if opening is None or not any(part.kind == "reasoning" for part in messages[opening].parts):
+        return None
+    return opening
 
 
 def find_cut(

@@ -69,8 +69,8 @@ def _made_body(message: Message) -> tuple[str, int]:
     lines: list[str] = []
     units = 0
     for part in message.parts:
-        if part.kind == "text" and not part.text:
-            continue  # an empty line is left out
+        if part.kind in ("text", "reasoning") and not part.text:
+            continue  # an empty line (redacted thinking) is left out
         if part.kind == "image":
             line = f"(attachment: {part.text or 'image'})"
             lines.append(line)

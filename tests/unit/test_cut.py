@@ -342,3 +342,32 @@ def test_forced_cut_respects_start_and_credit() -> None:
     assert forced_cut(core, start=1) == 3
     assert forced_cut(core[:3], start=1) == 0
     assert forced_cut(core[:3], start=1, credit=1) == 2
+
+
+@pytest.mark.parametrize("opening", ["thinking", "redacted_thinking"])
+def test_a_tool_loop_in_progress_that_opened_with_thinking_is_never_cut_inside(opening: str) -> None:
+    """Claude with extended thinking rejects a tool loop in progress that does not start with its thinking block."""
+    block = (
+        {"type": "thinking", "thinking": "read them one by one", "signature": "c2ln"}
+        if opening == "thinking"
+        else {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"}
+    )
+    history: list[BaseMessage] = [HumanMessage("earlier question " * 40), AIMessage("earlier answer " * 40)]
+    history.append(HumanMessage("read every module"))
+    for n in range(12):
+        call = {"name": "read_file", "args": {"path": f"src/m{n}.py"}, "id": f"c{n}"}
+        use = {"type": "tool_use", "id": f"c{n}", "name": "read_file", "input": call["args"]}
+        history.append(AIMessage([block, use] if n == 0 else [use], tool_calls=[call]))
+        history.append(ToolMessage(f"contents of m{n} " * 60, tool_call_id=f"c{n}"))
+    core = to_core_list(history)
+    counts = [_tokens(m) for m in history]
+    opening_index = 3
+    valid = valid_boundaries(core)
+    assert valid[opening_index]
+    assert not any(valid[opening_index + 1 : len(core)])
+    # The budget would cut inside the loop: the cut moves back to its opening, so the loop is kept whole.
+    assert find_cut(core, counts, keep_recent_tokens=sum(counts[-4:])) == opening_index
+    assert forced_cut(core) == opening_index
+    # Once the turn is finished (an answer without tool calls), it is not in progress: any boundary will do.
+    finished = to_core_list([*history, AIMessage("All read.")])
+    assert valid_boundaries(finished)[opening_index + 2]

@@ -18,6 +18,7 @@ from langchain.agents.middleware.types import ModelRequest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.exceptions import ContextOverflowError
+from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
     AIMessage,
@@ -28,7 +29,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.messages.utils import count_tokens_approximately
-from langchain_core.outputs import ChatResult
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -746,3 +747,52 @@ def test_event_name_matches_the_langgraph_node() -> None:
     from langchain_compaction import graph
 
     assert graph.COMPACTION_EVENT == COMPACTION_EVENT
+
+
+def test_a_compaction_inside_a_thinking_tool_loop_keeps_the_loop_with_its_thinking_block() -> None:
+    """Claude with extended thinking: every request's tool loop in progress still opens with its thinking block."""
+
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file."""
+        return f"contents of {path}\n" + f"def function_{path.replace('/', '_')}(): pass\n" * 40
+
+    class ThinkingModel(BaseChatModel):
+        """Thinking first in a turn, then one tool call per reply; 25 replies a turn."""
+
+        seen: list[list[BaseMessage]] = Field(default_factory=list)
+        step: int = 0
+
+        @property
+        def _llm_type(self) -> str:
+            return "thinking-fake"
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> ThinkingModel:
+            return self
+
+        def _generate(
+            self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
+        ) -> ChatResult:
+            self.seen.append(list(messages))
+            step, self.step = self.step, self.step + 1
+            if step >= 25:
+                return ChatResult(generations=[ChatGeneration(message=AIMessage([{"type": "text", "text": "Done."}]))])
+            n = len(self.seen)
+            call = {"name": "read_file", "args": {"path": f"src/m{n}.py"}, "id": f"toolu_{n}"}
+            blocks: list[Any] = [{"type": "tool_use", "id": call["id"], "name": "read_file", "input": call["args"]}]
+            if step == 0:
+                blocks.insert(0, {"type": "thinking", "thinking": "One file at a time.", "signature": "c2ln"})
+            reply = AIMessage(blocks, tool_calls=[call])  # type: ignore[list-item]
+            return ChatResult(generations=[ChatGeneration(message=reply)])
+
+    model = ThinkingModel()
+    middleware = CompactionMiddleware(short_summary, CompactionOptions(context_window=12_000))
+    agent = create_agent(model, tools=[read_file], middleware=[middleware], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "thinking"}, "recursion_limit": 200}
+    for turn in range(2):
+        model.step = 0
+        agent.invoke({"messages": [HumanMessage(f"Read every module of task {turn}.")]}, config)
+    sent = [request for request in model.seen if any(is_summary_message(m) for m in request)]
+    assert sent, "the loop should have compacted"
+    for request in model.seen:
+        assert_valid_anthropic_request(request, ends_with_user=True, thinking=True)
