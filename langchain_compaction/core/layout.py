@@ -45,19 +45,31 @@ if TYPE_CHECKING:
 # long, alone on its line (CommonMark's rule: "```" inside a "~~~" block is text).
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
 # A line of the prompt's template copied as it is: "[What ... ?]", "- [x] [Completed tasks]".
+_WORD = re.compile(r"\w+")
 _PLACEHOLDER = re.compile(r"^\s*(?:[-*]|\d+\.)?\s*(?:\[[ x]\]\s*)?\[[^\]\n]{3,}\](?:\s*:\s*\[[^\]\n]*\])?\s*$")
 # Every line of the prompts but their headings (a heading the prompt asks for
 # is the summary's own, not an echo), folded.
+_PROMPTS = (prompts.CHECKPOINT_PROMPT, prompts.UPDATE_PROMPT, prompts.SYSTEM_PROMPT, prompts.CACHE_ALIGNED_PROMPT)
 _ANY_PROMPT_LINE = frozenset(
     normalize(line)
+    for prompt in _PROMPTS
+    for line in prompt.splitlines()
+    if line.strip() and not line.lstrip().startswith("#")
+)
+# The words of each phrase the prompts' templates put in brackets ("[Completed
+# tasks/changes]"): a bracketed line is an echo only when its phrases use no
+# other word. A model that writes its own items in the template's style
+# ("- [x] [Added retry logic to src/client.py]") keeps them.
+_BRACKETED = re.compile(r"\[([^\]\n]{3,})\]")
+_TEMPLATE_PHRASES = tuple(
+    frozenset(_WORD.findall(phrase.lower()))
     for prompt in (
         prompts.CHECKPOINT_PROMPT,
         prompts.UPDATE_PROMPT,
         prompts.SYSTEM_PROMPT,
         prompts.CACHE_ALIGNED_PROMPT,
     )
-    for line in prompt.splitlines()
-    if line.strip() and not line.lstrip().startswith("#")
+    for phrase in _BRACKETED.findall(prompt)
 )
 # Those a summarizer's text loses wherever they stand (long enough to be telling);
 # an answer made of nothing but prompt lines is no summary (``echoes_prompt``).
@@ -107,7 +119,9 @@ def echoes_prompt(summary: str) -> bool:
 def _echoed(line: str) -> bool:
     """Whether a summary line is a template placeholder, a prompt line or one of the library's own."""
     if _PLACEHOLDER.match(line):
-        return True
+        phrases = [frozenset(_WORD.findall(phrase.lower())) for phrase in _BRACKETED.findall(line)]
+        if all(any(words <= template for template in _TEMPLATE_PHRASES) for words in phrases):
+            return True
     folded = normalize(line)
     return folded in _PROMPT_LINES or folded in _LIBRARY_LINES
 

@@ -381,6 +381,26 @@ def test_echoed_template_lines_are_not_stored_as_the_summary() -> None:
         assert echoed not in result.summary
 
 
+def test_items_written_in_the_templates_bracket_style_are_kept() -> None:
+    """A model that copies the template's brackets around its own items keeps them; only the template's go."""
+    items = [
+        "[Refactor the parser in src/parser.py to support streaming input]",
+        "- [x] [Added retry logic to src/client.py]",
+        "- [ ] [Port the tokenizer to the streaming API]",
+        "1. [Run pytest tests/test_parser.py]",
+        "- [Decision]: [Use a generator, to keep memory flat]",
+    ]
+
+    def bracketing(prompt: str) -> str:
+        return "## Goal\n" + "\n".join(items) + "\n- [Completed tasks/changes]\n"
+
+    messages = [HumanMessage("Fix the parser in src/parse.py.", id="h1"), AIMessage("On it.", id="a1"), *closing()]
+    result, _ = compact(bracketing, messages, TIGHT)
+    for item in items:
+        assert item in result.summary
+    assert "[Completed tasks/changes]" not in result.summary
+
+
 def test_an_encoded_blob_yields_no_facts_and_crowds_out_none() -> None:
     blob = base64.b64encode(random.Random(7).randbytes(6_000)).decode()
     messages = [
