@@ -359,6 +359,12 @@ class Compactor:
         return [m for m, _, _ in out], [c for _, c, _ in out], [n for _, _, n in out]
 
 
+def cleared_out(job: Job) -> list[int]:
+    """The placeholders of outputs cleared (and archived) earlier that ``job`` takes out of the state."""
+    kept = set(job.kept)
+    return [i for i, m in enumerate(job.core) if i not in kept and m.mark.get("kind") == "cleared"]
+
+
 def leaves(message: Message) -> bool:
     """Whether a message taken out of the state leaves it for good.
 

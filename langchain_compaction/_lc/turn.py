@@ -46,6 +46,7 @@ from langchain_compaction._lc.compactor import (
     Job,
     Output,
     Trigger,
+    cleared_out,
     leaves,
     log,
     positions,
@@ -330,7 +331,9 @@ class Turn(Compactor):
         assert job.flow is not None
         removed, record = self.record(job, place.conversation.namespace)
         size = context_tokens(job.core, job.counts, place.overhead)
-        parts = yield from self._commit(job.messages, job.core, removed=removed, record=record, place=place, size=size)
+        parts = yield from self._commit(
+            job.messages, job.core, removed=removed, record=record, place=place, size=size, cleared_out=cleared_out(job)
+        )
         if parts is None:
             job.flow.close()
             return None
@@ -358,6 +361,7 @@ class Turn(Compactor):
         place: Place,
         size: int,
         cleared: bool = False,
+        cleared_out: Sequence[int] = (),
     ) -> Flow[dict[str, dict[str, Any]] | None]:
         """Each feature's ``commit`` seam, in order; their figures, or ``None`` when the compaction is held back.
 
@@ -377,6 +381,8 @@ class Turn(Compactor):
             {**record, "cleared": True} if cleared else record,
             place.conversation,
             place.store,
+            frozenset(m.id for m in messages if m.id),
+            [(p, m.id) for i in cleared_out if (p := where[i]) is not None and (m := messages[i]).id],
         )
         budget = self.options.budget
         for feature in committers:

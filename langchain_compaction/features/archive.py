@@ -28,7 +28,7 @@ compaction number is not past the record's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
@@ -38,7 +38,7 @@ from langgraph.prebuilt import ToolRuntime
 from langgraph.store.base import BaseStore, GetOp, Item, PutOp
 
 from langchain_compaction._lc.conversation import Conversation, namespace_of, thread_label, thread_of
-from langchain_compaction._lc.convert import to_core, to_core_list
+from langchain_compaction._lc.convert import fingerprint, to_core, to_core_list
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.prompts import RECALL_NOTE
@@ -198,7 +198,7 @@ class Archive(Feature):
         mark = commit.mark
         lineage = [i for i in mark.get(LINEAGE_KEY) or () if isinstance(i, str)]
         sid, number = (lineage[-1] if lineage else ""), int(mark.get(NUMBER_KEY) or 0)
-        keys = [f"{sid}:{_padded(p)}" for p, _ in commit.removed]
+        keys = [_key(sid, p, m) for p, m in commit.removed]
         found: list[Item | None] = yield twin(store.batch, store.abatch, [GetOp(namespace, k) for k in keys])
         ttl = _ttl(self, store)
         puts = [
@@ -206,11 +206,18 @@ class Archive(Feature):
             for key, existing, (position, message) in zip(keys, found, commit.removed)
             if existing is None  # archived by an earlier try of this very compaction: exactly once
         ]
+        # An output cleared earlier was archived then, under no summary: this
+        # one's record says it is of this timeline now that it leaves the state.
+        puts += [
+            PutOp(namespace, f"{sid}:{_padded(p)}", _adopted(p, message_id, sid, number), index=False, ttl=ttl)
+            for p, message_id in commit.cleared
+            if sid
+        ]
         if puts:
             yield twin(store.batch, store.abatch, puts)
         if self.max_messages is not None:
             items = yield from read_all(store, namespace)
-            stale = _beyond(items, set(lineage), number, self.max_messages)
+            stale = _beyond(items, _Timeline.of(set(lineage), number, commit.ids, items), self.max_messages)
             if stale:
                 yield twin(store.batch, store.abatch, [PutOp(namespace, i.key, None) for i in stale])
         return len(puts)
@@ -240,25 +247,64 @@ def _ttl(archive: Archive, store: BaseStore) -> float | None:
     return float(default) if isinstance(default, (int, float)) and getattr(store, "supports_ttl", False) else None
 
 
-def _in_timeline(value: Mapping[str, Any], lineage: set[str], number: int, *, cleared: bool = True) -> bool:
-    """Whether an archived item belongs to the timeline whose record has ``lineage`` and ``number``.
+def _key(sid: str, position: int, message: BaseMessage) -> str:
+    """An item's key: the compaction's id and the position; a tool output only cleared, its position and message.
 
-    An item with lineage "" is a tool output only cleared (no summary, so no
-    compaction id): recall counts it as the thread's whichever summaries came
-    after it (``cleared``); retention does not, and leaves it to the TTL (it
-    cannot tell which branch cleared it).
+    A clearing writes no summary, so it has no id of its own: two branches of
+    a fork that clear different outputs at one position file them apart.
     """
-    sid = value.get("lineage")
-    if isinstance(sid, str):
-        return sid in lineage or (cleared and not sid)
-    compaction = value.get("compaction")  # written by 0.2: no lineage, numbered
-    return isinstance(compaction, int) and compaction <= number
+    if sid:
+        return f"{sid}:{_padded(position)}"
+    return f":{_padded(position)}:{message.id or fingerprint(message)}"
 
 
-def _beyond(items: Sequence[Item], lineage: set[str], number: int, keep: int) -> list[Item]:
+@dataclass(frozen=True, slots=True)
+class _Timeline:
+    """Which archived items belong to the timeline a record (and its messages) describe.
+
+    An item a summary archived belongs when the summary is in the record's
+    lineage. An item with lineage "" is a tool output only cleared (no
+    summary, so no compaction id): it belongs when its message does, in the
+    conversation (the cleared copy keeps the id) or archived by a summary of
+    this timeline. Items written by 0.2 (no lineage) belong when their
+    compaction number is not past the record's.
+    """
+
+    lineage: set[str]
+    number: int
+    ids: set[str]
+
+    @classmethod
+    def of(cls, lineage: set[str], number: int, present: Iterable[str], items: Iterable[Item]) -> _Timeline:
+        """The timeline of a record, whose conversation holds the ids ``present``, over the archive's ``items``."""
+        ids = set(present)
+        ids.update(
+            i.value["id"] for i in items if i.value.get("lineage") in lineage and isinstance(i.value.get("id"), str)
+        )
+        return cls(lineage, number, ids)
+
+    def holds(self, value: Mapping[str, Any]) -> bool:
+        """Whether the item whose value is ``value`` belongs to this timeline."""
+        sid = value.get("lineage")
+        if isinstance(sid, str):
+            if sid:
+                return sid in self.lineage
+            message = value.get("id")
+            return not isinstance(message, str) or message in self.ids
+        compaction = value.get("compaction")  # written by 0.2: no lineage, numbered
+        return isinstance(compaction, int) and compaction <= self.number
+
+
+def _adopted(position: int, message_id: str, sid: str, number: int) -> dict[str, Any]:
+    """The item that files an output cleared earlier under the summary that takes its placeholder out (no message)."""
+    return {"position": _padded(position), "id": message_id, "compaction": number, "lineage": sid, "adopted": True}
+
+
+def _beyond(items: Sequence[Item], timeline: _Timeline, keep: int) -> list[Item]:
     """This timeline's items older than its newest ``keep`` (other branches' are never touched)."""
-    mine = [i for i in items if _in_timeline(i.value, lineage, number, cleared=False)]
-    positions = sorted((str(i.value.get("position", "")) for i in mine), reverse=True)
+    mine = [i for i in items if timeline.holds(i.value)]
+    messages = [i for i in mine if not i.value.get("adopted")]
+    positions = sorted((str(i.value.get("position", "")) for i in messages), reverse=True)
     if len(positions) <= keep:
         return []
     oldest_kept = positions[keep - 1]
@@ -279,7 +325,8 @@ def read_all(store: BaseStore, namespace: tuple[str, ...]) -> Flow[Sequence[Item
     while True:
         found: list[Item] = yield twin(store.search, store.asearch, namespace, limit=limit)
         if len(found) < limit:
-            return found
+            # A search reads the namespaces under this one too: a sub-agent's own archive is not this one's.
+            return [i for i in found if tuple(i.namespace) == namespace]
         limit *= 4
 
 
@@ -298,7 +345,8 @@ def _semantic(store: BaseStore, namespace: tuple[str, ...], lookup: Lookup) -> F
     if not lookup.query or not getattr(store, "index_config", None):
         return []
     limit = max(1, min(lookup.limit, MAX_RESULTS))
-    return list((yield twin(store.search, store.asearch, namespace, query=lookup.query, limit=limit)))
+    found: list[Item] = yield twin(store.search, store.asearch, namespace, query=lookup.query, limit=limit)
+    return [i for i in found if tuple(i.namespace) == namespace]
 
 
 def _redacted(items: Sequence[Archived], redactor: Redactor | None) -> list[Archived]:
@@ -320,8 +368,8 @@ def recall_from(
     return [(a.position, messages[a.position]) for a in select(_redacted(items, redactor), lookup)]
 
 
-def _timeline(state: Any, messages_key: str) -> tuple[set[str], int, tuple[str, ...] | None]:
-    """The lineage, compaction number and archive namespace the state's record gives."""
+def _timeline(state: Any, messages_key: str) -> tuple[set[str], int, tuple[str, ...] | None, set[str]]:
+    """The lineage, compaction number and archive namespace the state's record gives, and its messages' ids."""
     value = state.get(messages_key) if isinstance(state, Mapping) else getattr(state, messages_key, None)
     messages = [m for m in value or () if isinstance(m, BaseMessage)]
     lead = 0
@@ -332,7 +380,7 @@ def _timeline(state: Any, messages_key: str) -> tuple[set[str], int, tuple[str, 
     marks = [m.mark for m in core if m.carries_summary]
     recorded = marks[-1].get(NAMESPACE_KEY) if marks else None
     where = tuple(p for p in recorded if isinstance(p, str)) if isinstance(recorded, list) else None
-    return set(seen.lineage), seen.number, where
+    return set(seen.lineage), seen.number, where, {m.id for m in messages if m.id}
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,13 +405,15 @@ class _Recaller:
         if thread is None:
             return "No archive: this run has no thread id, so nothing of it was archived."
         assert runtime is not None
-        lineage, number, recorded = _timeline(runtime.state, self.messages_key)
+        lineage, number, recorded, present = _timeline(runtime.state, self.messages_key)
         # The thread always comes from the run's config, never from the model
         # or the state; the state's record says which graph's archive it is.
         conversation = Conversation(thread, recorded if recorded is not None else namespace_of(runtime.config))
         namespace = self.archive.namespace(conversation)
-        items = [i for i in (yield from read_all(store, namespace)) if _in_timeline(i.value, lineage, number)]
-        nearby = [i for i in (yield from _semantic(store, namespace, lookup)) if _in_timeline(i.value, lineage, number)]
+        every = yield from read_all(store, namespace)
+        timeline = _Timeline.of(lineage, number, present, every)
+        items = [i for i in every if timeline.holds(i.value)]
+        nearby = [i for i in (yield from _semantic(store, namespace, lookup)) if timeline.holds(i.value)]
         archived = _redacted([a for a in map(_as_archived, items) if a is not None], self.redact)
         close = _redacted([a for a in map(_as_archived, nearby) if a is not None], self.redact)
         found = select(archived, lookup)

@@ -81,12 +81,18 @@ class Commit:
             empty for a clearing, which writes no summary).
         conversation: Which conversation (``_lc.conversation.Conversation``).
         store: The graph's LangGraph store, if it has one.
+        ids: The ids of the conversation's messages as the compaction reads
+            them (what is in this timeline, beside what its summaries cover).
+        cleared: The placeholders of outputs cleared earlier (their outputs
+            archived then) that it takes out too: their positions and ids.
     """
 
     removed: Sequence[tuple[int, Any]]
     mark: Mapping[str, Any]
     conversation: Any
     store: Any = None
+    ids: frozenset[str] = frozenset()
+    cleared: Sequence[tuple[int, str]] = ()
 
 
 class Feature:

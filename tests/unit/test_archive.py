@@ -830,16 +830,184 @@ def test_a_tool_output_only_cleared_can_be_recalled() -> None:
     assert "UNIQUE_0_CONTENT" in session.recall(store, query="UNIQUE_0_CONTENT")
 
 
-def test_retention_leaves_cleared_outputs_to_the_ttl() -> None:
-    """Items of outputs only cleared carry no compaction id: retention can tell no branch's, so it counts none."""
-    from langchain_compaction.features.archive import _beyond
+def test_retention_counts_this_timelines_cleared_outputs_and_leaves_another_branchs() -> None:
+    """An output only cleared carries no compaction id: it is this timeline's when its message is."""
+    from langchain_compaction.features.archive import _beyond, _Timeline
 
     store = InMemoryStore()
     for position in range(10):
-        store.put(("a",), f"b1:{position:012d}", {"position": f"{position:012d}", "lineage": "b1", "compaction": 1})
+        value = {"position": f"{position:012d}", "lineage": "b1", "compaction": 1, "id": f"m{position}"}
+        store.put(("a",), f"b1:{position:012d}", value)
     for position in range(40, 50):
-        store.put(("a",), f":{position:012d}", {"position": f"{position:012d}", "lineage": "", "compaction": 0})
+        value = {"position": f"{position:012d}", "lineage": "", "compaction": 0, "id": f"t{position}"}
+        store.put(("a",), f":{position:012d}:t{position}", value)
     items = store.search(("a",), limit=100)
-    assert _beyond(items, {"b1"}, 1, keep=10) == []  # the branch's own ten stay, the cleared ten are not counted
-    stale = _beyond(items, {"b1"}, 1, keep=4)
-    assert sorted(i.key for i in stale) == [f"b1:{p:012d}" for p in range(6)]
+    # t40..t44 are this timeline's (their cleared copies are in the state); t45..t49 another branch's.
+    timeline = _Timeline.of({"b1"}, 1, {f"t{p}" for p in range(40, 45)}, items)
+    assert _beyond(items, timeline, keep=15) == []
+    stale = _beyond(items, timeline, keep=10)
+    assert sorted(i.key for i in stale) == [f"b1:{p:012d}" for p in range(5)]
+    # A cleared output whose message a summary of this timeline archived since is this timeline's too.
+    store.put(("a",), "b1:000000000045", {"position": "000000000045", "lineage": "b1", "compaction": 1, "id": "t45"})
+    items = store.search(("a",), limit=100)
+    assert _Timeline.of({"b1"}, 1, set(), items).holds({"lineage": "", "id": "t45"})
+    assert not _Timeline.of({"b1"}, 1, set(), items).holds({"lineage": "", "id": "t46"})
+
+
+def test_after_a_fork_each_branchs_cleared_outputs_are_archived_and_recalled_in_their_branch_only() -> None:
+    """A clearing has no summary id: its items are filed by position and message, and held by the timeline's ids."""
+    from langchain_compaction.features import ClearToolOutputs
+
+    store = InMemoryStore()
+    features = [*default_features(), ClearToolOutputs(keep_tool_uses=1, min_tokens=50), Archive()]
+    node = CompactionNode(
+        lambda p: "## Goal\n- read modules", CompactionOptions(context_window=8_000), features=features
+    )
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", END)
+    graph = builder.compile(checkpointer=InMemorySaver(), store=store)
+    config = {"configurable": {"thread_id": "fork-cleared"}}
+
+    def turn(branch, n, cfg):
+        call = {"name": "read_file", "args": {"path": f"src/mod{n}.py"}, "id": f"{branch}call{n}", "type": "tool_call"}
+        output = f"UNIQUE{branch}{n}MARK\n" + "    return compute(value)\n" * 60
+        msgs = [
+            HumanMessage(f"read module {n}", id=f"{branch}h{n}"),
+            AIMessage("", tool_calls=[call], id=f"{branch}a{n}"),
+            ToolMessage(output, tool_call_id=f"{branch}call{n}", name="read_file", id=f"{branch}tool{n}"),
+        ]
+        return graph.invoke({"messages": msgs}, cfg)["messages"]
+
+    def cleared_ids(state):
+        return [m.id for m in state if isinstance(m, ToolMessage) and str(m.content).startswith("[Tool output cleared")]
+
+    def recall(**args):
+        tool = node.recall_tool(max_chars=100_000)
+        b = StateGraph(CompactionState)
+        b.add_node("tools", ToolNode([tool]))
+        b.add_edge(START, "tools")
+        b.add_edge("tools", END)
+        tools = b.compile(store=store)
+        call = AIMessage("", tool_calls=[{"name": tool.name, "args": args, "id": "r1", "type": "tool_call"}])
+        state = graph.get_state(config).values["messages"]
+        return str(tools.invoke({"messages": [*state, call]}, config)["messages"][-1].content)
+
+    # Branch A: run until the first clearing happens (no summary yet).
+    first = None
+    for n in range(40):
+        state = turn("A", n, config)
+        if cleared_ids(state):
+            first = n
+            break
+    assert first is not None, "harness: nothing was cleared"
+    assert not any(m.type == "system" for m in state), "harness: a summary was made, want clearing only"
+    a_cleared = cleared_ids(state)
+    # Fork from the checkpoint right after turn 0 (before A's later outputs existed).
+    fork = next(
+        s
+        for s in graph.get_state_history(config)
+        if not s.next and s.values.get("messages") and s.values["messages"][-1].id == "Atool0"
+    )
+    cfg = fork.config
+    for n in range(1, first + 1):
+        state = turn("B", n, cfg)
+        cfg = graph.get_state(config).config
+    assert cleared_ids(state), "harness: nothing cleared in branch B"
+    cleared_b = [i for i in cleared_ids(state) if i.startswith("B")]
+    problems = []
+    lost = [cid for cid in cleared_b if f"UNIQUEB{cid[5:]}MARK" not in recall(ids=[cid])]
+    if lost:
+        problems.append(
+            f"{len(lost)} of branch B's {len(cleared_b)} cleared tool outputs (e.g. {lost[0]}) are in neither the state "
+            "nor the archive: their ':position' key was already taken by branch A's cleared output"
+        )
+    for aid in a_cleared:
+        if aid == "Atool0":
+            continue
+        n = aid.replace("Atool", "")
+        if f"UNIQUEA{n}MARK" in recall(query=f"UNIQUEA{n}MARK"):
+            problems.append(f"recall in branch B returned the abandoned branch A's output {aid}")
+            break
+    assert not problems, problems
+
+
+class _Researcher(TypedDict):
+    research: Annotated[list[BaseMessage], add_messages]
+
+
+class _Supervisor(TypedDict):
+    messages: Annotated[list[BaseMessage], add_messages]
+    research: Annotated[list[BaseMessage], add_messages]
+
+
+def test_a_conversations_recall_never_reads_a_sub_agents_archive_below_it() -> None:
+    """A store search reads the namespaces under one too: the archive reads only its own."""
+    from langchain_compaction.features import ClearToolOutputs
+
+    sub_node = CompactionNode(
+        lambda p: "## Goal\n- research",
+        CompactionOptions(context_window=8_000),
+        messages_key="research",
+        nested="own",
+        features=[*default_features(), ClearToolOutputs(keep_tool_uses=1, min_tokens=50), Archive()],
+    )
+    sb = StateGraph(_Researcher)
+    sb.add_node("compact", sub_node)
+    sb.add_edge(START, "compact")
+    sb.add_edge("compact", END)
+
+    top_node = CompactionNode(
+        lambda p: "## Goal\n- main", CompactionOptions(context_window=8_000), features=[*default_features(), Archive()]
+    )
+    recall = top_node.recall_tool(max_chars=100_000)
+
+    def agent(state):
+        last = state["messages"][-1]
+        if isinstance(last, HumanMessage) and str(last.content).startswith("RECALL "):
+            call = {
+                "name": recall.name,
+                "args": {"query": str(last.content)[7:], "limit": 50},
+                "id": "rc",
+                "type": "tool_call",
+            }
+            return {"messages": [AIMessage("", tool_calls=[call])]}
+        return {"messages": [AIMessage(f"main answer {len(state['messages'])}")]}
+
+    b = StateGraph(_Supervisor)
+    b.add_node("compact", top_node)
+    b.add_node("researcher", sb.compile())
+    b.add_node("agent", agent)
+    b.add_node("tools", ToolNode([recall]))
+    b.add_edge(START, "compact")
+    b.add_edge("compact", "researcher")
+    b.add_edge("researcher", "agent")
+    b.add_conditional_edges("agent", lambda s: "tools" if s["messages"][-1].tool_calls else END, ["tools", END])
+    b.add_edge("tools", END)
+    store = InMemoryStore()
+    graph = b.compile(checkpointer=InMemorySaver(), store=store)
+    config = {"configurable": {"thread_id": "T"}}
+    for n in range(30):
+        call = {"name": "fetch", "args": {"url": f"https://example.com/{n}"}, "id": f"c{n}", "type": "tool_call"}
+        graph.invoke(
+            {
+                "messages": [HumanMessage(f"main question {n}", id=f"m{n}")],
+                "research": [
+                    HumanMessage(f"look up {n}", id=f"s{n}"),
+                    AIMessage("", tool_calls=[call], id=f"sa{n}"),
+                    ToolMessage(
+                        f"SUBAGENTPAGE{n} " + "lorem ipsum dolor sit amet " * 40, tool_call_id=f"c{n}", id=f"st{n}"
+                    ),
+                ],
+            },
+            config,
+        )
+    namespaces = store.list_namespaces(prefix=("compaction_archive",))
+    assert ("compaction_archive", "T", "researcher") in namespaces, f"harness: sub-agent archived nothing {namespaces}"
+    answer = graph.invoke({"messages": [HumanMessage("RECALL SUBAGENTPAGE3")]}, config)["messages"][-1]
+    assert isinstance(answer, ToolMessage), answer
+    assert "SUBAGENTPAGE3" not in str(answer.content), "the top-level recall read the sub-agent's archive"
+    # The sub-agent's own archive still holds it.
+    sub_items = store.search(("compaction_archive", "T", "researcher"), limit=500)
+    assert any("SUBAGENTPAGE3" in str(i.value.get("message")) for i in sub_items)
