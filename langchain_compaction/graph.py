@@ -253,7 +253,7 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         ask = self._ask(state, manual)
         if ask is None:
             return None, {}
-        own, conversation, parent = self._delivery.conversation(config, ask.messages)
+        own, conversation, parent = yield from self._delivery.conversation(config, ask.messages, self.messages_key)
         self._delivery.too_deep(config)  # said on the first turn at that depth, before any compaction
         place = Place(conversation, store if store is not None else current_store(), config)
         trigger: Trigger = "force" if ask.forced else "auto"

@@ -313,7 +313,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
     def _state_flow(self, state: Mapping[str, Any], runtime: Any = None) -> Flow[dict[str, Any] | Command[Any] | None]:
         messages: list[BaseMessage] = state.get("messages") or []
         config = _current_config()
-        own, conversation, parent = self._delivery.conversation(config, messages)
+        own, conversation, parent = yield from self._delivery.conversation(config, messages)
         self._delivery.too_deep(config)  # said on the first turn at that depth, before any compaction
         place = Place(conversation, getattr(runtime, "store", None), config, state.get(OVERHEAD_KEY) or 0)
         compacted = yield from self._compaction(messages, place, "auto")

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from langchain_core.messages import BaseMessage
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 
 from langchain_compaction._lc.convert import canonical, prefix_digest
 from langchain_compaction.core.bounded import Bounded
+from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.errors import ConfigurationError
 
 logger = logging.getLogger("langchain_compaction")
@@ -185,25 +187,35 @@ class Delivery:
         self.who = who
         self._sent: Bounded[tuple[int, str]] = Bounded(CONVERSATIONS_REMEMBERED)
         self._own: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)
+        self._holds: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)  # per parent task (its checkpoint_ns)
         self._warned: set[str] = set()
 
     def conversation(
-        self, config: Any, messages: Sequence[BaseMessage]
-    ) -> tuple[Conversation, Conversation, str | None]:
+        self, config: Any, messages: Sequence[BaseMessage], messages_key: str = "messages"
+    ) -> Flow[tuple[Conversation, Conversation, str | None]]:
         """This run's conversation, the one a compaction belongs to, and the parent node to send it to (if any).
 
         Also settles whether the last compaction sent to the parent was taken
-        (see the class docstring).
+        (see the class docstring), and whether the parent holds this
+        conversation at all (``_parent_holds``).
         """
         own = conversation_of(config, messages)
         parent = parent_node(config) if self.nested == "parent" else None
         if parent is None or parent == TOO_DEEP or own.thread is None:
             return own, own, None
+        if not (yield from self._parent_holds(config, messages, messages_key)):
+            self._say(
+                "own",
+                "it runs on messages its parent's state does not hold (a task sent with Send, or a graph invoked "
+                "inside a node function with messages of its own): it writes compactions to its own state there, "
+                "since sending them up would replace the parent's conversation; pass nested='own' to say so",
+            )
+            return own, own, None
         sent = self._sent.pop(own.key)
         if sent is not None and not (len(messages) >= sent[0] and prefix_digest(messages[: sent[0]]) == sent[1]):
             self._own.put(own.key, True)
             self._say(
-                "not taken",
+                "own",
                 "its parent did not take the compaction it sent up (a graph invoked inside a node function, or one "
                 "with a checkpointer of its own): it now writes compactions to its own state; pass nested='own' to "
                 "say so",
@@ -211,6 +223,40 @@ class Delivery:
         if self._own.get(own.key):
             return own, own, None
         return own, own.up(), parent
+
+    def _parent_holds(self, config: Any, messages: Sequence[BaseMessage], key: str) -> Flow[bool]:
+        """Whether the parent graph's state holds this run's conversation: its messages (by id) lead this run's.
+
+        A task sent with ``Send`` runs the subgraph on a payload of its own,
+        and a compaction sent up from there would replace the parent's whole
+        conversation with the task's. Read from the parent's checkpoint of
+        this step, once per parent task; where it cannot be read (none saved
+        yet, as with ``durability="exit"``) the parent is taken to hold it.
+        """
+        configurable = (config.get("configurable") or {}) if isinstance(config, dict) else {}
+        where = str(configurable.get("checkpoint_ns") or "")
+        known = self._holds.get(where)
+        if known is not None:
+            return known
+        saver = configurable.get(CONFIG_KEY_CHECKPOINTER)
+        checkpoint = (configurable.get("checkpoint_map") or {}).get("")
+        if saver is None or checkpoint is None:
+            return True
+        target = {
+            "configurable": {
+                "thread_id": configurable.get("thread_id"),
+                "checkpoint_ns": "",
+                "checkpoint_id": checkpoint,
+            }
+        }
+        found = yield twin(saver.get_tuple, saver.aget_tuple, target)
+        values = found.checkpoint.get("channel_values", {}).get(key) if found is not None else None
+        if not isinstance(values, list) or not values:
+            return True
+        ids = [getattr(m, "id", None) for m in values]
+        holds = ids == [m.id for m in messages[: len(ids)]]
+        self._holds.put(where, holds)
+        return holds
 
     def sent(self, conversation: Conversation, messages: Sequence[BaseMessage]) -> None:
         """Remember that ``messages`` (the list written) were sent to the parent of ``conversation``'s subgraph.

@@ -24,6 +24,7 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.errors import GraphRecursionError
 from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.types import Send
 
 from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions
 from langchain_compaction._lc.convert import is_summary_message, to_core_list
@@ -396,3 +397,56 @@ def test_an_agent_one_level_down_with_archive_and_preparation_archives_each_mess
     assert archived, "the window should have compacted"
     for message_id in sent:
         assert state.count(message_id) + archived.count(message_id) == 1, message_id
+
+
+@pytest.mark.parametrize("kind", ["node", "middleware"])
+def test_workers_sent_with_send_compact_their_own_state_and_leave_the_parents(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A map-reduce fan-out: each worker runs on its own payload; its compaction must not replace the parent's."""
+    calls = itertools.count(1)
+    if kind == "node":
+
+        def worker_agent(state: MessagesState) -> dict[str, Any]:
+            return {"messages": [AIMessage(f"worker note {len(state['messages'])} " * 40)]}
+
+        sub = StateGraph(MessagesState)
+        sub.add_node("compact", CompactionNode(short_summary, CompactionOptions(context_window=3_000)))
+        sub.add_node("agent", worker_agent)
+        sub.add_edge(START, "compact")
+        sub.add_edge("compact", "agent")
+        sub.add_conditional_edges("agent", lambda s: END if next(calls) % 30 == 0 else "compact", ["compact", END])
+        worker: Any = sub.compile()
+    else:
+        model = ToolCallingFake(messages=iter([AIMessage("research notes " * 150) for _ in range(10)]))
+        middleware = CompactionMiddleware(short_summary, CompactionOptions(context_window=3_000))
+        worker = create_agent(model, middleware=[middleware])
+
+    def supervisor(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage("Dispatching two research workers now.", id="sup-1")]}
+
+    def fan_out(state: MessagesState) -> list[Send]:
+        def payload(i: int) -> list[BaseMessage]:
+            return [
+                HumanMessage(f"research topic {i} " + "background " * 600, id=f"topic-{i}"),
+                AIMessage("earlier notes " * 600, id=f"notes-{i}"),
+                HumanMessage(f"go on with topic {i}", id=f"go-{i}"),
+            ]
+
+        return [Send("worker", {"messages": payload(i)}) for i in range(2)]
+
+    parent = StateGraph(MessagesState)
+    parent.add_node("supervisor", supervisor)
+    parent.add_node("worker", worker)
+    parent.add_edge(START, "supervisor")
+    parent.add_conditional_edges("supervisor", fan_out, ["worker"])
+    parent.add_edge("worker", END)
+    graph = parent.compile(checkpointer=InMemorySaver())
+    request = HumanMessage("Please research the two topics, budget 4711 EUR.", id="user-1")
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        out = graph.invoke({"messages": [request]}, {**cfg("fan-out"), "recursion_limit": 300})
+    ids = [m.id for m in out["messages"]]
+    assert ids[:2] == ["user-1", "sup-1"], "the parent's own conversation stays, first"
+    assert any(is_summary_message(m) for m in out["messages"]), "the workers compacted"
+    said = [r.getMessage() for r in caplog.records if "Send" in r.getMessage()]
+    assert len(said) == 1, said
