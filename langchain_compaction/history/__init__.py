@@ -57,6 +57,7 @@ where a chat-history store is already the memory.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -127,6 +128,16 @@ def _check_arguments(inner: object, archive: object, journal: object, on_error: 
         raise ConfigurationError("on_error", on_error, "pass 'raise' or 'warn'")
     if lock is not None and not isinstance(lock, CompactionLock):
         raise ConfigurationError("lock", lock, "pass an object with hold() and ahold(), e.g. FileLock(path)")
+    history_file = getattr(inner, "file_path", None)
+    if isinstance(lock, FileLock) and history_file is not None:
+        locked = {os.path.realpath(lock.path), os.path.realpath(lock.lease_path)}
+        if os.path.realpath(history_file) in locked:
+            raise ConfigurationError(
+                "lock",
+                lock,
+                "pass a lock file of its own, e.g. FileLock(f'{path}.lock'): the history file is replaced on "
+                "every write, so a lock taken on it holds nothing",
+            )
 
 
 class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):

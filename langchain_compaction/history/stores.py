@@ -166,11 +166,20 @@ def _file_append(store: Any, messages: Sequence[BaseMessage]) -> None:
 
 
 def _file_replace(store: Any, messages: Sequence[BaseMessage]) -> None:
-    path = Path(store.file_path)
+    # A history reached through a symlink is written where the link points
+    # (a replace would swap the link for a file), with the file's own mode (a
+    # new file takes the umask's: a private history would become readable).
+    path = Path(os.path.realpath(store.file_path))
     data = json.dumps(messages_to_dict(list(messages)), ensure_ascii=store.ensure_ascii)
     temp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = None
+    try:
         with open(temp, "w", encoding=store.encoding) as handle:
+            if mode is not None:
+                os.chmod(temp, mode)
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())

@@ -1269,3 +1269,32 @@ def test_the_trigger_counts_with_the_options_token_counter():
     history.add_messages([HumanMessage("a", id="1"), AIMessage("b", id="2"), HumanMessage("c", id="3")])
     kinds = [m.additional_kwargs.get("langchain_compaction", {}).get("kind") for m in history.messages]
     assert "summary" in kinds
+
+
+def test_a_file_history_keeps_its_mode_and_its_symlink(tmp_path: Path) -> None:
+    """The atomic replace writes where a symlink points, with the file's own mode (a private history stays private)."""
+    import os
+    import stat
+
+    target = tmp_path / "private" / "chat.json"
+    target.parent.mkdir()
+    target.write_text("[]")
+    target.chmod(0o600)
+    link = tmp_path / "chat-link.json"
+    link.symlink_to(target)
+    memory = CompactingChatMessageHistory(FileChatMessageHistory(str(link)), lambda p: SUMMARY)
+    memory.add_messages([HumanMessage("one", id="1"), AIMessage("two", id="2")])
+    assert link.is_symlink(), "the link is still a link"
+    assert [m["data"]["id"] for m in json.loads(target.read_text())] == ["1", "2"]
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
+
+
+def test_a_file_lock_on_the_history_file_itself_is_refused(tmp_path: Path) -> None:
+    """The file is replaced on every write: a lock on it would hold nothing, and writers would overwrite each other."""
+    from langchain_compaction.history import FileLock
+
+    path = tmp_path / "chat.json"
+    store = FileChatMessageHistory(str(path))
+    with pytest.raises(ConfigurationError, match="lock file of its own"):
+        CompactingChatMessageHistory(store, lambda p: SUMMARY, lock=FileLock(path))
+    CompactingChatMessageHistory(store, lambda p: SUMMARY, lock=FileLock(f"{path}.lock"))
