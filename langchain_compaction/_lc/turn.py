@@ -124,6 +124,8 @@ class _Staged:
     core: list[Message]
     counts: list[int]
     reordered: bool = False
+    read: list[BaseMessage] | None = None
+    """The conversation as the adapter read it, when ``messages`` is it reordered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +213,7 @@ class Turn(Compactor):
         fixed = self._reorder(messages, core, counts)
         if fixed is None:
             return _Staged(list(messages), core, counts)
-        return _Staged(fixed[0], fixed[1], fixed[2], reordered=True)
+        return _Staged(fixed[0], fixed[1], fixed[2], reordered=True, read=list(messages))
 
     def _compaction(self, staged: _Staged, ask: _Asked) -> Flow[Outcome]:
         """The compaction itself: a prepared one applied, or one made now; committed; announced.
@@ -265,7 +267,8 @@ class Turn(Compactor):
         result = self.told.standing(place.conversation.key, result, options.budget, place.overhead)
         log(result)
         yield twin(tell, atell, COMPACTION_EVENT, result.to_dict(), place.config)
-        return Outcome(result, compacted, staged.messages)
+        # The source is what was read: a store compares it with what it holds now.
+        return Outcome(result, compacted, staged.read if staged.read is not None else staged.messages)
 
     def _planning(self, staged: _Staged, ask: _Asked) -> CompactionOptions | None:
         """The options to plan with (the budget over what a compaction can remove); ``None`` when there is no room.

@@ -1298,3 +1298,33 @@ def test_a_file_lock_on_the_history_file_itself_is_refused(tmp_path: Path) -> No
     with pytest.raises(ConfigurationError, match="lock file of its own"):
         CompactingChatMessageHistory(store, lambda p: SUMMARY, lock=FileLock(path))
     CompactingChatMessageHistory(store, lambda p: SUMMARY, lock=FileLock(f"{path}.lock"))
+
+
+def test_a_summary_merged_mid_history_is_put_in_front_and_compaction_goes_on() -> None:
+    """A compacted session's messages added to a session with messages of its own: nothing lost, and it compacts."""
+    from langchain_compaction import ExtractiveSummarizer
+    from langchain_compaction.tokens import estimate_message_tokens
+
+    options = CompactionOptions(context_window=2_000, reserve_tokens=500, keep_recent_tokens=300)
+
+    def memory() -> CompactingChatMessageHistory:
+        return CompactingChatMessageHistory(
+            InMemoryChatMessageHistory(), ExtractiveSummarizer(), options, archive=InMemoryChatMessageHistory()
+        )
+
+    old = memory()
+    for i in range(20):
+        old.add_messages([HumanMessage(f"old question {i} " * 10, id=f"oq{i}"), AIMessage(f"old answer {i} " * 10)])
+    assert is_summary_message(old.messages[0])
+    new = memory()
+    sent = [HumanMessage("Hi, I want to continue my earlier conversation.", id="hi"), AIMessage("Sure.", id="sure")]
+    new.add_messages(sent)
+    new.add_messages(old.messages)
+    assert new.compact() is not None
+    for i in range(30):
+        turn = [HumanMessage(f"new question {i} " * 10, id=f"nq{i}"), AIMessage(f"new answer {i} " * 10, id=f"na{i}")]
+        sent += turn
+        new.add_messages(turn)
+    assert estimate_message_tokens(new.messages) <= options.context_window
+    held = {m.id for m in new.messages} | {m.id for m in new.archive.messages}
+    assert not [m.id for m in sent if m.id not in held]
