@@ -152,6 +152,22 @@ class PrepareAhead(Feature):
         object.__setattr__(bound, "mark", mark)
         return bound
 
+    def sharing(self, holder: Any) -> PrepareAhead:
+        """This feature keeping its preparations in ``holder.prepared`` (made there if missing).
+
+        Chat memory's wrappers over one session share them: ``RunnableWithMessageHistory``
+        makes a wrapper per call, and a preparation started under one is applied under the next.
+        """
+        caches = holder.prepared
+        if caches is None:
+            caches = holder.prepared = (self._cache, self._spent)
+        shared = PrepareAhead.__new__(PrepareAhead)
+        for name in ("at", "wait", "in_store", "lease", "remember", "mark"):
+            object.__setattr__(shared, name, getattr(self, name))
+        object.__setattr__(shared, "_cache", caches[0])
+        object.__setattr__(shared, "_spent", caches[1])
+        return shared
+
     def mark_for(self, budget: Budget) -> int | None:
         """The size past which a summary is prepared under ``budget`` (``None`` without a window).
 

@@ -59,6 +59,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from langchain_core.chat_history import BaseChatMessageHistory
@@ -77,6 +78,7 @@ from langchain_compaction.core.types import Message
 from langchain_compaction.errors import CompactionError, ConfigurationError
 from langchain_compaction.features import Feature
 from langchain_compaction.features.archive import recall_from
+from langchain_compaction.features.prepare import PrepareAhead
 from langchain_compaction.history import stores
 from langchain_compaction.history.journal import JOURNAL_MARK, Commit, archive_memo
 from langchain_compaction.history.locks import (
@@ -222,6 +224,10 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
         self.lock = lock
         self._strategy: stores.Strategy = stores.strategy(inner)
         self._state = session_state(inner)
+        prepare = self._turn.feature(PrepareAhead)
+        if prepare is not None:
+            shared = prepare.sharing(self._state)
+            self._turn = replace(self._turn, features=tuple(shared if f is prepare else f for f in self._turn.features))
         self._conversation = Conversation(f"history:{stores.session_key(inner)!r}")
 
     # -- the public API: one line each over the flows -----------------------------

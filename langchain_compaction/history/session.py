@@ -18,7 +18,9 @@ from typing import Any
 
 from langchain_core.chat_history import BaseChatMessageHistory
 
+from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED
 from langchain_compaction._lc.counting import StoredCounts
+from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow, adrive, drive
 from langchain_compaction.errors import CompactionError
 from langchain_compaction.history import stores
@@ -63,12 +65,16 @@ class Flight:
 class SessionState:
     """What every wrapper over one session in this process shares."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: weakref.ref[BaseChatMessageHistory] | None = None) -> None:
+        self.owner = owner
+        """For a store known only as an object (no session id or path), that object."""
         self.lock = InProcessLock()
         self.flight = Flight()
         self._pending: Rewrite | None = None
         self.archive_memo: tuple[str, ...] | None = None
         self.counted = StoredCounts()
+        self.prepared: Any = None
+        """This session's preparations (``PrepareAhead.sharing``): a wrapper made per call finds the last one's."""
 
     @property
     def pending(self) -> Rewrite | None:
@@ -93,14 +99,23 @@ _UNFINISHED: set[SessionState] = set()
 _SESSIONS_GUARD = threading.Lock()
 
 
+_RECENT: Bounded[SessionState] = Bounded(CONVERSATIONS_REMEMBERED)
+"""The sessions used last, held: ``RunnableWithMessageHistory`` makes a wrapper per call and drops it,
+and the next one finds the session's counts and preparations where the last left them."""
+
+
 def session_state(inner: BaseChatMessageHistory) -> SessionState:
     """The state every wrapper over ``inner``'s session in this process shares."""
     key = stores.session_key(inner)
+    owner = weakref.ref(inner) if isinstance(key, tuple) and key[:1] == ("object",) else None
     with _SESSIONS_GUARD:
         state = _SESSIONS.get(key)
+        if state is not None and state.owner is not None and state.owner() is not inner:
+            state = None  # another object at a reused address: the state was the one gone
         if state is None:
-            state = _SESSIONS[key] = SessionState()
-        return state
+            state = _SESSIONS[key] = SessionState(owner)
+    _RECENT.put(key, state)
+    return state
 
 
 # -- calls that hold locks around a flow ------------------------------------------------

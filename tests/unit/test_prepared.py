@@ -894,3 +894,37 @@ def test_a_long_agent_system_prompt_prepares_once_per_compaction_in_the_middlewa
         agent.invoke({"messages": [HumanMessage(words(f"q{number}"))]}, config)
 
     _compactions_and_calls(turn, summarizer, results, 120)
+
+
+def test_chat_memory_made_per_call_applies_what_the_last_wrapper_prepared() -> None:
+    """RunnableWithMessageHistory builds a wrapper (and its features) per call: preparations carry over by session."""
+    import itertools
+
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.runnables.history import RunnableWithMessageHistory
+
+    from langchain_compaction.features import default_features
+
+    calls = itertools.count()
+
+    def summarizer(prompt: str) -> str:
+        next(calls)
+        time.sleep(0.02)
+        return "## Goal\n- answer the questions"
+
+    store, archive = InMemoryChatMessageHistory(), InMemoryChatMessageHistory()
+    options = CompactionOptions(context_window=2_000, reserve_tokens=500, keep_recent_tokens=300)
+
+    def session(session_id: str) -> CompactingChatMessageHistory:
+        features = [*default_features(), PrepareAhead(at=0.7)]
+        return CompactingChatMessageHistory(store, summarizer, options, archive=archive, features=features)
+
+    model = GenericFakeChatModel(messages=(AIMessage(f"answer {i} " * 20) for i in itertools.count()))
+    chain = RunnableWithMessageHistory(model, session)
+    for turn in range(60):
+        chain.invoke([HumanMessage(f"question {turn} " * 20)], {"configurable": {"session_id": "s"}})
+        time.sleep(0.03)  # the next user message takes a moment: a preparation finishes meanwhile
+    compactions = store.messages[0].additional_kwargs[SUMMARY_MARK]["compaction"]
+    made = next(calls)
+    assert compactions >= 8
+    assert made <= 1.5 * compactions, f"{made} summary calls for {compactions} compactions"
