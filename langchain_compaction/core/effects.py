@@ -22,6 +22,7 @@ flow handles failures where it makes the call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import os
@@ -54,8 +55,77 @@ Flow = Generator[Call[Any], Any, _T]
 """A flow: yields calls, receives each result, returns its value."""
 
 
+class Running:
+    """A blocking call on a daemon thread of its own, which the caller may stop waiting for.
+
+    A blocking call cannot be interrupted in Python. A caller that stops
+    waiting (a timeout, a cancelled task) abandons it: the thread runs on and
+    counts in ``abandoned()`` until the call ends. The thread is a daemon, not
+    one of asyncio's default executor's: abandoned calls never take the
+    threads other work needs, and ``asyncio.run`` does not wait for them when
+    it ends.
+    """
+
+    _lock = threading.Lock()
+    _abandoned = 0
+
+    def __init__(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.done = threading.Event()
+        self.outcome: tuple[bool, Any] = (False, None)
+        self._left = False
+        self._callbacks: list[Callable[[], None]] = []
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(
+            target=self._target, args=(context, function, args, kwargs), name="langchain-compaction-call", daemon=True
+        )
+
+    @classmethod
+    def abandoned(cls) -> int:
+        """How many abandoned calls are still running."""
+        return cls._abandoned
+
+    def start(self, on_done: Callable[[], None] | None = None) -> Running:
+        """Start the call; ``on_done`` runs on its thread when it ends."""
+        if on_done is not None:
+            self._callbacks.append(on_done)
+        self._thread.start()
+        return self
+
+    def _target(self, context: contextvars.Context, function: Callable[..., Any], args: Any, kwargs: Any) -> None:
+        try:
+            self.outcome = (True, context.run(function, *args, **kwargs))
+        except BaseException as exc:  # handed to whoever waits
+            self.outcome = (False, exc)
+        finally:
+            with Running._lock:
+                self.done.set()
+                if self._left:
+                    Running._abandoned -= 1
+            for callback in self._callbacks:
+                callback()
+
+    def abandon(self) -> bool:
+        """Stop waiting for the call; whether it was still running (it then counts as abandoned)."""
+        with Running._lock:
+            if self.done.is_set() or self._left:
+                return False
+            self._left = True
+            Running._abandoned += 1
+            return True
+
+    def result(self) -> Any:
+        """What the call returned, or raise what it raised (once it is done)."""
+        succeeded, value = self.outcome
+        if not succeeded:
+            raise value
+        return value
+
+
 async def off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-    """Run blocking ``function`` in a worker thread, with the caller's context.
+    """Run blocking ``function`` on a daemon thread of its own (``Running``), with the caller's context.
+
+    A caller cancelled while it waits abandons the call (it runs on, counted in
+    ``Running.abandoned()``); its event loop is never held by it.
 
     Args:
         function: What to run.
@@ -65,7 +135,24 @@ async def off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwar
     Returns:
         What it returns.
     """
-    return await asyncio.to_thread(function, *args, **kwargs)
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+
+    def settle() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle)
+
+    call = Running(function, *args, **kwargs).start(wake)
+    try:
+        await ended
+    except asyncio.CancelledError:
+        call.abandon()
+        raise
+    return call.result()  # type: ignore[no-any-return]
 
 
 def _new_worker() -> ThreadPoolExecutor:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import threading
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
-from langchain_compaction.core.effects import Flow, computing, twin
+from langchain_compaction.core.effects import Flow, Running, computing, twin
 from langchain_compaction.core.flow import Outcome, SummaryFlow
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import (
@@ -110,47 +108,36 @@ A blocking call cannot be interrupted in Python: its thread is abandoned at the
 deadline (the timeout is also given to the model's client where the library
 knows how, so the call itself ends soon after). While this many are still
 running, a new timed call fails at once instead of leaving one more thread.
+Calls still within their deadline do not count (``core.effects.Running``).
 """
 
-_abandoned = threading.BoundedSemaphore(MAX_ABANDONED_CALLS)
 
-
-def _call_with_timeout(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> object:
-    if timeout is None:
-        return summarizer.summarize(request)
-    if not _abandoned.acquire(blocking=False):
+def _check_abandoned(request: SummaryRequest, timeout: float) -> None:
+    if Running.abandoned() >= MAX_ABANDONED_CALLS:
         raise SummaryTimeoutError(
             timeout,
             chunk_index=request.chunk_index,
             chunk_count=request.chunk_count,
             detail=f"{MAX_ABANDONED_CALLS} earlier summary calls are still running past their timeout",
         )
-    # A blocking call cannot be interrupted; run it in a daemon thread with the
+
+
+def _call_with_timeout(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> object:
+    if timeout is None:
+        return summarizer.summarize(request)
+    _check_abandoned(request, timeout)
+    # A blocking call cannot be interrupted; run it on a daemon thread with the
     # caller's context (callbacks, tracing) and stop waiting at the deadline.
-    box: dict[str, object] = {}
-    context = contextvars.copy_context()
-
-    def target() -> None:
-        try:
-            box["value"] = context.run(summarizer.summarize, request)
-        except BaseException as exc:  # handed to the waiting thread
-            box["error"] = exc
-        finally:
-            _abandoned.release()  # ended: it no longer counts, whether or not anyone waited
-
-    worker = threading.Thread(target=target, name="langchain-compaction-summary", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
+    call = Running(summarizer.summarize, request).start()
+    if not call.done.wait(timeout) and call.abandon():
         raise SummaryTimeoutError(timeout, chunk_index=request.chunk_index, chunk_count=request.chunk_count)
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]
+    return call.result()
 
 
 async def _await_with_timeout(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> object:
     if timeout is None:
         return await summarizer.asummarize(request)
+    _check_abandoned(request, timeout)  # a blocking summarizer's calls run on threads of their own (``off_loop``)
     task = asyncio.ensure_future(summarizer.asummarize(request))
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout)

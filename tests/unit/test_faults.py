@@ -535,7 +535,7 @@ def test_timed_out_sync_summary_calls_do_not_pile_up_threads() -> None:
         return "## Goal\n- x"
 
     def alive() -> int:
-        return sum(1 for t in threading.enumerate() if t.name == "langchain-compaction-summary" and t.is_alive())
+        return sum(1 for t in threading.enumerate() if t.name == "langchain-compaction-call" and t.is_alive())
 
     options = CompactionOptions(context_window=3_000, timeout=0.05)
     baseline = alive()
@@ -575,3 +575,51 @@ def test_a_chat_model_that_declines_writes_no_summary(metadata: dict[str, str]) 
     assert result is not None
     assert result.fallback_used
     assert "can't help" not in result.summary
+
+
+def test_summary_calls_within_their_deadline_take_no_abandoned_slot() -> None:
+    """Six threads compacting at once, each call well within its timeout: none fails for want of a slot."""
+    errors: list[BaseException] = []
+
+    def slow(prompt: str) -> str:
+        time.sleep(0.3)
+        return "## Goal\n- x"
+
+    def run() -> None:
+        try:
+            compact(slow, long_history(), CompactionOptions(context_window=3_000, timeout=30))
+        except BaseException as error:
+            errors.append(error)
+
+    workers = [threading.Thread(target=run) for _ in range(6)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(20)
+    assert not errors, errors
+
+
+def test_an_async_caller_never_waits_for_a_hung_blocking_summarizer_nor_starves_the_executor() -> None:
+    """asyncio.run(acompact(...)) honours timeout=, and abandoned calls take none of asyncio's executor threads."""
+    release = threading.Event()
+
+    def hanging(prompt: str) -> str:
+        release.wait(30)
+        return "## Goal\n- x"
+
+    async def main() -> float:
+        for _ in range(8):  # more than the default executor's threads on a small machine
+            with pytest.raises(SummaryTimeoutError):
+                await acompact(hanging, long_history(), CompactionOptions(context_window=3_000, timeout=0.05))
+        started = time.monotonic()
+        await asyncio.wait_for(asyncio.to_thread(lambda: None), timeout=5)  # the default executor is free
+        return time.monotonic() - started
+
+    try:
+        started = time.monotonic()
+        free = asyncio.run(main())
+        took = time.monotonic() - started
+    finally:
+        release.set()
+    assert free < 1.0
+    assert took < 5.0, f"asyncio.run waited {took:.1f} s for abandoned summary calls"
