@@ -416,7 +416,9 @@ def compact_thread(
         written then).
 
     Raises:
-        ConfigurationError: No compaction node can be found or built.
+        ConfigurationError: No compaction node can be found or built, the
+            config names no thread, or the thread is paused mid-run (an
+            interrupt): compacting it would drop the pause.
         SummarizationError: The summary failed; the thread is unchanged.
 
     Example:
@@ -459,7 +461,20 @@ def _thread_flow(
     options: CompactionOptions | None,
 ) -> Flow[CompactionResult | None]:
     name, compactor = _locate(graph, node, model, options)
+    if not isinstance(config, dict) or thread_of(config) is None:
+        raise ConfigurationError(
+            "config", config, "name the checkpointed thread to compact: {'configurable': {'thread_id': ...}}"
+        )
     snapshot = yield twin(graph.get_state, graph.aget_state, config)
+    if snapshot.next:
+        # Written as the node's update, the compaction would make what runs next follow the node's edges:
+        # a run paused at an interrupt (a tool call awaiting approval) would lose its pause, and the call its result.
+        raise ConfigurationError(
+            "config",
+            thread_of(config),
+            f"the thread is paused mid-run (next: {', '.join(snapshot.next)}, an interrupt or interrupt_before); "
+            "resume it and compact once the run has ended, or let the graph's CompactionNode compact on its turn",
+        )
     summarizer = None if model is None else as_summarizer(model)
     # Outside a run, the graph's store is the one the node would see inside it.
     flow = compactor._flow(snapshot.values, _named(config), instructions, summarizer, store=graph.store)

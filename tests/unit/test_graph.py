@@ -601,6 +601,51 @@ def test_compact_thread_forces_a_compaction_with_instructions() -> None:
     assert is_summary_message(model.seen[-1][1])
 
 
+def test_compact_thread_refuses_a_thread_paused_mid_run_and_one_it_cannot_name() -> None:
+    """A thread paused at an interrupt keeps its pause: compacting it would drop the pending tool call's turn."""
+    from langgraph.types import Command, interrupt
+
+    def model(state: CompactionState) -> dict[str, Any]:
+        if state["messages"][-1].type == "human":
+            call = {"name": "deploy", "args": {}, "id": f"call-{len(state['messages'])}", "type": "tool_call"}
+            return {"messages": [AIMessage("", tool_calls=[call])]}
+        return {"messages": [AIMessage("Deployed.")]}
+
+    def approval(state: CompactionState) -> dict[str, Any]:
+        interrupt({"approve": state["messages"][-1].tool_calls[0]})
+        return {}
+
+    def tools(state: CompactionState) -> dict[str, Any]:
+        return {"messages": [ToolMessage("deploy ok", tool_call_id=state["messages"][-1].tool_calls[0]["id"])]}
+
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- deploy", CompactionOptions()))
+    builder.add_node("model", model)
+    builder.add_node("approval", approval)
+    builder.add_node("tools", tools)
+    builder.add_edge(START, "compact")
+    builder.add_conditional_edges("compact", route_after_compaction, ["model", END])
+    builder.add_conditional_edges("model", lambda s: "approval" if s["messages"][-1].tool_calls else END)
+    builder.add_edge("approval", "tools")
+    builder.add_edge("tools", "compact")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = thread("paused")
+    for turn in range(3):
+        graph.invoke({"messages": [HumanMessage(f"deploy build {turn} " * 30)]}, config)
+        graph.invoke(Command(resume=True), config)
+    graph.invoke({"messages": [HumanMessage("deploy the release")]}, config)
+    before = graph.get_state(config)
+    assert before.next == ("approval",)
+    with pytest.raises(ConfigurationError, match="paused mid-run"):
+        compact_thread(graph, config)
+    assert graph.get_state(config).next == ("approval",)
+    assert graph.get_state(config).values["messages"] == before.values["messages"]
+    graph.invoke(Command(resume=True), config)
+    assert compact_thread(graph, config) is not None  # once the run has ended
+    with pytest.raises(ConfigurationError, match="thread_id"):
+        compact_thread(graph, {"configurable": {"thread": "paused"}})
+
+
 def test_compact_thread_with_nothing_to_compact_writes_nothing() -> None:
     graph, _summarizer, _ = _idle_agent()
     config = thread("tiny")
