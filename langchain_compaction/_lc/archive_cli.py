@@ -14,14 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote
 
-from langchain_core.messages import messages_from_dict
-
 from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import to_core
 from langchain_compaction.core.effects import drive
 from langchain_compaction.core.transcript import message_body
 from langchain_compaction.errors import ConfigurationError
-from langchain_compaction.features.archive import Archive, read_all
+from langchain_compaction.features.archive import Archive, archived_message, read_all
 
 if TYPE_CHECKING:
     from langgraph.store.base import BaseStore, Item
@@ -87,7 +85,7 @@ def _holds_a_store(path: str, url: str) -> None:
 
 def _row(item: Item) -> dict[str, Any] | None:
     try:
-        message = messages_from_dict([item.value["message"]])[0]
+        message = archived_message(item.value)
         position = int(str(item.value["position"]))
     except (KeyError, TypeError, ValueError, IndexError):
         return None  # not an item this library wrote

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 # item). A block closes only at a fence of its own character, at least as
 # long, alone on its line (CommonMark's rule: "```" inside a "~~~" block is text).
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
 # A line of the prompt's template copied as it is: "[What ... ?]", "- [x] [Completed tasks]".
 _WORD = re.compile(r"\w+")
 _PLACEHOLDER = re.compile(r"^\s*(?:[-*]|\d+\.)?\s*(?:\[[ x]\]\s*)?\[[^\]\n]{3,}\](?:\s*:\s*\[[^\]\n]*\])?\s*$")
@@ -96,7 +97,9 @@ def well_formed(summary: str) -> str:
     """
     kept: list[str] = []
     fence = ""  # the fence of the open block ("" outside one)
-    for line in summary.splitlines():
+    # Control characters say nothing in a summary, and a NUL is refused by
+    # PostgreSQL's jsonb (a store that keeps prepared summaries).
+    for line in _CONTROL.sub("", summary).splitlines():
         found = _FENCE.match(line)
         if found and not fence:
             fence = found.group(1)

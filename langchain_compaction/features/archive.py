@@ -27,6 +27,7 @@ compaction number is not past the record's.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -232,11 +233,31 @@ class Archive(Feature):
             "id": message.id,
             "compaction": number,
             "lineage": sid,
-            "message": message_to_dict(message),
+            **_stored(message),
         }
         if self.index:
-            value["text"] = message_body(to_core(message))
+            value["text"] = message_body(to_core(message)).replace("\x00", "")  # (only searched)
         return value
+
+
+def _stored(message: BaseMessage) -> dict[str, Any]:
+    """A message as an item holds it: LangChain's dict, or that dict as JSON text when it holds a NUL.
+
+    PostgreSQL's ``jsonb`` refuses a NUL character in a string (a binary
+    file's header read by a tool, say): every later write of the thread
+    would fail. As JSON text, the NUL is the six characters ``\\u0000``.
+    """
+    data = message_to_dict(message)
+    text = json.dumps(data)
+    return {"message_json": text} if "\\u0000" in text else {"message": data}
+
+
+def archived_message(value: Mapping[str, Any]) -> BaseMessage:
+    """The message an archived item holds (``_stored``); raises ``KeyError``, ``TypeError`` or ``ValueError``."""
+    data = value.get("message")
+    if data is None:
+        data = json.loads(value["message_json"])
+    return messages_from_dict([data])[0]
 
 
 def _ttl(archive: Archive, store: BaseStore) -> float | None:
@@ -333,7 +354,7 @@ def read_all(store: BaseStore, namespace: tuple[str, ...]) -> Flow[Sequence[Item
 def _as_archived(item: Item) -> Archived | None:
     value = item.value
     try:
-        message = messages_from_dict([value["message"]])[0]
+        message = archived_message(value)
         position = int(str(value["position"]))
     except (KeyError, TypeError, ValueError, IndexError):
         return None  # not an item this library wrote: skipped

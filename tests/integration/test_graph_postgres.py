@@ -263,3 +263,40 @@ def test_archive_in_postgres_store_graph_and_agent_sessions(postgres_server: Pos
         )
         assert drive(Archive().commit(again)) == {"archived": 0, "present": 8}
         assert assert_each_message_once(session.sent, out["messages"], store, "tenant.7/graph") > 300
+
+
+def test_a_message_holding_a_nul_is_archived_in_postgres_and_recalled_word_for_word(
+    postgres_server: PostgresServer,
+) -> None:
+    """PostgreSQL's jsonb refuses a NUL in a string: the archive keeps such a message as JSON text, whole."""
+    from langgraph.store.postgres import PostgresStore
+
+    from langchain_compaction.features import Archive
+
+    node = CompactionNode(
+        lambda p: "## Goal\n- read files",
+        CompactionOptions(context_window=3_000),
+        features=[*default_features(), Archive()],
+    )
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", END)
+    header = "PNG\x00\x00\x00\rIHDR binary header"
+    with (
+        PostgresSaver.from_conn_string(postgres_server.url) as saver,
+        PostgresStore.from_conn_string(postgres_server.url) as store,
+    ):
+        saver.setup()
+        store.setup()
+        graph = builder.compile(checkpointer=saver, store=store)
+        config = {"configurable": {"thread_id": "nul"}}
+        graph.invoke({"messages": [HumanMessage(f"the file starts with {header}", id="nul-0")]}, config)
+        for turn in range(1, 30):
+            graph.invoke({"messages": [HumanMessage(f"turn {turn} " * 60, id=f"nul-{turn}")]}, config)
+        items = store.search(("compaction_archive", "nul"), limit=100)
+        held = [i for i in items if i.value.get("id") == "nul-0"]
+        assert held, "the message with a NUL was archived"
+        from langchain_compaction.features.archive import archived_message
+
+        assert archived_message(held[0].value).content == f"the file starts with {header}"

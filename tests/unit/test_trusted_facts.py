@@ -675,3 +675,12 @@ def test_a_clean_run_of_a_windows_folder_resolves_what_lies_in_it() -> None:
         result("12 passed in 0.8s", "c2", "bash"),
     ]
     assert "AssertionError: 401" not in _compacted(turns)
+
+
+def test_control_characters_a_summarizer_wrote_are_dropped() -> None:
+    """A NUL or a bell says nothing in a summary, and PostgreSQL's jsonb refuses a NUL (a store of prepared summaries)."""
+    messages = [HumanMessage("Fix the parser in src/parse.py.", id="h1"), AIMessage("On it.", id="a1"), *closing()]
+    result, out = compact(lambda prompt: "## Goal\n- fix\x00 the\x07 parser\n- keep\ttabs", messages, TIGHT)
+    assert "- fix the parser" in result.summary
+    assert "\x00" not in text_of(out)
+    assert "keep\ttabs" in result.summary
