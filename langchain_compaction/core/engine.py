@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
@@ -66,6 +67,12 @@ class DriverReport:
     usage: Usage = field(default_factory=Usage)
 
 
+# Open reasoning models served without a reasoning parser (DeepSeek-R1, QwQ,
+# Qwen3 thinking) write their reasoning inline before the answer; one cut off
+# before it closed left no answer at all.
+_REASONING = re.compile(r"\A\s*<(think|thinking|reasoning)>(?:.*?</\1>|.*\Z)\s*", re.DOTALL | re.IGNORECASE)
+
+
 def _reply(value: object, request: SummaryRequest) -> SummaryReply:
     """A summarizer's answer as a ``SummaryReply``, or the error that says what is wrong with it."""
     reply = value if isinstance(value, SummaryReply) else SummaryReply(value) if isinstance(value, str) else None
@@ -77,6 +84,7 @@ def _reply(value: object, request: SummaryRequest) -> SummaryReply:
             chunk_index=request.chunk_index,
             chunk_count=request.chunk_count,
         )
+    reply = replace(reply, text=_REASONING.sub("", reply.text, count=1))
     if not reply.text.strip() and request.prefix and request.attempt == 0:
         # Asked over the agent's own request (tools bound), a model may answer
         # with a tool call and no text: the flow asks again from the transcript.

@@ -147,3 +147,21 @@ def test_an_answer_that_only_echoes_the_instructions_is_no_summary(which: str) -
     assert result is not None
     assert result.fallback_used
     assert "JG7FMM" in result.summary
+
+
+@pytest.mark.parametrize("words", [30, 600])
+def test_reasoning_written_inline_before_the_answer_is_left_out(words: int) -> None:
+    """An open reasoning model without a reasoning parser writes <think>...</think> first: only the answer counts."""
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    messages = []
+    for i in range(30):
+        messages += [HumanMessage(f"step {i}: edit src/mod{i}.py " * 15), AIMessage(f"done {i} " * 40)]
+    reasoning = "Okay, the user wants a summary. Let me go through the steps. " * words
+    answer = "## Goal\n- edit the modules\n\n## Next Steps\n1. continue with src/mod29.py"
+    model = FakeListChatModel(responses=[f"<think>\n{reasoning}\n</think>\n\n{answer}"] * 3)
+    result, out = compact(model, messages, CompactionOptions(context_window=24_000))
+    assert result is not None
+    assert "## Goal\n- edit the modules" in result.summary
+    assert "<think>" not in str(out[0].content)
+    assert "Let me go through" not in str(out[0].content)
