@@ -139,6 +139,10 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
         return Part("reasoning", str(text)) if text or kind == "redacted_thinking" else None
     if kind in ATTACHMENT_BLOCKS:
         return attachment_part(block, str(kind))
+    if kind == "image_generation_call" and block.get("result"):
+        # An image OpenAI's Responses API generated: an image's cost, never its base64 as text.
+        media = f"image/{block['output_format']}" if block.get("output_format") else None
+        return attachment_part({"type": "image", "base64": block["result"], "mime_type": media}, "image")
     if kind in _TOOL_USE_BLOCKS and str(block.get("id")) in skip_ids:
         return None  # the same call is in ``tool_calls``; count it once
     if kind == "compaction":

@@ -168,6 +168,26 @@ def test_images_cost_a_fixed_amount_not_their_bytes() -> None:
     assert estimate_message_tokens([small]) == IMAGE_TOKENS + MESSAGE_OVERHEAD_TOKENS
 
 
+def test_an_image_openai_generated_costs_an_image_and_never_reaches_the_summarizer_as_text() -> None:
+    """The Responses API's image_generation_call holds the image's base64 in ``result``."""
+    from langchain_compaction._lc.convert import to_core
+    from langchain_compaction.core.transcript import message_body
+
+    blob = base64.b64encode(random.Random(3).randbytes(300_000)).decode()
+    block = {
+        "type": "image_generation_call",
+        "id": "ig_1",
+        "status": "completed",
+        "result": blob,
+        "output_format": "png",
+    }
+    message = AIMessage([{"type": "text", "text": "Here is the logo."}, block])
+    assert estimate_message_tokens([message]) < IMAGE_TOKENS + 100
+    body = message_body(to_core(message))
+    assert blob[:40] not in body
+    assert "image/png" in body
+
+
 def test_image_url_blocks_cost_the_image_price() -> None:
     message = HumanMessage(
         [{"type": "text", "text": "what is in this picture?"}, {"type": "image_url", "image_url": {"url": "https://x"}}]
