@@ -261,6 +261,10 @@ class AnthropicSummarizer:
             )
             return None
         params: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": messages}
+        # The prompt cache is read only by a request that asks for it: a
+        # breakpoint (on the last block), and the cache finds the agent's own
+        # cached prefix before it.
+        params["cache_control"] = {"type": "ephemeral"}
         if system is not None:
             params["system"] = system
         tools = wire.convert_tools(request.prefix_tools) if request.prefix_tools else self.tools

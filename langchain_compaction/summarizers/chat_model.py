@@ -106,6 +106,20 @@ def _client_timeout(model: Runnable[Any, Any], request: SummaryRequest) -> dict[
     return {"timeout": request.timeout} if module.startswith(_TIMEOUT_KEYWORD_MODULES) else {}
 
 
+def _per_call(model: Runnable[Any, Any], request: SummaryRequest, aligned: bool) -> dict[str, Any]:
+    """The keywords of one summary call: the client's timeout, and a cache read for an aligned Claude request.
+
+    Claude's prompt cache is read only by a request that asks for it: a
+    cache-aligned request to the direct API (``ChatAnthropic``) carries a
+    breakpoint, and the cache finds the agent's own cached prefix before it.
+    """
+    keywords = _client_timeout(model, request)
+    bound = getattr(model, "bound", model)
+    if aligned and getattr(bound, "_llm_type", None) == "anthropic-chat":
+        keywords["cache_control"] = {"type": "ephemeral"}
+    return keywords
+
+
 @dataclass(frozen=True, slots=True)
 class ChatModelSummarizer:
     """Summarizes with any LangChain chat model or Runnable over messages.
@@ -153,14 +167,14 @@ class ChatModelSummarizer:
         """Invoke the model; see ``Summarizer``."""
         messages, aligned = self._input(request)
         model = self._model(request, aligned)
-        output = model.invoke(messages, config=_config(request), **_client_timeout(model, request))
+        output = model.invoke(messages, config=_config(request), **_per_call(model, request, aligned))
         return _reply(output, covers_prefix=aligned)
 
     async def asummarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Await the model's ``ainvoke``; see ``Summarizer``."""
         messages, aligned = self._input(request)
         model = self._model(request, aligned)
-        output = await model.ainvoke(messages, config=_config(request), **_client_timeout(model, request))
+        output = await model.ainvoke(messages, config=_config(request), **_per_call(model, request, aligned))
         return _reply(output, covers_prefix=aligned)
 
 

@@ -13,6 +13,7 @@ from langchain.agents import create_agent
 from langchain_anthropic import ChatAnthropic
 from langchain_core.language_models.fake_chat_models import FakeListChatModel, GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.checkpoint.memory import InMemorySaver
 
 from langchain_compaction import (
@@ -197,8 +198,27 @@ def test_anthropic_summarizer_sends_the_prefix_and_reports_cache_reads():
     shared = body["messages"][:-1]
     assert json.dumps(shared) == json.dumps(agent["messages"][: len(shared)])
     assert body["messages"][-1]["content"][-1]["text"] == CACHE_ALIGNED_PROMPT
+    assert body["cache_control"] == {"type": "ephemeral"}  # a request reads the cache only when it asks
     assert result.summarizer_cache_read_tokens == 5000
     assert result.summarizer_billed_input_tokens == 40
+    # The transcript request shares no prefix with the agent's: it asks for no cache read.
+    compact(AnthropicSummarizer("claude-haiku-4-5", client=anthropic_client(bodies)), messages, OPTIONS)
+    assert "cache_control" not in bodies[-1]
+
+
+def test_a_cache_aligned_request_through_chat_anthropic_asks_for_a_cache_read():
+    payloads: list[dict] = []
+
+    class RecordingClaude(ChatAnthropic):
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+            payloads.append(self._get_request_payload(messages, stop=stop, **kwargs))
+            return ChatResult(generations=[ChatGeneration(message=AIMessage(REPLY))])
+
+    result, _ = compact(
+        RecordingClaude(model="claude-haiku-4-5", api_key="x"), conversation(), OPTIONS, features=ALIGNED
+    )
+    assert result is not None
+    assert payloads[-1]["cache_control"] == {"type": "ephemeral"}
 
 
 def test_anthropic_summarizer_falls_back_to_the_transcript_for_a_prefix_the_api_would_refuse():
