@@ -307,7 +307,7 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
     # With a window, compact only when over it (as the adapters do); without
     # one, or with --force, compact now.
     if args.context_window and not args.force:
-        result, compacted = auto_compact(summarizer, messages, options)
+        result, compacted = auto_compact(summarizer, messages, options, custom_instructions=args.instructions or "")
     else:
         result, compacted = compact(summarizer, messages, options, args.instructions or "")
     happened = _what_happened(result, args, messages)

@@ -194,6 +194,7 @@ def auto_compact(
     *,
     fallback: Any = None,
     features: Sequence[Feature] | None = None,
+    custom_instructions: str = "",
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """Compact only when the conversation is over the threshold.
 
@@ -209,11 +210,17 @@ def auto_compact(
         fallback: A summarizer used if ``model`` fails.
         features: The features (``langchain_compaction.features``; checked
             facts and pins when ``None``), ``ClearToolOutputs`` among them.
+        custom_instructions: Appended to the summary prompt when one is made
+            (see ``compact``).
 
     Returns:
         ``(result, new_messages)``, or ``(None, messages)`` when nothing was needed.
     """
-    return drive(_compaction(model, messages, _required(options), fallback, "", trigger="auto", features=features))
+    return drive(
+        _compaction(
+            model, messages, _required(options), fallback, custom_instructions, trigger="auto", features=features
+        )
+    )
 
 
 async def aauto_compact(
@@ -223,10 +230,13 @@ async def aauto_compact(
     *,
     fallback: Any = None,
     features: Sequence[Feature] | None = None,
+    custom_instructions: str = "",
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """The async twin of ``auto_compact``."""
     return await adrive(
-        _compaction(model, messages, _required(options), fallback, "", trigger="auto", features=features)
+        _compaction(
+            model, messages, _required(options), fallback, custom_instructions, trigger="auto", features=features
+        )
     )
 
 

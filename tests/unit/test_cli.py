@@ -223,9 +223,10 @@ def test_with_a_window_compact_does_what_inspect_says(tmp_path, ponyc):
     forced = json.loads(run("compact", ponyc, "--context-window", "200000", "--force", "--json")[1])
     assert forced["result"]["messages_removed"] > 0
     assert "--force" in forced["what"]
-    over = json.loads(run("compact", ponyc, "--context-window", "16000", "--json")[1])
+    over = json.loads(run("compact", ponyc, "--context-window", "16000", "--instructions", "KEEP_MATCH_C", "--json")[1])
     assert over["result"] is not None
     assert "over the threshold" in over["what"]
+    assert "KEEP_MATCH_C" in over["result"]["summary"]  # the instructions go with the window too
 
 
 def test_inspect_fits_a_small_window_with_derived_budgets(ponyc):
