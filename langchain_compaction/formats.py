@@ -34,6 +34,7 @@ from langchain_core.messages import (
     messages_to_dict,
 )
 
+from langchain_compaction.core.prompts import SUMMARY_HEADER
 from langchain_compaction.errors import ConversationFileError
 
 __all__ = ["Conversation", "ConversationFileError", "Format", "dump_conversation", "parse_conversation"]
@@ -248,12 +249,33 @@ def _file_shape(items: list[tuple[object, str]]) -> tuple[Format, list[Format]]:
     return shape, shapes
 
 
-def _system_message(system: object, name: str) -> SystemMessage:
+def _system_messages(system: object, name: str) -> list[SystemMessage]:
+    """The top-level ``system`` of an Anthropic-style file: the system prompt, and a summary written there apart.
+
+    ``compact`` writes a summary as a block of its own: read back as part of
+    the system prompt, it would be kept word for word, and the next summary
+    added beside it, not made its update.
+    """
     if not isinstance(system, (str, list)) or (
         isinstance(system, list) and not all(isinstance(b, (str, dict)) for b in system)
     ):
         raise ConversationFileError('"system" must be a string or a list of text blocks', where=name)
-    return SystemMessage(content=system)
+    if isinstance(system, str):
+        return [SystemMessage(content=system)]
+    out: list[SystemMessage] = []
+    prompt: list[Any] = []
+    for block in system:
+        text = block if isinstance(block, str) else block.get("text")
+        if isinstance(text, str) and text.startswith(SUMMARY_HEADER):
+            if prompt:
+                out.append(SystemMessage(content=prompt))
+                prompt = []
+            out.append(SystemMessage(content=text))
+        else:
+            prompt.append(block)
+    if prompt:
+        out.append(SystemMessage(content=prompt))
+    return out
 
 
 def _converted(item: dict[str, Any], kind: Format, where: str) -> list[BaseMessage]:
@@ -286,8 +308,8 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
     if not items:
         raise ConversationFileError("the file holds no messages", where=name)
     shape, shapes = _file_shape(items)
-    messages: list[BaseMessage] = [] if system is None else [_system_message(system, name)]
-    originals: list[tuple[int, object]] = [(-1, system)] if system is not None else []
+    messages: list[BaseMessage] = [] if system is None else [*_system_messages(system, name)]
+    originals: list[tuple[int, object]] = [(-1, system)] * len(messages)
     if system is not None or "anthropic" in shapes:
         shape = "anthropic"
     for number, (actual, (item, where)) in enumerate(zip(shapes, items)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -153,3 +154,30 @@ def test_any_json_gives_a_clean_error_or_a_conversation(value):
         parse_conversation(json.dumps(value))
     except ConversationFileError:
         pass
+
+
+def test_a_summary_in_an_anthropic_files_system_is_updated_by_the_next_compaction_not_kept_beside_it() -> None:
+    """compact writes the summary as a system block of its own; read back, it is a summary again, not the prompt."""
+    from langchain_compaction import ExtractiveSummarizer, compact
+    from langchain_compaction._lc.convert import is_summary_message
+
+    def turns(start: int) -> list[dict[str, Any]]:
+        return [
+            item
+            for i in range(start, start + 30)
+            for item in (
+                {"role": "user", "content": f"question {i} about src/app{i}.py " * 20},
+                {"role": "assistant", "content": f"answer {i} " * 40},
+            )
+        ]
+
+    document: dict[str, Any] = {"system": "You are a careful coding agent.", "messages": turns(0)}
+    for round_ in range(3):
+        conversation = parse_conversation(json.dumps(document))
+        _, compacted = compact(ExtractiveSummarizer(), conversation.messages)
+        document = json.loads(dump_conversation(compacted, "anthropic", read=conversation))
+        blocks = document["system"]
+        assert [b["text"].startswith("You are a careful") for b in blocks] == [True, False]
+        read = parse_conversation(json.dumps(document)).messages
+        assert [is_summary_message(m) for m in read[:2]] == [False, True], round_
+        document["messages"] += turns(100 * (round_ + 1))
