@@ -194,6 +194,7 @@ def _parses(line: str) -> bool:
 def _text(data: bytes | str, name: str) -> str:
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
+        text = text.removeprefix("\ufeff")  # the byte-order mark Windows editors write
     except UnicodeDecodeError as exc:
         msg = f"not UTF-8 text (byte {exc.start}); save the file as UTF-8 JSON"
         raise ConversationFileError(msg, where=name) from exc
@@ -233,6 +234,8 @@ def _items(text: str, name: str) -> tuple[list[tuple[object, str]], object, bool
     if isinstance(document, dict) and isinstance(document.get("messages"), list):
         system = document.get("system")
         document = document["messages"]
+    if isinstance(document, dict) and ("role" in document or "type" in document):
+        return [(document, f"{name}: line 1")], None, True  # JSON Lines of one message
     if not isinstance(document, list):
         msg = f'expected a JSON list of messages (or {{"messages": [...]}}), found {type(document).__name__}'
         raise ConversationFileError(msg, where=name)

@@ -181,3 +181,15 @@ def test_a_summary_in_an_anthropic_files_system_is_updated_by_the_next_compactio
         read = parse_conversation(json.dumps(document)).messages
         assert [is_summary_message(m) for m in read[:2]] == [False, True], round_
         document["messages"] += turns(100 * (round_ + 1))
+
+
+def test_a_one_message_json_lines_file_and_a_byte_order_mark_are_read() -> None:
+    """JSON Lines of one message is a JSON object; Windows editors start UTF-8 files with a byte-order mark."""
+    one = parse_conversation(b'{"role": "user", "content": "deploy src/app.py"}\n')
+    assert one.jsonl
+    assert [m.content for m in one.messages] == ["deploy src/app.py"]
+    assert dump_conversation(one.messages, one.format, jsonl=True, read=one).count("\n") == 1
+    marked = parse_conversation(b'\xef\xbb\xbf[{"role": "user", "content": "deploy src/app.py"}]')
+    assert [m.content for m in marked.messages] == ["deploy src/app.py"]
+    with pytest.raises(ConversationFileError, match="found dict"):
+        parse_conversation(b'{"conversation": []}')
