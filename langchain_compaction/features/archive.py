@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
@@ -59,6 +60,9 @@ ARCHIVE_NAMESPACE = "compaction_archive"
 RECALL_TOOL_NAME = "recall_messages"
 """The recall tool's name, by default."""
 
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What the model providers accept as a tool's name."""
+
 _PAGE = 1_000
 """Items a first read of an archive asks for (grown until the archive fits)."""
 
@@ -86,6 +90,8 @@ class Archive(Feature):
             minutes, where the store supports TTL (``PostgresStore`` with a
             TTL config and its sweeper; ``InMemoryStore`` has none). ``None``
             uses the store's own default TTL, if any.
+        tool: The recall tool's name, as the summary's line names it
+            (``recall_tool`` takes it from here).
         on_error: ``"raise"``: a failed archive write fails the compaction
             with ``StoreError`` before the summary is asked for, and the state
             is left as it was. ``"warn"``: the failure is logged and the turn
@@ -110,6 +116,7 @@ class Archive(Feature):
     max_messages: int | None = None
     ttl_minutes: float | None = None
     on_error: Literal["raise", "warn"] = "raise"
+    tool: str = RECALL_TOOL_NAME
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix, str) or not self.prefix or "." in self.prefix:
@@ -125,6 +132,8 @@ class Archive(Feature):
             raise ConfigurationError("ttl_minutes", self.ttl_minutes, "pass minutes (more than 0), or None")
         if self.on_error not in ("raise", "warn"):
             raise ConfigurationError("on_error", self.on_error, "pass 'raise' or 'warn'")
+        if not isinstance(self.tool, str) or not _TOOL_NAME.fullmatch(self.tool):
+            raise ConfigurationError("tool", self.tool, "pass a tool name of letters, digits, _ or - (64 at most)")
 
     @classmethod
     def of(cls, value: object) -> Archive | None:
@@ -145,11 +154,11 @@ class Archive(Feature):
 
     def add(self, draft: Draft) -> Addition:
         """The line that tells the agent earlier messages can be read back."""
-        return Addition(section=RECALL_NOTE.format(tool=RECALL_TOOL_NAME))
+        return Addition(section=RECALL_NOTE.format(tool=self.tool))
 
     def reserve(self, options: CompactionOptions) -> int:
         """What the line costs."""
-        return estimate_tokens(RECALL_NOTE.format(tool=RECALL_TOOL_NAME)) + 2
+        return estimate_tokens(RECALL_NOTE.format(tool=self.tool)) + 2
 
     def require(self, store: Any) -> None:
         """Raise when there is no store to archive into (checked on every turn, before any model call).
@@ -504,7 +513,7 @@ def recall_tool(
     *,
     redact: Redactor | None = None,
     max_chars: int = 4_000,
-    name: str = RECALL_TOOL_NAME,
+    name: str | None = None,
     history: Any = None,
     messages_key: str = "messages",
 ) -> BaseTool:
@@ -525,7 +534,7 @@ def recall_tool(
         redact: Applied to every message text returned (pass the same hook
             as ``CompactionOptions(redact=...)``; with ``history``, its own by default).
         max_chars: The most characters one call returns.
-        name: The tool's name.
+        name: The tool's name (``None``: the one the summary names, ``archive.tool``).
         history: A ``CompactingChatMessageHistory``: read its ``archive=``
             history instead of a store (its session is the scope).
         messages_key: The state key holding the messages (where the record is).
@@ -543,7 +552,18 @@ def recall_tool(
         raise ConfigurationError("history", history, "pass a CompactingChatMessageHistory with archive=..., or None")
     if redact is None and history is not None:
         redact = history.options.redact  # the memory's own hook: what it summarized redacted, recall returns so
-    recaller = _Recaller(archive if archive is not None else Archive(), redact, max_chars, history, messages_key)
+    settings = archive if archive is not None else Archive()
+    if name is None:
+        name = settings.tool
+    elif name != settings.tool and history is None:
+        logger.warning(
+            "the recall tool is named %r but the summary tells the model to call %r; pass Archive(tool=%r) to the "
+            "node or middleware so both say the same",
+            name,
+            settings.tool,
+            name,
+        )
+    recaller = _Recaller(settings, redact, max_chars, history, messages_key)
     if history is not None:
         return StructuredTool.from_function(
             func=recaller.recall_session, coroutine=recaller.arecall_session, name=name, description=RECALL_DESCRIPTION

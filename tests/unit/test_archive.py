@@ -1011,3 +1011,27 @@ def test_a_conversations_recall_never_reads_a_sub_agents_archive_below_it() -> N
     # The sub-agent's own archive still holds it.
     sub_items = store.search(("compaction_archive", "T", "researcher"), limit=500)
     assert any("SUBAGENTPAGE3" in str(i.value.get("message")) for i in sub_items)
+
+
+def test_the_summary_names_the_recall_tool_by_the_name_it_was_given(caplog: pytest.LogCaptureFixture) -> None:
+    """Archive(tool=...) names the tool in the summary's line and in recall_tool; a name given only to the tool warns."""
+    store = InMemoryStore()
+    archive = Archive(tool="search_history")
+    node = CompactionNode(summarize, CompactionOptions(context_window=3_000), features=[*default_features(), archive])
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", END)
+    graph = builder.compile(checkpointer=InMemorySaver(), store=store)
+    config = {"configurable": {"thread_id": "named"}}
+    for turn in range(30):
+        state = graph.invoke({"messages": [HumanMessage(f"turn {turn} " * 60, id=f"h{turn}")]}, config)
+    summary = next(m for m in state["messages"] if is_summary_message(m))
+    assert "`search_history`" in str(summary.content)
+    assert "recall_messages" not in str(summary.content)
+    assert node.recall_tool().name == "search_history"
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        assert recall_tool(Archive(), name="search_history").name == "search_history"
+    assert any("Archive(tool=" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ConfigurationError, match="tool name"):
+        Archive(tool="recall messages")
