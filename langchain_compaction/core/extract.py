@@ -13,6 +13,7 @@ facts; the extractive summarizer copies identifiers by the same rule.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -139,7 +140,13 @@ _STOP_WORDS = frozenset(
 
 
 def normalize(text: str) -> str:
-    """``text`` as facts are compared: case folded, runs of whitespace made one space."""
+    """``text`` as facts are compared: case folded, runs of whitespace made one space, one Unicode form.
+
+    An accented letter may be one character or a letter and a combining mark
+    (macOS writes file names so): both read the same (NFKC).
+    """
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
     return " ".join(text.split()).casefold()
 
 

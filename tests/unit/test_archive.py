@@ -1035,3 +1035,15 @@ def test_the_summary_names_the_recall_tool_by_the_name_it_was_given(caplog: pyte
     assert any("Archive(tool=" in r.getMessage() for r in caplog.records)
     with pytest.raises(ConfigurationError, match="tool name"):
         Archive(tool="recall messages")
+
+
+def test_recall_finds_a_word_whatever_its_unicode_form() -> None:
+    """An accented letter is one character (NFC) or a letter and a combining mark (NFD, macOS file names)."""
+    import unicodedata
+
+    from langchain_compaction.core.recall import Lookup
+    from langchain_compaction.features.archive import recall_from
+
+    stored = [HumanMessage(unicodedata.normalize("NFD", "Attach Résumé_Zoë.pdf for the café"), id="m0")]
+    for query in ("Résumé_Zoë.pdf", unicodedata.normalize("NFD", "café"), "CAFÉ"):
+        assert [p for p, _ in recall_from(stored, Lookup(unicodedata.normalize("NFC", query)))] == [0], query
