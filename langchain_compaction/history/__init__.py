@@ -142,6 +142,20 @@ def _check_arguments(inner: object, archive: object, journal: object, on_error: 
             )
 
 
+def _lookup(query: object, ids: object, start: object, end: object, limit: object) -> Lookup:
+    """``recall``'s arguments checked: each wrong one is named, with what to pass."""
+    if not isinstance(query, str):
+        raise ConfigurationError("query", query, "pass the words to look for as a string ('' for none)")
+    if isinstance(ids, str) or not all(isinstance(i, str) for i in ids or ()):  # type: ignore[attr-defined]
+        raise ConfigurationError("ids", ids, "pass a list of message ids, e.g. ids=['m3']")
+    for field, value in (("start", start), ("end", end)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigurationError(field, value, "pass a position (0 is the first archived message), or None")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigurationError("limit", limit, "pass how many messages to return (1 or more)")
+    return Lookup(query, tuple(ids or ()), start, end, limit)  # type: ignore[arg-type]
+
+
 class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
     """A chat history that compacts itself when it outgrows the window.
 
@@ -262,10 +276,11 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
             ``(position, message)`` pairs, at most ``limit``.
 
         Raises:
-            ConfigurationError: There is no ``archive`` to read.
+            ConfigurationError: There is no ``archive`` to read, or an
+                argument is of the wrong kind (``ids`` a string, ``limit`` below 1).
             StoreError: The archive failed to read.
         """
-        return drive(self.recall_flow(Lookup(query, tuple(ids), start, end, limit)))
+        return drive(self.recall_flow(_lookup(query, ids, start, end, limit)))
 
     async def arecall(
         self,
@@ -277,7 +292,7 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
         limit: int = 10,
     ) -> list[tuple[int, BaseMessage]]:
         """The async twin of ``recall``."""
-        return await adrive(self.recall_flow(Lookup(query, tuple(ids), start, end, limit)))
+        return await adrive(self.recall_flow(_lookup(query, ids, start, end, limit)))
 
     def recall_flow(self, lookup: Lookup, redactor: Redactor | None = None) -> Flow[list[tuple[int, BaseMessage]]]:
         """``recall`` as a flow (``core.effects``), for the recall tool to drive on either path."""

@@ -1328,3 +1328,16 @@ def test_a_summary_merged_mid_history_is_put_in_front_and_compaction_goes_on() -
     assert estimate_message_tokens(new.messages) <= options.context_window
     held = {m.id for m in new.messages} | {m.id for m in new.archive.messages}
     assert not [m.id for m in sent if m.id not in held]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [({"limit": 0}, "limit"), ({"limit": -1}, "limit"), ({"query": None}, "query"), ({"ids": "q3"}, "ids")],
+)
+def test_recall_names_a_wrong_argument(arguments: dict[str, Any], field: str) -> None:
+    """recall(limit=0) returned one message, recall(None) an AttributeError, ids="q3" matched its characters."""
+    memory = CompactingChatMessageHistory(
+        InMemoryChatMessageHistory(), lambda p: SUMMARY, archive=InMemoryChatMessageHistory()
+    )
+    with pytest.raises(ConfigurationError, match=f"^{field}="):
+        memory.recall(**arguments)
