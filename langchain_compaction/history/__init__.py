@@ -238,6 +238,12 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
         self.lock = lock
         self._strategy: stores.Strategy = stores.strategy(inner)
         self._state = session_state(inner)
+        if self._turn.options.budget.threshold is None and not self._state.told_no_window:
+            self._state.told_no_window = True  # once per session: a wrapper may be made per call
+            logger.warning(
+                "CompactingChatMessageHistory has no context_window, so it never compacts on its own (only "
+                "compact() does); pass CompactionOptions(context_window=<the model's window>), e.g. 200_000 for Claude"
+            )
         prepare = self._turn.feature(PrepareAhead)
         if prepare is not None:
             shared = prepare.sharing(self._state)

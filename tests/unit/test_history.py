@@ -1341,3 +1341,15 @@ def test_recall_names_a_wrong_argument(arguments: dict[str, Any], field: str) ->
     )
     with pytest.raises(ConfigurationError, match=f"^{field}="):
         memory.recall(**arguments)
+
+
+def test_chat_memory_without_a_window_says_once_that_it_never_compacts_on_its_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As the node does: a history that can only grow is said, once per session, however many wrappers."""
+    store = InMemoryChatMessageHistory()
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for _ in range(3):
+            CompactingChatMessageHistory(store, lambda p: SUMMARY).add_messages([HumanMessage("hi")])
+    said = [r.getMessage() for r in caplog.records if "context_window" in r.getMessage()]
+    assert len(said) == 1, said
