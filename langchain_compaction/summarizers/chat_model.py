@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -21,6 +22,8 @@ SUMMARY_TAG = "langchain_compaction:summary"
 
 SUMMARY_RUN_NAME = "langchain_compaction_summary"
 """Run name of every summary call."""
+
+logger = logging.getLogger("langchain_compaction")
 
 
 def _reply(output: object, *, covers_prefix: bool = False) -> str | SummaryReply:
@@ -46,12 +49,20 @@ def _reply(output: object, *, covers_prefix: bool = False) -> str | SummaryReply
     text = str(output.text) if isinstance(output, BaseMessage) else output
     if isinstance(output, AIMessage) and output.tool_calls:
         text = ""
+    if isinstance(output, AIMessage) and _cut_short(output):
+        logger.warning(
+            "the summary hit the model's output limit and was cut short; give the summarizer model a max_tokens of "
+            "at least summary_max_tokens (ChatAnthropic(max_tokens=...), ChatOpenAI(max_tokens=...))"
+        )
     meta = output.usage_metadata if isinstance(output, AIMessage) else None
     if not meta:
         return SummaryReply(text, covers_prefix=covers_prefix)
     details = meta.get("input_token_details") or {}
     cached = int(details.get("cache_read") or 0)
-    written = int(details.get("cache_creation") or 0)
+    # langchain-anthropic reports writes by cache lifetime, and then zeroes the total.
+    written = int(details.get("cache_creation") or 0) or sum(
+        int(details.get(key) or 0) for key in ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
+    )
     usage = Usage(
         input_tokens=max(int(meta.get("input_tokens") or 0) - cached - written, 0),
         output_tokens=int(meta.get("output_tokens") or 0),
@@ -59,6 +70,12 @@ def _reply(output: object, *, covers_prefix: bool = False) -> str | SummaryReply
         cache_creation_input_tokens=written,
     )
     return SummaryReply(text, usage, covers_prefix)
+
+
+def _cut_short(output: AIMessage) -> bool:
+    """Whether the reply stopped at the model's output limit (Anthropic's stop reason, OpenAI's finish reason)."""
+    meta = output.response_metadata or {}
+    return meta.get("stop_reason") == "max_tokens" or meta.get("finish_reason") in ("length", "max_tokens")
 
 
 def _refusal(output: BaseMessage | str) -> str:

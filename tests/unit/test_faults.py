@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -623,3 +624,30 @@ def test_an_async_caller_never_waits_for_a_hung_blocking_summarizer_nor_starves_
         release.set()
     assert free < 1.0
     assert took < 5.0, f"asyncio.run waited {took:.1f} s for abandoned summary calls"
+
+
+@pytest.mark.parametrize("metadata", [{"stop_reason": "max_tokens"}, {"finish_reason": "length"}])
+def test_a_summary_cut_at_the_models_output_limit_is_said(
+    metadata: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A chat model's reply that stopped at its max_tokens is kept, and a warning names the fix."""
+    reply = AIMessage("## Goal\n- fix the parser and then", response_metadata=metadata)
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        result, _ = compact(GenericFakeChatModel(messages=itertools.repeat(reply)), long_history())
+    assert result is not None
+    assert any("cut short" in r.getMessage() and "max_tokens" in r.getMessage() for r in caplog.records)
+
+
+def test_cache_writes_langchain_anthropic_reports_by_lifetime_are_counted() -> None:
+    """langchain-anthropic moves the cache write count to ephemeral_5m/1h_input_tokens and zeroes cache_creation."""
+    usage = {
+        "input_tokens": 4_050,
+        "output_tokens": 30,
+        "total_tokens": 4_080,
+        "input_token_details": {"cache_read": 0, "cache_creation": 0, "ephemeral_5m_input_tokens": 4_000},
+    }
+    reply = AIMessage("## Goal\n- fix the parser", usage_metadata=usage)
+    result, _ = compact(GenericFakeChatModel(messages=itertools.repeat(reply)), long_history())
+    assert result is not None
+    assert result.summarizer_cache_write_tokens == 4_000
+    assert result.summarizer_billed_input_tokens == 50
