@@ -264,6 +264,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         self._on_compaction = on_compaction
         self._tool_tokens: dict[tuple[str, str], int] = {}
         self._window_checked = self._turn.options.context_window > 0
+        self._model_checked = False
         self._delivery = Delivery(nested, "CompactionMiddleware")
         self._system_tokens: tuple[BaseMessage, int] | None = None
 
@@ -328,6 +329,18 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         self._delivery.sent(own, compacted)
         return Command(graph=Command.PARENT, update=update, goto=parent)
 
+    def _check_model(self, model: object) -> None:
+        """Say once what of the agent's model defeats compaction."""
+        if self._model_checked:
+            return
+        self._model_checked = True
+        if getattr(getattr(model, "bound", model), "use_previous_response_id", False) is True:
+            logger.warning(
+                "CompactionMiddleware: the model sends previous_response_id (ChatOpenAI(use_previous_response_id="
+                "True)): OpenAI then reads its own stored copy of the conversation up to the last kept reply, not "
+                "the summary, so compaction shrinks nothing it reads; turn use_previous_response_id off"
+            )
+
     def _learn_window(self, model: object) -> None:
         """Take the window from the agent model's profile when the options give none (once)."""
         if self._window_checked:
@@ -366,6 +379,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         logger.info("CompactionMiddleware: context window %d tokens, from the provider's error", limit)
 
     def _call_flow(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> Flow[_CallResult]:
+        self._check_model(request.model)
         self._learn_window(request.model)
         overhead = yield counting(self.options, self._overhead, request)  # the system prompt and tools
         system = () if request.system_message is None else (request.system_message,)

@@ -796,3 +796,29 @@ def test_a_compaction_inside_a_thinking_tool_loop_keeps_the_loop_with_its_thinki
     assert sent, "the loop should have compacted"
     for request in model.seen:
         assert_valid_anthropic_request(request, ends_with_user=True, thinking=True)
+
+
+def test_a_model_that_sends_previous_response_id_is_said_to_defeat_compaction(caplog: pytest.LogCaptureFixture) -> None:
+    """With use_previous_response_id, OpenAI reads its stored conversation, not the summary: said once."""
+
+    class StoredResponses(BaseChatModel):
+        """What ChatOpenAI(use_previous_response_id=True) says of itself (langchain-openai is not a test dependency)."""
+
+        use_previous_response_id: bool = True
+
+        @property
+        def _llm_type(self) -> str:
+            return "stored-responses"
+
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+            return ChatResult(generations=[ChatGeneration(message=AIMessage("ok"))])
+
+    model = StoredResponses()
+    agent = create_agent(
+        model, middleware=[CompactionMiddleware(short_summary, CompactionOptions(context_window=8_000))]
+    )
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for turn in range(3):
+            agent.invoke({"messages": [HumanMessage(f"question {turn}")]})
+    said = [r.getMessage() for r in caplog.records if "previous_response_id" in r.getMessage()]
+    assert len(said) == 1, said
