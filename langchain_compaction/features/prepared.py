@@ -178,6 +178,8 @@ def _read_store(
     found: list[tuple[bool, PreparedSummary]] = []
     calls = sent = 0
     for item in items:
+        if tuple(item.namespace) != where:
+            continue  # a search reads the namespaces under this one too: a sub-agent's are its own
         try:
             prepared = replace(PreparedSummary.from_value(item.value), shared=True)
         except (KeyError, TypeError, ValueError) as exc:

@@ -928,3 +928,26 @@ def test_chat_memory_made_per_call_applies_what_the_last_wrapper_prepared() -> N
     made = next(calls)
     assert compactions >= 8
     assert made <= 1.5 * compactions, f"{made} summary calls for {compactions} compactions"
+
+
+def test_a_conversation_reads_only_its_own_stored_preparations_not_a_sub_agents_below_it() -> None:
+    """A store search reads the namespaces under one too: a sub-agent's preparations are neither its parent's
+    to apply, nor to prune, nor to count as discarded."""
+    from langchain_compaction.core.effects import drive
+    from langchain_compaction.features.prepared import read_prepared
+
+    store = InMemoryStore()
+    node = CompactionNode(Recorder(), OPTIONS, result_key="compaction", features=prepared(in_store=True))
+    app = graph(node, store=store)
+    thread = "user.9"
+    until_preparing(app, cfg(thread))
+    namespace = (STORE_NAMESPACE, thread_label(thread))
+    wait_for(lambda: bool(store.search(namespace)))
+    (mine,) = store.search(namespace)
+    below = (*namespace, "researcher")
+    store.put(below, mine.key, {k: v for k, v in mine.value.items() if k != "applied"})
+    store.delete(namespace, mine.key)
+    found, discarded = drive(read_prepared(store, Conversation(thread), [], prune=True))
+    assert found is None
+    assert discarded == (0, 0)
+    assert store.search(below), "the sub-agent's preparation stays"
