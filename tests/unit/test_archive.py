@@ -11,6 +11,7 @@ import pytest
 from archive_sessions import (
     FACT,
     OPTIONS,
+    GraphSession,
     agent_middleware,
     agent_script,
     archived_messages,
@@ -792,6 +793,21 @@ def test_archive_warn_does_not_summarize_and_discard_every_turn() -> None:
     assert len(prompts) <= 5, f"{len(prompts)} summary calls over {over} turns past the threshold"
 
 
+def _read_file_turn(n: int, branch: str = "") -> list[BaseMessage]:
+    """A user asks for a module, the agent reads it: a tool output long enough to be cleared, marked by ``n``."""
+    call = {"name": "read_file", "args": {"path": f"src/mod{n}.py"}, "id": f"{branch}call{n}", "type": "tool_call"}
+    output = f"UNIQUE{branch}_{n}_CONTENT\n" + "    return compute(value)\n" * 60
+    return [
+        HumanMessage(f"read module {n}", id=f"{branch}h{n}"),
+        AIMessage("", tool_calls=[call], id=f"{branch}a{n}"),
+        ToolMessage(output, tool_call_id=f"{branch}call{n}", name="read_file", id=f"{branch}tool{n}"),
+    ]
+
+
+def _cleared_ids(state: Sequence[BaseMessage]) -> list[str | None]:
+    return [m.id for m in state if isinstance(m, ToolMessage) and str(m.content).startswith("[Tool output cleared")]
+
+
 def test_a_tool_output_only_cleared_can_be_recalled() -> None:
     """ClearToolOutputs files the whole output (with no summary, so no compaction id): recall returns it."""
     from archive_sessions import GraphSession
@@ -808,17 +824,8 @@ def test_a_tool_output_only_cleared_can_be_recalled() -> None:
     session = GraphSession(builder.compile(checkpointer=InMemorySaver(), store=store), node, "cleared")
     first_cleared = None
     for n in range(60):
-        call = {"name": "read_file", "args": {"path": f"src/mod{n}.py"}, "id": f"call{n}", "type": "tool_call"}
-        output = f"UNIQUE_{n}_CONTENT\n" + "    return compute(value)\n" * 60
-        turn = [
-            HumanMessage(f"read module {n}", id=f"h{n}"),
-            AIMessage("", tool_calls=[call], id=f"a{n}"),
-            ToolMessage(output, tool_call_id=f"call{n}", name="read_file", id=f"tool{n}"),
-        ]
-        state = session.graph.invoke({"messages": turn}, session.config)["messages"]
-        cleared = [
-            m.id for m in state if isinstance(m, ToolMessage) and str(m.content).startswith("[Tool output cleared")
-        ]
+        state = session.graph.invoke({"messages": _read_file_turn(n)}, session.config)["messages"]
+        cleared = _cleared_ids(state)
         if cleared and first_cleared is None:
             first_cleared = cleared[0]
             assert "UNIQUE_0_CONTENT" in session.recall(store, ids=[first_cleared])  # right after clearing
@@ -863,36 +870,17 @@ def test_after_a_fork_each_branchs_cleared_outputs_are_archived_and_recalled_in_
     node = CompactionNode(
         lambda p: "## Goal\n- read modules", CompactionOptions(context_window=8_000), features=features
     )
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", node)
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", END)
-    graph = builder.compile(checkpointer=InMemorySaver(), store=store)
-    config = {"configurable": {"thread_id": "fork-cleared"}}
+    graph = compaction_graph(node, checkpointer=InMemorySaver(), store=store)
+    session = GraphSession(graph, node, "fork-cleared")
+    config = session.config
 
-    def turn(branch, n, cfg):
-        call = {"name": "read_file", "args": {"path": f"src/mod{n}.py"}, "id": f"{branch}call{n}", "type": "tool_call"}
-        output = f"UNIQUE{branch}{n}MARK\n" + "    return compute(value)\n" * 60
-        msgs = [
-            HumanMessage(f"read module {n}", id=f"{branch}h{n}"),
-            AIMessage("", tool_calls=[call], id=f"{branch}a{n}"),
-            ToolMessage(output, tool_call_id=f"{branch}call{n}", name="read_file", id=f"{branch}tool{n}"),
-        ]
-        return graph.invoke({"messages": msgs}, cfg)["messages"]
+    def turn(branch: str, n: int, cfg: Any) -> list[BaseMessage]:
+        return graph.invoke({"messages": _read_file_turn(n, branch)}, cfg)["messages"]
 
-    def cleared_ids(state):
-        return [m.id for m in state if isinstance(m, ToolMessage) and str(m.content).startswith("[Tool output cleared")]
+    cleared_ids = _cleared_ids
 
     def recall(**args):
-        tool = node.recall_tool(max_chars=100_000)
-        b = StateGraph(CompactionState)
-        b.add_node("tools", ToolNode([tool]))
-        b.add_edge(START, "tools")
-        b.add_edge("tools", END)
-        tools = b.compile(store=store)
-        call = AIMessage("", tool_calls=[{"name": tool.name, "args": args, "id": "r1", "type": "tool_call"}])
-        state = graph.get_state(config).values["messages"]
-        return str(tools.invoke({"messages": [*state, call]}, config)["messages"][-1].content)
+        return session.recall(store, **args)
 
     # Branch A: run until the first clearing happens (no summary yet).
     first = None
@@ -917,7 +905,7 @@ def test_after_a_fork_each_branchs_cleared_outputs_are_archived_and_recalled_in_
     assert cleared_ids(state), "harness: nothing cleared in branch B"
     cleared_b = [i for i in cleared_ids(state) if i.startswith("B")]
     problems = []
-    lost = [cid for cid in cleared_b if f"UNIQUEB{cid[5:]}MARK" not in recall(ids=[cid])]
+    lost = [cid for cid in cleared_b if f"UNIQUEB_{cid[5:]}_CONTENT" not in recall(ids=[cid])]
     if lost:
         problems.append(
             f"{len(lost)} of branch B's {len(cleared_b)} cleared tool outputs (e.g. {lost[0]}) are in neither the state "
@@ -927,7 +915,7 @@ def test_after_a_fork_each_branchs_cleared_outputs_are_archived_and_recalled_in_
         if aid == "Atool0":
             continue
         n = aid.replace("Atool", "")
-        if f"UNIQUEA{n}MARK" in recall(query=f"UNIQUEA{n}MARK"):
+        if f"UNIQUEA_{n}_CONTENT" in recall(query=f"UNIQUEA_{n}_CONTENT"):
             problems.append(f"recall in branch B returned the abandoned branch A's output {aid}")
             break
     assert not problems, problems
@@ -1018,11 +1006,7 @@ def test_the_summary_names_the_recall_tool_by_the_name_it_was_given(caplog: pyte
     store = InMemoryStore()
     archive = Archive(tool="search_history")
     node = CompactionNode(summarize, CompactionOptions(context_window=3_000), features=[*default_features(), archive])
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", node)
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", END)
-    graph = builder.compile(checkpointer=InMemorySaver(), store=store)
+    graph = compaction_graph(node, checkpointer=InMemorySaver(), store=store)
     config = {"configurable": {"thread_id": "named"}}
     for turn in range(30):
         state = graph.invoke({"messages": [HumanMessage(f"turn {turn} " * 60, id=f"h{turn}")]}, config)
