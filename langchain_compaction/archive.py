@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from langchain_compaction.features.archive import ARCHIVE_NAMESPACE, RECALL_TOOL_NAME, Archive, recall_tool
+from langchain_compaction.features.archive import ARCHIVE_NAMESPACE, RECALL_TOOL_NAME, Archive
+from langchain_compaction.features.recall import recall_tool
 
 __all__ = ["ARCHIVE_NAMESPACE", "RECALL_TOOL_NAME", "Archive", "recall_tool"]

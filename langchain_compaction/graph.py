@@ -47,7 +47,7 @@ from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionRecord, CompactionResult
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features import Archive, Feature
-from langchain_compaction.features.archive import recall_tool
+from langchain_compaction.features.recall import recall_tool
 from langchain_compaction.summarizers.chat_model import as_summarizer
 
 __all__ = [

@@ -103,7 +103,7 @@ from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Preamble
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features import Archive, CacheAligned, Feature
-from langchain_compaction.features.archive import recall_tool
+from langchain_compaction.features.recall import recall_tool
 
 __all__ = ["COMPACTION_EVENT", "OVERHEAD_KEY", "CompactionAgentState", "CompactionMiddleware"]
 

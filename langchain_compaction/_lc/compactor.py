@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -21,9 +21,15 @@ from typing_extensions import Self
 
 from langchain_compaction._lc.advice import Told
 from langchain_compaction._lc.convert import SUMMARY_MARK, bridge_message, summary_message, to_core
-from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, TokenCountCache, count_messages, working
-from langchain_compaction.core.effects import Call
-from langchain_compaction.core.engine import DriverReport, Summarizer
+from langchain_compaction._lc.counting import (
+    DEFAULT_CACHE_SIZE,
+    TokenCountCache,
+    count_messages,
+    counts_and_core,
+    working,
+)
+from langchain_compaction.core.effects import Call, Flow
+from langchain_compaction.core.engine import DriverReport, Summarizer, summarize
 from langchain_compaction.core.flow import SummaryFlow, compaction_flow
 from langchain_compaction.core.layout import BODY_KEY, compaction_result, compose_summary, layout, well_formed
 from langchain_compaction.core.options import CompactionOptions
@@ -40,8 +46,9 @@ from langchain_compaction.core.record import KEPT_BEFORE_KEY, KEPT_FROM_KEY, LIN
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message, Preamble
 from langchain_compaction.errors import ConfigurationError
-from langchain_compaction.features import Draft, Feature, RequireSections, resolve
+from langchain_compaction.features import CacheAligned, Commit, Draft, Feature, RequireSections, resolve
 from langchain_compaction.features.clearing import ClearingPlan, ClearToolOutputs
+from langchain_compaction.features.prepared import PreparedSummary
 from langchain_compaction.summarizers.chat_model import as_summarizer
 
 if TYPE_CHECKING:
@@ -255,14 +262,46 @@ class Compactor:
     def record(self, job: Job, namespace: tuple[str, ...]) -> tuple[list[int], dict[str, Any]]:
         """What ``job`` removes, and the summary's record of it (``core.record.stamp``)."""
         assert job.plan is not None
-        kept = set(job.kept)
-        removed = [i for i in range(len(job.core)) if i not in kept and leaves(job.core[i])]
+        removed, _ = taken_out(job.core, job.kept)
         cut = job.plan.cut
         base = {
             KEPT_FROM_KEY: job.messages[cut].id if cut < len(job.messages) else None,
             KEPT_BEFORE_KEY: [job.messages[i].id for i in job.kept if i < cut and job.messages[i].id],
         }
         return removed, stamp(job.core, job.kept, removed, base, namespace)
+
+    def prepared_of(
+        self, snapshot: list[BaseMessage], base: PreparedSummary | None, *, keep: int
+    ) -> Flow[PreparedSummary | None]:
+        """The background preparation of ``snapshot`` (on top of ``base`` when it still applies), keeping ``keep``."""
+        chained = base is not None and base.matches(snapshot)
+        target = base.output_for(snapshot) if base is not None and chained else snapshot
+        counts, core = yield self.work(counts_and_core, target, self.options)
+        job = yield self.work(
+            self.plan,
+            target,
+            core,
+            counts,
+            keep=keep,
+            preamble=None if self.feature(CacheAligned) is None else Preamble(),
+        )
+        if job is None or job.flow is None:
+            return None
+        report = yield from summarize(job.flow, self.summarizer, fallback=self.fallback, timeout=self.options.timeout)
+        job = self.narrowed(job, report)  # nothing committed yet: what the chunks that answered cover is kept
+        result, output = yield self.work(self.finish, job, report, {})
+        if base is not None and chained:
+            # One compaction, made in two steps: what both sent.
+            result = replace(
+                result,
+                summarizer_calls=base.result.summarizer_calls + result.summarizer_calls,
+                summarizer_input_tokens=base.result.summarizer_input_tokens + result.summarizer_input_tokens,
+            )
+        known = {id(m) for m in snapshot}
+        written = [m for m in output if id(m) not in known]
+        tokens = yield self.work(count_messages, written, [to_core(m) for m in written], self.options)
+        logger.info("prepared a summary of %d messages in the background", result.messages_removed)
+        return PreparedSummary.of(snapshot, result, output, written_tokens=sum(tokens))
 
     def narrowed(self, job: Job, report: DriverReport) -> Job:
         """``job`` as far as its summary got: when a later chunk failed, the cut moves back to that chunk.
@@ -359,10 +398,36 @@ class Compactor:
         return [m for m, _, _ in out], [c for _, c, _ in out], [n for _, _, n in out]
 
 
-def cleared_out(job: Job) -> list[int]:
-    """The placeholders of outputs cleared (and archived) earlier that ``job`` takes out of the state."""
-    kept = set(job.kept)
-    return [i for i, m in enumerate(job.core) if i not in kept and m.mark.get("kind") == "cleared"]
+def commit_of(
+    messages: Sequence[BaseMessage],
+    core: Sequence[Message],
+    removed: Sequence[int],
+    *,
+    mark: Mapping[str, Any],
+    conversation: Any,
+    store: Any,
+    cleared: Sequence[int] = (),
+) -> Commit:
+    """What the features' ``commit`` seam is given: the messages removed and the cleared copies taken out, placed."""
+    where = positions(core)
+    return Commit(
+        [(p, messages[i]) for i in removed if (p := where[i]) is not None],
+        mark,
+        conversation,
+        store,
+        frozenset(m.id for m in messages if m.id),
+        [(p, m.id) for i in cleared if (p := where[i]) is not None and (m := messages[i]).id],
+    )
+
+
+def taken_out(core: Sequence[Message], kept: Iterable[int]) -> tuple[list[int], list[int]]:
+    """What a compaction keeping ``kept`` takes out: what leaves for good, and the placeholders of outputs cleared.
+
+    A cleared output was archived when cleared (``leaves`` says why its placeholder is not archived again).
+    """
+    keep = set(kept)
+    out = [i for i in range(len(core)) if i not in keep]
+    return [i for i in out if leaves(core[i])], [i for i in out if core[i].mark.get("kind") == "cleared"]
 
 
 def leaves(message: Message) -> bool:

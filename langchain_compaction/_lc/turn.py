@@ -46,15 +46,14 @@ from langchain_compaction._lc.compactor import (
     Job,
     Output,
     Trigger,
-    cleared_out,
-    leaves,
+    commit_of,
     log,
-    positions,
     summary_id,
+    taken_out,
 )
 from langchain_compaction._lc.conversation import Conversation
-from langchain_compaction._lc.convert import SUMMARY_MARK, message_list, to_core
-from langchain_compaction._lc.counting import count_messages, counts_and_core
+from langchain_compaction._lc.convert import SUMMARY_MARK, message_list
+from langchain_compaction._lc.counting import counts_and_core
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, atell, in_run, tell
 from langchain_compaction.core.context import context_tokens, stage
 from langchain_compaction.core.effects import Call, Flow, twin
@@ -63,7 +62,7 @@ from langchain_compaction.core.options import Budget, CompactionOptions
 from langchain_compaction.core.record import KEPT_FROM_KEY, stamp
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message, Preamble
-from langchain_compaction.features import CacheAligned, Commit, PrepareAhead
+from langchain_compaction.features import CacheAligned, PrepareAhead
 from langchain_compaction.features.prepared import PreparedSummary
 
 __all__ = ["Adapter", "Outcome", "Place", "Trigger", "Turn"]
@@ -118,14 +117,16 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class _Staged:
-    """The conversation a turn works on, counted, with any misplaced summary put back."""
+    """The conversation a turn works on, counted, with any misplaced summary put back; ``read``: as read."""
 
     messages: list[BaseMessage]
     core: list[Message]
     counts: list[int]
-    reordered: bool = False
-    read: list[BaseMessage] | None = None
-    """The conversation as the adapter read it, when ``messages`` is it reordered."""
+    read: list[BaseMessage]
+
+    @property
+    def reordered(self) -> bool:
+        return self.messages is not self.read
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +181,7 @@ class Turn(Compactor):
         if counted is None:
             counted = yield self.cache.count(messages, place.conversation.key)
         staged = self._staged(messages, counted)
-        unchanged = Outcome(messages=staged.messages, source=staged.messages) if staged.reordered else Outcome()
+        unchanged = Outcome(messages=staged.messages, source=staged.read) if staged.reordered else Outcome()
         if trigger == "auto" and not (yield from self._due(staged, place, prepare)):
             return unchanged
         ask = _Asked(place, trigger, instructions.strip(), summarizer)
@@ -212,8 +213,9 @@ class Turn(Compactor):
         counts, core = counted
         fixed = self._reorder(messages, core, counts)
         if fixed is None:
-            return _Staged(list(messages), core, counts)
-        return _Staged(fixed[0], fixed[1], fixed[2], reordered=True, read=list(messages))
+            read = list(messages)
+            return _Staged(read, core, counts, read)
+        return _Staged(fixed[0], fixed[1], fixed[2], list(messages))
 
     def _compaction(self, staged: _Staged, ask: _Asked) -> Flow[Outcome]:
         """The compaction itself: a prepared one applied, or one made now; committed; announced.
@@ -267,8 +269,7 @@ class Turn(Compactor):
         result = self.told.standing(place.conversation.key, result, options.budget, place.overhead)
         log(result)
         yield twin(tell, atell, COMPACTION_EVENT, result.to_dict(), place.config)
-        # The source is what was read: a store compares it with what it holds now.
-        return Outcome(result, compacted, staged.read if staged.read is not None else staged.messages)
+        return Outcome(result, compacted, staged.read)  # what was read: a store compares it with what it holds
 
     def _planning(self, staged: _Staged, ask: _Asked) -> CompactionOptions | None:
         """The options to plan with (the budget over what a compaction can remove); ``None`` when there is no room.
@@ -335,7 +336,13 @@ class Turn(Compactor):
         removed, record = self.record(job, place.conversation.namespace)
         size = context_tokens(job.core, job.counts, place.overhead)
         parts = yield from self._commit(
-            job.messages, job.core, removed=removed, record=record, place=place, size=size, cleared_out=cleared_out(job)
+            job.messages,
+            job.core,
+            removed=removed,
+            record=record,
+            place=place,
+            size=size,
+            cleared_out=taken_out(job.core, job.kept)[1],
         )
         if parts is None:
             job.flow.close()
@@ -378,14 +385,9 @@ class Turn(Compactor):
         figures: dict[str, dict[str, Any]] = {}
         if not committers:
             return figures
-        where = positions(core)
-        commit = Commit(
-            [(p, messages[i]) for i in removed if (p := where[i]) is not None],
-            {**record, "cleared": True} if cleared else record,
-            place.conversation,
-            place.store,
-            frozenset(m.id for m in messages if m.id),
-            [(p, m.id) for i in cleared_out if (p := where[i]) is not None and (m := messages[i]).id],
+        mark = {**record, "cleared": True} if cleared else record
+        commit = commit_of(
+            messages, core, removed, mark=mark, conversation=place.conversation, store=place.store, cleared=cleared_out
         )
         budget = self.options.budget
         for feature in committers:
@@ -432,41 +434,12 @@ class Turn(Compactor):
         if base is not None and base.tokens_for(counts) + place.overhead + max(budget.threshold - size, 0) <= ceiling:
             return
         keep = max(budget.keep - max(budget.threshold - size, 0), budget.keep // 4, 1)
-        compact = functools.partial(self._prepared, keep=keep)
+        compact = functools.partial(self.prepared_of, keep=keep)
         started = yield from prepare.ahead(compact, conversation, messages, base, place.store)
         if started:
             logger.info("the context passed the preparation mark: preparing the next summary in the background")
             data = {"thread": conversation.thread or "", "messages": len(messages)}
             yield twin(tell, atell, PREPARE_EVENT, data, place.config)
-
-    def _prepared(
-        self, snapshot: list[BaseMessage], base: PreparedSummary | None, *, keep: int
-    ) -> Flow[PreparedSummary | None]:
-        """The background preparation of ``snapshot`` (on top of ``base`` when it still applies), keeping ``keep``."""
-        chained = base is not None and base.matches(snapshot)
-        target = base.output_for(snapshot) if base is not None and chained else snapshot
-        counts, core = yield self.work(counts_and_core, target, self.options)
-        job = yield self.work(self.plan, target, core, counts, keep=keep, preamble=self._preamble_for_background())
-        if job is None or job.flow is None:
-            return None
-        report = yield from summarize(job.flow, self.summarizer, fallback=self.fallback, timeout=self.options.timeout)
-        job = self.narrowed(job, report)  # nothing committed yet: what the chunks that answered cover is kept
-        result, output = yield self.work(self.finish, job, report, {})
-        if base is not None and chained:
-            # One compaction, made in two steps: what both sent.
-            result = replace(
-                result,
-                summarizer_calls=base.result.summarizer_calls + result.summarizer_calls,
-                summarizer_input_tokens=base.result.summarizer_input_tokens + result.summarizer_input_tokens,
-            )
-        known = {id(m) for m in snapshot}
-        written = [m for m in output if id(m) not in known]
-        tokens = yield self.work(count_messages, written, [to_core(m) for m in written], self.options)
-        logger.info("prepared a summary of %d messages in the background", result.messages_removed)
-        return PreparedSummary.of(snapshot, result, output, written_tokens=sum(tokens))
-
-    def _preamble_for_background(self) -> Preamble | None:
-        return None if self.feature(CacheAligned) is None else Preamble()
 
     def _apply(self, prepared: PreparedSummary, staged: _Staged, place: Place) -> Flow[Output | None]:
         """``prepared`` applied to the staged conversation, stamped with the conversation's record as it is now.
@@ -482,12 +455,13 @@ class Turn(Compactor):
         result = replace(prepared.result, compacted_tokens=sum(counts))  # (where that leaves the request: the turn's)
         where = {id(m): i for i, m in enumerate(messages)}
         kept = [where[id(m)] for m in combined if id(m) in where]
-        kept_set = set(kept)
-        removed = [i for i in range(len(messages)) if i not in kept_set and leaves(core[i])]
+        removed, cleared = taken_out(core, kept)
         summary_at = next(i for i, m in enumerate(combined) if id(m) not in where)
         summary = combined[summary_at]
         record = stamp(core, kept, removed, summary.additional_kwargs[SUMMARY_MARK], place.conversation.namespace)
-        parts = yield from self._commit(messages, core, removed=removed, record=record, place=place, size=sum(counts))
+        parts = yield from self._commit(
+            messages, core, removed=removed, record=record, place=place, size=sum(counts), cleared_out=cleared
+        )
         if parts is None:
             return None
         combined[summary_at] = summary.model_copy(

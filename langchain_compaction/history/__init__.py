@@ -77,8 +77,8 @@ from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message
 from langchain_compaction.errors import CompactionError, ConfigurationError
 from langchain_compaction.features import Feature
-from langchain_compaction.features.archive import recall_from
 from langchain_compaction.features.prepare import PrepareAhead
+from langchain_compaction.features.recall import recall_from
 from langchain_compaction.history import stores
 from langchain_compaction.history.journal import JOURNAL_MARK, Commit, archive_memo
 from langchain_compaction.history.locks import (

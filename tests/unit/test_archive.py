@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
@@ -1026,8 +1027,36 @@ def test_recall_finds_a_word_whatever_its_unicode_form() -> None:
     import unicodedata
 
     from langchain_compaction.core.recall import Lookup
-    from langchain_compaction.features.archive import recall_from
+    from langchain_compaction.features.recall import recall_from
 
     stored = [HumanMessage(unicodedata.normalize("NFD", "Attach Résumé_Zoë.pdf for the café"), id="m0")]
     for query in ("Résumé_Zoë.pdf", unicodedata.normalize("NFD", "café"), "CAFÉ"):
         assert [p for p, _ in recall_from(stored, Lookup(unicodedata.normalize("NFC", query)))] == [0], query
+
+
+def test_with_clearing_and_prepared_summaries_a_tool_output_taken_out_is_recalled() -> None:
+    """Clearing, a preparation and the archive together: the first output, taken out by an applied preparation, is
+    recalled whole (a cleared copy taken out is filed under the summary too: ``taken_out``)."""
+    from langchain_compaction.features import ClearToolOutputs, PrepareAhead
+
+    store = InMemoryStore()
+    features = [
+        *default_features(),
+        ClearToolOutputs(keep_tool_uses=1, min_tokens=50),
+        PrepareAhead(at=0.7, wait=5.0),
+        Archive(),
+    ]
+    node = CompactionNode(
+        summarize, CompactionOptions(context_window=8_000), features=features, result_key="compaction"
+    )
+    session = GraphSession(compaction_graph(node, checkpointer=InMemorySaver(), store=store), node, "prepared-cleared")
+    applied = False
+    for n in range(80):
+        out = session.graph.invoke({"messages": _read_file_turn(n)}, session.config)
+        applied = applied or bool((out.get("compaction") or {}).get("parts", {}).get("prepared", {}).get("applied"))
+        if applied and all(m.id != "tool0" for m in out["messages"]):
+            break
+        time.sleep(0.02)  # the background preparation finishes meanwhile, as during a model call
+    assert applied, "a prepared compaction should have been applied"
+    assert all(m.id != "tool0" for m in out["messages"])
+    assert "UNIQUE_0_CONTENT" in session.recall(store, ids=["tool0"])
