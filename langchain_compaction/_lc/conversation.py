@@ -18,9 +18,11 @@ against the conversation's record (``core.record``) before use.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -153,6 +155,23 @@ def parent_node(config: Any) -> str | None:
     return namespace[-1] if len(namespace) == 1 else TOO_DEEP
 
 
+_CHECKPOINT_WAIT = 2.0
+"""How long a subgraph waits for its parent's checkpoint of the step while it is written in the background."""
+_CHECKPOINT_POLL = 0.01
+CONFIG_KEY_DURABILITY = "__pregel_durability"
+"""Where LangGraph tells a task its run's durability (``"sync"``, ``"async"``, ``"exit"``)."""
+
+
+def _pulled(checkpoint: Mapping[str, Any], node: str) -> bool:
+    """Whether a parent's checkpoint has a trigger waiting for ``node`` (an edge runs it this step, not ``Send``)."""
+    channel = f"branch:to:{node}"
+    version = (checkpoint.get("channel_versions") or {}).get(channel)
+    if version is None:
+        return False
+    seen = ((checkpoint.get("versions_seen") or {}).get(node) or {}).get(channel)
+    return seen is None or version > seen
+
+
 Nesting = Literal["parent", "own"]
 """Where an adapter in a subgraph writes a compaction: the parent's state (one level up), or its own."""
 
@@ -203,7 +222,7 @@ class Delivery:
         parent = parent_node(config) if self.nested == "parent" else None
         if parent is None or parent == TOO_DEEP or own.thread is None:
             return own, own, None
-        if not (yield from self._parent_holds(config, messages, messages_key)):
+        if not (yield from self._parent_holds(config, messages, messages_key, parent)):
             self._say(
                 "own",
                 "it runs on messages its parent's state does not hold (a task sent with Send, or a graph invoked "
@@ -224,14 +243,20 @@ class Delivery:
             return own, own, None
         return own, own.up(), parent
 
-    def _parent_holds(self, config: Any, messages: Sequence[BaseMessage], key: str) -> Flow[bool]:
-        """Whether the parent graph's state holds this run's conversation: its messages (by id) lead this run's.
+    def _parent_holds(self, config: Any, messages: Sequence[BaseMessage], key: str, node: str) -> Flow[bool]:
+        """Whether the parent graph's state holds this run's conversation, read from its checkpoint.
 
-        A task sent with ``Send`` runs the subgraph on a payload of its own,
-        and a compaction sent up from there would replace the parent's whole
-        conversation with the task's. Read from the parent's checkpoint of
-        this step, once per parent task; where it cannot be read (none saved
-        yet, as with ``durability="exit"``) the parent is taken to hold it.
+        A task sent with ``Send`` runs the subgraph on a payload of the
+        parent's choosing, and a compaction sent up from there would replace
+        the parent's whole conversation with the task's. The parent's
+        checkpoint of this step tells: a node the step runs by an edge has a
+        trigger waiting there, a task sent with ``Send`` has none. Then the
+        parent's messages (by id) must lead this run's. The step's checkpoint
+        is waited for while it is written in the background (durability
+        ``"async"``, the default: a few milliseconds, at most
+        ``_CHECKPOINT_WAIT``); where it never is (``"exit"``), the parent's
+        last one is read for the messages, and with none the parent is taken
+        to hold them. Read once per parent task.
         """
         configurable = (config.get("configurable") or {}) if isinstance(config, dict) else {}
         where = str(configurable.get("checkpoint_ns") or "")
@@ -239,22 +264,33 @@ class Delivery:
         if known is not None:
             return known
         saver = configurable.get(CONFIG_KEY_CHECKPOINTER)
-        checkpoint = (configurable.get("checkpoint_map") or {}).get("")
-        if saver is None or checkpoint is None:
+        step = (configurable.get("checkpoint_map") or {}).get("")
+        if saver is None or step is None:
             return True
-        target = {
-            "configurable": {
-                "thread_id": configurable.get("thread_id"),
-                "checkpoint_ns": "",
-                "checkpoint_id": checkpoint,
-            }
-        }
-        found = yield twin(saver.get_tuple, saver.aget_tuple, target)
-        values = found.checkpoint.get("channel_values", {}).get(key) if found is not None else None
-        if not isinstance(values, list) or not values:
+        parent = {"thread_id": configurable.get("thread_id"), "checkpoint_ns": ""}
+        exact_config = {"configurable": {**parent, "checkpoint_id": step}}
+        found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
+        # Written in the background (durability "async", the default): the write has started, wait for it.
+        waited = 0.0
+        background = configurable.get(CONFIG_KEY_DURABILITY, "async") in (None, "async")  # (unset: the default)
+        while found is None and background and waited < _CHECKPOINT_WAIT:
+            yield twin(time.sleep, asyncio.sleep, _CHECKPOINT_POLL)
+            waited += _CHECKPOINT_POLL
+            found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
+        exact = found is not None
+        if not exact:
+            found = yield twin(saver.get_tuple, saver.aget_tuple, {"configurable": parent})
+        if found is None:
             return True
-        ids = [getattr(m, "id", None) for m in values]
-        holds = ids == [m.id for m in messages[: len(ids)]]
+        checkpoint = found.checkpoint
+        values = checkpoint.get("channel_values", {}).get(key)
+        if exact and not _pulled(checkpoint, node):
+            holds = False  # no edge runs the node this step: a task sent with Send
+        elif not isinstance(values, list) or not values:
+            return True
+        else:
+            ids = [getattr(m, "id", None) for m in values]
+            holds = ids == [m.id for m in messages[: len(ids)]]
         self._holds.put(where, holds)
         return holds
 

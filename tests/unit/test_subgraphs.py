@@ -450,3 +450,45 @@ def test_workers_sent_with_send_compact_their_own_state_and_leave_the_parents(
     assert any(is_summary_message(m) for m in out["messages"]), "the workers compacted"
     said = [r.getMessage() for r in caplog.records if "Send" in r.getMessage()]
     assert len(said) == 1, said
+
+
+def test_a_send_worker_is_told_apart_while_its_parents_checkpoint_is_still_being_written(tmp_path: Any) -> None:
+    """Under the default durability ("async") the parent's checkpoint of the step lands in the background."""
+    import time
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    class RemoteSaver(SqliteSaver):
+        """Writes that take as long as a round trip to a database elsewhere."""
+
+        def put(self, *args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.1)
+            return super().put(*args, **kwargs)
+
+    def worker_agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage("worker done", id=f"done-{len(state['messages'])}")]}
+
+    sub = StateGraph(MessagesState)
+    sub.add_node("compact", CompactionNode(short_summary, CompactionOptions(context_window=3_000)))
+    sub.add_node("agent", worker_agent)
+    sub.add_edge(START, "compact")
+    sub.add_edge("compact", "agent")
+    sub.add_edge("agent", END)
+
+    def fan_out(state: MessagesState) -> list[Send]:
+        # The payload starts with the parent's own messages, then the worker's task and its backlog.
+        task = [HumanMessage("topic " + "background " * 1_500, id="topic"), HumanMessage("go on", id="go")]
+        return [Send("worker", {"messages": [*state["messages"], *task]})]
+
+    parent = StateGraph(MessagesState)
+    parent.add_node("supervisor", lambda state: {"messages": [AIMessage("Dispatching.", id="sup-1")]})
+    parent.add_node("worker", sub.compile())
+    parent.add_edge(START, "supervisor")
+    parent.add_conditional_edges("supervisor", fan_out, ["worker"])
+    parent.add_edge("worker", END)
+    with RemoteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver:
+        graph = parent.compile(checkpointer=saver)
+        out = graph.invoke({"messages": [HumanMessage("Research it.", id="user-1")]}, cfg("remote"))
+    ids = [m.id for m in out["messages"]]
+    assert ids[:2] == ["user-1", "sup-1"], ids
+    assert any(is_summary_message(m) for m in out["messages"]), "the worker compacted"
