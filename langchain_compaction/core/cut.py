@@ -152,10 +152,23 @@ def find_cut(
         forward = next((c for c in range(cut, total) if flags[c]), None)
         if forward is None:
             forward = next((c for c in range(cut - 1, start, -1) if flags[c]), None)
+            forward = _whole_loop(messages, counts, forward, keep_recent_tokens * 2)
         if forward is None or forward - start + credit < MIN_SUMMARIZED:
             return 0
         return forward
     return 0
+
+
+def _whole_loop(messages: Sequence[Message], counts: Sequence[int], cut: int | None, room: int) -> int | None:
+    """``cut``, or the end when it keeps a tool loop in progress (opened with reasoning) larger than ``room``.
+
+    Such a loop cannot be cut inside (``thinking_loop_opening``): kept whole,
+    it could outgrow the window itself, so past ``room`` it is summarized whole.
+    """
+    opening = thinking_loop_opening(messages)
+    if opening is None or cut is None or cut > opening or sum(counts[opening:]) <= room:
+        return cut
+    return len(messages)
 
 
 def forced_cut(
@@ -165,7 +178,7 @@ def forced_cut(
     credit: int = 0,
     valid: Sequence[bool] | None = None,
 ) -> int:
-    """The cut for a manual compaction: keep only the last valid message on.
+    """The cut for a manual compaction: keep only the last valid message on (a thinking loop in progress: none).
 
     Used when ``find_cut`` returns 0 but the caller asked to compact anyway.
 
@@ -181,6 +194,8 @@ def forced_cut(
     """
     flags = valid if valid is not None else valid_boundaries(messages)
     lowest = max(start + MIN_SUMMARIZED - credit, start + 1)
+    if thinking_loop_opening(messages) is not None and len(messages) >= lowest:
+        return len(messages)  # the loop in progress cannot be cut inside: as small as it gets, it goes whole
     for cut in range(len(messages) - 1, lowest - 1, -1):
         if flags[cut]:
             return cut

@@ -188,8 +188,9 @@ def layout(messages: Sequence[Message], plan: Plan, options: CompactionOptions) 
     """
     kept = (*plan.provider_prefix, *plan.pinned, *range(plan.cut, len(messages)))
     # Anthropic's API rejects a conversation whose first turn is not the
-    # user's, and an agent compacted mid-loop keeps its tool call first.
-    bridge = options.ensure_user_turn and bool(kept) and messages[kept[0]].role != "user"
+    # user's (or that has none): an agent compacted mid-loop keeps its tool
+    # call first, or nothing (a thinking loop summarized whole).
+    bridge = options.ensure_user_turn and (not kept or messages[kept[0]].role != "user")
     return Layout(plan.keep_head, bridge, kept)
 
 

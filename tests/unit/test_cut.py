@@ -365,9 +365,13 @@ def test_a_tool_loop_in_progress_that_opened_with_thinking_is_never_cut_inside(o
     valid = valid_boundaries(core)
     assert valid[opening_index]
     assert not any(valid[opening_index + 1 : len(core)])
-    # The budget would cut inside the loop: the cut moves back to its opening, so the loop is kept whole.
-    assert find_cut(core, counts, keep_recent_tokens=sum(counts[-4:])) == opening_index
-    assert forced_cut(core) == opening_index
+    # The budget would cut inside the loop: the cut moves back to its opening, so the loop is kept whole,
+    # while it is no larger than twice the keep budget; past that it is summarized whole (it could outgrow the
+    # window itself), as it is by a forced cut, which makes the context as small as it gets.
+    loop = sum(counts[opening_index:])
+    assert find_cut(core, counts, keep_recent_tokens=loop // 2 + 1) == opening_index
+    assert find_cut(core, counts, keep_recent_tokens=sum(counts[-4:])) == len(core)
+    assert forced_cut(core) == len(core)
     # Once the turn is finished (an answer without tool calls), it is not in progress: any boundary will do.
     finished = to_core_list([*history, AIMessage("All read.")])
     assert valid_boundaries(finished)[opening_index + 2]

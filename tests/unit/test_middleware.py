@@ -749,51 +749,78 @@ def test_event_name_matches_the_langgraph_node() -> None:
     assert graph.COMPACTION_EVENT == COMPACTION_EVENT
 
 
+class _ThinkingClaude(BaseChatModel):
+    """Claude with extended thinking: a turn opens with thinking, then one tool call per reply, ``replies`` a turn.
+
+    Over ``window`` tokens it answers as the API does: "prompt is too long".
+    """
+
+    seen: list[list[BaseMessage]] = Field(default_factory=list)
+    step: int = 0
+    replies: int = 25
+    window: int = 0
+
+    @property
+    def _llm_type(self) -> str:
+        return "thinking-fake"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> _ThinkingClaude:
+        return self
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
+        self.seen.append(list(messages))
+        size = count_tokens_approximately(messages)
+        if self.window and size > self.window:
+            raise ContextOverflowError(f"prompt is too long: {size} tokens > {self.window} maximum")
+        step, self.step = self.step, self.step + 1
+        if step >= self.replies:
+            return ChatResult(generations=[ChatGeneration(message=AIMessage([{"type": "text", "text": "Done."}]))])
+        n = len(self.seen)
+        call = {"name": "read_file", "args": {"path": f"src/m{n}.py"}, "id": f"toolu_{n}"}
+        blocks: list[Any] = [{"type": "tool_use", "id": call["id"], "name": "read_file", "input": call["args"]}]
+        if isinstance(messages[-1], HumanMessage):  # a turn opens (after the user, or the summary's bridge)
+            blocks.insert(0, {"type": "thinking", "thinking": "One file at a time.", "signature": "c2ln"})
+        reply = AIMessage(blocks, tool_calls=[call])  # type: ignore[list-item]
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+
+@tool("read_file")
+def _read_file(path: str) -> str:
+    """Read a file."""
+    return f"contents of {path}\n" + f"def function_{path.replace('/', '_')}(): pass\n" * 40
+
+
 def test_a_compaction_inside_a_thinking_tool_loop_keeps_the_loop_with_its_thinking_block() -> None:
     """Claude with extended thinking: every request's tool loop in progress still opens with its thinking block."""
-
-    @tool
-    def read_file(path: str) -> str:
-        """Read a file."""
-        return f"contents of {path}\n" + f"def function_{path.replace('/', '_')}(): pass\n" * 40
-
-    class ThinkingModel(BaseChatModel):
-        """Thinking first in a turn, then one tool call per reply; 25 replies a turn."""
-
-        seen: list[list[BaseMessage]] = Field(default_factory=list)
-        step: int = 0
-
-        @property
-        def _llm_type(self) -> str:
-            return "thinking-fake"
-
-        def bind_tools(self, tools: Any, **kwargs: Any) -> ThinkingModel:
-            return self
-
-        def _generate(
-            self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
-        ) -> ChatResult:
-            self.seen.append(list(messages))
-            step, self.step = self.step, self.step + 1
-            if step >= 25:
-                return ChatResult(generations=[ChatGeneration(message=AIMessage([{"type": "text", "text": "Done."}]))])
-            n = len(self.seen)
-            call = {"name": "read_file", "args": {"path": f"src/m{n}.py"}, "id": f"toolu_{n}"}
-            blocks: list[Any] = [{"type": "tool_use", "id": call["id"], "name": "read_file", "input": call["args"]}]
-            if step == 0:
-                blocks.insert(0, {"type": "thinking", "thinking": "One file at a time.", "signature": "c2ln"})
-            reply = AIMessage(blocks, tool_calls=[call])  # type: ignore[list-item]
-            return ChatResult(generations=[ChatGeneration(message=reply)])
-
-    model = ThinkingModel()
+    model = _ThinkingClaude()
     middleware = CompactionMiddleware(short_summary, CompactionOptions(context_window=12_000))
-    agent = create_agent(model, tools=[read_file], middleware=[middleware], checkpointer=InMemorySaver())
+    agent = create_agent(model, tools=[_read_file], middleware=[middleware], checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "thinking"}, "recursion_limit": 200}
     for turn in range(2):
         model.step = 0
         agent.invoke({"messages": [HumanMessage(f"Read every module of task {turn}.")]}, config)
     sent = [request for request in model.seen if any(is_summary_message(m) for m in request)]
     assert sent, "the loop should have compacted"
+    for request in model.seen:
+        assert_valid_anthropic_request(request, ends_with_user=True, thinking=True)
+
+
+def test_a_thinking_tool_loop_longer_than_the_window_is_summarized_whole() -> None:
+    """A loop that cannot be cut inside and outgrows the window goes into the summary whole, not past the window."""
+    model = _ThinkingClaude(replies=80, window=12_000)
+    middleware = CompactionMiddleware(short_summary, CompactionOptions(context_window=12_000))
+    agent = create_agent(model, tools=[_read_file], middleware=[middleware], checkpointer=InMemorySaver())
+    out = agent.invoke(
+        {"messages": [HumanMessage("Read every module.")]}, {**cfg("long-loop"), "recursion_limit": 1_000}
+    )
+    assert out["messages"][-1].text == "Done."  # no "prompt is too long" escaped
+    # Compacted ahead of time by the library's estimate; a request the provider's count finds over the window
+    # is compacted again and retried (the fake counts with LangChain's approximation).
+    over = sum(count_tokens_approximately(request) > 12_000 for request in model.seen)
+    assert over <= 3, f"{over} requests over the window"
+    assert sum(any(is_summary_message(m) for m in request) for request in model.seen) > 10
     for request in model.seen:
         assert_valid_anthropic_request(request, ends_with_user=True, thinking=True)
 
