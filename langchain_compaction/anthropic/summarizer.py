@@ -13,7 +13,7 @@ import anthropic
 from langchain_core.messages import BaseMessage, HumanMessage
 
 from langchain_compaction.anthropic import validity, wire
-from langchain_compaction.core.effects import off_loop
+from langchain_compaction.core.engine import blocking_summary
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import ConfigurationError, SummarizationError
 from langchain_compaction.summarizers.chat_model import uses_prefix
@@ -327,7 +327,7 @@ class AnthropicSummarizer:
         """One awaited ``messages.create`` call; see ``Summarizer``."""
         client = self._async()
         if client is None:
-            return await off_loop(self.summarize, request)
+            return await blocking_summary(request, self.summarize, request)
         params, aligned = self._params(request)
         try:
             response = await client.messages.create(**params)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from langchain_compaction.core.effects import Flow, Running, computing, twin
+from langchain_compaction.core.effects import Flow, Running, computing, off_loop, twin
 from langchain_compaction.core.flow import Outcome, SummaryFlow
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import (
@@ -109,6 +110,8 @@ def _wrap(exc: Exception, request: SummaryRequest) -> CompactionError:
     )
 
 
+_T = TypeVar("_T")
+
 MAX_ABANDONED_CALLS = 4
 """Timed-out blocking summary calls whose threads may still run before no new one is started.
 
@@ -130,6 +133,18 @@ def _check_abandoned(request: SummaryRequest, timeout: float) -> None:
         )
 
 
+async def blocking_summary(request: SummaryRequest, function: Callable[..., _T], *args: Any) -> _T:
+    """A blocking summary call awaited on a thread of its own (``off_loop``), refused while too many are abandoned.
+
+    What an async summarizer whose work blocks (a plain function, a sync-only
+    client) awaits; one that awaits its client natively is never refused for
+    threads it does not use.
+    """
+    if request.timeout is not None:
+        _check_abandoned(request, request.timeout)
+    return await off_loop(function, *args)
+
+
 def _call_with_timeout(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> object:
     if timeout is None:
         return summarizer.summarize(request)
@@ -145,7 +160,7 @@ def _call_with_timeout(summarizer: Summarizer, request: SummaryRequest, timeout:
 async def _await_with_timeout(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> object:
     if timeout is None:
         return await summarizer.asummarize(request)
-    _check_abandoned(request, timeout)  # a blocking summarizer's calls run on threads of their own (``off_loop``)
+    # (A blocking summarizer's calls run on threads of their own: ``blocking_summary`` bounds those.)
     task = asyncio.ensure_future(summarizer.asummarize(request))
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout)

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.constants import TAG_NOSTREAM
 
-from langchain_compaction.core.effects import off_loop
-from langchain_compaction.core.engine import Summarizer
+from langchain_compaction.core.engine import Summarizer, blocking_summary
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import ConfigurationError, SummarizationError
 
@@ -188,10 +189,22 @@ class ChatModelSummarizer:
         return _reply(output, covers_prefix=aligned)
 
     async def asummarize(self, request: SummaryRequest) -> str | SummaryReply:
-        """Await the model's ``ainvoke``; see ``Summarizer``."""
+        """Await the model's ``ainvoke``; see ``Summarizer``.
+
+        A chat model with no async path of its own (LangChain would run it
+        on asyncio's default executor, where a hung call holds a thread every
+        other task may need, and ``asyncio.run`` waits for it) is called on a
+        thread of its own instead (``blocking_summary``).
+        """
         messages, aligned = self._input(request)
         model = self._model(request, aligned)
-        output = await model.ainvoke(messages, config=_config(request), **_per_call(model, request, aligned))
+        keywords = _per_call(model, request, aligned)
+        bound = getattr(model, "bound", model)
+        if isinstance(bound, BaseChatModel) and type(bound)._agenerate is BaseChatModel._agenerate:
+            call = functools.partial(model.invoke, messages, config=_config(request), **keywords)
+            output = await blocking_summary(request, call)
+        else:
+            output = await model.ainvoke(messages, config=_config(request), **keywords)
         return _reply(output, covers_prefix=aligned)
 
 
@@ -245,7 +258,7 @@ class CallableSummarizer:
         ):
             result = await self.function(self._input(request))
         else:
-            result = await off_loop(self.function, self._input(request))
+            result = await blocking_summary(request, self.function, self._input(request))
             if inspect.isawaitable(result):
                 result = await result
         return _reply(result)

@@ -48,6 +48,7 @@ from langchain_compaction import (
 )
 from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import is_summary_message
+from langchain_compaction.core.effects import Running
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import (
@@ -651,3 +652,58 @@ def test_cache_writes_langchain_anthropic_reports_by_lifetime_are_counted() -> N
     assert result is not None
     assert result.summarizer_cache_write_tokens == 4_000
     assert result.summarizer_billed_input_tokens == 50
+
+
+def test_a_sync_only_chat_model_that_hangs_is_abandoned_on_time_under_asyncio_run() -> None:
+    """A chat model with no async path of its own is called on a thread of the library's, not asyncio's executor."""
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    release = threading.Event()
+
+    class Hung(BaseChatModel):
+        @property
+        def _llm_type(self) -> str:
+            return "hung"
+
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+            release.wait(30)
+            return ChatResult(generations=[ChatGeneration(message=AIMessage("## Goal\n- x"))])
+
+    async def main() -> None:
+        with pytest.raises(SummaryTimeoutError):
+            await acompact(Hung(), long_history(), CompactionOptions(context_window=3_000, timeout=0.2))
+
+    started = time.monotonic()
+    try:
+        asyncio.run(main())
+        took = time.monotonic() - started
+    finally:
+        release.set()
+    assert took < 5.0, f"asyncio.run returned after {took:.1f} s"
+
+
+def test_an_async_summarizer_is_not_refused_for_threads_other_calls_abandoned() -> None:
+    """Four hung blocking calls abandoned: blocking calls are refused at once, a native async one still runs."""
+    release = threading.Event()
+
+    def hanging(prompt: str) -> str:
+        release.wait(30)
+        return "## Goal\n- x"
+
+    async def answering(prompt: str) -> str:
+        return "## Goal\n- answered"
+
+    options = CompactionOptions(context_window=3_000, timeout=0.05)
+    try:
+        for _ in range(4):
+            with pytest.raises(SummaryTimeoutError):
+                compact(hanging, long_history(), options)
+        with pytest.raises(SummaryTimeoutError, match="still running past their timeout"):
+            compact(hanging, long_history(), options)
+        result, _ = asyncio.run(acompact(answering, long_history(), options))
+        assert result is not None
+        assert "answered" in result.summary
+    finally:
+        release.set()
+    wait_for(lambda: Running.abandoned() == 0, 5.0)
