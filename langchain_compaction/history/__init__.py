@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -146,14 +146,17 @@ def _lookup(query: object, ids: object, start: object, end: object, limit: objec
     """``recall``'s arguments checked: each wrong one is named, with what to pass."""
     if not isinstance(query, str):
         raise ConfigurationError("query", query, "pass the words to look for as a string ('' for none)")
-    if isinstance(ids, str) or not all(isinstance(i, str) for i in ids or ()):  # type: ignore[attr-defined]
+    if isinstance(ids, str) or not isinstance(ids, Iterable):
+        raise ConfigurationError("ids", ids, "pass a list of message ids, e.g. ids=['m3']")
+    ids = tuple(ids)  # (read once: a generator is read here, not twice)
+    if not all(isinstance(i, str) for i in ids):
         raise ConfigurationError("ids", ids, "pass a list of message ids, e.g. ids=['m3']")
     for field, value in (("start", start), ("end", end)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ConfigurationError(field, value, "pass a position (0 is the first archived message), or None")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ConfigurationError("limit", limit, "pass how many messages to return (1 or more)")
-    return Lookup(query, tuple(ids or ()), start, end, limit)  # type: ignore[arg-type]
+    return Lookup(query, ids, start, end, limit)  # type: ignore[arg-type]
 
 
 class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):

@@ -1341,6 +1341,8 @@ def test_recall_names_a_wrong_argument(arguments: dict[str, Any], field: str) ->
     )
     with pytest.raises(ConfigurationError, match=f"^{field}="):
         memory.recall(**arguments)
+    memory.archive.add_messages([HumanMessage("hi", id="q3")])
+    assert [p for p, _ in memory.recall(ids=(i for i in ["q3"]))] == [0]  # a generator is read once
 
 
 def test_chat_memory_without_a_window_says_once_that_it_never_compacts_on_its_own(
