@@ -129,6 +129,11 @@ def _from_openai(item: dict[str, Any], where: str) -> BaseMessage:
             if not isinstance(args, dict):
                 args = {"value": args}
             calls.append({"name": function["name"], "args": args, "id": call.get("id"), "type": "tool_call"})
+        if not content:
+            # What the assistant said lives elsewhere when it refused, or answered by voice.
+            audio = item.get("audio")
+            said = item.get("refusal") or (audio.get("transcript") if isinstance(audio, dict) else None)
+            content = said if isinstance(said, str) else content
         return AIMessage(content=content, tool_calls=calls)
     if role == "tool":
         call_id = item.get("tool_call_id")

@@ -42,6 +42,7 @@ PIN_KEY = "compaction_pin"
 """Key in a message's ``additional_kwargs`` that pins it: ``{"compaction_pin": True}`` keeps it verbatim."""
 
 _REASONING_BLOCKS = frozenset({"thinking", "reasoning", "redacted_thinking"})
+_TEXT_BLOCKS = frozenset({"text", "input_text", "output_text"})
 _TOOL_USE_BLOCKS = frozenset({"tool_use", "tool_call", "server_tool_use", "function_call"})
 _CHAT_ROLES: dict[str, Role] = {
     "user": "user",
@@ -127,7 +128,8 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
     if not isinstance(block, dict):
         return Part("data", str(block))
     kind = block.get("type")
-    if kind == "text" or (kind is None and isinstance(block.get("text"), str)):
+    # (OpenAI's Responses API writes a message's text as input_text and output_text parts.)
+    if kind in _TEXT_BLOCKS or (kind is None and isinstance(block.get("text"), str)):
         text = block.get("text")
         return Part("text", "" if text is None else str(text))  # (a block with no text is not the word "None")
     if kind in _REASONING_BLOCKS:

@@ -193,3 +193,20 @@ def test_a_one_message_json_lines_file_and_a_byte_order_mark_are_read() -> None:
     assert [m.content for m in marked.messages] == ["deploy src/app.py"]
     with pytest.raises(ConversationFileError, match="found dict"):
         parse_conversation(b'{"conversation": []}')
+
+
+def test_what_openai_messages_say_outside_content_is_read() -> None:
+    """Responses API parts (input_text, output_text), a refusal and a voice answer's transcript are text to summarize."""
+    from langchain_compaction._lc.convert import to_core
+
+    items = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix JIRA-4471 in refund.py"}]},
+        {"role": "assistant", "content": None, "refusal": "I can't help with that."},
+        {"role": "assistant", "content": None, "audio": {"id": "a1", "transcript": "Use port 8443."}},
+    ]
+    messages = parse_conversation(json.dumps(items)).messages
+    assert [to_core(m).text for m in messages] == [
+        "Fix JIRA-4471 in refund.py",
+        "I can't help with that.",
+        "Use port 8443.",
+    ]
