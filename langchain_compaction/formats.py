@@ -329,12 +329,14 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
     return Conversation(messages, shape, jsonl, tuple(originals))
 
 
-def _to_anthropic(messages: Sequence[BaseMessage]) -> list[dict[str, Any]] | dict[str, Any]:
-    """Anthropic's shape: system messages go to a top-level ``system`` list."""
+def _to_anthropic(messages: Sequence[BaseMessage], *, inline: bool = False) -> list[dict[str, Any]] | dict[str, Any]:
+    """Anthropic's shape: system messages go to a top-level ``system`` list (``inline``: stay lines of their own)."""
     out: list[dict[str, Any]] = []
     system: list[Any] = []
     for message in messages:
-        if isinstance(message, SystemMessage):
+        if isinstance(message, SystemMessage) and inline:
+            out.append({"role": "system", "content": message.content})
+        elif isinstance(message, SystemMessage):
             content = message.content
             system += [{"type": "text", "text": content}] if isinstance(content, str) else content
         elif isinstance(message, ToolMessage):
@@ -398,9 +400,14 @@ def _written(messages: Sequence[BaseMessage], shape: Format, read: Conversation 
     system: list[Any] = []
     out: list[Any] = []
     fresh: list[BaseMessage] = []
+    # A file that gives its system prompt as a line (JSON Lines, or a "system" item) gets a summary as a line
+    # of its own, in its place: hoisted to a top-level "system", it went before the prompt and was not read back.
+    inline = read is not None and (
+        read.jsonl or any(n >= 0 and isinstance(m, SystemMessage) for m, (n, _) in zip(read.messages, read.originals))
+    )
 
     def flush() -> None:
-        converted = convert_to_openai_messages(fresh) if shape == "openai" else _to_anthropic(fresh)
+        converted = convert_to_openai_messages(fresh) if shape == "openai" else _to_anthropic(fresh, inline=inline)
         if isinstance(converted, dict):
             system.extend(converted["system"])
             converted = converted["messages"]

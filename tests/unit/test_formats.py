@@ -210,3 +210,36 @@ def test_what_openai_messages_say_outside_content_is_read() -> None:
         "I can't help with that.",
         "Use port 8443.",
     ]
+
+
+@pytest.mark.parametrize("jsonl", [True, False])
+def test_a_summary_written_to_a_file_whose_system_prompt_is_a_line_stays_a_line_after_it(jsonl: bool) -> None:
+    """JSON Lines (or a list with a "system" item): the summary is its own line, after the prompt, read back as one."""
+    from langchain_compaction import ExtractiveSummarizer, compact
+    from langchain_compaction._lc.convert import is_summary_message
+
+    call = {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "ls"}}
+    lines: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a billing agent."},
+        {"role": "user", "content": "Migrate src/billing/invoice.py. Never touch legacy/ledger.c."},
+        {"role": "assistant", "content": [call]},  # (Anthropic's blocks: the file is Anthropic-style)
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "src legacy"}]},
+    ]
+    for round_ in range(3):
+        lines += [
+            item
+            for i in range(round_ * 10, round_ * 10 + 10)
+            for item in (
+                {"role": "user", "content": f"Round {i}: update src/tax_{i}.py " + "details " * 60},
+                {"role": "assistant", "content": [{"type": "text", "text": f"Updated src/tax_{i}.py. " + "ok " * 80}]},
+            )
+        ]
+        text = "".join(json.dumps(x) + "\n" for x in lines) if jsonl else json.dumps(lines)
+        conversation = parse_conversation(text)
+        _, compacted = compact(ExtractiveSummarizer(), conversation.messages)
+        written = dump_conversation(compacted, conversation.format, jsonl=jsonl, read=conversation)
+        lines = [json.loads(line) for line in written.splitlines()] if jsonl else json.loads(written)
+        assert lines[0] == {"role": "system", "content": "You are a billing agent."}
+        read = parse_conversation(written).messages
+        assert [is_summary_message(m) for m in read].count(True) == 1
+        assert is_summary_message(read[1])
