@@ -12,6 +12,7 @@ stderr says what and where), 1 when the summarizer fails.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -336,6 +337,11 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
 def _demo(args: argparse.Namespace, out: TextIO) -> int:
     from langchain_compaction.demo import run_demo
 
+    if args.context_window <= 0:
+        # (An unknown window turns automatic compaction off: there would be nothing to show.)
+        raise ConfigurationError(
+            "context_window", args.context_window, "the demo compacts in a window: pass one, e.g. 8000"
+        )
     return run_demo(out, window=args.context_window, reserve=args.reserve_tokens, keep=args.keep_recent_tokens)
 
 
@@ -430,6 +436,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     Returns:
         The exit status.
     """
+    for console in (sys.stdout, sys.stderr):
+        # A console that cannot write every character (cp1252 on Windows) gets escapes, not a traceback:
+        # the summaries hold arrows and dashes whatever the input (``-o`` always writes UTF-8).
+        encoding = (getattr(console, "encoding", None) or "utf-8").replace("_", "-").lower()
+        if encoding not in ("utf-8", "utf8") and isinstance(console, io.TextIOWrapper):
+            console.reconfigure(errors="backslashreplace")
     stream = out or sys.stdout
     args = _parser().parse_args(argv)
     try:

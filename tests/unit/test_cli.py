@@ -365,3 +365,26 @@ def test_a_lone_surrogate_escaped_in_the_file_is_written_back_escaped(tmp_path, 
     assert "Traceback" not in capsys.readouterr().err
     assert json.loads(out_file.read_text())[0]["content"] == "pasted bytes \ud800 from a log"
     assert main(["compact", str(source)]) == 0  # to standard output too
+
+
+def test_a_console_that_cannot_write_every_character_gets_escapes_and_a_bad_demo_window_one_line(tmp_path):
+    """cp1252 stdout (Windows): no UnicodeEncodeError from the summary's arrows; demo --context-window 0: exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONIOENCODING": "cp1252"}
+    done = subprocess.run(
+        [sys.executable, "-m", "langchain_compaction", "demo"], capture_output=True, env=env, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode("cp1252", "replace")[-300:]
+    zero = subprocess.run(
+        [sys.executable, "-m", "langchain_compaction", "demo", "--context-window", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert zero.returncode == 2
+    assert zero.stderr.count("\n") == 1
+    assert "context_window=0" in zero.stderr
