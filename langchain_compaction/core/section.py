@@ -104,6 +104,52 @@ def render_section(facts: Sequence[Fact]) -> str:
     return "\n".join(lines)
 
 
+_RE_READ: frozenset[FactKind] = frozenset(
+    {"constraint", "rule", "task", "request", "earlier", "identifier", "modified_file", "read_file", "done_call"}
+)
+"""The kinds a section's text gives back whole (an error's key, the counts of names and words, it does not)."""
+
+
+def facts_in_section(text: str) -> list[Fact]:
+    """The facts the section in ``text`` lists (``render_section`` read back), for a summary whose mark was lost.
+
+    A conversation saved in an OpenAI- or Anthropic-style file keeps the
+    summary's text but not its mark: the facts it carried are read from its
+    section, so the next compaction checks them again.
+
+    Example:
+        >>> facts = [Fact("constraint", "Never email the CFO."), Fact("done_call", "make", "bash\\x00make", "bash")]
+        >>> [(f.kind, f.text, f.detail) for f in facts_in_section(render_section(facts))]
+        [('constraint', 'Never email the CFO.', ''), ('done_call', 'make', 'bash')]
+    """
+    start = text.find(SECTION_HEADING + "\n")
+    if start < 0:
+        return []
+    titles = {f"{title}:": kind for kind, title in TITLES.items()}
+    kind: FactKind | None = None
+    found: list[Fact] = []
+    for line in text[start:].splitlines()[2:]:
+        if line in titles:
+            kind = titles[line]
+        elif not line.startswith("- "):
+            break  # the section has ended (another heading, the archive's line)
+        elif kind in _RE_READ:
+            found.append(_read_back(kind, line[2:]))
+    return found
+
+
+def _read_back(kind: FactKind, item: str) -> Fact:
+    if kind == "done_call" and item.startswith("`") and "`: `" in item:
+        tool, _, argument = item[1:-1].partition("`: `")
+        return Fact(kind, argument, f"{tool}\x00{argument}", tool)
+    inner = item[1:-1] if len(item) >= 2 and item[0] == item[-1] and item[0] in '`"' else item
+    if kind == "task":
+        return Fact(kind, inner, "task")
+    if kind in ("request", "earlier"):
+        return Fact(kind, inner, f"request:{normalize(inner)}")
+    return Fact(kind, inner, inner if kind in ("modified_file", "read_file") else "")
+
+
 class Within:
     """``part in text``, for many parts of one text: most are passed on their ends alone.
 

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, get_args
 from langchain_compaction.core.facts import check_summary, gather
 from langchain_compaction.core.options import CompactionOptions, check_int
 from langchain_compaction.core.redact import redact_message
+from langchain_compaction.core.section import facts_in_section
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact, FactKind
 from langchain_compaction.features.base import Addition, Draft, Feature
@@ -113,7 +114,12 @@ class CheckedFacts(Feature):
             for i in (*region, *draft.kept):
                 view[i] = redact_message(messages[i], redactor)
             messages = view
-        carried = [f for i in plan.previous_summaries for f in recorded_facts(messages[i].mark)]
+        # A summary whose mark was lost (saved in an OpenAI- or Anthropic-style file) carries its facts in its text.
+        carried = [
+            f
+            for i in plan.previous_summaries
+            for f in (recorded_facts(messages[i].mark) if messages[i].mark else facts_in_section(messages[i].text))
+        ]
         facts = gather(carried, messages, region, draft.kept)
         # The section has a floor of its own (the summarizer was asked to leave
         # it), what the summarizer left unused, and the landing's slack.

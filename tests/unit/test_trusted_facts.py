@@ -684,3 +684,26 @@ def test_control_characters_a_summarizer_wrote_are_dropped() -> None:
     assert "- fix the parser" in result.summary
     assert "\x00" not in text_of(out)
     assert "keep\ttabs" in result.summary
+
+
+@pytest.mark.parametrize("shape", ["openai", "anthropic"])
+def test_facts_survive_a_file_that_keeps_the_summary_text_but_not_its_mark(shape: str) -> None:
+    """Saved as OpenAI- or Anthropic-style JSON, the summary loses its mark: its facts are read from its section."""
+    from langchain_compaction.formats import dump_conversation, parse_conversation
+
+    messages: list[Any] = [
+        HumanMessage("Rebook JG7FMM for Friday. Never email the CFO about it.", id="h0"),
+        AIMessage("On it.", id="a0"),
+    ]
+    for round_ in range(4):
+        messages += [
+            m
+            for i in range(round_ * 8, round_ * 8 + 8)
+            for m in (HumanMessage(f"step {i}: check the fare rules " * 12), AIMessage(f"checked {i} " * 40))
+        ]
+        _, compacted = compact(poor, messages, TIGHT)
+        conversation = parse_conversation(dump_conversation(compacted, shape))
+        messages = list(conversation.messages)  # the mark is gone: only the text came back
+    text = text_of(messages)
+    assert "Never email the CFO" in text
+    assert "JG7FMM" in text
