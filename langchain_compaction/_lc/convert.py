@@ -138,7 +138,8 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
             text = " ".join(str(s.get("text", "")) for s in block["summary"] if isinstance(s, dict))
         # Redacted thinking has no readable text, but it opens a turn as
         # thinking does (the cut keeps a tool loop with its opening: core.cut).
-        return Part("reasoning", str(text)) if text or kind == "redacted_thinking" else None
+        signed = kind in ("thinking", "redacted_thinking")  # Claude's (OpenAI's reasoning has no such rule)
+        return Part("reasoning", str(text), signed=signed) if text or kind == "redacted_thinking" else None
     if kind in ATTACHMENT_BLOCKS:
         return attachment_part(block, str(kind))
     if kind == "image_generation_call" and block.get("result"):

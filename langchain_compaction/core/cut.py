@@ -51,7 +51,8 @@ def valid_boundaries(messages: Sequence[Message]) -> list[bool]:
 
     A boundary is invalid on a tool result (it must stay with its call, as in
     pi's compaction), wherever a call/result pair spans it, and inside a tool
-    loop in progress that opened with reasoning (``thinking_loop_opening``).
+    loop in progress that opened with Claude's thinking (``thinking_loop_opening``)
+    but before a reply that opens with thinking of its own.
 
     Args:
         messages: The conversation.
@@ -75,12 +76,19 @@ def valid_boundaries(messages: Sequence[Message]) -> list[bool]:
     valid.append(True)
     opening = thinking_loop_opening(messages)
     if opening is not None:
-        valid[opening + 1 : count] = [False] * (count - opening - 1)
+        # Inside the loop, the kept part may start only where a reply opens with its own thinking.
+        for index in range(opening + 1, count):
+            valid[index] = valid[index] and _thinks(messages[index])
     return valid
 
 
+def _thinks(message: Message) -> bool:
+    """Whether ``message`` is a reply that opens with Claude's thinking (signed, or redacted)."""
+    return message.role == "assistant" and any(p.kind == "reasoning" and p.signed for p in message.parts[:1])
+
+
 def thinking_loop_opening(messages: Sequence[Message]) -> int | None:
-    """The first assistant message of the tool loop in progress, when it opens with reasoning; else ``None``.
+    """The first assistant message of the tool loop in progress, when it opens with Claude's thinking; else ``None``.
 
     With extended thinking, Claude opens a turn with a signed thinking block
     and then calls tools, reply after reply; a request whose tool loop in
@@ -91,7 +99,7 @@ def thinking_loop_opening(messages: Sequence[Message]) -> int | None:
 
     Example:
         >>> from langchain_compaction.core.types import Part, ToolCall
-        >>> think = Message("assistant", (Part("reasoning", "plan"),), (ToolCall("c1", "read", "{}"),))
+        >>> think = Message("assistant", (Part("reasoning", "plan", signed=True),), (ToolCall("c1", "read", "{}"),))
         >>> result = Message("tool", (Part("text", "ok"),), tool_call_id="c1")
         >>> thinking_loop_opening([Message("user", (Part("text", "go"),)), think, result])
         1
@@ -101,7 +109,7 @@ def thinking_loop_opening(messages: Sequence[Message]) -> int | None:
         return None
     start = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "user"), -1) + 1
     opening = next((i for i in range(start, len(messages)) if messages[i].role == "assistant"), None)
-    if opening is None or not any(part.kind == "reasoning" for part in messages[opening].parts):
+    if opening is None or not _thinks(messages[opening]):
         return None
     return opening
 
@@ -194,9 +202,9 @@ def forced_cut(
     """
     flags = valid if valid is not None else valid_boundaries(messages)
     lowest = max(start + MIN_SUMMARIZED - credit, start + 1)
-    if thinking_loop_opening(messages) is not None and len(messages) >= lowest:
-        return len(messages)  # the loop in progress cannot be cut inside: as small as it gets, it goes whole
+    opening = thinking_loop_opening(messages)
     for cut in range(len(messages) - 1, lowest - 1, -1):
         if flags[cut]:
-            return cut
-    return 0
+            # A thinking loop in progress that could only be kept whole goes whole: as small as it gets.
+            return len(messages) if opening is not None and cut <= opening else cut
+    return len(messages) if opening is not None and len(messages) >= lowest else 0

@@ -161,10 +161,11 @@ def compared(fact: Fact) -> str:
 
 # Control characters and line separators part words; direction marks and other
 # invisible format characters (a soft hyphen, the Arabic letter mark, zero-width
-# spaces and joiners, tag characters that can spell a hidden line) go.
+# spaces, tag characters that can spell a hidden line) go. The zero-width joiner
+# and non-joiner stay: Persian and Indic words and emoji sequences are spelled with them.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 _INVISIBLE = re.compile(
-    "[\xad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb\U000e0000-\U000e007f]"
+    "[\xad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb\U000e0000-\U000e007f]"
 )
 
 

@@ -37,6 +37,8 @@ class Part:
         tokens: For an ``image`` part, its cost when its content tells it (a
             PDF's pages: ``core.tokens.pdf_tokens``); 0 means one image's
             (``core.tokens.IMAGE_TOKENS``).
+        signed: For a ``reasoning`` part, that it is Claude's thinking (a block the
+            API wants back, signed, at the start of a tool loop: ``core.cut``).
         known_units: The estimate of ``text`` once made (``core.tokens.part_units``),
             -1 before: a part is counted on the turn it arrives and shown to
             the summarizer later, and its text is not read twice for it.
@@ -45,6 +47,7 @@ class Part:
     kind: PartKind
     text: str
     tokens: int = 0
+    signed: bool = False
     known_units: int = field(default=-1, init=False, compare=False, repr=False)
 
 

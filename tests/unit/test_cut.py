@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from conftest import tool_pairs_of
@@ -375,3 +376,24 @@ def test_a_tool_loop_in_progress_that_opened_with_thinking_is_never_cut_inside(o
     # Once the turn is finished (an answer without tool calls), it is not in progress: any boundary will do.
     finished = to_core_list([*history, AIMessage("All read.")])
     assert valid_boundaries(finished)[opening_index + 2]
+
+
+def test_inside_a_thinking_loop_the_kept_part_may_start_at_a_reply_that_thinks_and_openai_reasoning_is_free() -> None:
+    """Claude wants the loop in progress to open with thinking: a reply with thinking of its own may open the kept part.
+    OpenAI's reasoning items carry no such rule: a loop that opened with one is cut as any other."""
+
+    def loop(block: dict[str, Any], every: bool) -> list[BaseMessage]:
+        history: list[BaseMessage] = [HumanMessage("read every module")]
+        for n in range(8):
+            call = {"name": "read_file", "args": {"path": f"src/m{n}.py"}, "id": f"c{n}"}
+            use = {"type": "tool_use", "id": f"c{n}", "name": "read_file", "input": call["args"]}
+            history.append(AIMessage([block, use] if every or n == 0 else [use], tool_calls=[call]))
+            history.append(ToolMessage(f"contents of m{n} " * 60, tool_call_id=f"c{n}"))
+        return history
+
+    thinking = {"type": "thinking", "thinking": "next file", "signature": "c2ln"}
+    interleaved = to_core_list(loop(thinking, every=True))
+    assert [i for i, ok in enumerate(valid_boundaries(interleaved)) if ok] == [0, *range(1, 17, 2), 17]
+    reasoning = {"type": "reasoning", "reasoning": "next file"}
+    unsigned = to_core_list(loop(reasoning, every=False))
+    assert valid_boundaries(unsigned) == valid_boundaries(to_core_list(loop({"type": "text", "text": "ok"}, False)))
