@@ -116,10 +116,14 @@ _ASCII_GLUE = re.compile(r"[:=|]")
 # Chinese, Japanese and Korean text is written without spaces: a run of its
 # letters, or its full-width punctuation, parts the ids and paths around it
 # ("预订号：QX42LM，日期2024-05-21"), except a run between path separators
-# (a folder's name: "/home/用户/app.py").
+# (a folder's name: "/home/用户/app.py") or joined to a file name ("模块_0.py",
+# "设置.yaml").
 CJK_LETTERS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
 """Chinese, Japanese and Korean letters (a character class's inside), written without spaces."""
-_CJK_GLUE = re.compile(rf"[\u3000-\u303f\uff00-\uffef]|(?<![/\\{CJK_LETTERS}])[{CJK_LETTERS}]+(?![/\\{CJK_LETTERS}])")
+_CJK_GLUE = re.compile(
+    rf"[\u3000-\u303f\uff00-\uffef]"
+    rf"|(?<![/\\_\-{CJK_LETTERS}])[{CJK_LETTERS}]+(?![/\\{CJK_LETTERS}]|[_\-][\w-]*\.[A-Za-z]|\.[A-Za-z])"
+)
 
 
 def names_in_code(text: str) -> list[str]:

@@ -327,3 +327,17 @@ def test_the_offline_summary_tells_the_state_not_an_inventory():
     assert "Answered: Create the main page." in summary
     assert "hook 2" not in section["Critical Context"]
     assert "page.tsx" in section["Critical Context"]
+
+
+def test_the_offline_summary_keeps_joiners_that_spell_words_and_emoji():
+    """The zero-width non-joiner spells Persian words (a path here), the joiner an emoji sequence: both stay."""
+    path = "docs/\u0642\u0627\u0644\u0628\u200c\u0647\u0627/base.md"
+    family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"
+    messages = [
+        HumanMessage(f"Fix the table in README.md. Never edit {path}. Keep the {family} emoji in the title."),
+        AIMessage("Understood."),
+        HumanMessage("go on"),
+    ]
+    summary = ExtractiveSummarizer().summarize_messages(to_core_list(messages))
+    assert path in summary
+    assert family in summary

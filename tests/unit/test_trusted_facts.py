@@ -707,3 +707,12 @@ def test_facts_survive_a_file_that_keeps_the_summary_text_but_not_its_mark(shape
     text = text_of(messages)
     assert "Never email the CFO" in text
     assert "JG7FMM" in text
+
+
+def test_file_names_written_with_chinese_or_japanese_letters_are_kept_whole() -> None:
+    """A CJK run joined to a file name by an underscore, a hyphen or its extension is part of the name."""
+    from langchain_compaction.core.identifiers import identifiers
+
+    assert identifiers("请修改 模块_0.py 和 テスト_設定.yaml") == ["模块_0.py", "テスト_設定.yaml"]
+    assert identifiers("打开app.py文件") == ["app.py"]  # a word glued to an ASCII name is still not part of it
+    assert identifiers("预订号：QX42LM，日期2024-05-21") == ["QX42LM", "2024-05-21"]
