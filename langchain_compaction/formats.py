@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from langchain_core.messages import (
@@ -61,6 +61,8 @@ class Conversation:
     format: Format
     jsonl: bool = False
     originals: tuple[tuple[int, object], ...] = ()
+    request: dict[str, Any] = field(default_factory=dict)
+    """The other fields of a file that holds a whole request (``model``, ``tools``...), written back with it."""
 
 
 def _shape(item: object, where: str) -> Format:
@@ -223,8 +225,12 @@ def _json_lines(text: str, name: str) -> list[tuple[object, str]]:
     return items
 
 
-def _items(text: str, name: str) -> tuple[list[tuple[object, str]], object, bool]:
-    """The messages of the file, each with where it is; the top-level system prompt; whether it is JSON Lines."""
+def _items(text: str, name: str) -> tuple[list[tuple[object, str]], object, bool, dict[str, Any]]:
+    """The file's messages, each with where it is; its top-level system; whether it is JSON Lines; a request's fields.
+
+    A file may hold a whole request (``{"model": ..., "tools": ..., "messages": [...]}``): its other
+    fields are kept to be written back.
+    """
     stripped = text.strip()
     try:
         document = json.loads(stripped)
@@ -234,17 +240,19 @@ def _items(text: str, name: str) -> tuple[list[tuple[object, str]], object, bool
         if "\n" not in stripped or not _parses(stripped.splitlines()[0]):
             msg = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
             raise ConversationFileError(msg, where=name) from exc
-        return _json_lines(text, name), None, True
+        return _json_lines(text, name), None, True, {}
     system: object = None
+    request: dict[str, Any] = {}
     if isinstance(document, dict) and isinstance(document.get("messages"), list):
         system = document.get("system")
+        request = {k: v for k, v in document.items() if k not in ("messages", "system")}
         document = document["messages"]
     if isinstance(document, dict) and ("role" in document or "type" in document):
-        return [(document, f"{name}: line 1")], None, True  # JSON Lines of one message
+        return [(document, f"{name}: line 1")], None, True, {}  # JSON Lines of one message
     if not isinstance(document, list):
         msg = f'expected a JSON list of messages (or {{"messages": [...]}}), found {type(document).__name__}'
         raise ConversationFileError(msg, where=name)
-    return [(item, f"{name}: message {number}") for number, item in enumerate(document, 1)], system, False
+    return [(item, f"{name}: message {number}") for number, item in enumerate(document, 1)], system, False, request
 
 
 def _file_shape(items: list[tuple[object, str]]) -> tuple[Format, list[Format]]:
@@ -312,7 +320,7 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
         ConversationFileError: The content is not a conversation in any of
             the accepted formats; the message says what and where.
     """
-    items, system, jsonl = _items(_text(data, name), name)
+    items, system, jsonl, request = _items(_text(data, name), name)
     if not items:
         raise ConversationFileError("the file holds no messages", where=name)
     shape, shapes = _file_shape(items)
@@ -326,7 +334,7 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
         read = _converted(item, kind, where)
         messages.extend(read)
         originals += [(number, item)] * len(read)
-    return Conversation(messages, shape, jsonl, tuple(originals))
+    return Conversation(messages, shape, jsonl, tuple(originals), request)
 
 
 def _to_anthropic(messages: Sequence[BaseMessage], *, inline: bool = False) -> list[dict[str, Any]] | dict[str, Any]:
@@ -386,6 +394,9 @@ def dump_conversation(
     """
     items: Any
     items = messages_to_dict(list(messages)) if shape == "langchain" else _written(messages, shape, read)
+    if read is not None and read.request and not jsonl:
+        # A whole request (model, tools, ...): written back whole, its messages compacted.
+        items = {**read.request, **(items if isinstance(items, dict) else {"messages": items})}
     if jsonl:
         if isinstance(items, dict):  # JSON Lines has no place for a top-level system
             items = [{"role": "system", "content": items["system"]}, *items["messages"]]

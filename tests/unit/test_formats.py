@@ -243,3 +243,18 @@ def test_a_summary_written_to_a_file_whose_system_prompt_is_a_line_stays_a_line_
         read = parse_conversation(written).messages
         assert [is_summary_message(m) for m in read].count(True) == 1
         assert is_summary_message(read[1])
+
+
+def test_a_file_holding_a_whole_request_is_written_back_whole() -> None:
+    """A logged request (model, tools, temperature, ...) keeps its fields; only its messages are compacted."""
+    from langchain_compaction import ExtractiveSummarizer, compact
+
+    messages = [{"role": "user", "content": "Fix src/a.py " * 50}, {"role": "assistant", "content": "ok " * 50}] * 5
+    body = {"model": "gpt-4o", "temperature": 0.2, "tools": [{"type": "function"}], "messages": messages}
+    conversation = parse_conversation(json.dumps(body))
+    _, compacted = compact(ExtractiveSummarizer(), conversation.messages)
+    written = json.loads(dump_conversation(compacted, conversation.format, read=conversation))
+    assert {k: written[k] for k in ("model", "temperature", "tools")} == {
+        k: body[k] for k in ("model", "temperature", "tools")
+    }
+    assert len(written["messages"]) < len(messages)
