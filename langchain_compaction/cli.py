@@ -151,7 +151,8 @@ def _inspect_report(
         by_role[core_message.role] += count
         by_type[message.type] += count
         number[message.type] += 1
-    plan = plan_compaction(core, counts, options.budget.keep, force=False)
+    # Without a window, the manual cut ``compact`` makes (forced when everything fits the keep budget).
+    plan = plan_compaction(core, counts, options.budget.keep, force=options.budget.threshold is None)
     # What a compaction would replace: the region before the cut and earlier
     # summaries; the leading system prompt and the provider's prefix stay.
     summarized = [] if plan is None else [*(i for i in plan.previous_summaries if i < plan.start), *plan.region]

@@ -163,6 +163,11 @@ def test_inspect_agrees_with_compact_on_what_is_summarized(tmp_path):
     result = json.loads(out)["result"]
     assert report["summarized"]["messages"] == result["messages_removed"]
     assert report["kept"]["messages"] == result["messages_kept"]
+    # Everything within the keep budget: without a window, compact makes the manual cut, and inspect shows it.
+    report = json.loads(run("inspect", str(path), "--json")[1])
+    result = json.loads(run("compact", str(path), "--json")[1])["result"]
+    assert result["forced"]
+    assert report["summarized"]["messages"] == result["messages_removed"] > 0
 
 
 def test_demo_replays_the_transcript_shipped_inside_the_package():
