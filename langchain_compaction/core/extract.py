@@ -140,14 +140,18 @@ _STOP_WORDS = frozenset(
 
 
 def normalize(text: str) -> str:
-    """``text`` as facts are compared: case folded, runs of whitespace made one space, one Unicode form.
+    """``text`` as facts are compared: case folded, runs of whitespace made one space, one Unicode form, one quote.
 
     An accented letter may be one character or a letter and a combining mark
     (macOS writes file names so): both read the same (NFKC).
     """
     if not text.isascii():
         text = unicodedata.normalize("NFKC", text)
-    return " ".join(text.split()).casefold()
+    # Quoted and shown as code, a double quote or a backtick is written as a single quote (``quoted``).
+    return " ".join(text.split()).casefold().translate(_QUOTES)
+
+
+_QUOTES = str.maketrans({'"': "'", "`": "'"})
 
 
 def compared(fact: Fact) -> str:

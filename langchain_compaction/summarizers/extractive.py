@@ -236,11 +236,15 @@ class ExtractiveSummarizer:
         results: dict[str | None, Message] = {
             m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id
         }
+        # A result that does not name its tool is its call's (one name for its lines wherever they are said).
+        callers: dict[str | None, str] = {
+            c.id: c.name for m in messages if m.role == "assistant" for c in m.tool_calls if c.id
+        }
         failures: Unresolved[set[str]] = Unresolved()  # each failed call's lines, by program and target
         requests: list[str] = []
         answered = False
         for message in messages:
-            if self._read(summary, message, results, failures):
+            if self._read(summary, message, results, failures, callers):
                 if requests and answered:
                     summary.add("Done", _clip(f"Answered: {requests[-1]}", _BRIEF_CHARS))
                 requests.append(own_words(message.text).strip() or _first_line(message.text))
@@ -263,6 +267,7 @@ class ExtractiveSummarizer:
         message: Message,
         results: dict[str | None, Message],
         failures: Unresolved[set[str]],
+        callers: dict[str | None, str],
     ) -> bool:
         """Add what ``message`` tells to ``summary``; whether it is a user request."""
         breathe()  # called per message: on the library's worker thread, let the event loop in
@@ -279,7 +284,8 @@ class ExtractiveSummarizer:
         elif message.role == "tool":
             # Tool output is long and noisy: take its paths, URLs and error
             # lines, not every identifier in it.
-            self._add_context(summary, text, from_user=False, identifiers=False, source=message.name or "a tool")
+            source = message.name or callers.get(message.tool_call_id) or "a tool"
+            self._add_context(summary, text, from_user=False, identifiers=False, source=source)
         elif message.role == "system" and text.strip():
             summary.add("Critical Context", _clip(f"System note: {_first_line(text)}", _CONTEXT_CHARS))
         return False
@@ -348,7 +354,7 @@ class ExtractiveSummarizer:
             summary.add("Critical Context", reported)
             # What a later clean run takes back: these lines, and the error
             # lines its output adds when it is read (``_add_context``).
-            source = result.name or "a tool"
+            source = result.name or name
             shown = {_reported(source, e) for e in error_lines(result.text)[-_ERRORS_SHOWN:]}
             failures.add(reading.program, reading.target, {blocked, reported, *shown})
         else:

@@ -716,3 +716,22 @@ def test_file_names_written_with_chinese_or_japanese_letters_are_kept_whole() ->
     assert identifiers("请修改 模块_0.py 和 テスト_設定.yaml") == ["模块_0.py", "テスト_設定.yaml"]
     assert identifiers("打开app.py文件") == ["app.py"]  # a word glued to an ASCII name is still not part of it
     assert identifiers("预订号：QX42LM，日期2024-05-21") == ["QX42LM", "2024-05-21"]
+
+
+def test_an_error_with_double_quotes_the_summary_quoted_is_not_added_again() -> None:
+    """Quoted as data, a double quote is written as a single one: the check reads the two as the same."""
+    from langchain_compaction import ExtractiveSummarizer
+
+    error = 'error: deployment "payments-api" exceeded its progress deadline'
+    call = {"name": "bash", "args": {"command": "kubectl rollout status deploy/payments-api"}, "id": "c1"}
+    messages = [
+        HumanMessage("Deploy payments-api."),
+        AIMessage("", tool_calls=[call]),
+        ToolMessage(error, tool_call_id="c1"),
+        AIMessage("Hmm."),
+        HumanMessage("go on"),
+    ]
+    result, out = compact(ExtractiveSummarizer(), messages, CompactionOptions())
+    assert result is not None
+    assert "exceeded its progress deadline" in text_of(out).split(SECTION_HEADING)[0]
+    assert text_of(out).count("exceeded its progress deadline") <= 2  # Blocked and Critical Context, not again
