@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from langchain_compaction.core.effects import breathe
+from langchain_compaction.core.extract import one_line
 from langchain_compaction.core.tokens import UNITS, argument_units, estimate_tokens, estimate_units, part_units
 from langchain_compaction.core.types import Message
 
@@ -90,6 +91,8 @@ def _made_body(message: Message) -> tuple[str, int]:
 
 def _header(message: Message, number: int) -> str:
     details = [f"#{number}", role_label(message)]
+    if message.role in ("user", "assistant") and message.name:
+        details.append(f"name={one_line(message.name, 80)}")  # two users in one chat, a supervisor's agents
     if message.role == "tool":
         if message.name:
             details.append(f"tool={message.name}")

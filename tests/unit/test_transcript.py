@@ -220,3 +220,20 @@ def test_image_urls_reach_the_summarizer_but_never_inline_data() -> None:
         assert url in body
     assert payload[:40] not in body
     assert body.count("(attachment:") == 5
+
+
+def test_the_summarizer_is_told_who_said_what_when_messages_are_named() -> None:
+    """Two users in one chat, or a supervisor's agents: their names reach the summarizer with their words."""
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from langchain_compaction._lc.convert import to_core_list
+
+    said = [
+        HumanMessage("Never deploy on Fridays.", name="alice"),
+        HumanMessage("Deploy today.", name="bob"),
+        AIMessage("Checking the calendar.", name="planner"),
+    ]
+    text = render([make_block(m, i, max_tokens=1000) for i, m in enumerate(to_core_list(said))], "TRANSCRIPT")
+    assert "[User] name=alice" in text
+    assert "[User] name=bob" in text
+    assert "[Assistant] name=planner" in text
