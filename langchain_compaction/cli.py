@@ -349,7 +349,9 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
 def _archive(args: argparse.Namespace, out: TextIO) -> int:
     from langchain_compaction._lc.archive_cli import print_archive
 
-    return print_archive(args.store, args.thread, out, prefix=args.prefix, show=args.show, as_json=args.json)
+    return print_archive(
+        args.store, args.thread, out, prefix=args.prefix, show=args.show, as_json=args.json, subgraph=args.subgraph
+    )
 
 
 def _budgets(p: argparse.ArgumentParser, window: int) -> None:
@@ -423,6 +425,13 @@ def _archive_command(arch: argparse.ArgumentParser) -> None:
     arch.add_argument("thread", help="the thread id (as in the run's config)")
     arch.add_argument("--show", help="print one message in full: its key or position")
     arch.add_argument("--prefix", default="compaction_archive", help="namespace prefix (default: %(default)s)")
+    arch.add_argument(
+        "--subgraph",
+        action="append",
+        default=[],
+        metavar="NODE",
+        help="a sub-agent's own archive: the node that runs it (repeat for deeper ones, outermost first)",
+    )
     arch.add_argument("--json", action="store_true", help="print JSON for machines")
     arch.set_defaults(run=_archive)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -98,10 +98,19 @@ def _row(item: Item) -> dict[str, Any] | None:
     }
 
 
-def print_archive(url: str, thread: str, out: TextIO, *, prefix: str, show: str | None, as_json: bool) -> int:
-    """List ``thread``'s archived messages (or print one in full); the exit status."""
+def print_archive(
+    url: str,
+    thread: str,
+    out: TextIO,
+    *,
+    prefix: str,
+    show: str | None,
+    as_json: bool,
+    subgraph: Sequence[str] = (),
+) -> int:
+    """List ``thread``'s archived messages (a sub-agent's: the nodes that run it), or print one; the exit status."""
     archive = Archive(prefix=prefix)
-    namespace = archive.namespace(Conversation(thread))
+    namespace = archive.namespace(Conversation(thread, tuple(subgraph)))
     with open_store(url) as store:
         items = drive(read_all(store, namespace))
     rows = sorted((r for r in map(_row, items) if r is not None), key=lambda r: r["position"])

@@ -36,7 +36,7 @@ from helpers_turns import (
 from langchain.agents import create_agent
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage, message_to_dict
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -1060,3 +1060,27 @@ def test_with_clearing_and_prepared_summaries_a_tool_output_taken_out_is_recalle
     assert applied, "a prepared compaction should have been applied"
     assert all(m.id != "tool0" for m in out["messages"])
     assert "UNIQUE_0_CONTENT" in session.recall(store, ids=["tool0"])
+
+
+def test_the_command_line_lists_a_sub_agents_archive_apart(tmp_path: Any) -> None:
+    """A thread's archive and its sub-agent's (filed below it) are listed apart: --subgraph names the sub-agent."""
+    import io
+
+    from langgraph.store.sqlite import SqliteStore
+
+    from langchain_compaction.cli import main
+    from langchain_compaction.features.archive import ARCHIVE_NAMESPACE
+
+    path = tmp_path / "store.db"
+    with SqliteStore.from_conn_string(str(path)) as store:
+        store.setup()
+        for labels, text in (((), "main conversation"), (("researcher",), "sub-agent's page")):
+            value = {"position": "000000000000", "role": "human", "id": f"m-{len(labels)}", "compaction": 1}
+            value |= {"lineage": "c1", "message": message_to_dict(HumanMessage(text, id=f"m-{len(labels)}"))}
+            store.put((ARCHIVE_NAMESPACE, "t", *labels), "c1:000000000000", value)
+    main_out, sub_out = io.StringIO(), io.StringIO()
+    assert main(["archive", str(path), "t"], main_out) == 0
+    assert main(["archive", str(path), "t", "--subgraph", "researcher"], sub_out) == 0
+    assert "main conversation" in main_out.getvalue()
+    assert "sub-agent" not in main_out.getvalue()
+    assert "sub-agent's page" in sub_out.getvalue()
