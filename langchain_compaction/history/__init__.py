@@ -142,6 +142,10 @@ def _check_arguments(inner: object, archive: object, journal: object, on_error: 
             )
 
 
+_TOLD_NO_WINDOW: list[bool] = []
+"""Whether a history without a window was said never to compact on its own (said once in a process)."""
+
+
 def _lookup(query: object, ids: object, start: object, end: object, limit: object) -> Lookup:
     """``recall``'s arguments checked: each wrong one is named, with what to pass."""
     if not isinstance(query, str):
@@ -241,8 +245,8 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
         self.lock = lock
         self._strategy: stores.Strategy = stores.strategy(inner)
         self._state = session_state(inner)
-        if self._turn.options.budget.threshold is None and not self._state.told_no_window:
-            self._state.told_no_window = True  # once per session: a wrapper may be made per call
+        if self._turn.options.budget.threshold is None and not _TOLD_NO_WINDOW:
+            _TOLD_NO_WINDOW.append(True)  # once per process: a wrapper is made per call, per session
             logger.warning(
                 "CompactingChatMessageHistory has no context_window, so it never compacts on its own (only "
                 "compact() does); pass CompactionOptions(context_window=<the model's window>), e.g. 200_000 for Claude"

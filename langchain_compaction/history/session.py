@@ -73,7 +73,6 @@ class SessionState:
         self._pending: Rewrite | None = None
         self.archive_memo: tuple[str, ...] | None = None
         self.counted = StoredCounts()
-        self.told_no_window = False
         self.prepared: Any = None
         """This session's preparations (``PrepareAhead.sharing``): a wrapper made per call finds the last one's."""
 

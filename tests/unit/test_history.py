@@ -1348,10 +1348,13 @@ def test_recall_names_a_wrong_argument(arguments: dict[str, Any], field: str) ->
 def test_chat_memory_without_a_window_says_once_that_it_never_compacts_on_its_own(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """As the node does: a history that can only grow is said, once per session, however many wrappers."""
-    store = InMemoryChatMessageHistory()
+    """As the node does: a history that can only grow is said once, however many wrappers and sessions."""
+    import langchain_compaction.history as history
+
+    history._TOLD_NO_WINDOW.clear()  # (said once in a process: another test may have said it)
     with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
         for _ in range(3):
+            store = InMemoryChatMessageHistory()
             CompactingChatMessageHistory(store, lambda p: SUMMARY).add_messages([HumanMessage("hi")])
     said = [r.getMessage() for r in caplog.records if "context_window" in r.getMessage()]
     assert len(said) == 1, said
