@@ -150,7 +150,10 @@ def _context_facts(text: str, *, from_user: bool, identifiers: bool = True) -> l
         # (Not a tool's inline code: a span of a tool's output is any sentence, stated unquoted.)
         found += _INLINE_CODE.findall(text)
     if identifiers and not from_user:
-        found += [m.group().rstrip("(") for m in _IDENT.finditer(text)]
+        # (Not a part of a value found already: "page_1" of "docs/page_1.md", as ``core.identifiers`` does.)
+        values = list(found)
+        names = (m.group().rstrip("(") for m in _IDENT.finditer(text))
+        found += [name for name in names if not any(name in value for value in values)]
     return found
 
 

@@ -341,3 +341,18 @@ def test_the_offline_summary_keeps_joiners_that_spell_words_and_emoji():
     summary = ExtractiveSummarizer().summarize_messages(to_core_list(messages))
     assert path in summary
     assert family in summary
+
+
+def test_a_path_the_agent_names_is_not_listed_again_as_its_stem():
+    """docs/page_1.md is one item of critical context, not also page_1 (a code name only as a part of it)."""
+    messages = [
+        HumanMessage("update the docs"),
+        AIMessage("I will edit docs/page_1.md and docs/page_2.md, then call render_page in src/site_builder.py."),
+        HumanMessage("go on"),
+    ]
+    summary = ExtractiveSummarizer().summarize_messages(to_core_list(messages))
+    context = summary.split("## Critical Context", 1)[1]
+    items = [line[2:] for line in context.splitlines() if line.startswith("- ")]
+    assert "docs/page_1.md" in items
+    assert "page_1" not in items
+    assert "render_page" in items  # a code name of its own stays
