@@ -279,7 +279,8 @@ class ExtractiveSummarizer:
             return self._user(summary, text)
         if message.role == "assistant":
             for sentence in _sentences(text):
-                if _DECISION.search(sentence) and not _FILLER.search(sentence):
+                # (A question asks, it decides nothing: "What date would you like instead?")
+                if _DECISION.search(sentence) and not _FILLER.search(sentence) and not sentence.rstrip().endswith("?"):
                     summary.add("Key Decisions", _clip(sentence))
             for call in message.tool_calls:
                 self._add_call(summary, call, results.get(call.id), failures)

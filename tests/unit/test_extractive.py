@@ -356,3 +356,16 @@ def test_a_path_the_agent_names_is_not_listed_again_as_its_stem():
     assert "docs/page_1.md" in items
     assert "page_1" not in items
     assert "render_page" in items  # a code name of its own stays
+
+
+def test_a_question_the_assistant_asks_is_no_key_decision():
+    """ "What date would you like instead?" matches the decision words, and decides nothing."""
+    messages = [
+        HumanMessage("rebook my flight"),
+        AIMessage("What date would you like instead? I'll switch to the evening flight if Friday is full."),
+        HumanMessage("go on"),
+    ]
+    summary = ExtractiveSummarizer().summarize_messages(to_core_list(messages))
+    decisions = summary.split("## Key Decisions", 1)[1].split("##", 1)[0]
+    assert "What date" not in decisions
+    assert "switch to the evening flight" in decisions
