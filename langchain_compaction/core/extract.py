@@ -27,7 +27,12 @@ MAX_KEY_CHARS = 160
 _CONSTRAINT = re.compile(
     r"\b(?:never|always|don'?t|do not|must|mustn'?t|only|avoid|make sure|should(?:n'?t| not)|no longer|"
     r"instead of|keep|prefer|not allowed|forbidden|from now on|going forward|"
-    r"please (?:answer|reply|respond|write|use|call|name))\b",
+    r"please (?:answer|reply|respond|write|use|call|name)|"
+    # "never" and "always" in the languages users most often write to agents in; only the
+    # unambiguous words (a bare "no", "ne", "не" or "لا" is every other sentence).
+    r"nunca|siempre|jamás|jamais|toujours|niemals|immer|никогда|всегда|нельзя|أبدا|دائما)\b"
+    # (Chinese, Japanese and Korean are written without spaces: no word boundary to anchor on.)
+    r"|不要|永远|总是|必须|禁止|别再|絶対|しないで|必ず|절대|항상",
     re.IGNORECASE,
 )
 _CONSTRAINT_WORDS = (
@@ -49,13 +54,15 @@ _CONSTRAINT_WORDS = (
     "from now on",
     "going forward",
     "please",
+    *("nunca", "siempre", "jamás", "jamais", "toujours", "niemals", "immer", "никогда", "всегда", "нельзя"),
+    *("أبدا", "دائما", "不要", "永远", "总是", "必须", "禁止", "别再", "絶対", "しないで", "必ず", "절대", "항상"),
 )
 # Where a sentence turns to a new point: what a revocation's subject stops at.
 # (A run of spaces is entered at its start only: tried from each of its
 # spaces, it was rescanned from each, quadratic in a padded line.)
 _CONTRAST = re.compile(r",?(?<!\s)\s+(?:but|however|though|yet)\s+|;\s*", re.IGNORECASE)
 _CORRECTION = re.compile(r"^(?:no\b[,.!]?|actually\b|wait\b|sorry\b|i meant\b|correction\b|that'?s wrong\b)", re.I)
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])|\n+")
 # A fenced block to its closing fence or the end: of backticks, or of tildes
 # opening a line (a "~~~" inside a sentence is no fence).
 _FENCED = re.compile(r"```.*?(?:```|\Z)|^[ \t]{0,3}~~~.*?(?:^[ \t]{0,3}~~~|\Z)", re.DOTALL | re.MULTILINE)

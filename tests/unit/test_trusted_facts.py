@@ -735,3 +735,21 @@ def test_an_error_with_double_quotes_the_summary_quoted_is_not_added_again() -> 
     assert result is not None
     assert "exceeded its progress deadline" in text_of(out).split(SECTION_HEADING)[0]
     assert text_of(out).count("exceeded its progress deadline") <= 2  # Blocked and Critical Context, not again
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        "Никогда не трогай db/schema.sql.",
+        "不要修改 config/prod.yaml。",
+        "Nunca borres la tabla users.",
+        "Ne touche jamais au fichier prod.env.",
+        "テストは絶対に消さないでください。",
+    ],
+)
+def test_a_rule_written_in_another_language_is_a_constraint(rule: str) -> None:
+    """ "Never" and "always" in the languages users most often write to agents in; plain sentences are not rules."""
+    from langchain_compaction.core.extract import constraints
+
+    assert constraints(f"请帮我看看。{rule} Gracias.") == [rule]
+    assert constraints("Esto es un texto normal. Это обычный текст. 这是普通的文字。") == []
