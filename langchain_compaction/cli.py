@@ -104,11 +104,14 @@ class _Progress:
 
 
 def _options(args: argparse.Namespace) -> CompactionOptions:
+    from langchain_compaction.core.redact import redact_secrets
+
     return CompactionOptions(
         context_window=args.context_window,
         reserve_tokens=args.reserve_tokens,
         keep_recent_tokens=args.keep_recent_tokens,
         summary_input_tokens=getattr(args, "summary_input_tokens", None),
+        redact=redact_secrets if getattr(args, "redact_secrets", False) else None,
     )
 
 
@@ -407,6 +410,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     source.add_argument("--offline", action="store_true", help="use the offline extractive summarizer (default)")
     comp.add_argument("--instructions", help="custom instructions for the summary (default: none)")
+    comp.add_argument(
+        "--redact-secrets",
+        action="store_true",
+        help="mask API keys, tokens and passwords in what the summarizer is shown (redact_secrets)",
+    )
     comp.add_argument(
         "--summary-input-tokens", type=int, default=None, help="largest summarizer request (default: the threshold)"
     )

@@ -393,3 +393,15 @@ def test_a_console_that_cannot_write_every_character_gets_escapes_and_a_bad_demo
     assert zero.returncode == 2
     assert zero.stderr.count("\n") == 1
     assert "context_window=0" in zero.stderr
+
+
+def test_compact_can_mask_secrets_in_what_the_summarizer_sees(tmp_path):
+    """--redact-secrets passes redact_secrets: an API key in a compacted message is not copied into the summary."""
+    key = "sk-ant-api03-abcdefghijklmnopqrstuvwxyz012345"
+    path = tmp_path / "secret.json"
+    messages = [{"role": "user", "content": f"deploy with key {key} now"}, {"role": "assistant", "content": "ok"}]
+    path.write_text(json.dumps([*messages, {"role": "user", "content": "go"}]))
+    plain = json.loads(run("compact", str(path), "--json")[1])
+    masked = json.loads(run("compact", str(path), "--json", "--redact-secrets")[1])
+    assert key in plain["result"]["summary"]
+    assert key not in json.dumps(masked)
