@@ -85,6 +85,18 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         re.compile(r"(\bcurl(?=\s)[^\n;&|]{0,300}?\s(?:-u|--user)\s+['\"]?[^\s:'\"]{1,64}:)(?!\[REDACTED)[^\s'\"]+"),
         r"\1[REDACTED]",
     ),
+    (
+        re.compile(
+            r"(\b(?:docker|podman|helm)\s+(?:registry\s+)?login(?=\s)[^\n;&|]{0,200}?\s(?:-p|--password)(?:\s+|=))"
+            r"(?!\[REDACTED)[^\s'\"]+"
+        ),
+        r"\1[REDACTED]",
+    ),
+    # A password said in prose: "the admin password is Hunter2Secret!" (rather one masked too many).
+    (
+        re.compile(r"(?i)(\b(?:password|passphrase|passcode|passwd)\s+(?:is|was)\s+['\"]?)(?!\[REDACTED)[^\s'\"]{4,}"),
+        r"\1[REDACTED]",
+    ),
     # Credentials in a URL's query string (?token=..., &sig=..., &X-Amz-Signature=...).
     (
         re.compile(
@@ -120,7 +132,8 @@ def redact_secrets(text: str) -> str:
     Slack and Discord webhook URLs, Google API keys, JWTs, bearer, basic and
     ``token`` authorization values, passwords in URLs (``redis://:pw@``
     too) and credentials in their query strings, ``mysql -p`` and ``curl -u``
-    passwords, Azure connection-string keys, and assignments to names that say
+    passwords, ``docker login -p`` passwords, a password said in prose ("the
+    password is ..."), Azure connection-string keys, and assignments to names that say
     secret (``password=``, ``PGPASSWORD=``, ``DB_PASSWORD=``,
     ``aws_secret_access_key =``, ``SECRET_KEY =``, ``api_key:``,
     ``GITHUB_TOKEN=``, ``_authToken=``), a password's quoted value whole.

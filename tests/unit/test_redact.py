@@ -442,3 +442,17 @@ def test_redaction_is_linear_on_long_lines_of_look_alikes() -> None:
         "    assert redact_secrets(text).count('[REDACTED') == 0\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("said", "secret"),
+    [
+        ("the admin password is Hunter2Secret!", "Hunter2Secret"),
+        ("docker login -u bob -p s3cr3tPass registry.io", "s3cr3tPass"),
+        ("podman login --password=abcd1234 ghcr.io", "abcd1234"),
+    ],
+)
+def test_a_password_said_in_prose_or_given_to_a_registry_login_is_masked(said: str, secret: str) -> None:
+    masked = redact_secrets(said)
+    assert secret not in masked
+    assert "[REDACTED]" in masked
