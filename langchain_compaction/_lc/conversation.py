@@ -163,13 +163,18 @@ CONFIG_KEY_DURABILITY = "__pregel_durability"
 
 
 def _pulled(checkpoint: Mapping[str, Any], node: str) -> bool:
-    """Whether a parent's checkpoint has a trigger waiting for ``node`` (an edge runs it this step, not ``Send``)."""
-    channel = f"branch:to:{node}"
-    version = (checkpoint.get("channel_versions") or {}).get(channel)
-    if version is None:
-        return False
-    seen = ((checkpoint.get("versions_seen") or {}).get(node) or {}).get(channel)
-    return seen is None or version > seen
+    """Whether a parent's checkpoint has a trigger waiting for ``node`` (an edge runs it this step, not ``Send``).
+
+    An edge writes ``branch:to:<node>``; an edge that waits for several
+    nodes writes ``join:<a>+<b>:<node>``.
+    """
+    seen = (checkpoint.get("versions_seen") or {}).get(node) or {}
+    triggers = (
+        (channel, version)
+        for channel, version in (checkpoint.get("channel_versions") or {}).items()
+        if channel == f"branch:to:{node}" or (channel.startswith("join:") and channel.endswith(f":{node}"))
+    )
+    return any(seen.get(channel) is None or version > seen[channel] for channel, version in triggers)
 
 
 Nesting = Literal["parent", "own"]
@@ -254,8 +259,8 @@ class Delivery:
         parent's messages (by id) must lead this run's. The step's checkpoint
         is waited for while it is written in the background (durability
         ``"async"``, the default: a few milliseconds, at most
-        ``_CHECKPOINT_WAIT``); where it never is (``"exit"``), the parent's
-        last one is read for the messages, and with none the parent is taken
+        ``_CHECKPOINT_WAIT``, then the parent's last one is read for the
+        messages); where it never is written (``"exit"``) the parent is taken
         to hold them. Read once per parent task.
         """
         configurable = (config.get("configurable") or {}) if isinstance(config, dict) else {}
@@ -278,7 +283,9 @@ class Delivery:
             waited += _CHECKPOINT_POLL
             found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
         exact = found is not None
-        if not exact:
+        if not exact and background:
+            # (Not with durability "exit": its last checkpoint is a run old, and a re-run after a
+            # compaction sent up would not match it.)
             found = yield twin(saver.get_tuple, saver.aget_tuple, {"configurable": parent})
         if found is None:
             return True

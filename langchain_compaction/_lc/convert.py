@@ -138,7 +138,11 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
             text = " ".join(str(s.get("text", "")) for s in block["summary"] if isinstance(s, dict))
         # Redacted thinking has no readable text, but it opens a turn as
         # thinking does (the cut keeps a tool loop with its opening: core.cut).
-        signed = kind in ("thinking", "redacted_thinking")  # Claude's (OpenAI's reasoning has no such rule)
+        # Claude's (OpenAI's reasoning has no such rule): a thinking block, or a v1 reasoning block with its signature.
+        extras = block.get("extras")
+        signed = kind in ("thinking", "redacted_thinking") or bool(
+            block.get("signature") or (isinstance(extras, dict) and extras.get("signature"))
+        )
         return Part("reasoning", str(text), signed=signed) if text or kind == "redacted_thinking" else None
     if kind in ATTACHMENT_BLOCKS:
         return attachment_part(block, str(kind))

@@ -56,6 +56,7 @@ from langchain_compaction._lc.convert import SUMMARY_MARK, message_list
 from langchain_compaction._lc.counting import counts_and_core
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, atell, in_run, tell
 from langchain_compaction.core.context import context_tokens, stage
+from langchain_compaction.core.cut import kept_start_fits
 from langchain_compaction.core.effects import Call, Flow, twin
 from langchain_compaction.core.engine import Summarizer, summarize
 from langchain_compaction.core.options import Budget, CompactionOptions
@@ -457,6 +458,11 @@ class Turn(Compactor):
         kept = [where[id(m)] for m in combined if id(m) in where]
         removed, cleared = taken_out(core, kept)
         summary_at = next(i for i, m in enumerate(combined) if id(m) not in where)
+        # Prepared mid-loop, it may have taken a thinking loop whole, and the replies since would open it.
+        if not kept_start_fits(
+            core, next((where[id(m)] for m in combined[summary_at + 1 :] if id(m) in where), len(core))
+        ):
+            return None  # compacted on the spot instead
         summary = combined[summary_at]
         record = stamp(core, kept, removed, summary.additional_kwargs[SUMMARY_MARK], place.conversation.namespace)
         parts = yield from self._commit(

@@ -87,6 +87,16 @@ def _thinks(message: Message) -> bool:
     return message.role == "assistant" and any(p.kind == "reasoning" and p.signed for p in message.parts[:1])
 
 
+def kept_start_fits(messages: Sequence[Message], start: int) -> bool:
+    """Whether a kept part may start at ``start`` under the thinking rule (a prepared compaction, applied later).
+
+    A summary prepared in the middle of a tool loop of Claude's thinking may
+    have taken the loop whole; the replies that came since would open it
+    without its thinking block.
+    """
+    return thinking_loop_opening(messages) is None or valid_boundaries(messages)[start]
+
+
 def thinking_loop_opening(messages: Sequence[Message]) -> int | None:
     """The first assistant message of the tool loop in progress, when it opens with Claude's thinking; else ``None``.
 

@@ -122,7 +122,7 @@ def facts_in_section(text: str) -> list[Fact]:
         >>> [(f.kind, f.text, f.detail) for f in facts_in_section(render_section(facts))]
         [('constraint', 'Never email the CFO.', ''), ('done_call', 'make', 'bash')]
     """
-    start = text.find(SECTION_HEADING + "\n")
+    start = _library_heading(text)
     if start < 0:
         return []
     titles = {f"{title}:": kind for kind, title in TITLES.items()}
@@ -136,6 +136,25 @@ def facts_in_section(text: str) -> list[Fact]:
         elif kind in _RE_READ:
             found.append(_read_back(kind, line[2:]))
     return found
+
+
+def _library_heading(text: str) -> int:
+    """Where the library's own section heading starts in ``text``, -1 if none.
+
+    The last one outside a code fence: a copy a summarizer wrote outside one is
+    dropped from its text (``core.layout.well_formed``), one inside a fence is
+    its own words, and the library's sections come after its text.
+    """
+    at, position, fence = -1, 0, ""
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        opener = stripped[:3]
+        if opener in ("```", "~~~"):
+            fence = "" if fence and stripped.startswith(fence) else fence or opener
+        elif not fence and line.rstrip("\n") == SECTION_HEADING:
+            at = position
+        position += len(line)
+    return at
 
 
 def _read_back(kind: FactKind, item: str) -> Fact:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from langchain_compaction.core.cut import thinking_loop_opening
 from langchain_compaction.core.options import CompactionOptions, check_int, check_names
 from langchain_compaction.core.types import Message
 from langchain_compaction.features.base import Addition, Draft, Feature
@@ -75,7 +76,15 @@ class Pins(Feature):
         return replace(self, max_tokens=self.limit(options))
 
     def protect(self, messages: Sequence[Message], counts: Sequence[int], start: int, cut: int) -> tuple[object, ...]:
-        """The messages in ``[start, cut)`` kept verbatim (newest first, within the cap); the exchanges left out."""
+        """The messages in ``[start, cut)`` kept verbatim (newest first, within the cap); the exchanges left out.
+
+        None while the kept part opens inside a tool loop of Claude's thinking:
+        written back after the summary, a pinned call would open the loop in
+        progress without its thinking block, which Claude refuses (``core.cut``).
+        """
+        opening = thinking_loop_opening(messages)
+        if opening is not None and cut >= opening:
+            return (), 0
         exchange = _exchanges(messages, start, cut)
         chosen: list[tuple[int, ...]] = []
         for name in self.tools:

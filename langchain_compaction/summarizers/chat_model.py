@@ -124,6 +124,10 @@ def _client_timeout(model: Runnable[Any, Any], request: SummaryRequest) -> dict[
     return {"timeout": request.timeout} if module.startswith(_TIMEOUT_KEYWORD_MODULES) else {}
 
 
+_EXECUTOR_AGENERATE = frozenset({"BaseChatModel._agenerate", "SimpleChatModel._agenerate"})
+"""LangChain's own async paths that run the sync one on asyncio's default executor."""
+
+
 def _per_call(model: Runnable[Any, Any], request: SummaryRequest, aligned: bool) -> dict[str, Any]:
     """The keywords of one summary call: the client's timeout, and a cache read for an aligned Claude request.
 
@@ -200,7 +204,7 @@ class ChatModelSummarizer:
         model = self._model(request, aligned)
         keywords = _per_call(model, request, aligned)
         bound = getattr(model, "bound", model)
-        if isinstance(bound, BaseChatModel) and type(bound)._agenerate is BaseChatModel._agenerate:
+        if isinstance(bound, BaseChatModel) and type(bound)._agenerate.__qualname__ in _EXECUTOR_AGENERATE:
             call = functools.partial(model.invoke, messages, config=_config(request), **keywords)
             output = await blocking_summary(request, call)
         else:

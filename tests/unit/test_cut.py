@@ -17,7 +17,7 @@ from langchain_core.messages import (
 )
 
 from langchain_compaction._lc.convert import summary_message, to_core_list
-from langchain_compaction.core.cut import find_cut, forced_cut, tool_pairs, valid_boundaries
+from langchain_compaction.core.cut import find_cut, forced_cut, thinking_loop_opening, tool_pairs, valid_boundaries
 from langchain_compaction.core.types import Message, ToolCall
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.functional import find_cut_point
@@ -397,3 +397,34 @@ def test_inside_a_thinking_loop_the_kept_part_may_start_at_a_reply_that_thinks_a
     reasoning = {"type": "reasoning", "reasoning": "next file"}
     unsigned = to_core_list(loop(reasoning, every=False))
     assert valid_boundaries(unsigned) == valid_boundaries(to_core_list(loop({"type": "text", "text": "ok"}, False)))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_a_pinned_call_is_not_written_back_inside_a_thinking_loop_in_progress(interleaved: bool) -> None:
+    """Written after the summary's bridge, a pinned write_todos call would open the loop without thinking."""
+    from conftest import assert_valid_anthropic_request
+
+    from langchain_compaction import CompactionOptions, compact
+
+    think = {"type": "thinking", "thinking": "plan the reads", "signature": "c2ln"}
+    messages: list[BaseMessage] = [SystemMessage("You are a coding agent."), HumanMessage("earlier " * 50)]
+    messages += [AIMessage("ok " * 50), HumanMessage("Read every module and keep a todo list.")]
+    for n in range(14):
+        name = "write_todos" if n == 5 else "read_file"
+        args: dict[str, Any] = {"todos": ["a", "b"]} if name == "write_todos" else {"path": f"src/m{n}.py"}
+        call = {"name": name, "args": args, "id": f"toolu_{n}"}
+        use = {"type": "tool_use", "id": call["id"], "name": name, "input": args}
+        blocks = [think, use] if (n == 0 or (interleaved and n > 5)) else [use]
+        messages += [AIMessage(blocks, tool_calls=[call]), ToolMessage(f"contents {n} " * 150, tool_call_id=call["id"])]
+    _, out = compact(lambda p: "## Goal\n- read modules", messages, CompactionOptions(context_window=8_000))
+    assert_valid_anthropic_request(out, "You are a coding agent.", thinking=True)
+
+
+def test_claudes_thinking_in_langchains_v1_blocks_is_claudes_thinking() -> None:
+    """ChatAnthropic(output_version="v1") writes thinking as a reasoning block with its signature in extras."""
+    reasoning = {"type": "reasoning", "reasoning": "plan", "extras": {"signature": "c2ln"}}
+    call = {"name": "read", "args": {}, "id": "c1"}
+    loop = [HumanMessage("go"), AIMessage([reasoning], tool_calls=[call]), ToolMessage("ok", tool_call_id="c1")]
+    assert thinking_loop_opening(to_core_list(loop)) == 1
+    unsigned = [HumanMessage("go"), AIMessage([{"type": "reasoning", "reasoning": "plan"}], tool_calls=[call])]
+    assert thinking_loop_opening(to_core_list([*unsigned, ToolMessage("ok", tool_call_id="c1")])) is None

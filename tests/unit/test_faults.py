@@ -683,6 +683,34 @@ def test_a_sync_only_chat_model_that_hangs_is_abandoned_on_time_under_asyncio_ru
     assert took < 5.0, f"asyncio.run returned after {took:.1f} s"
 
 
+def test_a_hung_simple_chat_model_is_abandoned_on_time_under_asyncio_run() -> None:
+    """SimpleChatModel (``_call``) wraps its sync path in asyncio's executor too: it runs on the library's threads."""
+    from langchain_core.language_models import SimpleChatModel
+
+    release = threading.Event()
+
+    class Hung(SimpleChatModel):
+        @property
+        def _llm_type(self) -> str:
+            return "hung-simple"
+
+        def _call(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> str:
+            release.wait(30)
+            return "## Goal\n- x"
+
+    async def main() -> None:
+        with pytest.raises(SummaryTimeoutError):
+            await acompact(Hung(), long_history(), CompactionOptions(context_window=3_000, timeout=0.2))
+
+    started = time.monotonic()
+    try:
+        asyncio.run(main())
+        took = time.monotonic() - started
+    finally:
+        release.set()
+    assert took < 5.0, f"asyncio.run returned after {took:.1f} s"
+
+
 def test_an_async_summarizer_is_not_refused_for_threads_other_calls_abandoned() -> None:
     """Four hung blocking calls abandoned: blocking calls are refused at once, a native async one still runs."""
     release = threading.Event()

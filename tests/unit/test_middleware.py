@@ -849,3 +849,18 @@ def test_a_model_that_sends_previous_response_id_is_said_to_defeat_compaction(ca
             agent.invoke({"messages": [HumanMessage(f"question {turn}")]})
     said = [r.getMessage() for r in caplog.records if "previous_response_id" in r.getMessage()]
     assert len(said) == 1, said
+
+
+def test_a_preparation_that_took_a_thinking_loop_whole_is_not_applied_over_the_replies_since() -> None:
+    """Prepared mid-loop, the summary took the loop whole; the replies since would open it without thinking."""
+    from langchain_compaction.features import PrepareAhead, default_features
+
+    model = _ThinkingClaude(replies=60)
+    middleware = CompactionMiddleware(
+        short_summary, CompactionOptions(context_window=12_000), features=[*default_features(), PrepareAhead(at=0.6)]
+    )
+    agent = create_agent(model, tools=[_read_file], middleware=[middleware], checkpointer=InMemorySaver())
+    agent.invoke({"messages": [HumanMessage("Read every module.")]}, {**cfg("prepared-loop"), "recursion_limit": 1_000})
+    assert sum(any(is_summary_message(m) for m in request) for request in model.seen) > 5
+    for request in model.seen:
+        assert_valid_anthropic_request(request, ends_with_user=True, thinking=True)

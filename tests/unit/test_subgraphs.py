@@ -492,3 +492,33 @@ def test_a_send_worker_is_told_apart_while_its_parents_checkpoint_is_still_being
     ids = [m.id for m in out["messages"]]
     assert ids[:2] == ["user-1", "sup-1"], ids
     assert any(is_summary_message(m) for m in out["messages"]), "the worker compacted"
+
+
+@pytest.mark.parametrize("join", [False, True])
+def test_a_subgraph_reached_by_an_edge_that_waits_for_several_nodes_writes_to_its_parent(join: bool) -> None:
+    """add_edge(["a", "b"], "agent") triggers the node through a join channel: an edge's, not a Send."""
+    model = GenericFakeChatModel(messages=iter([AIMessage(f"answer {i} " * 50) for i in range(500)]))
+
+    def call_model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke([SystemMessage("You are helpful."), *state["messages"]])]}
+
+    sub = StateGraph(MessagesState)
+    sub.add_node("compact", CompactionNode(short_summary, CompactionOptions(context_window=3_000)))
+    sub.add_node("model", call_model)
+    sub.add_edge(START, "compact")
+    sub.add_edge("compact", "model")
+    parent = StateGraph(MessagesState)
+    parent.add_node("agent", sub.compile())
+    parent.add_node("check_a", lambda state: {})
+    parent.add_edge(START, "check_a")
+    if join:
+        parent.add_node("check_b", lambda state: {})
+        parent.add_edge(START, "check_b")
+        parent.add_edge(["check_a", "check_b"], "agent")
+    else:
+        parent.add_edge("check_a", "agent")
+    graph = parent.compile(checkpointer=InMemorySaver())
+    for turn in range(30):
+        state = graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, cfg(f"join-{join}"))
+    assert sum(map(is_summary_message, state["messages"])) == 1, "the parent's state shrinks: one summary"
+    assert len(state["messages"]) < 20
