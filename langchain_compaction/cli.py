@@ -160,6 +160,8 @@ def _inspect_report(
     # summaries; the leading system prompt and the provider's prefix stay.
     summarized = [] if plan is None else [*(i for i in plan.previous_summaries if i < plan.start), *plan.region]
     total, t_summarized = sum(counts), sum(counts[i] for i in summarized)
+    over = needs_compaction(core, counts, options)
+    held = _held(options, plan, total - sum(counts[i] for i in summarized))
     return {
         "file": args.file,
         "format": fmt,
@@ -170,8 +172,9 @@ def _inspect_report(
         "count_by_type": dict(number),
         "context_window": options.context_window,
         "threshold": options.budget.threshold,
-        "would_compact": needs_compaction(core, counts, options),
-        "held": _held(options, plan, total - sum(counts[i] for i in summarized)),
+        "over_threshold": over,
+        "would_compact": over and not held,  # what compact does with the same window
+        "held": held,
         "cut_index": plan.cut if plan else 0,
         "keep_budget": options.budget.keep,
         "summarized": {"messages": len(summarized), "tokens": t_summarized},
@@ -188,16 +191,16 @@ def _print_inspect(
     rows = [[t, str(number[t]), f"{by_type[t]:,}", f"{by_type[t] / max(total, 1):.0%}"] for t in sorted(by_type)]
     print(_table(rows, ["type", "messages", "tokens", "share"], style), file=out)
     if report["threshold"] is not None:
-        verdict = style.yellow("would compact") if report["would_compact"] else style.green("fits")
+        verdict = style.yellow("would compact") if report["over_threshold"] else style.green("fits")
         reserve = args.context_window - report["threshold"]
         print(f"\nwindow {args.context_window:,} - reserve {reserve:,} = {report['threshold']:,}: {verdict}", file=out)
     else:
         print("\nno --context-window given: automatic compaction is off; the cut below is for a manual one", file=out)
     cut, summarized, kept = report["cut_index"], report["summarized"], report["kept"]
-    if report["would_compact"] and report["held"]:
+    if report["over_threshold"] and report["held"]:
         print(f"but no automatic compaction: {report['held']}", file=out)
     if not cut:
-        if not report["would_compact"]:
+        if not report["over_threshold"]:
             print(f"no cut: {_held(None, None, kept['tokens'], report['keep_budget'])}", file=out)
         return
     print(

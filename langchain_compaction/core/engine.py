@@ -184,6 +184,8 @@ _WIND_DOWN_SECONDS = 1.0
 def _ask(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> SummaryReply:
     try:
         value = _call_with_timeout(summarizer, _timed(request, timeout), timeout)
+    except CompactionError:
+        raise  # already ours, chained to its own cause
     except Exception as exc:
         raise _wrap(exc, request) from exc
     return _reply(value, request)
@@ -192,6 +194,8 @@ def _ask(summarizer: Summarizer, request: SummaryRequest, timeout: float | None)
 async def _aask(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> SummaryReply:
     try:
         value = await _await_with_timeout(summarizer, _timed(request, timeout), timeout)
+    except CompactionError:
+        raise  # already ours, chained to its own cause
     except Exception as exc:
         raise _wrap(exc, request) from exc
     return _reply(value, request)

@@ -34,6 +34,7 @@ from langchain_compaction.core.extract import (
     without_revoked,
 )
 from langchain_compaction.core.identifiers import identifiers as core_identifiers
+from langchain_compaction.core.options import check_int
 from langchain_compaction.core.readings import error_lines, failure_in
 from langchain_compaction.core.types import Message, SummaryRequest, ToolCall
 from langchain_compaction.summarizers.checkpoint import HEADINGS, SECTIONS, Checkpoint
@@ -194,6 +195,10 @@ class ExtractiveSummarizer:
 
     max_tokens: int = 3000
     max_context_items: int = 12
+
+    def __post_init__(self) -> None:
+        check_int("max_tokens", self.max_tokens, minimum=1, advice="the summary's budget in tokens, e.g. 3000")
+        check_int("max_context_items", self.max_context_items, minimum=1, advice="how many items, e.g. 12")
 
     @property
     def name(self) -> str:

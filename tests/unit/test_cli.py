@@ -405,3 +405,20 @@ def test_compact_can_mask_secrets_in_what_the_summarizer_sees(tmp_path):
     masked = json.loads(run("compact", str(path), "--json", "--redact-secrets")[1])
     assert key in plain["result"]["summary"]
     assert key not in json.dumps(masked)
+
+
+def test_inspect_says_would_compact_only_when_compact_would(tmp_path):
+    """A system prompt over the threshold alone: over it, but held (no room), so compact does nothing."""
+    conversation = [{"role": "system", "content": "You are helpful. " * 700}]
+    for i in range(30):
+        conversation += [
+            {"role": "user", "content": f"step {i} " * 10},
+            {"role": "assistant", "content": f"ok {i} " * 10},
+        ]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(conversation))
+    inspected = json.loads(run("inspect", str(path), "--context-window", "3000", "--json")[1])
+    compacted = json.loads(run("compact", str(path), "--context-window", "3000", "--json")[1])
+    assert inspected["over_threshold"] is True
+    assert inspected["held"]
+    assert inspected["would_compact"] is (compacted["result"] is not None) is False

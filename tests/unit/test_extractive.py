@@ -369,3 +369,11 @@ def test_a_question_the_assistant_asks_is_no_key_decision():
     decisions = summary.split("## Key Decisions", 1)[1].split("##", 1)[0]
     assert "What date" not in decisions
     assert "switch to the evening flight" in decisions
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_context_items"])
+def test_the_offline_summarizer_refuses_a_budget_below_one(field):
+    from langchain_compaction.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=f"^{field}="):
+        ExtractiveSummarizer(**{field: 0})

@@ -735,3 +735,20 @@ def test_an_async_summarizer_is_not_refused_for_threads_other_calls_abandoned() 
     finally:
         release.set()
     wait_for(lambda: Running.abandoned() == 0, 5.0)
+
+
+def test_a_summary_error_is_chained_to_what_the_model_raised_not_to_itself() -> None:
+    """A summarizer that raises the library's own error keeps its cause; the engine does not chain it to itself."""
+
+    class Broken(ConnectionError):
+        pass
+
+    def failing(prompt: str) -> str:
+        try:
+            raise Broken("connection reset")
+        except Broken as error:
+            raise SummarizationError("the model failed") from error
+
+    with pytest.raises(SummarizationError) as raised:
+        compact(failing, long_history(), CompactionOptions(context_window=3_000))
+    assert isinstance(raised.value.__cause__, Broken)
