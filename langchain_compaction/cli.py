@@ -308,6 +308,8 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
     from langchain_compaction.functional import auto_compact, compact
     from langchain_compaction.summarizers.chat_model import as_summarizer
 
+    if args.output == "-":
+        args.output = None  # "-" is standard output, as it is standard input for the file
     _writable(args.output)
     messages, conversation = _read(args.file)
     options = _options(args)
@@ -406,7 +408,9 @@ def _parser() -> argparse.ArgumentParser:
 
     comp = command("compact", "write the compacted conversation in the input's format")
     comp.add_argument("file", help="conversation file; - for stdin")
-    comp.add_argument("-o", "--output", help="where to write the compacted conversation (default: standard output)")
+    comp.add_argument(
+        "-o", "--output", help="where to write the compacted conversation (default, or -: standard output)"
+    )
     source = comp.add_mutually_exclusive_group()
     source.add_argument(
         "--model", help="summarize with provider:model (needs its package and API key; default: offline)"

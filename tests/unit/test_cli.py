@@ -422,3 +422,11 @@ def test_inspect_says_would_compact_only_when_compact_would(tmp_path):
     assert inspected["over_threshold"] is True
     assert inspected["held"]
     assert inspected["would_compact"] is (compacted["result"] is not None) is False
+
+
+def test_compact_writes_to_standard_output_for_a_dash(tmp_path, ponyc, monkeypatch):
+    """-o - is standard output, as - is standard input for the file (no file named "-")."""
+    monkeypatch.chdir(tmp_path)
+    code, text = run("compact", ponyc, "-o", "-", "--keep-recent-tokens", "4000")
+    assert code == 0
+    assert not (tmp_path / "-").exists()
