@@ -259,16 +259,16 @@ class Compactor:
             return budget.keep, False
         return max(budget.keep // 2, 1), True
 
-    def record(self, job: Job, namespace: tuple[str, ...]) -> tuple[list[int], dict[str, Any]]:
-        """What ``job`` removes, and the summary's record of it (``core.record.stamp``)."""
+    def record(self, job: Job, namespace: tuple[str, ...]) -> tuple[list[int], list[int], dict[str, Any]]:
+        """What ``job`` removes and the cleared copies it takes out (``taken_out``), and its record (``stamp``)."""
         assert job.plan is not None
-        removed, _ = taken_out(job.core, job.kept)
+        removed, cleared = taken_out(job.core, job.kept)
         cut = job.plan.cut
         base = {
             KEPT_FROM_KEY: job.messages[cut].id if cut < len(job.messages) else None,
             KEPT_BEFORE_KEY: [job.messages[i].id for i in job.kept if i < cut and job.messages[i].id],
         }
-        return removed, stamp(job.core, job.kept, removed, base, namespace)
+        return removed, cleared, stamp(job.core, job.kept, removed, base, namespace)
 
     def prepared_of(
         self, snapshot: list[BaseMessage], base: PreparedSummary | None, *, keep: int

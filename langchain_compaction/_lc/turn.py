@@ -334,16 +334,10 @@ class Turn(Compactor):
             cleared, output = self._cleared(job, job.clearing)
             return replace(cleared, parts={**cleared.parts, **parts}), output
         assert job.flow is not None
-        removed, record = self.record(job, place.conversation.namespace)
+        removed, placeholders, record = self.record(job, place.conversation.namespace)
         size = context_tokens(job.core, job.counts, place.overhead)
         parts = yield from self._commit(
-            job.messages,
-            job.core,
-            removed=removed,
-            record=record,
-            place=place,
-            size=size,
-            cleared_out=taken_out(job.core, job.kept)[1],
+            job.messages, job.core, removed=removed, record=record, place=place, size=size, cleared_out=placeholders
         )
         if parts is None:
             job.flow.close()
@@ -356,7 +350,7 @@ class Turn(Compactor):
                 # What the features committed (the archive) is the whole region's.
                 raise report.outcome.failure
             job = self.narrowed(job, report)
-            removed, record = self.record(job, place.conversation.namespace)
+            removed, _, record = self.record(job, place.conversation.namespace)
         # Finishing counts what was written, with the user's counter if any:
         # off the event loop on the async path.
         result, output = yield self.work(self.finish, job, report, record)

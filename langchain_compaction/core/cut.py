@@ -84,7 +84,8 @@ def valid_boundaries(messages: Sequence[Message]) -> list[bool]:
 
 def _thinks(message: Message) -> bool:
     """Whether ``message`` is a reply that opens with Claude's thinking (signed, or redacted)."""
-    return message.role == "assistant" and any(p.kind == "reasoning" and p.signed for p in message.parts[:1])
+    first = message.parts[0] if message.parts else None
+    return message.role == "assistant" and first is not None and first.kind == "reasoning" and first.signed
 
 
 def kept_start_fits(messages: Sequence[Message], start: int) -> bool:
@@ -104,8 +105,10 @@ def thinking_loop_opening(messages: Sequence[Message]) -> int | None:
     and then calls tools, reply after reply; a request whose tool loop in
     progress (the assistant turn after the last user message) does not start
     with that block is rejected. A cut inside such a loop would leave it
-    without its opening, so the loop is kept whole or summarized whole. A
-    finished turn (it ends on an answer without tool calls) is not in progress.
+    without its opening, unless the reply it keeps first opens with thinking
+    of its own (``valid_boundaries``); otherwise the loop is kept whole or
+    summarized whole (``find_cut``, ``forced_cut``). A finished turn (it ends
+    on an answer without tool calls) is not in progress.
 
     Example:
         >>> from langchain_compaction.core.types import Part, ToolCall
@@ -178,7 +181,7 @@ def find_cut(
 
 
 def _whole_loop(messages: Sequence[Message], counts: Sequence[int], cut: int | None, room: int) -> int | None:
-    """``cut``, or the end when it keeps a tool loop in progress (opened with reasoning) larger than ``room``.
+    """``cut``, or the end when it keeps a tool loop in progress (opened with Claude's thinking) larger than ``room``.
 
     Such a loop cannot be cut inside (``thinking_loop_opening``): kept whole,
     it could outgrow the window itself, so past ``room`` it is summarized whole.

@@ -100,9 +100,8 @@ def _reply(value: object, request: SummaryRequest) -> SummaryReply:
     return SummaryReply(str(reply.text), reply.usage, reply.covers_prefix)
 
 
-def _wrap(exc: Exception, request: SummaryRequest) -> CompactionError:
-    if isinstance(exc, CompactionError):
-        return exc
+def _wrap(exc: Exception, request: SummaryRequest) -> SummarizationError:
+    """A summarizer's own exception as the library's error (one of the library's is re-raised as it is)."""
     return SummarizationError(
         f"compaction summarisation failed: {type(exc).__name__}: {exc}",
         chunk_index=request.chunk_index,

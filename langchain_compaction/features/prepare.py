@@ -146,11 +146,14 @@ class PrepareAhead(Feature):
         mark = self.mark_for(options.budget)
         if mark is not None and options.budget.landing is not None and mark <= options.budget.landing:
             raise ConfigurationError("at", self.at, _ADVICE)  # (rounded onto the landing: no room to prepare in)
-        bound = PrepareAhead.__new__(PrepareAhead)
-        for name in ("at", "wait", "in_store", "lease", "remember", "_cache", "_spent"):
-            object.__setattr__(bound, name, getattr(self, name))
-        object.__setattr__(bound, "mark", mark)
-        return bound
+        return self._copy(mark=mark)
+
+    def _copy(self, **changes: Any) -> PrepareAhead:
+        """This feature with ``changes`` made (its fields are set once, in ``__post_init__``, or here)."""
+        copy = PrepareAhead.__new__(PrepareAhead)
+        for name in ("at", "wait", "in_store", "lease", "remember", "mark", "_cache", "_spent"):
+            object.__setattr__(copy, name, changes.get(name, getattr(self, name)))
+        return copy
 
     def sharing(self, holder: Any) -> PrepareAhead:
         """This feature keeping its preparations in ``holder.prepared`` (made there if missing).
@@ -161,12 +164,7 @@ class PrepareAhead(Feature):
         caches = holder.prepared
         if caches is None:
             caches = holder.prepared = (self._cache, self._spent)
-        shared = PrepareAhead.__new__(PrepareAhead)
-        for name in ("at", "wait", "in_store", "lease", "remember", "mark"):
-            object.__setattr__(shared, name, getattr(self, name))
-        object.__setattr__(shared, "_cache", caches[0])
-        object.__setattr__(shared, "_spent", caches[1])
-        return shared
+        return self._copy(_cache=caches[0], _spent=caches[1])
 
     def mark_for(self, budget: Budget) -> int | None:
         """The size past which a summary is prepared under ``budget`` (``None`` without a window).
