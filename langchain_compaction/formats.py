@@ -34,7 +34,7 @@ from langchain_core.messages import (
     messages_to_dict,
 )
 
-from langchain_compaction.core.prompts import SUMMARY_HEADER
+from langchain_compaction._lc.convert import is_summary_message
 from langchain_compaction.errors import ConversationFileError
 
 __all__ = ["Conversation", "ConversationFileError", "Format", "dump_conversation", "parse_conversation"]
@@ -282,7 +282,7 @@ def _system_messages(system: object, name: str) -> list[SystemMessage]:
     prompt: list[Any] = []
     for block in system:
         text = block if isinstance(block, str) else block.get("text")
-        if isinstance(text, str) and text.startswith(SUMMARY_HEADER):
+        if isinstance(text, str) and is_summary_message(SystemMessage(content=text)):
             if prompt:
                 out.append(SystemMessage(content=prompt))
                 prompt = []
