@@ -26,7 +26,7 @@ from langchain_compaction.core.extract import normalize
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Layout, Plan
 from langchain_compaction.core.result import CompactionResult
-from langchain_compaction.core.section import SECTION_HEADING, SECTION_NOTE
+from langchain_compaction.core.section import SECTION_HEADING, SECTION_NOTE, Fences
 from langchain_compaction.core.types import Message
 
 BODY_KEY = "body_chars"
@@ -40,10 +40,6 @@ if TYPE_CHECKING:
     from langchain_compaction.core.engine import DriverReport
 
 
-# A fence line: three or more backticks or tildes (indented too: in a list
-# item). A block closes only at a fence of its own character, at least as
-# long, alone on its line (CommonMark's rule: "```" inside a "~~~" block is text).
-_FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
 # A line of the prompt's template copied as it is: "[What ... ?]", "- [x] [Completed tasks]".
 _WORD = re.compile(r"\w+")
@@ -96,20 +92,15 @@ def well_formed(summary: str) -> str:
         '## Goal\\n- ship it\\n```py\\nx = 1\\n```'
     """
     kept: list[str] = []
-    fence = ""  # the fence of the open block ("" outside one)
+    fences = Fences()
     # Control characters say nothing in a summary, and a NUL is refused by
     # PostgreSQL's jsonb (a store that keeps prepared summaries).
     for line in _CONTROL.sub("", summary).splitlines():
-        found = _FENCE.match(line)
-        if found and not fence:
-            fence = found.group(1)
-        elif found and found.group(1).startswith(fence) and not found.group(2).strip():
-            fence = ""  # (its own character, at least as long: it starts with the opening fence)
-        elif not fence and _echoed(line):
+        if not fences.step(line) and _echoed(line):
             continue
         kept.append(line.rstrip())
-    if fence:
-        kept.append(fence)
+    if fences.open:
+        kept.append(fences.open)
     return "\n".join(kept).strip()
 
 

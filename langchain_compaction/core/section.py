@@ -10,6 +10,7 @@ When they do not all fit, each kind is sure of its share first (``SHARES``,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from langchain_compaction.core.extract import normalize, quoted
@@ -138,6 +139,34 @@ def facts_in_section(text: str) -> list[Fact]:
     return found
 
 
+# A fence line: three or more backticks or tildes (indented too: in a list
+# item). A block closes only at a fence of its own character, at least as
+# long, alone on its line (CommonMark's rule: "```" inside a "~~~" block is text).
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
+
+
+class Fences:
+    """Which lines of a markdown text are code, read line by line (CommonMark's fence rule).
+
+    Attributes:
+        open: The fence of the block the last line left open ("" outside one).
+    """
+
+    def __init__(self) -> None:
+        self.open = ""
+
+    def step(self, line: str) -> bool:
+        """Whether ``line`` is code: a fence line, or a line inside a block."""
+        found = _FENCE.match(line)
+        if found and not self.open:
+            self.open = found.group(1)
+            return True
+        if found and found.group(1).startswith(self.open) and not found.group(2).strip():
+            self.open = ""  # (its own character, at least as long: it starts with the opening fence)
+            return True
+        return bool(self.open)
+
+
 def _library_heading(text: str) -> int:
     """Where the library's own section heading starts in ``text``, -1 if none.
 
@@ -145,13 +174,10 @@ def _library_heading(text: str) -> int:
     dropped from its text (``core.layout.well_formed``), one inside a fence is
     its own words, and the library's sections come after its text.
     """
-    at, position, fence = -1, 0, ""
+    at, position, fences = -1, 0, Fences()
     for line in text.splitlines(keepends=True):
-        stripped = line.strip()
-        opener = stripped[:3]
-        if opener in ("```", "~~~"):
-            fence = "" if fence and stripped.startswith(fence) else fence or opener
-        elif not fence and line.rstrip("\n") == SECTION_HEADING:
+        bare = line.rstrip("\n")
+        if not fences.step(bare) and bare == SECTION_HEADING:
             at = position
         position += len(line)
     return at
