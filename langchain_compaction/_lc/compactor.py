@@ -377,7 +377,7 @@ class Compactor:
     # -- what happens around a compaction ---------------------------------------------------------
 
     def _reorder(
-        self, messages: Sequence[BaseMessage], core: list[Message], counts: list[int]
+        self, messages: Sequence[BaseMessage], core: Sequence[Message], counts: list[int]
     ) -> tuple[list[BaseMessage], list[Message], list[int]] | None:
         """Summaries found mid-history put back where they belong (``core.plan.reordered``); ``None`` if none is."""
         if not misplaced(core):

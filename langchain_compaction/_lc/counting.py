@@ -41,7 +41,7 @@ from langchain_compaction.core.context import trusted_usage
 from langchain_compaction.core.effects import Call, blocking, computing, inline, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.tokens import estimate_message
-from langchain_compaction.core.types import Message
+from langchain_compaction.core.types import Message, Scanned
 from langchain_compaction.errors import InvalidMessagesError
 
 _T = TypeVar("_T")
@@ -49,7 +49,7 @@ _T = TypeVar("_T")
 DEFAULT_CACHE_SIZE = 200_000
 LAST_CALLS_REMEMBERED = 64
 """Conversations whose last counted history a ``TokenCountCache`` keeps, most recent first."""
-_NOTHING: tuple[list[BaseMessage], list[int], list[Message]] = ([], [], [])
+_NOTHING: tuple[list[BaseMessage], list[int], Scanned] = ([], [], Scanned())
 """Messages remembered per cache before the oldest quarter is dropped."""
 
 # Up to this many messages are counted on the event loop itself (with the
@@ -139,14 +139,14 @@ class TokenCountCache:
         # forms, as one tuple so threads swap it atomically: a server's
         # interleaved conversations each find their own history (one slot for
         # all re-read every message of each, turn after turn).
-        self._last: Bounded[tuple[list[BaseMessage], list[int], list[Message]]] = Bounded(LAST_CALLS_REMEMBERED)
+        self._last: Bounded[tuple[list[BaseMessage], list[int], Scanned]] = Bounded(LAST_CALLS_REMEMBERED)
         self.misses = 0
         """Messages counted (cache misses) since the cache was made."""
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _previous(self, key: Any) -> tuple[list[BaseMessage], list[int], list[Message]]:
+    def _previous(self, key: Any) -> tuple[list[BaseMessage], list[int], Scanned]:
         return self._last.get(key) or _NOTHING
 
     def quick_check(self, messages: Sequence[BaseMessage], mark: int | None, key: Any = None) -> Call[bool | None]:
@@ -196,7 +196,7 @@ class TokenCountCache:
         same = list(map(operator.is_, messages, last))
         return same.index(False) if False in same else len(same)
 
-    def counts_and_core(self, messages: Sequence[BaseMessage], key: Any = None) -> tuple[list[int], list[Message]]:
+    def counts_and_core(self, messages: Sequence[BaseMessage], key: Any = None) -> tuple[list[int], Scanned]:
         """Token counts and core forms of ``messages``, cached together.
 
         Args:
@@ -209,7 +209,7 @@ class TokenCountCache:
         # One read of the previous call: another thread may swap it meanwhile.
         last, last_counts, last_core = self._previous(key)
         reused = self._reused(messages, last)
-        out, core = last_counts[:reused], last_core[:reused]
+        out, core = last_counts[:reused], list(last_core[:reused])
         missing: list[tuple[int, str]] = []
         entries = self._entries
         for index in range(reused, len(messages)):
@@ -226,8 +226,9 @@ class TokenCountCache:
             core.append(to_core(message, index))  # raises InvalidMessagesError naming the index
         if missing:
             self._count_missing(messages, missing, out, core)
-        self._last.put(key, (list(messages), out, core))
-        return list(out), list(core)
+        scanned = Scanned.grown(core, last_core, same=reused)
+        self._last.put(key, (list(messages), out, scanned))
+        return list(out), scanned
 
     def _count_missing(
         self, messages: Sequence[BaseMessage], missing: list[tuple[int, str]], out: list[int], core: list[Message]
@@ -243,13 +244,11 @@ class TokenCountCache:
                 fresh.append((key, (mark, value, core[index])))
         self._remember(fresh)
 
-    def count(self, messages: Sequence[BaseMessage], key: Any = None) -> Call[tuple[list[int], list[Message]]]:
+    def count(self, messages: Sequence[BaseMessage], key: Any = None) -> Call[tuple[list[int], Sequence[Message]]]:
         """``counts_and_core`` as a step of a flow: in place, or awaited (``acounts_and_core``)."""
         return twin(self.counts_and_core, self.acounts_and_core, messages, key)
 
-    async def acounts_and_core(
-        self, messages: Sequence[BaseMessage], key: Any = None
-    ) -> tuple[list[int], list[Message]]:
+    async def acounts_and_core(self, messages: Sequence[BaseMessage], key: Any = None) -> tuple[list[int], Scanned]:
         """``counts_and_core`` without blocking the event loop.
 
         A few new messages under the built-in estimate are counted in place;

@@ -121,7 +121,7 @@ class _Staged:
     """The conversation a turn works on, counted, with any misplaced summary put back; ``read``: as read."""
 
     messages: list[BaseMessage]
-    core: list[Message]
+    core: Sequence[Message]
     counts: list[int]
     read: list[BaseMessage]
 
@@ -155,7 +155,7 @@ class Turn(Compactor):
         instructions: str = "",
         summarizer: Summarizer | None = None,
         traced: Any = None,
-        counted: tuple[list[int], list[Message]] | None = None,
+        counted: tuple[list[int], Sequence[Message]] | None = None,
     ) -> Flow[Outcome]:
         """One turn over ``messages`` (see the module docstring).
 
@@ -210,7 +210,7 @@ class Turn(Compactor):
             yield from self._ahead(prepare, staged.messages, staged.counts, place, planned)
         return where == "due"
 
-    def _staged(self, messages: Sequence[BaseMessage], counted: tuple[list[int], list[Message]]) -> _Staged:
+    def _staged(self, messages: Sequence[BaseMessage], counted: tuple[list[int], Sequence[Message]]) -> _Staged:
         counts, core = counted
         fixed = self._reorder(messages, core, counts)
         if fixed is None:

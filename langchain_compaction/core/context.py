@@ -23,7 +23,7 @@ from typing import Literal
 
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import leading_block, summary_block
-from langchain_compaction.core.types import Message
+from langchain_compaction.core.types import Message, Scanned
 
 _HAS_BLOCK = attrgetter("has_compaction_block")
 
@@ -70,6 +70,16 @@ def usage_anchor(messages: Sequence[Message]) -> tuple[int, int] | None:
     return None if reported is None else (last, reported)
 
 
+def last_block(messages: Sequence[Message]) -> int | None:
+    """The index of the last message with a provider-side compaction block, if any."""
+    if isinstance(messages, Scanned):
+        return messages.blocks[-1] if messages.blocks else None
+    # C-level scan first: this runs on every turn and blocks are rare.
+    if not any(map(_HAS_BLOCK, messages)):
+        return None
+    return next(i for i in range(len(messages) - 1, -1, -1) if messages[i].has_compaction_block)
+
+
 def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead: int = 0) -> int:
     """The context size the trigger compares with the threshold.
 
@@ -90,9 +100,9 @@ def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead:
     # prompt and what follows the last block are billed.
     lead = leading_block(messages)
     block = lead
-    # C-level scan first: this runs on every turn and blocks are rare.
-    if any(map(_HAS_BLOCK, messages)):
-        block = max(lead, next(i for i in range(len(messages) - 1, -1, -1) if messages[i].has_compaction_block))
+    last = last_block(messages)
+    if last is not None:
+        block = max(lead, last)
     return sum(counts[:lead]) + sum(counts[block:]) + overhead
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from langchain_compaction.core.cut import find_cut, forced_cut, valid_boundaries
-from langchain_compaction.core.types import Message
+from langchain_compaction.core.types import Message, Scanned
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +217,10 @@ def misplaced(messages: Sequence[Message]) -> bool:
     It happens when a subgraph's compacted output is merged into its parent by
     id: the parent keeps what the summary replaced and appends the summary.
     """
-    return any(map(_IS_SUMMARY, messages[summary_block(messages) :]))  # C-level: this runs on every turn
+    start = summary_block(messages)
+    if isinstance(messages, Scanned):  # this runs on every turn: where the summaries are is known
+        return bool(messages.summaries) and messages.summaries[-1] >= start
+    return any(map(_IS_SUMMARY, messages[start:]))  # C-level
 
 
 def reordered(messages: Sequence[Message], ensure_user_turn: bool = True) -> Layout:

@@ -8,7 +8,7 @@ messages a caller keeps are the caller's objects.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -188,6 +188,43 @@ class Message:
     def carries_summary(self) -> bool:
         """Whether the message holds an earlier summary's text (a summary, not its bridge)."""
         return self.is_summary and self.label != "bridge"
+
+
+class Scanned(tuple[Message, ...]):
+    """A conversation that knows where its rare messages are: summaries and provider compaction blocks.
+
+    The trigger looks for both on every turn (a summary past the leading
+    block, the last compaction block); a history that grows by a few messages
+    a turn is scanned once with ``grown``, not whole each time. Immutable, so
+    what it knows cannot go stale; a plain sequence is scanned as it comes.
+
+    Example:
+        >>> first = Scanned.grown((Message("user", (Part("text", "hi"),)),))
+        >>> later = Scanned.grown((*first, Message("system", is_summary=True)), first, same=1)
+        >>> later.summaries, later.blocks
+        ((1,), ())
+    """
+
+    summaries: tuple[int, ...] = ()
+    """Indices of the summaries (and their bridges), in order."""
+    blocks: tuple[int, ...] = ()
+    """Indices of the messages with a provider-side compaction block, in order."""
+
+    @classmethod
+    def grown(cls, messages: Sequence[Message], previous: Scanned | None = None, same: int = 0) -> Scanned:
+        """``messages`` scanned past their first ``same``, which are ``previous``'s first ``same``."""
+        out = cls(messages)
+        start = min(same, len(out), len(previous)) if previous is not None else 0
+        summaries = [i for i in previous.summaries if i < start] if previous is not None else []
+        blocks = [i for i in previous.blocks if i < start] if previous is not None else []
+        for index in range(start, len(out)):
+            message = out[index]
+            if message.is_summary:
+                summaries.append(index)
+            if message.has_compaction_block:
+                blocks.append(index)
+        out.summaries, out.blocks = tuple(summaries), tuple(blocks)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
