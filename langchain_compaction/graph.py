@@ -269,9 +269,7 @@ class CompactionNode(Runnable[Any, Any], Adapter):
             update[self.messages_key] = [RemoveMessage(id=ask.command.id)]
         if not update or parent is None:
             return outcome.result, update
-        if outcome.messages is not None:
-            self._delivery.sent(own, outcome.messages)
-        return outcome.result, Command(graph=Command.PARENT, update=update, goto=parent)
+        return outcome.result, self._delivery.to_parent(own, update, state, parent, sent=outcome.messages)
 
     def recall_tool(self, *, max_chars: int = 4_000) -> BaseTool:
         """The tool that reads this node's archive back (give it to the agent's ``ToolNode``).

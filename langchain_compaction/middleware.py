@@ -326,8 +326,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         # the agent again on the compacted list (see CompactionNode(nested=...)).
         if parent is None:
             return update
-        self._delivery.sent(own, compacted)
-        return Command(graph=Command.PARENT, update=update, goto=parent)
+        return self._delivery.to_parent(own, update, state, parent, sent=compacted, own=(OVERHEAD_KEY,))
 
     def _check_model(self, model: object) -> None:
         """Say once what of the agent's model defeats compaction."""

@@ -28,6 +28,7 @@ from typing import Any, Literal, TypeVar
 
 from langchain_core.messages import BaseMessage
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
+from langgraph.types import Command
 
 from langchain_compaction._lc.convert import canonical, prefix_digest
 from langchain_compaction.core.bounded import Bounded
@@ -184,6 +185,20 @@ TOO_DEEP = "\x00too deep"
 """What ``parent_node`` says of a subgraph nested more than one level down."""
 
 
+_AGENT_JUMP = "jump_to"
+"""A LangChain agent's one-step jump (``create_agent``): it is the subgraph's own, never its parent's."""
+
+
+def _state_values(state: Any) -> dict[str, Any]:
+    """A graph state's keys and values: a dict, a dataclass or a pydantic model."""
+    if isinstance(state, Mapping):
+        return {key: value for key, value in state.items() if isinstance(key, str)}
+    fields = getattr(type(state), "model_fields", None) or getattr(state, "__dataclass_fields__", None)
+    if isinstance(fields, Mapping):
+        return {name: getattr(state, name) for name in fields if hasattr(state, name)}
+    return {}
+
+
 class Delivery:
     """Where an adapter in a subgraph writes its compaction: the parent's state, or its own.
 
@@ -300,6 +315,38 @@ class Delivery:
             holds = ids == [m.id for m in messages[: len(ids)]]
         self._holds.put(where, holds)
         return holds
+
+    def to_parent(
+        self,
+        conversation: Conversation,
+        update: dict[str, Any],
+        state: Any,
+        goto: str,
+        *,
+        sent: Sequence[BaseMessage] | None,
+        own: Sequence[str] = (),
+    ) -> Command[Any]:
+        """The command that writes ``update`` to the parent graph, which runs the subgraph's node (``goto``) again.
+
+        The subgraph's run ends there, and what it wrote to its other keys
+        in this run (a tool's to-do list, a node's notes) would end with it:
+        those go up too, as the subgraph's output carries them when it
+        finishes (LangGraph drops the keys the parent does not have). ``own``
+        names keys that stay below: the library's own and an agent's jump.
+
+        Args:
+            conversation: The subgraph's conversation.
+            update: The compaction's update (the messages, the result).
+            state: The subgraph's state as the node or middleware got it.
+            goto: The parent's node that runs the subgraph.
+            sent: The message list written, if any (see ``sent``).
+            own: State keys never written to the parent.
+        """
+        if sent is not None:
+            self.sent(conversation, sent)
+        stay = {*own, *update, _AGENT_JUMP}
+        carried = {key: value for key, value in _state_values(state).items() if key not in stay}
+        return Command(graph=Command.PARENT, update={**carried, **update}, goto=goto)
 
     def sent(self, conversation: Conversation, messages: Sequence[BaseMessage]) -> None:
         """Remember that ``messages`` (the list written) were sent to the parent of ``conversation``'s subgraph.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any
+from typing import Annotated, Any, NotRequired
 
 import pytest
 from helpers_turns import ToolCallingFake, cfg, short_summary, words
@@ -522,3 +522,82 @@ def test_a_subgraph_reached_by_an_edge_that_waits_for_several_nodes_writes_to_it
         state = graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, cfg(f"join-{join}"))
     assert sum(map(is_summary_message, state["messages"])) == 1, "the parent's state shrinks: one summary"
     assert len(state["messages"]) < 20
+
+
+class _Noted(MessagesState):
+    notes: Annotated[dict[str, bool], lambda old, new: {**(old or {}), **(new or {})}]
+
+
+def _noting_subgraph() -> Any:
+    """A ReAct loop (compaction, agent, a tool that writes ``notes``) that compacts right after the tool."""
+
+    def agent(state: _Noted) -> dict[str, Any]:
+        last = state["messages"][-1]
+        if isinstance(last, HumanMessage):
+            key = str(last.content).split()[1]
+            return {"messages": [AIMessage("", tool_calls=[{"name": "note", "args": {"key": key}, "id": f"n{key}"}])]}
+        return {"messages": [AIMessage(words("noted", 60))]}
+
+    def note(state: _Noted) -> dict[str, Any]:
+        call = state["messages"][-1].tool_calls[0]
+        return {
+            "messages": [ToolMessage(words("ok", 300), tool_call_id=call["id"])],
+            "notes": {call["args"]["key"]: True},
+        }
+
+    inner = StateGraph(_Noted)
+    inner.add_node("compact", CompactionNode(short_summary, OPTIONS))
+    inner.add_node("agent", agent)
+    inner.add_node("note", note)
+    inner.add_edge(START, "compact")
+    inner.add_edge("compact", "agent")
+    inner.add_conditional_edges("agent", lambda s: "note" if s["messages"][-1].tool_calls else END, ["note", END])
+    inner.add_edge("note", "compact")
+    return inner.compile()
+
+
+def test_what_a_subgraph_run_wrote_to_other_keys_reaches_the_parent_when_it_compacts() -> None:
+    # The compaction after the tool ends the subgraph's run with a command to
+    # its parent: the tool's note went with it before, 5 of 20 turns lost theirs.
+    outer = StateGraph(_Noted)
+    outer.add_node("inner", _noting_subgraph())
+    outer.add_edge(START, "inner")
+    graph = outer.compile(checkpointer=InMemorySaver())
+    config = cfg("noted")
+    summaries = 0
+    for turn in range(20):
+        state = graph.invoke({"messages": [HumanMessage(words(f"turn {turn}", 10))]}, config)
+        summaries += sum(1 for m in state["messages"] if is_summary_message(m))
+    assert summaries, "the subgraph never compacted: the test proves nothing"
+    assert sorted(state["notes"], key=int) == [str(t) for t in range(20)]
+
+
+class _Planned(MessagesState):
+    todos: NotRequired[list[dict[str, str]]]
+
+
+def test_an_agent_in_a_subgraph_keeps_its_to_do_list_across_compactions() -> None:
+    # LangChain's own to-do middleware writes ``todos`` from a tool; the
+    # compaction before the next model call used to throw the new list away.
+    from langchain.agents.middleware import TodoListMiddleware
+
+    def replies(turn: int) -> list[AIMessage]:
+        todos = [{"content": f"task {turn} " + words("detail", 150), "status": "in_progress"}]
+        call = {"name": "write_todos", "args": {"todos": todos}, "id": f"t{turn}"}
+        return [AIMessage("", tool_calls=[call]), AIMessage(words("planned", 40))]
+
+    agent = create_agent(
+        ToolCallingFake(messages=iter([r for turn in range(12) for r in replies(turn)])),
+        middleware=[TodoListMiddleware(), CompactionMiddleware(short_summary, CompactionOptions(context_window=4_000))],
+    )
+    outer = StateGraph(_Planned)
+    outer.add_node("agent", agent)
+    outer.add_edge(START, "agent")
+    graph = outer.compile(checkpointer=InMemorySaver())
+    config = cfg("planned")
+    summaries = 0
+    for turn in range(12):
+        state = graph.invoke({"messages": [HumanMessage(f"turn {turn} plan it")]}, config)
+        summaries += sum(1 for m in state["messages"] if is_summary_message(m))
+        assert state["todos"][0]["content"].startswith(f"task {turn} "), f"turn {turn} lost its to-do list"
+    assert summaries, "the agent never compacted: the test proves nothing"
