@@ -41,7 +41,9 @@ SUMMARY_MARK = "langchain_compaction"
 PIN_KEY = "compaction_pin"
 """Key in a message's ``additional_kwargs`` that pins it: ``{"compaction_pin": True}`` keeps it verbatim."""
 
-_REASONING_BLOCKS = frozenset({"thinking", "reasoning", "redacted_thinking"})
+_REASONING_BLOCKS = frozenset({"thinking", "reasoning", "redacted_thinking", "reasoning_content"})
+"""Reasoning as providers write it: Anthropic's (``thinking``, ``redacted_thinking``), LangChain's v1
+``reasoning``, Bedrock Converse's ``reasoning_content`` (its text and signature one level down)."""
 _TEXT_BLOCKS = frozenset({"text", "input_text", "output_text"})
 _TOOL_USE_BLOCKS = frozenset({"tool_use", "tool_call", "server_tool_use", "function_call"})
 _CHAT_ROLES: dict[str, Role] = {
@@ -122,6 +124,27 @@ def prefix_digest(messages: Sequence[BaseMessage]) -> str:
     return digest.hexdigest()
 
 
+def _reasoning_part(block: dict[str, Any], kind: str) -> Part | None:
+    """A reasoning block's part; ``signed`` when it is Claude's, which the cut keeps with its tool loop.
+
+    Claude's thinking carries a signature (Anthropic's block, a v1 block's
+    extras, Bedrock's nested block) or is redacted; another provider's
+    thinking (Gemini's unsigned ``thinking``) and OpenAI's reasoning have no
+    such rule. Redacted thinking has no readable text, but it opens a turn as
+    thinking does (core.cut).
+    """
+    nested = block.get("reasoning_content")
+    inner: dict[str, Any] = nested if isinstance(nested, dict) else {}
+    extras = block.get("extras")
+    extra: dict[str, Any] = extras if isinstance(extras, dict) else {}
+    text = block.get("thinking") or block.get("reasoning") or block.get("text") or inner.get("text") or ""
+    if not text and isinstance(block.get("summary"), list):
+        text = " ".join(str(s.get("text", "")) for s in block["summary"] if isinstance(s, dict))
+    redacted = kind == "redacted_thinking" or bool(inner.get("redacted_content") or extra.get("redacted_content"))
+    signed = redacted or bool(block.get("signature") or inner.get("signature") or extra.get("signature"))
+    return Part("reasoning", str(text), signed=signed) if text or redacted else None
+
+
 def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
     if isinstance(block, str):
         return Part("text", block)
@@ -133,17 +156,7 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
         text = block.get("text")
         return Part("text", "" if text is None else str(text))  # (a block with no text is not the word "None")
     if kind in _REASONING_BLOCKS:
-        text = block.get("thinking") or block.get("reasoning") or block.get("text") or ""
-        if not text and isinstance(block.get("summary"), list):
-            text = " ".join(str(s.get("text", "")) for s in block["summary"] if isinstance(s, dict))
-        # Redacted thinking has no readable text, but it opens a turn as
-        # thinking does (the cut keeps a tool loop with its opening: core.cut).
-        # Claude's (OpenAI's reasoning has no such rule): a thinking block, or a v1 reasoning block with its signature.
-        extras = block.get("extras")
-        signed = kind in ("thinking", "redacted_thinking") or bool(
-            block.get("signature") or (isinstance(extras, dict) and extras.get("signature"))
-        )
-        return Part("reasoning", str(text), signed=signed) if text or kind == "redacted_thinking" else None
+        return _reasoning_part(block, str(kind))
     if kind in ATTACHMENT_BLOCKS:
         return attachment_part(block, str(kind))
     if kind == "image_generation_call" and block.get("result"):

@@ -345,14 +345,19 @@ def test_forced_cut_respects_start_and_credit() -> None:
     assert forced_cut(core[:3], start=1, credit=1) == 2
 
 
-@pytest.mark.parametrize("opening", ["thinking", "redacted_thinking"])
+_CLAUDES_THINKING = {
+    "thinking": {"type": "thinking", "thinking": "read them one by one", "signature": "c2ln"},
+    "redacted_thinking": {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"},
+    # Claude on Bedrock (langchain-aws's Converse API): the text and signature one level down.
+    "bedrock": {"type": "reasoning_content", "reasoning_content": {"text": "read them", "signature": "c2ln"}},
+    "bedrock_redacted": {"type": "reasoning_content", "reasoning_content": {"redacted_content": "ZW5j"}},
+}
+
+
+@pytest.mark.parametrize("opening", sorted(_CLAUDES_THINKING))
 def test_a_tool_loop_in_progress_that_opened_with_thinking_is_never_cut_inside(opening: str) -> None:
     """Claude with extended thinking rejects a tool loop in progress that does not start with its thinking block."""
-    block = (
-        {"type": "thinking", "thinking": "read them one by one", "signature": "c2ln"}
-        if opening == "thinking"
-        else {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"}
-    )
+    block = _CLAUDES_THINKING[opening]
     history: list[BaseMessage] = [HumanMessage("earlier question " * 40), AIMessage("earlier answer " * 40)]
     history.append(HumanMessage("read every module"))
     for n in range(12):
@@ -428,3 +433,6 @@ def test_claudes_thinking_in_langchains_v1_blocks_is_claudes_thinking() -> None:
     assert thinking_loop_opening(to_core_list(loop)) == 1
     unsigned = [HumanMessage("go"), AIMessage([{"type": "reasoning", "reasoning": "plan"}], tool_calls=[call])]
     assert thinking_loop_opening(to_core_list([*unsigned, ToolMessage("ok", tool_call_id="c1")])) is None
+    # Gemini writes its thoughts as unsigned ``thinking`` blocks: not Claude's, so no loop rule.
+    gemini = [HumanMessage("go"), AIMessage([{"type": "thinking", "thinking": "plan"}], tool_calls=[call])]
+    assert thinking_loop_opening(to_core_list([*gemini, ToolMessage("ok", tool_call_id="c1")])) is None
