@@ -23,11 +23,13 @@ from langchain_compaction._lc.advice import Told
 from langchain_compaction._lc.convert import SUMMARY_MARK, bridge_message, summary_message, to_core
 from langchain_compaction._lc.counting import (
     DEFAULT_CACHE_SIZE,
+    LAST_CALLS_REMEMBERED,
     TokenCountCache,
     count_messages,
     counts_and_core,
     working,
 )
+from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Call, Flow
 from langchain_compaction.core.engine import DriverReport, Summarizer, summarize
 from langchain_compaction.core.flow import SummaryFlow, compaction_flow
@@ -112,6 +114,8 @@ class Compactor:
     given: tuple[Feature, ...]
     cache: TokenCountCache
     told: Told = field(default_factory=Told)
+    tried: Bounded[tuple[str, int]] = field(default_factory=lambda: Bounded(LAST_CALLS_REMEMBERED))
+    """Per conversation, a compaction that committed (archived) and did not finish: its id and size (``stamp``)."""
 
     @classmethod
     def build(
@@ -259,7 +263,9 @@ class Compactor:
             return budget.keep, False
         return max(budget.keep // 2, 1), True
 
-    def record(self, job: Job, namespace: tuple[str, ...]) -> tuple[list[int], list[int], dict[str, Any]]:
+    def record(
+        self, job: Job, namespace: tuple[str, ...], retry: tuple[str, int] | None = None
+    ) -> tuple[list[int], list[int], dict[str, Any]]:
         """What ``job`` removes and the cleared copies it takes out (``taken_out``), and its record (``stamp``)."""
         assert job.plan is not None
         removed, cleared = taken_out(job.core, job.kept)
@@ -268,7 +274,7 @@ class Compactor:
             KEPT_FROM_KEY: job.messages[cut].id if cut < len(job.messages) else None,
             KEPT_BEFORE_KEY: [job.messages[i].id for i in job.kept if i < cut and job.messages[i].id],
         }
-        return removed, cleared, stamp(job.core, job.kept, removed, base, namespace)
+        return removed, cleared, stamp(job.core, job.kept, removed, base, namespace, retry=retry)
 
     def prepared_of(
         self, snapshot: list[BaseMessage], base: PreparedSummary | None, *, keep: int

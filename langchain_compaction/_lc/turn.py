@@ -60,7 +60,7 @@ from langchain_compaction.core.cut import kept_start_fits
 from langchain_compaction.core.effects import Call, Flow, twin
 from langchain_compaction.core.engine import Summarizer, summarize
 from langchain_compaction.core.options import Budget, CompactionOptions
-from langchain_compaction.core.record import KEPT_FROM_KEY, stamp
+from langchain_compaction.core.record import KEPT_FROM_KEY, LINEAGE_KEY, stamp
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message, Preamble
 from langchain_compaction.features import CacheAligned, PrepareAhead
@@ -334,7 +334,9 @@ class Turn(Compactor):
             cleared, output = self._cleared(job, job.clearing)
             return replace(cleared, parts={**cleared.parts, **parts}), output
         assert job.flow is not None
-        removed, placeholders, record = self.record(job, place.conversation.namespace)
+        key = place.conversation.key
+        retry = self.tried.get(key)
+        removed, placeholders, record = self.record(job, place.conversation.namespace, retry)
         size = context_tokens(job.core, job.counts, place.overhead)
         parts = yield from self._commit(
             job.messages, job.core, removed=removed, record=record, place=place, size=size, cleared_out=placeholders
@@ -342,6 +344,9 @@ class Turn(Compactor):
         if parts is None:
             job.flow.close()
             return None
+        if parts:  # archived: a retry after a failed or cancelled summary takes the same id (``stamp``)
+            sid = record[LINEAGE_KEY][-1]
+            self.tried.put(key, retry if retry is not None and retry[0] == sid else (sid, len(removed)))
         report = yield from summarize(
             job.flow, summarizer or self.summarizer, fallback=self.fallback, timeout=self.options.timeout
         )
@@ -354,6 +359,7 @@ class Turn(Compactor):
         # Finishing counts what was written, with the user's counter if any:
         # off the event loop on the async path.
         result, output = yield self.work(self.finish, job, report, record)
+        self.tried.pop(key)
         return replace(result, parts={**result.parts, **parts}), output
 
     def _commit(

@@ -115,12 +115,29 @@ def compaction_id(previous: str | None, removed: Sequence[tuple[int, Message]]) 
     return hashlib.blake2b("".join(pieces).encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
 
 
+def _retried(
+    previous: str | None,
+    before: Sequence[Message],
+    positions: Sequence[int | None],
+    removed: Sequence[int],
+    retry: tuple[str, int] | None,
+) -> str | None:
+    """The id of the try ``retry`` names, when this compaction takes out what it took out first (else ``None``)."""
+    if retry is None or not 0 < retry[1] <= len(removed):
+        return None
+    sid, count = retry
+    first = [(p, before[i]) for i in removed[:count] if (p := positions[i]) is not None]
+    return sid if compaction_id(previous, first) == sid else None
+
+
 def stamp(
     before: Sequence[Message],
     kept: Sequence[int],
     removed: Sequence[int],
     mark: Mapping[str, Any],
     namespace: Sequence[str] = (),
+    *,
+    retry: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """The mark of a summary committed now: ``mark`` with the record's keys written from ``before``.
 
@@ -131,6 +148,11 @@ def stamp(
         mark: The summary's mark as the compaction wrote it (``kept_from``,
             ``kept_before`` and the features' keys).
         namespace: Which graph of the thread holds the conversation.
+        retry: An earlier try that did not finish (its summary failed, or the
+            run was cancelled), after its archive was written: its id and how
+            many messages it took out (``len(removed)``). A compaction that takes out the
+            same messages and more, on the same record, keeps that id, so what
+            the try archived is not archived again under another.
 
     Returns:
         The mark to write.
@@ -143,13 +165,14 @@ def stamp(
     kept_before = [i for i in mark.get(KEPT_BEFORE_KEY) or () if isinstance(i, str)]
     gone = [(p, before[i]) for i in removed if (p := positions[i]) is not None]
     previous = seen.lineage[-1] if seen.lineage else (str(seen.number) if seen.number else None)
+    sid = compaction_id(previous, gone)
     out = dict(mark)
     out.update(
         {
             ANCHOR_KEY: before[-1].id if before and before[-1].id else None,
             POSITION_KEY: position if position is not None else seen.following,
             NUMBER_KEY: seen.number + 1,
-            LINEAGE_KEY: [*seen.lineage, compaction_id(previous, gone)],
+            LINEAGE_KEY: [*seen.lineage, _retried(previous, before, positions, removed, retry) or sid],
             KEPT_POSITIONS_KEY: [p for i in kept_before if (p := by_id.get(i)) is not None],
             NAMESPACE_KEY: list(namespace),
         }

@@ -25,6 +25,7 @@ from archive_sessions import (
 from conftest import compaction_graph
 from helpers_turns import (
     SMALL_WINDOW,
+    SUMMARY,
     archive_graph_with_recall,
     archive_items,
     archived,
@@ -50,7 +51,7 @@ from langchain_compaction._lc.convert import SUMMARY_MARK, is_compaction_message
 from langchain_compaction.archive import Archive, recall_tool
 from langchain_compaction.core.effects import drive
 from langchain_compaction.core.layout import summary_body
-from langchain_compaction.errors import ConfigurationError, StoreError
+from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
 from langchain_compaction.features import Commit, default_features
 from langchain_compaction.graph import CompactionState, acompact_thread, compact_thread
 
@@ -1084,3 +1085,64 @@ def test_the_command_line_lists_a_sub_agents_archive_apart(tmp_path: Any) -> Non
     assert "main conversation" in main_out.getvalue()
     assert "sub-agent" not in main_out.getvalue()
     assert "sub-agent's page" in sub_out.getvalue()
+
+
+def _archived_ids(store: InMemoryStore, thread: str) -> Counter[str]:
+    return Counter(item.value.get("id") for item in store.search(("compaction_archive", thread), limit=100_000))
+
+
+def _replier(state: dict[str, Any]) -> dict[str, Any]:
+    return {"messages": [AIMessage(words("answer", 60))]}
+
+
+def test_a_summarizer_down_for_many_turns_archives_each_message_once() -> None:
+    # Each failed turn archived the whole region again under a new compaction
+    # id (the region had grown by a turn): 28 failed turns filed 1,010 items
+    # for 49 messages. The retry keeps the failed try's id.
+    down = True
+
+    def summarizer(prompt: str) -> str:
+        if down:
+            raise RuntimeError("the summary service is down")
+        return SUMMARY
+
+    store = InMemoryStore()
+    node = CompactionNode(summarizer, CompactionOptions(context_window=4_000), features=with_archive())
+    graph = compaction_graph(node, _replier, checkpointer=InMemorySaver(), store=store)
+    failed = 0
+    for turn in range(36):
+        down = turn < 30
+        try:
+            graph.invoke({"messages": [HumanMessage(words(f"question {turn}", 200), id=f"h{turn}")]}, cfg("down"))
+        except CompactionError:
+            failed += 1
+    archived = _archived_ids(store, "down")
+    state = graph.get_state(cfg("down")).values["messages"]
+    assert failed >= 20, "the outage never reached a compaction: the test proves nothing"
+    assert any(is_summary_message(m) for m in state)
+    assert max(archived.values()) == 1, archived.most_common(3)
+    ids_kept = {m.id for m in state}
+    assert all(f"h{t}" in ids_kept or f"h{t}" in archived for t in range(36))
+
+
+async def test_compactions_cancelled_mid_summary_archive_each_message_once() -> None:
+    import asyncio
+
+    async def slow(prompt: str) -> str:
+        await asyncio.sleep(0.3)
+        return SUMMARY
+
+    store = InMemoryStore()
+    node = CompactionNode(slow, CompactionOptions(context_window=4_000), features=with_archive())
+    graph = compaction_graph(node, _replier, checkpointer=InMemorySaver(), store=store)
+    cancelled = 0
+    for turn in range(24):
+        wait = 0.1 if turn < 18 else 5.0
+        message = HumanMessage(words(f"question {turn}", 200), id=f"h{turn}")
+        try:
+            await asyncio.wait_for(graph.ainvoke({"messages": [message]}, cfg("cut")), wait)
+        except TimeoutError:
+            cancelled += 1
+    archived = _archived_ids(store, "cut")
+    assert cancelled >= 8, "no compaction was cancelled: the test proves nothing"
+    assert max(archived.values()) == 1, archived.most_common(3)
