@@ -27,6 +27,7 @@ compaction number is not past the record's.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import re
@@ -246,15 +247,30 @@ class Archive(Feature):
 
 
 def _stored(message: BaseMessage) -> dict[str, Any]:
-    """A message as an item holds it: LangChain's dict, or that dict as JSON text when it holds a NUL.
+    """A message as an item holds it: LangChain's dict, or that dict as JSON text when the store could not take it.
 
     PostgreSQL's ``jsonb`` refuses a NUL character in a string (a binary
     file's header read by a tool, say): every later write of the thread
-    would fail. As JSON text, the NUL is the six characters ``\\u0000``.
+    would fail. As JSON text, the NUL is the six characters ``\\u0000``. A
+    tool's artifact that is not JSON (rows with dates, a dataclass), which the
+    checkpointer's own serializer takes, would fail every write the same way:
+    it is kept as its JSON text, dates in ISO form and anything else as ``str``.
     """
     data = message_to_dict(message)
-    text = json.dumps(data)
+    try:
+        text = json.dumps(data)
+    except (TypeError, ValueError):
+        return {"message_json": json.dumps(data, default=_as_json)}
     return {"message_json": text} if "\\u0000" in text else {"message": data}
+
+
+def _as_json(value: object) -> object:
+    """What JSON holds for ``value``: a date's ISO form, a set's items, anything else its text."""
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
 
 
 def archived_message(value: Mapping[str, Any]) -> BaseMessage:

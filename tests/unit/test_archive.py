@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import Counter
@@ -53,6 +54,7 @@ from langchain_compaction.core.effects import drive
 from langchain_compaction.core.layout import summary_body
 from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
 from langchain_compaction.features import Commit, default_features
+from langchain_compaction.features.archive import archived_message
 from langchain_compaction.graph import CompactionState, acompact_thread, compact_thread
 
 
@@ -1146,3 +1148,32 @@ async def test_compactions_cancelled_mid_summary_archive_each_message_once() -> 
     archived = _archived_ids(store, "cut")
     assert cancelled >= 8, "no compaction was cancelled: the test proves nothing"
     assert max(archived.values()) == 1, archived.most_common(3)
+
+
+def test_a_tool_artifact_that_is_not_json_is_archived_as_text_on_sqlite(tmp_path: Any) -> None:
+    # Rows with dates from a content-and-artifact tool: the checkpointer takes
+    # them, the store's JSON did not, and every compaction raised StoreError.
+    import datetime
+
+    from langgraph.store.sqlite import SqliteStore
+
+    calls = itertools.count()
+
+    def agent(state: dict[str, Any]) -> dict[str, Any]:
+        n = next(calls)
+        rows = [{"order": n, "shipped_at": datetime.datetime(2026, 1, 1, 12, n % 60)}]
+        call = {"id": f"q{n}", "name": "query_orders", "args": {"sql": "select * from orders"}}
+        result = ToolMessage(words(f"order {n} shipped", 120), tool_call_id=f"q{n}", artifact=rows, id=f"r{n}")
+        return {"messages": [AIMessage("", tool_calls=[call]), result, AIMessage(words("done", 20))]}
+
+    with SqliteStore.from_conn_string(str(tmp_path / "store.db")) as store:
+        store.setup()
+        node = CompactionNode(short_summary, CompactionOptions(context_window=4_000), features=with_archive())
+        graph = compaction_graph(node, agent, checkpointer=InMemorySaver(), store=store)
+        for turn in range(16):
+            graph.invoke({"messages": [HumanMessage(words(f"turn {turn}", 20))]}, cfg("rows"))
+        items = store.search(("compaction_archive", "rows"), limit=10_000)
+        first = next(i for i in items if i.value.get("id") == "r0")
+        message = archived_message(first.value)
+    assert isinstance(message, ToolMessage)
+    assert message.artifact == [{"order": 0, "shipped_at": "2026-01-01T12:00:00"}]
