@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 _V = TypeVar("_V")
@@ -61,3 +62,13 @@ class Bounded(Generic[_V]):
         """Drop every entry."""
         with self._lock:
             self._items.clear()
+
+    def retain(self, keep: Callable[[_V], bool]) -> None:
+        """Drop every entry ``keep`` says no to (a forked child drops the work of threads it did not inherit)."""
+        with self._lock:
+            for key in [k for k, v in self._items.items() if not keep(v)]:
+                del self._items[key]
+
+    def after_fork(self) -> None:
+        """A fresh lock, in a forked child: the parent's thread that held it did not come along."""
+        self._lock = threading.Lock()

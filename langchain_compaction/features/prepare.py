@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -70,6 +72,22 @@ class _Preparation:
     done: threading.Event = field(default_factory=threading.Event)
     value: PreparedSummary | None = None
     task: asyncio.Task[None] | None = None
+
+
+_CACHES: weakref.WeakSet[Bounded[_Preparation]] = weakref.WeakSet()
+"""Every live feature's preparations, for a forked child to drop those still running."""
+
+
+def _after_fork_in_child() -> None:
+    # The threads and event loops running preparations did not come along: a
+    # preparation left running would make every threshold turn wait for it.
+    for cache in list(_CACHES):
+        cache.after_fork()
+        cache.retain(lambda preparation: preparation.done.is_set())
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 Compact = Callable[[list[BaseMessage], "PreparedSummary | None"], Flow["PreparedSummary | None"]]
@@ -140,6 +158,7 @@ class PrepareAhead(Feature):
         check_int("remember", self.remember, minimum=1, advice="a positive number of conversations")
         object.__setattr__(self, "_cache", Bounded(self.remember))
         object.__setattr__(self, "_spent", Bounded(self.remember))
+        _CACHES.add(self._cache)
 
     def bind(self, options: CompactionOptions) -> PrepareAhead:
         """This feature with its mark worked out for ``options`` (the same cache: preparations carry over)."""

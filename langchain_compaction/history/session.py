@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
@@ -102,6 +103,23 @@ _SESSIONS_GUARD = threading.Lock()
 _RECENT: Bounded[SessionState] = Bounded(CONVERSATIONS_REMEMBERED)
 """The sessions used last, held: ``RunnableWithMessageHistory`` makes a wrapper per call and drops it,
 and the next one finds the session's counts and preparations where the last left them."""
+
+
+def _after_fork_in_child() -> None:
+    # A process forked while one of its threads compacted a session (a worker
+    # pool, multiprocessing's default on Linux) gets that session's locks held
+    # by a thread it does not have: compact() hung and add_messages never
+    # compacted again. The child starts with every session free.
+    global _SESSIONS_GUARD  # noqa: PLW0603 (a module-level lock, made anew)
+    _SESSIONS_GUARD = threading.Lock()
+    _RECENT.after_fork()
+    for state in {*_SESSIONS.values(), *_UNFINISHED}:
+        state.lock = InProcessLock()
+        state.flight = Flight()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def session_state(inner: BaseChatMessageHistory) -> SessionState:

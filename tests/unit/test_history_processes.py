@@ -221,3 +221,56 @@ def test_writers_converge_under_a_model_that_fails_every_third_call(tmp_path: Pa
     _exactly_once(stored, archived, sent)
     print("FIGURE | after 20 more adds: stored tokens", estimate_message_tokens(stored), "messages", len(stored))
     assert estimate_message_tokens(stored) <= 3000
+
+
+FORKER = textwrap.dedent(
+    """
+    import multiprocessing, sys, threading, time
+    from langchain_core.chat_history import InMemoryChatMessageHistory
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_compaction import CompactingChatMessageHistory, CompactionOptions
+
+    asked = threading.Event()
+
+    def slow(prompt):
+        asked.set()
+        time.sleep(2)  # the parent's compaction is waiting for its model when the process forks
+        return "## Goal\\n- summarized"
+
+    history = CompactingChatMessageHistory(
+        InMemoryChatMessageHistory(), slow, CompactionOptions(context_window=2000, reserve_tokens=500,
+        keep_recent_tokens=300)
+    )
+    for i in range(10):
+        history.inner.add_messages([HumanMessage(f"question {i} " * 10), AIMessage(f"answer {i} " * 10)])
+
+    def child(results):
+        history.add_messages([HumanMessage("the child's question " * 10)])
+        results.put(history.compact() is not None)
+
+    if __name__ == "__main__":
+        threading.Thread(target=history.compact, daemon=True).start()
+        asked.wait(10)
+        context = multiprocessing.get_context("fork")
+        results = context.Queue()
+        process = context.Process(target=child, args=(results,))
+        process.start()
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+            print("hung")
+        else:
+            print("compacted" if not results.empty() and results.get() else "not compacted")
+    """
+)
+
+
+def test_a_process_forked_while_a_thread_compacts_a_session_can_compact_its_own_copy(tmp_path: Path) -> None:
+    # The child inherited the session's lock held by a thread it does not
+    # have: its compact() never returned, and add_messages never compacted.
+    script = tmp_path / "forker.py"
+    script.write_text(FORKER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(script)]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.strip() == "compacted", done.stdout + done.stderr[-2000:]
