@@ -198,7 +198,8 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
             ``SummarizationError`` and the state is left unchanged.
         custom_instructions: Appended to every summary prompt, e.g.
             ``"keep the API design decisions"``.
-        on_compaction: Called with each ``CompactionResult``. Every compaction
+        on_compaction: Called with each ``CompactionResult`` (an observer:
+            an error it raises is logged, and the compaction goes ahead). Every compaction
             is also dispatched as the custom event ``COMPACTION_EVENT`` (its
             ``CompactionRecord``) and logged at INFO.
         cache_size: How many per-message token counts to keep.
@@ -308,7 +309,12 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         """One turn over ``messages``; the list to write (compacted, or a summary put back), or ``None``."""
         outcome: Outcome = yield from self._turn.run(messages, place, trigger=trigger, instructions=self._instructions)
         if outcome.result is not None and self._on_compaction is not None:
-            self._on_compaction(outcome.result)
+            # An observer, as LangChain's callback handlers are: its error is
+            # logged, and the compaction (paid for) still goes ahead.
+            try:
+                self._on_compaction(outcome.result)
+            except Exception:
+                logger.exception("on_compaction raised; the compaction goes ahead")
         return outcome.messages
 
     def _state_flow(self, state: Mapping[str, Any], runtime: Any = None) -> Flow[dict[str, Any] | Command[Any] | None]:

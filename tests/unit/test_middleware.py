@@ -864,3 +864,30 @@ def test_a_preparation_that_took_a_thinking_loop_whole_is_not_applied_over_the_r
     assert sum(any(is_summary_message(m) for m in request) for request in model.seen) > 5
     for request in model.seen:
         assert_valid_anthropic_request(request, ends_with_user=True, thinking=True)
+
+
+def test_an_on_compaction_observer_that_raises_is_logged_and_the_compaction_goes_ahead(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A metrics hook's hiccup threw away every compaction it was told about
+    # and failed the turn, turn after turn, while each paid for a summary.
+    seen: list[CompactionResult] = []
+
+    def flaky(result: CompactionResult) -> None:
+        seen.append(result)
+        raise ConnectionError("the metrics endpoint is down")
+
+    model = ToolCallingFakeModel(messages=text_script(30))
+    agent = create_agent(
+        model,
+        middleware=[CompactionMiddleware(short_summary, CompactionOptions(context_window=3_000), on_compaction=flaky)],
+        checkpointer=InMemorySaver(),
+    )
+    with caplog.at_level(logging.ERROR, logger="langchain_compaction"):
+        for turn in range(30):
+            agent.invoke({"messages": [HumanMessage(words(f"question {turn}", 120))]}, cfg("observed"))
+    assert seen, "nothing compacted: the test proves nothing"
+    assert "on_compaction raised" in caplog.text
+    state = agent.get_state(cfg("observed")).values["messages"]
+    assert is_summary_message(state[0])
+    assert len(model.requests) == 30
