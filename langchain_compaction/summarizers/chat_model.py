@@ -180,10 +180,15 @@ class ChatModelSummarizer:
     def _model(self, request: SummaryRequest, aligned: bool) -> Runnable[Any, Any]:
         # The conversation's own tools go with its prefix, so the provider's
         # cache (tools first) matches the agent's requests.
-        bind = getattr(self.model, "bind_tools", None)
-        if aligned and request.prefix_tools and callable(bind):
-            return cast("Runnable[Any, Any]", bind(list(request.prefix_tools)))
-        return self.model
+        if not (aligned and request.prefix_tools):
+            return self.model
+        # (Looked up only when there are tools to bind: a model with fallbacks
+        # answers the lookup through LangChain's own ``__getattr__``, which can raise.)
+        try:
+            bind = getattr(self.model, "bind_tools", None)
+        except Exception:
+            return self.model
+        return cast("Runnable[Any, Any]", bind(list(request.prefix_tools))) if callable(bind) else self.model
 
     def summarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Invoke the model; see ``Summarizer``."""

@@ -58,3 +58,16 @@ def test_the_middleware_continues_a_langchain_thread():
     assert update is not None
     assert "previous-summary" in recorder.prompts[0]
     assert SUMMARY_TEXT in recorder.prompts[0]
+
+
+def test_a_chat_model_with_fallbacks_summarizes() -> None:
+    # LangChain answers ``getattr(model_with_fallbacks, "bind_tools")`` by
+    # reading the method's type hints, which raised NameError for a model that
+    # does not define bind_tools: every compaction failed.
+    model = FakeListChatModel(responses=["## Goal\n- first"]).with_fallbacks(
+        [FakeListChatModel(responses=["## Goal\n- backup"])]
+    )
+    messages = [HumanMessage(f"step {i} " * 40) if i % 2 == 0 else AIMessage(f"done {i} " * 40) for i in range(20)]
+    result, out = compact(model, messages, CompactionOptions(context_window=2_000))
+    assert result is not None
+    assert "- first" in str(out[0].content)
