@@ -18,7 +18,7 @@ force a compaction through the same run.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,6 +197,7 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         self.nested: Nesting = nested
         self._delivery = Delivery(nested, f"CompactionNode {name!r}")
         self._warned_no_window = False
+        self._warned_other_key = False
 
     @property
     def archive(self) -> Archive | None:
@@ -221,6 +222,8 @@ class CompactionNode(Runnable[Any, Any], Adapter):
     def _ask(self, state: Any, manual: str | None) -> _Ask | None:
         """What this run must do; ``None`` when automatic compaction is off and nothing forces one."""
         messages = read_messages(state, self.messages_key)
+        if not messages:
+            self._say_other_key(state)
         if manual is not None:
             return _Ask(messages, manual, forced=True)
         if self.enable_compact_command and messages:
@@ -231,6 +234,23 @@ class CompactionNode(Runnable[Any, Any], Adapter):
             self._say_no_window(len(messages))
             return None  # automatic compaction is off: do not even count
         return _Ask(messages)
+
+    def _say_other_key(self, state: Any) -> None:
+        """Say once that the state keeps its messages under another key than ``messages_key``."""
+        if self._warned_other_key or not isinstance(state, Mapping) or self.messages_key in state:
+            return
+        other = next((k for k, v in state.items() if isinstance(v, list) and v and isinstance(v[0], BaseMessage)), None)
+        if other is None:
+            return
+        self._warned_other_key = True
+        logger.warning(
+            "CompactionNode %r reads the messages under %r, which the state does not have; it keeps a message list "
+            "under %r, which is never compacted: pass messages_key=%r",
+            self.name,
+            self.messages_key,
+            other,
+            other,
+        )
 
     def _say_no_window(self, size: int) -> None:
         if self._warned_no_window or not size:

@@ -954,3 +954,22 @@ def test_a_messages_key_without_add_messages_is_named_as_the_cause() -> None:
     asked = {str(m.content).split()[0] for m in held if isinstance(m, HumanMessage) and str(m.content).startswith("q")}
     assert asked == {f"q{turn}" for turn in range(len(asked))}
     assert len(asked) > 10
+
+
+class _History(TypedDict):
+    history: Annotated[list[Any], add_messages]
+
+
+def test_a_state_keeping_its_messages_under_another_key_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    # messages_key forgotten: the node read nothing and never compacted, silently.
+    builder = StateGraph(_History)
+    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=4_000)))
+    builder.add_node("agent", lambda state: {"history": [AIMessage("ok " * 40)]})
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for turn in range(3):
+            graph.invoke({"history": [HumanMessage(f"question {turn}")]}, {"configurable": {"thread_id": "h"}})
+    said = [r.getMessage() for r in caplog.records if "messages_key='history'" in r.getMessage()]
+    assert len(said) == 1, said
