@@ -356,7 +356,16 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         if isinstance(window, int) and not isinstance(window, bool) and window > 0:
             # One object holds the options, the features bound to them and the
             # caches: replaced whole, so nothing keeps the old window.
-            self._turn = self._turn.with_window(window)
+            try:
+                self._turn = self._turn.with_window(window)
+            except ConfigurationError as refused:
+                logger.warning(
+                    "CompactionMiddleware: the model's profile states a window of %d tokens, which the options do "
+                    "not fit, so nothing is compacted ahead of time: %s",
+                    window,
+                    refused,
+                )
+                return
             logger.info("CompactionMiddleware: context window %d tokens, from the model's profile", window)
             return
         logger.warning(

@@ -373,6 +373,16 @@ class CompactionOptions:
                 f"context_window - reserve_tokens = {threshold} tokens; "
                 f"pass keep_recent_tokens below {threshold}, e.g. {threshold * 3 // 10}, or None to derive it",
             )
+        summary = self.summary_max_tokens
+        keep = self.budget.keep
+        if summary is not None and keep + summary >= threshold:
+            raise ConfigurationError(
+                "summary_max_tokens",
+                summary,
+                f"a summary that long beside the {keep} tokens kept verbatim would not bring the context under "
+                f"context_window - reserve_tokens = {threshold} tokens; pass summary_max_tokens below "
+                f"{threshold - keep}, e.g. {max((threshold - keep) // 3, 64)}, or None to derive it",
+            )
 
     @cached_property
     def budget(self) -> Budget:

@@ -254,7 +254,7 @@ def _stored(message: BaseMessage) -> dict[str, Any]:
     would fail. As JSON text, the NUL is the six characters ``\\u0000``. A
     tool's artifact that is not JSON (rows with dates, a dataclass), which the
     checkpointer's own serializer takes, would fail every write the same way:
-    it is kept as its JSON text, dates in ISO form and anything else as ``str``.
+    it is kept as its JSON text, dates written out (``isoformat``) and anything else as ``str``.
     """
     data = message_to_dict(message)
     try:
@@ -265,7 +265,7 @@ def _stored(message: BaseMessage) -> dict[str, Any]:
 
 
 def _as_json(value: object) -> object:
-    """What JSON holds for ``value``: a date's ISO form, a set's items, anything else its text."""
+    """What JSON holds for ``value``: a date written out, a set's items, anything else its text."""
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
     if isinstance(value, (set, frozenset, tuple)):

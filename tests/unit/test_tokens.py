@@ -292,6 +292,16 @@ def test_token_counter_must_be_callable() -> None:
     assert "token_counter=42" in str(info.value)
 
 
+def test_a_summary_budget_that_leaves_no_room_is_refused_at_construction() -> None:
+    # It was taken, and a compaction at window 4,000 grew the context from 3,960 to 9,537 tokens.
+    with pytest.raises(ConfigurationError) as info:
+        CompactionOptions(context_window=4_000, summary_max_tokens=100_000)
+    assert "summary_max_tokens=100000" in str(info.value)
+    assert "below 2450" in str(info.value)
+    assert CompactionOptions(context_window=4_000, summary_max_tokens=2_000).budget.summary_max == 2_000
+    assert CompactionOptions(summary_max_tokens=100_000).budget.summary_max == 100_000  # no window: nothing to fit
+
+
 # --- should_compact ------------------------------------------------------------
 
 
