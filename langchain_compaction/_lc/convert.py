@@ -163,8 +163,10 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
         # An image OpenAI's Responses API generated: an image's cost, never its base64 as text.
         media = f"image/{block['output_format']}" if block.get("output_format") else None
         return attachment_part({"type": "image", "base64": block["result"], "mime_type": media}, "image")
-    if kind in _TOOL_USE_BLOCKS and str(block.get("id")) in skip_ids:
-        return None  # the same call is in ``tool_calls``; count it once
+    if kind in _TOOL_USE_BLOCKS and (str(block.get("id")) in skip_ids or str(block.get("call_id")) in skip_ids):
+        # The same call is in ``tool_calls``: count it once. (OpenAI's Responses
+        # API names the call by ``call_id``; its ``id`` is the output item's.)
+        return None
     if kind == "compaction":
         return Part("compaction", str(block.get("content") or block.get("text") or ""))
     return Part("data", json_text(block))

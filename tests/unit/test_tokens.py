@@ -144,6 +144,13 @@ def test_tool_use_block_duplicating_a_tool_call_is_counted_once() -> None:
         tool_calls=[call],
     )
     assert estimate_message_tokens([doubled]) == estimate_message_tokens([plain])
+    # OpenAI's Responses API (output_version "responses/v1") names the call by call_id; the block's id is its own.
+    arguments = json.dumps(call["args"])
+    responses = AIMessage(
+        [{"type": "function_call", "id": "fc_9", "call_id": "toolu_1", "name": "search", "arguments": arguments}],
+        tool_calls=[call],
+    )
+    assert estimate_message_tokens([responses]) == estimate_message_tokens([plain])
 
 
 def test_tool_results_are_counted() -> None:
