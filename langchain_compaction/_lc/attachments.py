@@ -19,9 +19,25 @@ from langchain_compaction.core.tokens import pdf_tokens
 from langchain_compaction.core.types import Part
 
 ATTACHMENT_BLOCKS = frozenset(
-    {"image", "image_url", "input_image", "file", "audio", "video", "document", "input_audio", "text-plain"}
+    {
+        "image",
+        "image_url",
+        "input_image",
+        "file",
+        "input_file",
+        "audio",
+        "video",
+        "document",
+        "input_audio",
+        "text-plain",
+        "media",
+    }
 )
-"""Content block types that attach something rather than say it."""
+"""Content block types that attach something rather than say it (``input_file``: OpenAI's Responses API;
+``media``: langchain-google-genai's inline or linked image, audio, video or PDF)."""
+
+_FILES = frozenset({"document", "file", "input_file", "media"})
+"""The kinds that may hold a PDF, whose pages are counted."""
 
 
 def attachment_part(block: dict[str, Any], kind: str) -> Part:
@@ -34,7 +50,7 @@ def attachment_part(block: dict[str, Any], kind: str) -> Part:
         label = ", ".join(str(p) for p in (title, media) if p)
         return Part("data", f"[document{': ' + label if label else ''}]\n{text}")
     tokens = 0
-    if kind in ("document", "file") and media in ("application/pdf", None):
+    if kind in _FILES and media in ("application/pdf", None):
         # (Only a file that is or may be a PDF is decoded: an image never is.)
         data = _payload(block, source)
         if data is not None and data[:5] == b"%PDF-":
@@ -50,6 +66,7 @@ def _describe(block: dict[str, Any], kind: str, source: dict[str, Any], media: o
         image_url.get("url") if isinstance(image_url, dict) else image_url,
         source.get("url"),
         block.get("file_url"),
+        block.get("file_uri"),
     )
     # A link the agent can refer to later; a data: URL is the payload itself.
     url = next((u for u in candidates if isinstance(u, str) and u.startswith(("http://", "https://"))), None)
@@ -88,6 +105,8 @@ def _payload(block: dict[str, Any], source: dict[str, Any]) -> bytes | None:
         return _decoded(source.get("data"))
     if isinstance(block.get("base64"), str):
         return _decoded(block["base64"])
+    if block.get("type") == "media" and isinstance(block.get("data"), str):
+        return _decoded(block["data"])
     nested = block.get("file")
     url = block.get("file_data") or (nested.get("file_data") if isinstance(nested, dict) else None)
     if isinstance(url, str) and url.startswith("data:") and ";base64," in url:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+from typing import Any
 
 import pytest
 from helpers_turns import chat
@@ -193,6 +194,26 @@ def test_an_image_openai_generated_costs_an_image_and_never_reaches_the_summariz
     body = message_body(to_core(message))
     assert blob[:40] not in body
     assert "image/png" in body
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"type": "media", "mime_type": "image/png", "data": "QUFB" * 100_000},  # langchain-google-genai, inline
+        {"type": "input_file", "filename": "scan.png", "file_data": "data:image/png;base64," + "QUFB" * 100_000},
+    ],
+    ids=["gemini media", "responses input_file"],
+)
+def test_files_of_other_providers_cost_an_attachment_and_never_reach_the_summarizer_as_text(
+    block: dict[str, Any],
+) -> None:
+    # They were counted as their base64 text (about 297,000 tokens for a 400 KB photo).
+    from langchain_compaction._lc.convert import to_core
+    from langchain_compaction.core.transcript import message_body
+
+    message = HumanMessage([{"type": "text", "text": "what is in this photo?"}, block])
+    assert estimate_message_tokens([message]) < IMAGE_TOKENS + 100
+    assert "QUFB" not in message_body(to_core(message))
 
 
 def test_image_url_blocks_cost_the_image_price() -> None:
