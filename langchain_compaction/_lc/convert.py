@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -32,6 +32,7 @@ from langchain_compaction._lc.attachments import ATTACHMENT_BLOCKS, attachment_p
 from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.prompts import LANGCHAIN_SUMMARY_PREFIX, SUMMARY_HEADER
 from langchain_compaction.core.record import ANCHOR_KEY, KEPT_BEFORE_KEY, KEPT_FROM_KEY
+from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Message, Part, Role, ToolCall
 from langchain_compaction.errors import InvalidMessagesError
 
@@ -220,11 +221,24 @@ def is_compaction_message(message: BaseMessage) -> bool:
     return is_summary_message(message) or is_bridge_message(message)
 
 
-def _usage_total(message: AIMessage) -> int:
+def _usage_total(message: AIMessage, parts: tuple[Part, ...]) -> int:
+    """What the reply's usage says the next request starts from: its input, and its output as it is sent back.
+
+    Reasoning tokens (``output_token_details.reasoning``: OpenAI's o-series
+    and GPT-5, Gemini's thinking, Claude's thinking) are billed as output but
+    not sent again as such: only the reasoning the reply carries is, counted
+    here by its text.
+    """
     usage = message.usage_metadata
     if not usage:
         return 0
-    return int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+    output = int(usage.get("output_tokens") or 0)
+    details = usage.get("output_token_details") or {}
+    reasoning = int(details.get("reasoning") or 0) if isinstance(details, Mapping) else 0
+    if reasoning:
+        carried = sum(estimate_tokens(p.text) for p in parts if p.kind == "reasoning")
+        output = max(output - reasoning, 0) + min(carried, reasoning)
+    return int(usage.get("input_tokens") or 0) + output
 
 
 def _assistant(message: AIMessage) -> Message:
@@ -237,14 +251,9 @@ def _assistant(message: AIMessage) -> Message:
         for call in message.invalid_tool_calls
     )
     skip = frozenset(str(c.id) for c in calls if c.id)
-    return Message(
-        "assistant",
-        _parts(message.content, skip),
-        tool_calls=calls,
-        name=message.name,
-        id=message.id,
-        reported_tokens=_usage_total(message),
-    )
+    parts = _parts(message.content, skip)
+    reported = _usage_total(message, parts)
+    return Message("assistant", parts, tool_calls=calls, name=message.name, id=message.id, reported_tokens=reported)
 
 
 def _text_of(mark: dict[str, Any], key: str) -> str | None:

@@ -44,6 +44,21 @@ def test_reported_usage_plus_what_follows_is_the_context():
     assert context_tokens([m for m in messages if not isinstance(m, AIMessage)], [10, 60, 60], overhead=500) == 630
 
 
+def test_reasoning_tokens_not_sent_back_are_not_the_context():
+    # o-series, GPT-5 and Gemini report their reasoning inside output_tokens; it is not sent again,
+    # and counting it compacted a 30,000-token request against a 56,000 threshold.
+    usage = {"input_tokens": 9_000, "output_tokens": 30_050, "total_tokens": 39_050}
+    usage["output_token_details"] = {"reasoning": 30_000}  # type: ignore[assignment]
+    thought = AIMessage("the answer", id="a1", usage_metadata=usage)  # type: ignore[arg-type]
+    assert usage_anchor([HumanMessage("q", id="h1"), thought]) == (1, 9_050)
+    # The reasoning a reply carries (Claude's thinking text) is sent back with it: counted by its text.
+    thinking = {"type": "thinking", "thinking": "step " * 400, "signature": "c2ln"}
+    carried = AIMessage([thinking, {"type": "text", "text": "done"}], id="a2", usage_metadata=usage)  # type: ignore[arg-type]
+    anchored = usage_anchor([HumanMessage("q", id="h1"), carried])
+    assert anchored is not None
+    assert 9_050 + 300 < anchored[1] < 9_050 + 1_000
+
+
 def test_middleware_compacts_on_billed_usage_the_estimate_misses():
     middleware = CompactionMiddleware(lambda p: "## Goal\n- greet", OPTIONS)
     assert middleware.before_model({"messages": conversation(9_200)}, None) is not None  # type: ignore[arg-type]
