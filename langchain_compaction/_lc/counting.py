@@ -7,12 +7,13 @@ asked once; any other, per message). Every count a user's counter returns is
 checked by ``checked_count``.
 
 ``TokenCountCache`` makes a hot loop pay only for new messages. A graph node
-sees the whole history on every turn, and LangGraph hands it freshly
-deserialized message objects each run, so the cache is keyed by the message id
-(``add_messages`` gives every message one) and checked by the message's
-``fingerprint``, which catches a message replaced under the same id. Within
-one run the node sees the very same objects again, so a prefix of the previous
-call's objects is reused without even a fingerprint. The cost: an in-place
+sees the whole history on every turn. Within one run it sees the very same
+objects again, so a prefix of the previous call's objects is reused without
+even a fingerprint. A checkpointer hands it freshly deserialized copies each
+run: a prefix of copies equal to the previous call's messages field for field
+(compared in C, no digest) is reused too. Anything else is looked up by the
+message id (``add_messages`` gives every message one) and checked by the
+message's ``fingerprint``, which catches a message replaced under the same id. The cost: an in-place
 edit of a message object already seen (``message.content = ...``, which
 LangGraph never does: ``add_messages`` replaces a message with a new object)
 goes unnoticed until the message arrives as a new object.
@@ -51,6 +52,19 @@ LAST_CALLS_REMEMBERED = 64
 """Conversations whose last counted history a ``TokenCountCache`` keeps, most recent first."""
 _NOTHING: tuple[list[BaseMessage], list[int], Scanned] = ([], [], Scanned())
 """Messages remembered per cache before the oldest quarter is dropped."""
+
+
+_FINGERPRINTED_COPIES = 8
+"""Of a checkpoint's copies equal to the previous read, the newest this many are checked by fingerprint too."""
+
+
+def _same_fields(a: BaseMessage, b: BaseMessage) -> bool:
+    """Whether ``a`` holds what ``b`` holds, field for field (a checkpoint's copy of it), compared in C."""
+    try:
+        return a.__dict__ == b.__dict__ and a.id is not None
+    except Exception:  # an odd payload's own ``__eq__``: taken as changed
+        return False
+
 
 # Up to this many messages are counted on the event loop itself (with the
 # built-in estimate: microseconds each); more go to a worker thread.
@@ -196,6 +210,27 @@ class TokenCountCache:
         same = list(map(operator.is_, messages, last))
         return same.index(False) if False in same else len(same)
 
+    def _renewed(self, messages: Sequence[BaseMessage], last: Sequence[BaseMessage], start: int) -> int:
+        """How many leading messages are ``last``'s read anew (a checkpoint's copies), field for field.
+
+        The comparison runs in C and makes no digest, so a turn on a
+        checkpointed graph (new objects every run) costs little more than
+        what it adds; a message edited under its id differs, and is read
+        again. The newest few are also checked against what was counted
+        (their ``fingerprint``): one of ``last``'s objects edited in place
+        after it was counted would equal its copy.
+        """
+        end = min(len(messages), len(last))
+        same = list(map(_same_fields, messages[start:end], last[start:end]))
+        count = start + (same.index(False) if False in same else len(same))
+        entries = self._entries
+        for index in range(max(start, count - _FINGERPRINTED_COPIES), count):
+            message = messages[index]
+            hit = entries.get(message.id) if message.id is not None else None
+            if hit is None or hit[0] != fingerprint(message):
+                return index
+        return count
+
     def counts_and_core(self, messages: Sequence[BaseMessage], key: Any = None) -> tuple[list[int], Scanned]:
         """Token counts and core forms of ``messages``, cached together.
 
@@ -209,6 +244,8 @@ class TokenCountCache:
         # One read of the previous call: another thread may swap it meanwhile.
         last, last_counts, last_core = self._previous(key)
         reused = self._reused(messages, last)
+        if reused < len(last):
+            reused = self._renewed(messages, last, reused)
         out, core = last_counts[:reused], list(last_core[:reused])
         missing: list[tuple[int, str]] = []
         entries = self._entries
@@ -244,7 +281,7 @@ class TokenCountCache:
                 fresh.append((key, (mark, value, core[index])))
         self._remember(fresh)
 
-    def count(self, messages: Sequence[BaseMessage], key: Any = None) -> Call[tuple[list[int], Sequence[Message]]]:
+    def count(self, messages: Sequence[BaseMessage], key: Any = None) -> Call[tuple[list[int], Scanned]]:
         """``counts_and_core`` as a step of a flow: in place, or awaited (``acounts_and_core``)."""
         return twin(self.counts_and_core, self.acounts_and_core, messages, key)
 
@@ -255,8 +292,11 @@ class TokenCountCache:
         a custom counter (it may make a network call) or a long unseen history
         is counted in a worker thread.
         """
-        new = len(messages) - self._reused(messages, self._previous(key)[0])
-        if self._options.token_counter is None and new <= _INLINE_NEW_MESSAGES:
+        last = self._previous(key)[0]
+        reused = self._reused(messages, last)
+        if reused < len(last):
+            reused = self._renewed(messages, last, reused)
+        if self._options.token_counter is None and len(messages) - reused <= _INLINE_NEW_MESSAGES:
             return self.counts_and_core(messages, key)
         return await working(self._options, self.counts_and_core, messages, key).arun()
 

@@ -973,3 +973,32 @@ def test_a_state_keeping_its_messages_under_another_key_is_named_once(caplog: py
             graph.invoke({"history": [HumanMessage(f"question {turn}")]}, {"configurable": {"thread_id": "h"}})
     said = [r.getMessage() for r in caplog.records if "messages_key='history'" in r.getMessage()]
     assert len(said) == 1, said
+
+
+def test_a_checkpointed_history_edited_under_an_id_is_summarized_as_edited() -> None:
+    # A checkpoint hands the node new copies every turn; they are taken by
+    # their ids (a turn costs what it adds), and read whole when it compacts.
+    prompts: list[str] = []
+
+    def summarize(prompt: str) -> str:
+        prompts.append(prompt)
+        return "## Goal\n- x"
+
+    node = CompactionNode(summarize, CompactionOptions(context_window=4_000))
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_node("agent", lambda state: {"messages": [AIMessage("noted " * 30)]})
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "edited"}}
+    for turn in range(6):
+        graph.invoke({"messages": [HumanMessage(f"ORIGINAL_{turn} " + "word " * 60, id=f"h{turn}")]}, config)
+    graph.update_state(config, {"messages": [HumanMessage("EDITED_ONE " + "word " * 60, id="h1")]}, as_node="agent")
+    for turn in range(6, 30):
+        graph.invoke({"messages": [HumanMessage(f"ORIGINAL_{turn} " + "word " * 60, id=f"h{turn}")]}, config)
+        if prompts:
+            break
+    assert prompts, "nothing compacted: the test proves nothing"
+    assert "EDITED_ONE" in prompts[0]
+    assert "ORIGINAL_1 " not in prompts[0]
