@@ -412,7 +412,7 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
         archive = self.archive
         if archive is None:
             return None
-        existing = len((yield from self._io(stores.read(archive), "archive:read", archive)))
+        existing: int = yield from self._io(stores.size(archive), "archive:size", archive)
         batch = commit.originals[commit.already_archived(existing, self._state.archive_memo) :]
         if batch:
             yield from self._io(stores.append(archive, batch), "archive:add_messages", archive)

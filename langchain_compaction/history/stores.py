@@ -30,7 +30,7 @@ from typing import Any, Literal
 from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict, messages_to_dict
 
-from langchain_compaction.core.effects import Call, blocking, twin
+from langchain_compaction.core.effects import Call, blocking, inline, twin
 
 Strategy = Literal["memory", "file", "sql", "postgres", "journal"]
 """How a store is rewritten (see the module docstring)."""
@@ -123,6 +123,71 @@ def read(store: BaseChatMessageHistory, kind: Strategy = "journal") -> Call[list
     if kind == "file":
         return blocking(_file_read, store)
     return twin(_read, _aread, store)
+
+
+def size(store: BaseChatMessageHistory) -> Call[int]:
+    """How many messages ``store`` holds: a count where the store can make one, else a read of them all.
+
+    An archive only grows: counting it at every compaction by reading it made
+    a long session's compactions read the whole archive each time.
+    """
+    kind = strategy(store)
+    if kind == "memory":
+        return inline(len, getattr(store, "messages", ()))
+    if kind == "sql":
+        return twin(_sql_size, _sql_asize, store)
+    if kind == "postgres":
+        return twin(_pg_size, _pg_asize, store)
+    return twin(_length, _alength, store)
+
+
+def _length(store: BaseChatMessageHistory) -> int:
+    return len(store.messages)
+
+
+async def _alength(store: BaseChatMessageHistory) -> int:
+    return len(await store.aget_messages())
+
+
+def _sql_count(session: Any, store: Any) -> int:
+    from sqlalchemy import func, select
+
+    model = store.sql_model_class
+    column = getattr(model, store.session_id_field_name)
+    return int(session.execute(select(func.count()).select_from(model).where(column == store.session_id)).scalar())
+
+
+def _sql_size(store: Any) -> int:
+    with store.session_maker() as session:
+        return _sql_count(session, store)
+
+
+async def _sql_asize(store: Any) -> int:
+    async with store.session_maker() as session:
+        return int(await session.run_sync(_sql_count, store))
+
+
+def _pg_count_statement(store: Any) -> Any:
+    from psycopg import sql
+
+    return sql.SQL("SELECT count(*) FROM {} WHERE session_id = %s").format(sql.Identifier(store._table_name))
+
+
+def _pg_size(store: Any) -> int:
+    if store._connection is None:
+        return _length(store)  # (the store's own read says what it can do)
+    with store._connection.cursor() as cursor:
+        cursor.execute(_pg_count_statement(store), (str(store._session_id),))
+        return int(cursor.fetchone()[0])
+
+
+async def _pg_asize(store: Any) -> int:
+    if store._aconnection is None:
+        return await _alength(store)
+    async with store._aconnection.cursor() as cursor:
+        await cursor.execute(_pg_count_statement(store), (str(store._session_id),))
+        row = await cursor.fetchone()
+        return int(row[0])
 
 
 def append(store: BaseChatMessageHistory, messages: Sequence[BaseMessage], kind: Strategy = "journal") -> Call[None]:

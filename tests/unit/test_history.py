@@ -1358,3 +1358,48 @@ def test_chat_memory_without_a_window_says_once_that_it_never_compacts_on_its_ow
             CompactingChatMessageHistory(store, lambda p: SUMMARY).add_messages([HumanMessage("hi")])
     said = [r.getMessage() for r in caplog.records if "context_window" in r.getMessage()]
     assert len(said) == 1, said
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+async def test_a_sql_archive_is_counted_not_read_at_every_compaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asynchronous: bool
+) -> None:
+    # Each compaction read the whole archive to count it, under the write
+    # lock: a long session's adds grew 3x slower as the archive grew.
+    from langchain_community.chat_message_histories import SQLChatMessageHistory
+
+    reads: list[int] = []
+    read = SQLChatMessageHistory.messages.fget  # type: ignore[attr-defined]
+    aread = SQLChatMessageHistory.aget_messages
+
+    def counted(self: Any) -> Any:
+        messages = read(self)
+        if self.session_id == "archive":
+            reads.append(len(messages))
+        return messages
+
+    async def acounted(self: Any) -> Any:
+        messages = await aread(self)
+        if self.session_id == "archive":
+            reads.append(len(messages))
+        return messages
+
+    monkeypatch.setattr(SQLChatMessageHistory, "messages", property(counted))
+    monkeypatch.setattr(SQLChatMessageHistory, "aget_messages", acounted)
+    if asynchronous:
+        url = f"sqlite+aiosqlite:///{tmp_path / 'chat.db'}"
+        inner = SQLChatMessageHistory(session_id="s", connection=url, async_mode=True)
+        archive = SQLChatMessageHistory(session_id="archive", connection=url, async_mode=True)
+    else:
+        url = f"sqlite:///{tmp_path / 'chat.db'}"
+        inner = SQLChatMessageHistory(session_id="s", connection=url)
+        archive = SQLChatMessageHistory(session_id="archive", connection=url)
+    options = CompactionOptions(context_window=2_000, reserve_tokens=500, keep_recent_tokens=300)
+    history = CompactingChatMessageHistory(inner, lambda prompt: SUMMARY, options, archive=archive)
+    for i in range(60):
+        turn = [HumanMessage(f"question {i} " * 10), AIMessage(f"answer {i} " * 10)]
+        await history.aadd_messages(turn) if asynchronous else history.add_messages(turn)
+    archived = (await archive.aget_messages()) if asynchronous else archive.messages
+    assert len(archived) > 40, "little was archived: the test proves nothing"
+    assert reads == [len(archived)]  # the test's own read only
+    assert len({m.content for m in archived}) == len(archived)  # each once
