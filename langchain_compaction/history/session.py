@@ -23,7 +23,7 @@ from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED
 from langchain_compaction._lc.counting import StoredCounts
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow, adrive, drive
-from langchain_compaction.errors import CompactionError
+from langchain_compaction.errors import CompactionError, StoreError
 from langchain_compaction.history import stores
 from langchain_compaction.history.journal import Rewrite
 from langchain_compaction.history.locks import CompactionLock, InProcessLock, LeaseLock, poll
@@ -139,11 +139,25 @@ def session_state(inner: BaseChatMessageHistory) -> SessionState:
 # -- calls that hold locks around a flow ------------------------------------------------
 
 
+def _refused(lock: CompactionLock, error: Exception) -> StoreError:
+    """The error for a lock that could not be taken (its database down, say): nothing was read or written."""
+    msg = (
+        f"taking the lock {type(lock).__name__} failed ({type(error).__name__}: {error}); nothing was read or "
+        "written under it, and no message was lost: call again once the lock's service is back"
+    )
+    return StoreError(msg, operation="lock")
+
+
 def hold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
     """Drive ``flow`` holding each of ``locks``' write lock, in order."""
     with contextlib.ExitStack() as stack:
         for lock in locks:
-            stack.enter_context(lock.hold())
+            try:
+                stack.enter_context(lock.hold())
+            except CompactionError:
+                raise
+            except Exception as error:
+                raise _refused(lock, error) from error
         return drive(flow)
 
 
@@ -151,7 +165,12 @@ async def ahold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
     """The async twin of ``hold``; a cancelled caller keeps the locks until the flow has ended."""
     async with contextlib.AsyncExitStack() as stack:
         for lock in locks:
-            await stack.enter_async_context(lock.ahold())
+            try:
+                await stack.enter_async_context(lock.ahold())
+            except CompactionError:
+                raise
+            except Exception as error:
+                raise _refused(lock, error) from error
         task = asyncio.ensure_future(adrive(flow))
         try:
             return await asyncio.shield(task)

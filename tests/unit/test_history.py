@@ -1403,3 +1403,24 @@ async def test_a_sql_archive_is_counted_not_read_at_every_compaction(
     assert len(archived) > 40, "little was archived: the test proves nothing"
     assert reads == [len(archived)]  # the test's own read only
     assert len({m.content for m in archived}) == len(archived)  # each once
+
+
+class _DownLock:
+    """A cross-process lock whose service is down (PostgresAdvisoryLock with its database stopped)."""
+
+    def hold(self) -> Any:
+        raise ConnectionError("connection refused")
+
+    def ahold(self) -> Any:
+        raise ConnectionError("connection refused")
+
+
+async def test_a_lock_that_cannot_be_taken_is_a_store_error_and_nothing_is_written() -> None:
+    # Its own exception came out raw (psycopg.OperationalError), where a read gives StoreError.
+    inner = InMemoryChatMessageHistory()
+    history = CompactingChatMessageHistory(inner, lambda prompt: SUMMARY, CompactionOptions(), lock=_DownLock())
+    with pytest.raises(StoreError, match="taking the lock _DownLock failed"):
+        history.add_messages([HumanMessage("hello")])
+    with pytest.raises(StoreError, match="no message was lost"):
+        await history.aadd_messages([HumanMessage("hello")])
+    assert inner.messages == []
