@@ -25,9 +25,9 @@ from typing import Any
 from langchain_core.messages import BaseMessage, RemoveMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
-from langgraph.graph import MessagesState
+from langgraph.graph import END, MessagesState
 from langgraph.pregel import Pregel
-from langgraph.types import Command
+from langgraph.types import Command, StateUpdate
 
 from langchain_compaction._lc.commands import (
     COMPACT_COMMAND,
@@ -414,9 +414,9 @@ def compact_thread(
 
     Reads the thread with ``graph.get_state``, forces a compaction through the
     graph's ``CompactionNode`` (the same path the node takes) and writes it
-    with ``graph.update_state(..., as_node=<that node>)``, so the checkpoint
-    records it as the node's own update and what runs next follows that
-    node's edges (with ``route_after_compaction``, an idle thread stays idle).
+    as the node's own update (``graph.bulk_update_state``, ``as_node=<that
+    node>``), then clears what its edges would run next: an idle thread stays
+    idle, whatever edge leaves the node.
 
     Args:
         graph: A compiled graph with a checkpointer.
@@ -497,8 +497,13 @@ def _thread_flow(
     # Outside a run, the graph's store is the one the node would see inside it.
     flow = compactor._flow(snapshot.values, _named(config), instructions, summarizer, store=graph.store)
     result, update = yield from flow
-    if result is not None:
+    if isinstance(update, Command):
         yield twin(graph.update_state, graph.aupdate_state, config, update, as_node=name)
+    elif result is not None:
+        # Written as the node's update, then the steps that would follow it cleared: the thread was idle
+        # and stays idle, whatever edge leaves the node (a static edge to the agent would have it answer again).
+        steps = [[StateUpdate(update, name)], [StateUpdate(None, END)]]
+        yield twin(graph.bulk_update_state, graph.abulk_update_state, config, steps)
     return result
 
 

@@ -1002,3 +1002,27 @@ def test_a_checkpointed_history_edited_under_an_id_is_summarized_as_edited() -> 
     assert prompts, "nothing compacted: the test proves nothing"
     assert "EDITED_ONE" in prompts[0]
     assert "ORIGINAL_1 " not in prompts[0]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+async def test_compact_thread_leaves_an_idle_thread_idle_with_a_static_edge_to_the_agent(asynchronous: bool) -> None:
+    # Written as the node's update, the compaction left the thread due to run
+    # the agent (next == ("agent",)), and a second compact_thread was refused as paused.
+    builder = StateGraph(MessagesState)
+    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=4_000)))
+    builder.add_node("agent", lambda state: {"messages": [AIMessage("answer " * 40)]})
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "idle"}}
+    for turn in range(6):
+        graph.invoke({"messages": [HumanMessage(f"question {turn} " * 30)]}, config)
+    for instructions in ("keep the question numbers", "and the answers"):
+        if asynchronous:
+            await acompact_thread(graph, config, instructions=instructions)
+        else:
+            compact_thread(graph, config, instructions=instructions)
+        assert graph.get_state(config).next == ()
+    messages = graph.get_state(config).values["messages"]
+    assert is_summary_message(messages[0])
+    assert isinstance(messages[-1], AIMessage)  # the agent did not answer again
