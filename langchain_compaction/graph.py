@@ -478,6 +478,9 @@ def _thread_flow(
     node: str | None,
     options: CompactionOptions | None,
 ) -> Flow[CompactionResult | None]:
+    if not isinstance(graph, Pregel):
+        hint = "builder.compile(checkpointer=...)" if hasattr(graph, "compile") else "one with a checkpointer"
+        raise ConfigurationError("graph", graph, f"pass the compiled graph, {hint}")
     name, compactor = _locate(graph, node, model, options)
     if not isinstance(config, dict) or thread_of(config) is None:
         raise ConfigurationError(

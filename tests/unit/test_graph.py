@@ -1026,3 +1026,13 @@ async def test_compact_thread_leaves_an_idle_thread_idle_with_a_static_edge_to_t
     messages = graph.get_state(config).values["messages"]
     assert is_summary_message(messages[0])
     assert isinstance(messages[-1], AIMessage)  # the agent did not answer again
+
+
+def test_compact_thread_given_the_builder_says_to_compile_it() -> None:
+    builder = StateGraph(MessagesState)
+    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=4_000)))
+    builder.add_edge(START, "compact")
+    with pytest.raises(ConfigurationError, match=r"builder\.compile\(checkpointer=\.\.\.\)"):
+        compact_thread(builder, {"configurable": {"thread_id": "t"}})  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="the compiled graph"):
+        compact_thread(None, {"configurable": {"thread_id": "t"}})  # type: ignore[arg-type]
