@@ -254,33 +254,33 @@ class CompactionOptions:
     context_window: int = 0
     reserve_tokens: int | None = None
     keep_recent_tokens: int | None = None
-    summary_max_tokens: int | None = None
-    summary_input_tokens: int | None = None
     summary_prompt: str | None = None
     update_prompt: str | None = None
     system_prompt: str | None = None
     token_counter: TokenCounterFn | None = None
+    summary_input_tokens: int | None = None
     timeout: float | None = None
     redact: Callable[[str], str] | None = None
+    summary_max_tokens: int | None = None
     ensure_user_turn: bool = True
     legacy: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     """The deprecated keywords given to this instance (read by ``features.resolve``); not an option."""
 
-    def __init__(  # noqa: PLR0917 - the fields in the order 0.2 took them, then the deprecated keywords
+    def __init__(  # noqa: PLR0917 - the fields 0.2 took by position, in its order; the rest by keyword only
         self,
         context_window: int = 0,
         reserve_tokens: int | None = None,
         keep_recent_tokens: int | None = None,
-        summary_max_tokens: int | None = None,
-        summary_input_tokens: int | None = None,
         summary_prompt: str | None = None,
         update_prompt: str | None = None,
         system_prompt: str | None = None,
         token_counter: TokenCounterFn | None = None,
+        summary_input_tokens: int | None = None,
         timeout: float | None = None,
         redact: Callable[[str], str] | None = None,
-        ensure_user_turn: bool = True,
+        summary_max_tokens: int | None = None,
         *,
+        ensure_user_turn: bool = True,
         check_facts: bool = _UNSET,
         pin_tools: tuple[str, ...] = _UNSET,
         pinned_max_tokens: int | None = _UNSET,
@@ -404,6 +404,19 @@ class CompactionOptions:
         copy.__dict__["budget"] = derive_budget(self, fixed)
         return copy
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CompactionOptions):
+            return NotImplemented
+        fields = all(getattr(self, name) == getattr(other, name) for name in _FIELDS)
+        return fields and dict(self.legacy) == dict(other.legacy)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, name) for name in _FIELDS))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (Pickled and deep-copied with the deprecated keywords given, without warning again.)
+        return (_rebuilt, ({name: getattr(self, name) for name in _FIELDS}, dict(self.legacy)))
+
     def with_window(self, context_window: int) -> CompactionOptions:
         """These options for another context window (the deprecated keywords carried over)."""
         fields = {name: getattr(self, name) for name in _FIELDS}
@@ -411,6 +424,13 @@ class CompactionOptions:
         if self.legacy:
             object.__setattr__(copy, "legacy", self.legacy)
         return copy
+
+
+def _rebuilt(fields: dict[str, Any], legacy: dict[str, Any]) -> CompactionOptions:
+    """Options made again from their fields and the deprecated keywords they were given (unpickling)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return CompactionOptions(**fields, **legacy)
 
 
 _FIELDS = (

@@ -228,6 +228,32 @@ def test_the_0_2_keywords_keep_working_for_one_release(options: dict, adapter: d
     assert holds(node.features)  # type: ignore[operator]
 
 
+def test_options_given_0_2_keywords_survive_pickling_and_copying_and_compare_by_them() -> None:
+    import copy
+    import pickle
+
+    from langchain_compaction import CompactionOptions
+
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        old = CompactionOptions(context_window=4_000, check_facts=False, clear_tool_outputs=True)
+    for clone in (pickle.loads(pickle.dumps(old)), copy.deepcopy(old), copy.copy(old)):
+        assert clone == old
+        assert dict(clone.legacy) == {"check_facts": False, "clear_tool_outputs": True}
+    assert old != CompactionOptions(context_window=4_000)  # (they compared equal to the defaults)
+
+
+def test_options_take_positional_arguments_in_0_2s_order() -> None:
+    # 0.2's third to sixth positions were the prompts: its system prompt had become the summary prompt.
+    from langchain_compaction import CompactionOptions
+
+    options = CompactionOptions(200_000, 16_384, 20_000, None, None, "terse checkpoints")
+    assert options.system_prompt == "terse checkpoints"
+    assert options.summary_prompt is None
+    assert CompactionOptions(200_000, None, None, None, None, None, None, 5_000).summary_input_tokens == 5_000
+    with pytest.raises(TypeError):
+        CompactionOptions(200_000, None, None, None, None, None, None, None, None, None, None, False)  # type: ignore[misc]
+
+
 def test_features_and_deprecated_keywords_do_not_mix() -> None:
     from langchain_compaction import CompactionNode, CompactionOptions
     from langchain_compaction.errors import ConfigurationError
