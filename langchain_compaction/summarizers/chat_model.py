@@ -287,11 +287,15 @@ def as_summarizer(model: object, *, field: str = "model") -> Summarizer:
     Raises:
         ConfigurationError: ``model`` is none of those.
     """
+    if isinstance(model, type):
+        # (A class is callable: taken as a function, it failed at the first compaction.)
+        raise ConfigurationError(field, model, f"pass an instance, not the class: {model.__name__}(...)")
     if isinstance(model, Summarizer) and not isinstance(model, Runnable):
         return model
     if isinstance(model, Runnable):
         return ChatModelSummarizer(model)
     if callable(model):
+        _check_takes_a_prompt(model, field)
         return CallableSummarizer(model)
     raise ConfigurationError(
         field,
@@ -299,3 +303,16 @@ def as_summarizer(model: object, *, field: str = "model") -> Summarizer:
         "pass a LangChain chat model (e.g. ChatAnthropic(...)), a Runnable, a function "
         "from prompt text to summary text, or ExtractiveSummarizer() to work offline",
     )
+
+
+def _check_takes_a_prompt(function: Callable[..., Any], field: str) -> None:
+    """Refuse, at construction, a function that cannot be called with the prompt alone."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin without a signature: the call will say
+        return
+    try:
+        signature.bind("prompt")
+    except TypeError:
+        msg = f"a function called with the prompt text alone, f(prompt) -> summary text; it has {signature}"
+        raise ConfigurationError(field, function, msg) from None

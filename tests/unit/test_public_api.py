@@ -273,3 +273,17 @@ def test_no_calibrating_counter_is_claimed() -> None:
 
     assert not hasattr(anthropic_module, "CalibratedEstimate")
     assert "CalibratedEstimate" not in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_a_summarizer_class_or_a_function_that_cannot_take_the_prompt_is_refused_at_construction() -> None:
+    # Each was taken, and failed at the first compaction (or, as a fallback, silently).
+    from langchain_compaction import CompactionMiddleware, CompactionNode, ExtractiveSummarizer
+    from langchain_compaction.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"not the class: ExtractiveSummarizer\(\.\.\.\)"):
+        CompactionNode(ExtractiveSummarizer)
+    with pytest.raises(ConfigurationError, match=r"f\(prompt\)"):
+        CompactionMiddleware(lambda: "x")
+    with pytest.raises(ConfigurationError, match="fallback"):
+        CompactionNode(ExtractiveSummarizer(), fallback=lambda prompt, extra: "x")
+    CompactionNode(lambda prompt, *rest, style="terse": "x")  # takes the prompt alone: fine
