@@ -68,6 +68,9 @@ def should_compact(
         if context_window is None or reserve_tokens is None:
             msg = "pass context_window and reserve_tokens, or options=CompactionOptions(...)"
             raise ConfigurationError("options", None, msg)
+        for name, value in (("context_window", context_window), ("reserve_tokens", reserve_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigurationError(name, value, "pass a whole number of tokens")
         if context_window <= 0 or reserve_tokens <= 0:
             return False
         counts, core = counts_and_core(messages, CompactionOptions())

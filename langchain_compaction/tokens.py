@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from langchain_core.messages import BaseMessage
 
 from langchain_compaction._lc.convert import to_core_list
-from langchain_compaction.core.tokens import estimate_message, estimate_tokens
+from langchain_compaction.core import tokens as _core
+from langchain_compaction.core.tokens import estimate_message
 
 __all__ = ["estimate_message_tokens", "estimate_tokens"]
 
@@ -37,3 +38,20 @@ def estimate_message_tokens(messages: Sequence[BaseMessage]) -> int:
         104
     """
     return sum(estimate_message(m) for m in to_core_list(messages))
+
+
+def estimate_tokens(text: str) -> int:
+    """Estimate the tokens in a piece of text (see ``langchain_compaction.core.tokens.estimate_tokens``).
+
+    Raises:
+        TypeError: ``text`` is not a string (for messages: ``estimate_message_tokens``).
+
+    Example:
+        >>> estimate_tokens("hello world")
+        2
+    """
+    if not isinstance(text, str):
+        kind = type(text).__name__
+        msg = f"estimate_tokens takes text (a str), not a {kind}; for messages use estimate_message_tokens"
+        raise TypeError(msg)
+    return _core.estimate_tokens(text)

@@ -357,7 +357,7 @@ def _convert(message: BaseMessage) -> Message:
 
 def to_core_list(messages: Sequence[object]) -> list[Message]:
     """Convert a whole list; see ``to_core``."""
-    return [to_core(m, i) for i, m in enumerate(messages)]
+    return [to_core(m, i) for i, m in enumerate(message_list(messages))]
 
 
 def bridge_message() -> HumanMessage:
@@ -395,6 +395,9 @@ def summary_message(content: str, mark: dict[str, Any] | None = None, message_id
 
 def message_list(messages: object) -> Sequence[BaseMessage]:
     """``messages`` if it is a list of messages (a sequence, not text), else the error that says what to pass."""
+    if isinstance(messages, BaseMessage):
+        msg = f"messages is one {type(messages).__name__}, not a list of messages; pass [message]"
+        raise InvalidMessagesError(msg)
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         msg = (
             f"messages is a {type(messages).__name__}, not a list of messages; pass a list of "

@@ -148,6 +148,9 @@ def redact_secrets(text: str) -> str:
         >>> redact_secrets("curl -H 'Authorization: Bearer abcdef1234567890XYZ' https://bob:hunter22@db.local")
         "curl -H 'Authorization: Bearer [REDACTED TOKEN]' https://bob:[REDACTED]@db.local"
     """
+    if not isinstance(text, str):
+        msg = f"redact_secrets takes text (a str), not a {type(text).__name__}"
+        raise TypeError(msg)
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
     return text

@@ -287,3 +287,27 @@ def test_a_summarizer_class_or_a_function_that_cannot_take_the_prompt_is_refused
     with pytest.raises(ConfigurationError, match="fallback"):
         CompactionNode(ExtractiveSummarizer(), fallback=lambda prompt, extra: "x")
     CompactionNode(lambda prompt, *rest, style="terse": "x")  # takes the prompt alone: fine
+
+
+def test_the_helpers_say_what_to_pass_for_one_message_or_the_wrong_type() -> None:
+    from langchain_core.messages import HumanMessage
+
+    from langchain_compaction import redact_secrets, should_compact
+    from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
+    from langchain_compaction.functional import find_cut_point
+    from langchain_compaction.tokens import estimate_message_tokens, estimate_tokens
+
+    one = HumanMessage("hello")
+    for call in (
+        lambda: estimate_message_tokens(one),  # type: ignore[arg-type]
+        lambda: should_compact(one, 100, 10),  # type: ignore[arg-type]
+        lambda: find_cut_point(one),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidMessagesError, match=r"one HumanMessage, not a list of messages; pass \[message\]"):
+            call()
+    with pytest.raises(ConfigurationError, match="context_window='8000'"):
+        should_compact([one], "8000", 500)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="for messages use estimate_message_tokens"):
+        estimate_tokens(one)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="redact_secrets takes text"):
+        redact_secrets(None)  # type: ignore[arg-type]
