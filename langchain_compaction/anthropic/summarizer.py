@@ -14,6 +14,7 @@ from langchain_core.messages import BaseMessage, HumanMessage
 
 from langchain_compaction.anthropic import validity, wire
 from langchain_compaction.core.engine import blocking_summary
+from langchain_compaction.core.options import check_seconds
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import ConfigurationError, SummarizationError
 from langchain_compaction.summarizers.chat_model import uses_prefix
@@ -49,8 +50,8 @@ def _check_limits(max_tokens: object, timeout: object, max_retries: object, temp
     if not _is_number(max_tokens, whole=True) or not 1 <= max_tokens <= _MAX_NONSTREAMING_TOKENS:
         advice = f"pass a whole number from 1 to {_MAX_NONSTREAMING_TOKENS} (the SDK streams above it), e.g. 4096"
         raise ConfigurationError("max_tokens", max_tokens, advice)
-    if timeout is not None and (not _is_number(timeout) or timeout <= 0):
-        raise ConfigurationError("timeout", timeout, "pass a positive number of seconds, or None for the client's")
+    if timeout is not None:  # (the options' rule: a finite number of seconds, NaN and infinity refused)
+        check_seconds("timeout", timeout, "pass a positive number of seconds, or None for the client's")
     if max_retries is not None and (not _is_number(max_retries, whole=True) or max_retries < 0):
         raise ConfigurationError("max_retries", max_retries, "pass a whole number of retries from 0, or None")
     if temperature is not None and (not _is_number(temperature) or not 0 <= temperature <= 1):
