@@ -50,12 +50,20 @@ _T = TypeVar("_T")
 DEFAULT_CACHE_SIZE = 200_000
 LAST_CALLS_REMEMBERED = 64
 """Conversations whose last counted history a ``TokenCountCache`` keeps, most recent first."""
-_NOTHING: tuple[list[BaseMessage], list[int], Scanned] = ([], [], Scanned())
+_Read = tuple[list[BaseMessage], list[int], Scanned, list[int]]
+"""A conversation's previous read: its messages, their counts, core forms and sizes as counted (``_size``)."""
+_NOTHING: _Read = ([], [], Scanned(), [])
 """Messages remembered per cache before the oldest quarter is dropped."""
 
 
 _FINGERPRINTED_COPIES = 8
 """Of a checkpoint's copies equal to the previous read, the newest this many are checked by fingerprint too."""
+
+
+def _size(message: object) -> int:
+    """A message's content size, as it is counted (a content replaced in place later differs)."""
+    content = getattr(message, "content", None)
+    return len(content) if isinstance(content, (str, list)) else -1
 
 
 def _same_fields(a: BaseMessage, b: BaseMessage) -> bool:
@@ -153,14 +161,14 @@ class TokenCountCache:
         # forms, as one tuple so threads swap it atomically: a server's
         # interleaved conversations each find their own history (one slot for
         # all re-read every message of each, turn after turn).
-        self._last: Bounded[tuple[list[BaseMessage], list[int], Scanned]] = Bounded(LAST_CALLS_REMEMBERED)
+        self._last: Bounded[_Read] = Bounded(LAST_CALLS_REMEMBERED)
         self.misses = 0
         """Messages counted (cache misses) since the cache was made."""
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _previous(self, key: Any) -> tuple[list[BaseMessage], list[int], Scanned]:
+    def _previous(self, key: Any) -> _Read:
         return self._last.get(key) or _NOTHING
 
     def quick_check(self, messages: Sequence[BaseMessage], mark: int | None, key: Any = None) -> Call[bool | None]:
@@ -210,19 +218,25 @@ class TokenCountCache:
         same = list(map(operator.is_, messages, last))
         return same.index(False) if False in same else len(same)
 
-    def _renewed(self, messages: Sequence[BaseMessage], last: Sequence[BaseMessage], start: int) -> int:
-        """How many leading messages are ``last``'s read anew (a checkpoint's copies), field for field.
+    def _renewed(
+        self, messages: Sequence[BaseMessage], last: Sequence[BaseMessage], sizes: Sequence[int], start: int
+    ) -> int:
+        """How many leading messages are ``last``'s read anew (a checkpoint's copies), unchanged.
 
-        The comparison runs in C and makes no digest, so a turn on a
-        checkpointed graph (new objects every run) costs little more than
-        what it adds; a message edited under its id differs, and is read
-        again. The newest few are also checked against what was counted
-        (their ``fingerprint``): one of ``last``'s objects edited in place
-        after it was counted would equal its copy.
+        A copy is compared with the message it copies field for field (in C,
+        no digest: a turn on a checkpointed graph, new objects every run,
+        costs little more than what it adds), and with the size its content
+        had when it was counted (``sizes``): one of ``last``'s objects edited
+        in place since (its content replaced) equals its copy, but not in
+        size. The newest few are also checked by ``fingerprint``, which sees
+        into everything.
         """
-        end = min(len(messages), len(last))
+        end = min(len(messages), len(last))  # (``sizes`` may run on: a later read grows it)
         same = list(map(_same_fields, messages[start:end], last[start:end]))
         count = start + (same.index(False) if False in same else len(same))
+        grown = list(map(_size, messages[start:count]))
+        if grown != sizes[start:count]:
+            count = start + next(i for i, (a, b) in enumerate(zip(grown, sizes[start:count])) if a != b)
         entries = self._entries
         for index in range(max(start, count - _FINGERPRINTED_COPIES), count):
             message = messages[index]
@@ -242,10 +256,10 @@ class TokenCountCache:
             One count and one core message per message, in order.
         """
         # One read of the previous call: another thread may swap it meanwhile.
-        last, last_counts, last_core = self._previous(key)
+        last, last_counts, last_core, last_sizes = self._previous(key)
         reused = self._reused(messages, last)
         if reused < len(last):
-            reused = self._renewed(messages, last, reused)
+            reused = self._renewed(messages, last, last_sizes, reused)
         out, core = last_counts[:reused], list(last_core[:reused])
         missing: list[tuple[int, str]] = []
         entries = self._entries
@@ -264,8 +278,22 @@ class TokenCountCache:
         if missing:
             self._count_missing(messages, missing, out, core)
         scanned = Scanned.grown(core, last_core, same=reused)
-        self._last.put(key, (list(messages), out, scanned))
+        self._last.put(key, (list(messages), out, scanned, self._grown(last_sizes, reused, messages)))
         return list(out), scanned
+
+    def _grown(self, sizes: list[int], reused: int, messages: Sequence[BaseMessage]) -> list[int]:
+        """The sizes of ``messages`` as counted: ``sizes`` (the previous read's) for the first ``reused``, grown.
+
+        The common turn adds to the end: the list grows in place (an older
+        read knows its own length and never reads past it), so a turn costs
+        what it adds.
+        """
+        new = list(map(_size, messages[reused:]))
+        with self._lock:
+            if reused == len(sizes) and sizes is not _NOTHING[3]:
+                sizes.extend(new)
+                return sizes
+        return [*sizes[:reused], *new]
 
     def _count_missing(
         self, messages: Sequence[BaseMessage], missing: list[tuple[int, str]], out: list[int], core: list[Message]
@@ -292,10 +320,10 @@ class TokenCountCache:
         a custom counter (it may make a network call) or a long unseen history
         is counted in a worker thread.
         """
-        last = self._previous(key)[0]
+        last, _, _, last_sizes = self._previous(key)
         reused = self._reused(messages, last)
         if reused < len(last):
-            reused = self._renewed(messages, last, reused)
+            reused = self._renewed(messages, last, last_sizes, reused)
         if self._options.token_counter is None and len(messages) - reused <= _INLINE_NEW_MESSAGES:
             return self.counts_and_core(messages, key)
         return await working(self._options, self.counts_and_core, messages, key).arun()
