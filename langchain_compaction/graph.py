@@ -289,7 +289,8 @@ class CompactionNode(Runnable[Any, Any], Adapter):
             update[self.messages_key] = [RemoveMessage(id=ask.command.id)]
         if not update or parent is None:
             return outcome.result, update
-        return outcome.result, self._delivery.to_parent(own, update, state, parent, sent=outcome.messages)
+        sent = None if outcome.messages is None else (own, outcome.messages)
+        return outcome.result, self._delivery.to_parent(config, update, state, parent, sent=sent)
 
     def recall_tool(self, *, max_chars: int = 4_000) -> BaseTool:
         """The tool that reads this node's archive back (give it to the agent's ``ToolNode``).

@@ -332,7 +332,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         # the agent again on the compacted list (see CompactionNode(nested=...)).
         if parent is None:
             return update
-        return self._delivery.to_parent(own, update, state, parent, sent=compacted, own=(OVERHEAD_KEY,))
+        return self._delivery.to_parent(config, update, state, parent, sent=(own, compacted), own=(OVERHEAD_KEY,))
 
     def _check_model(self, model: object) -> None:
         """Say once what of the agent's model defeats compaction."""

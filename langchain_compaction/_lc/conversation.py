@@ -189,6 +189,18 @@ _AGENT_JUMP = "jump_to"
 """A LangChain agent's one-step jump (``create_agent``): it is the subgraph's own, never its parent's."""
 
 
+_GIVEN_REMEMBERED = 64
+"""Parent tasks whose given state is held between the parent's checkpoint read and the compaction."""
+
+
+def _changed(value: object, given: object) -> bool:
+    """Whether a subgraph's ``value`` differs from what its parent gave it (an odd ``__eq__``: taken as changed)."""
+    try:
+        return bool(value != given)
+    except Exception:
+        return True
+
+
 def _state_values(state: Any) -> dict[str, Any]:
     """A graph state's keys and values: a dict, a dataclass or a pydantic model."""
     if isinstance(state, Mapping):
@@ -227,6 +239,9 @@ class Delivery:
         self._sent: Bounded[tuple[int, str]] = Bounded(CONVERSATIONS_REMEMBERED)
         self._own: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)
         self._holds: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)  # per parent task (its checkpoint_ns)
+        # The parent's state as this task was given it (``to_parent`` carries up what the run changed), held
+        # from the read of the parent's checkpoint to the compaction of the same node call.
+        self._given: Bounded[dict[str, Any]] = Bounded(_GIVEN_REMEMBERED)
         self._warned: set[str] = set()
 
     def conversation(
@@ -305,7 +320,10 @@ class Delivery:
         if found is None:
             return True
         checkpoint = found.checkpoint
-        values = checkpoint.get("channel_values", {}).get(key)
+        channels = checkpoint.get("channel_values", {})
+        if exact:
+            self._given.put(where, {k: v for k, v in channels.items() if k != key})
+        values = channels.get(key)
         if exact and not _pulled(checkpoint, node):
             holds = False  # no edge runs the node this step: a task sent with Send
         elif not isinstance(values, list) or not values:
@@ -318,34 +336,44 @@ class Delivery:
 
     def to_parent(
         self,
-        conversation: Conversation,
+        config: Any,
         update: dict[str, Any],
         state: Any,
         goto: str,
         *,
-        sent: Sequence[BaseMessage] | None,
+        sent: tuple[Conversation, Sequence[BaseMessage]] | None,
         own: Sequence[str] = (),
     ) -> Command[Any]:
         """The command that writes ``update`` to the parent graph, which runs the subgraph's node (``goto``) again.
 
         The subgraph's run ends there, and what it wrote to its other keys
         in this run (a tool's to-do list, a node's notes) would end with it:
-        those go up too, as the subgraph's output carries them when it
-        finishes (LangGraph drops the keys the parent does not have). ``own``
-        names keys that stay below: the library's own and an agent's jump.
+        those go up too. What it only read is left alone: a key is carried
+        when its value differs from the parent's as the parent's checkpoint
+        of this step gave it (all keys when that checkpoint could not be
+        read: no checkpointer), so a parent's reducer is not applied to what
+        it already holds. LangGraph drops the keys the parent does not have;
+        ``own`` names keys that stay below (the library's own; an agent's
+        jump always does).
 
         Args:
-            conversation: The subgraph's conversation.
+            config: The run's config (which parent task this is).
             update: The compaction's update (the messages, the result).
             state: The subgraph's state as the node or middleware got it.
             goto: The parent's node that runs the subgraph.
-            sent: The message list written, if any (see ``sent``).
+            sent: The conversation and the message list written, if any (see ``sent``).
             own: State keys never written to the parent.
         """
         if sent is not None:
-            self.sent(conversation, sent)
+            self.sent(*sent)
+        configurable = (config.get("configurable") or {}) if isinstance(config, dict) else {}
+        given = self._given.pop(str(configurable.get("checkpoint_ns") or ""))
         stay = {*own, *update, _AGENT_JUMP}
-        carried = {key: value for key, value in _state_values(state).items() if key not in stay}
+        carried = {
+            key: value
+            for key, value in _state_values(state).items()
+            if key not in stay and (given is None or key not in given or _changed(value, given[key]))
+        }
         return Command(graph=Command.PARENT, update={**carried, **update}, goto=goto)
 
     def sent(self, conversation: Conversation, messages: Sequence[BaseMessage]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 from typing import Annotated, Any, NotRequired
 
 import pytest
@@ -601,3 +602,30 @@ def test_an_agent_in_a_subgraph_keeps_its_to_do_list_across_compactions() -> Non
         summaries += sum(1 for m in state["messages"] if is_summary_message(m))
         assert state["todos"][0]["content"].startswith(f"task {turn} "), f"turn {turn} lost its to-do list"
     assert summaries, "the agent never compacted: the test proves nothing"
+
+
+class _Read(MessagesState):
+    docs: Annotated[list[str], operator.add]
+
+
+def test_a_key_the_subgraph_only_reads_is_not_written_back_to_its_parent() -> None:
+    # Carrying every key up applied the parent's reducer to what it already held: ["d1"] became 8 copies.
+    def answer(state: _Read) -> dict[str, Any]:
+        return {"messages": [AIMessage(words("answer", 80))]}
+
+    inner = StateGraph(_Read, output_schema=MessagesState)  # (its own output leaves docs alone)
+    inner.add_node("compact", CompactionNode(short_summary, OPTIONS))
+    inner.add_node("agent", answer)
+    inner.add_edge(START, "compact")
+    inner.add_edge("compact", "agent")
+    outer = StateGraph(_Read)
+    outer.add_node("inner", inner.compile())
+    outer.add_edge(START, "inner")
+    graph = outer.compile(checkpointer=InMemorySaver())
+    graph.invoke({"messages": [HumanMessage("hi")], "docs": ["d1"]}, cfg("read"))
+    summaries = 0
+    for turn in range(20):
+        state = graph.invoke({"messages": [HumanMessage(words(f"question {turn}", 60))]}, cfg("read"))
+        summaries += sum(1 for m in state["messages"] if is_summary_message(m))
+    assert summaries, "nothing compacted: the test proves nothing"
+    assert state["docs"] == ["d1"]
