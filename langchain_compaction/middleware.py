@@ -96,6 +96,7 @@ from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, count_messages
 from langchain_compaction._lc.events import COMPACTION_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
+from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
@@ -119,6 +120,9 @@ def _current_config() -> RunnableConfig | None:
     except RuntimeError:
         return None
 
+
+_TOOLS_REMEMBERED = 512
+"""Tool schemas whose token counts the middleware keeps."""
 
 OVERHEAD_KEY = "compaction_overhead_tokens"
 """Private state key: tokens of the system prompt and tool schemas last sent."""
@@ -263,7 +267,8 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         self.tools = [] if archived is None else [recall_tool(archived, redact=redact)]
         self._instructions = custom_instructions
         self._on_compaction = on_compaction
-        self._tool_tokens: dict[tuple[str, str], int] = {}
+        # Per tool object (held, so its id is not reused) or per dict schema's text; bounded.
+        self._tool_tokens: Bounded[tuple[object, int]] = Bounded(_TOOLS_REMEMBERED)
         self._window_checked = self._turn.options.context_window > 0
         self._model_checked = False
         self._delivery = Delivery(nested, "CompactionMiddleware")
@@ -486,17 +491,18 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
                 total = count_messages([system], [to_core(system)], self.options)[0]
                 self._system_tokens = (system, total)
         for tool in request.tools:
-            if isinstance(tool, BaseTool):
-                key, schema = (tool.name, tool.description), None
-            else:
-                schema = json_text(tool)
-                key = ("dict", schema)
-            tokens = self._tool_tokens.get(key)
-            if tokens is None:
-                # The schema as a provider receives it (name, description,
-                # JSON-schema parameters), estimated as JSON text.
-                text = schema if schema is not None else json_text(convert_to_openai_tool(tool))
-                tokens = TOOL_SCHEMA_OVERHEAD_TOKENS + estimate_tokens(text)
-                self._tool_tokens[key] = tokens
+            # A tool object is counted once (two tools of one name may differ in their parameters);
+            # a dict schema by its text.
+            schema = None if isinstance(tool, BaseTool) else json_text(tool)
+            key: object = id(tool) if schema is None else schema
+            known = self._tool_tokens.get(key)
+            if known is not None and (schema is not None or known[0] is tool):
+                total += known[1]
+                continue
+            # The schema as a provider receives it (name, description,
+            # JSON-schema parameters), estimated as JSON text.
+            text = schema if schema is not None else json_text(convert_to_openai_tool(tool))
+            tokens = TOOL_SCHEMA_OVERHEAD_TOKENS + estimate_tokens(text)
+            self._tool_tokens.put(key, (tool, tokens))
             total += tokens
         return total

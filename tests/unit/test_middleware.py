@@ -891,3 +891,27 @@ def test_an_on_compaction_observer_that_raises_is_logged_and_the_compaction_goes
     state = agent.get_state(cfg("observed")).values["messages"]
     assert is_summary_message(state[0])
     assert len(model.requests) == 30
+
+
+def test_two_tools_of_one_name_and_description_are_counted_apart() -> None:
+    # The schema's count was kept by name and description: a tool whose parameters list 2,000 files
+    # was counted as the one-file tool seen first, in every conversation of the process.
+    from typing import Literal
+
+    from langchain_core.tools import StructuredTool
+    from pydantic import create_model
+
+    def opener(files: list[str]) -> StructuredTool:
+        arguments = create_model("Args", path=(Literal[tuple(files)], ...))
+        return StructuredTool.from_function(
+            lambda path: path, name="open_file", description="Open.", args_schema=arguments
+        )
+
+    middleware = CompactionMiddleware(short_summary, CompactionOptions(context_window=200_000))
+    overheads = []
+    for files in (["a.py"], [f"src/module_{i}/file_{i}.py" for i in range(2_000)]):
+        model = ToolCallingFakeModel(messages=text_script(1))
+        agent = create_agent(model, tools=[opener(files)], middleware=[middleware], checkpointer=InMemorySaver())
+        agent.invoke({"messages": [HumanMessage("open it")]}, cfg(len(files)))
+        overheads.append(agent.get_state(cfg(len(files))).values[OVERHEAD_KEY])
+    assert overheads[1] > overheads[0] + 10_000
