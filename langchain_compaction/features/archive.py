@@ -247,29 +247,33 @@ class Archive(Feature):
 
 
 def _stored(message: BaseMessage) -> dict[str, Any]:
-    """A message as an item holds it: LangChain's dict, or that dict as JSON text when the store could not take it.
+    """A message as an item holds it: LangChain's dict, or that dict as JSON text when a store could not take it.
 
     PostgreSQL's ``jsonb`` refuses a NUL character in a string (a binary
     file's header read by a tool, say): every later write of the thread
-    would fail. As JSON text, the NUL is the six characters ``\\u0000``. A
-    tool's artifact that is not JSON (rows with dates, a dataclass), which the
-    checkpointer's own serializer takes, would fail every write the same way:
-    it is kept as its JSON text, dates written out (``isoformat``) and anything else as ``str``.
+    would fail. As JSON text, the NUL is the six characters ``\\u0000``. So
+    would a tool's artifact that is not plain JSON data, which the
+    checkpointer's own serializer takes: rows with dates, a table whose keys
+    are numbers (``DataFrame.to_dict()``), which SQLite's and PostgreSQL's
+    stores refuse. It is kept as JSON text, dates written out, keys as text
+    and anything else as ``str``.
     """
     data = message_to_dict(message)
-    try:
-        text = json.dumps(data)
-    except (TypeError, ValueError):
-        return {"message_json": json.dumps(data, default=_as_json)}
-    return {"message_json": text} if "\\u0000" in text else {"message": data}
+    plain = _plain(data)
+    text = json.dumps(plain)
+    return {"message": data} if plain == data and "\\u0000" not in text else {"message_json": text}
 
 
-def _as_json(value: object) -> object:
-    """What JSON holds for ``value``: a date written out, a set's items, anything else its text."""
+def _plain(value: object) -> object:
+    """``value`` as plain JSON data: string keys, lists, dates written out, anything else its text."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {key if isinstance(key, str) else str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(item) for item in value]
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
     return str(value)
 
 

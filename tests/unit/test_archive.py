@@ -1161,7 +1161,9 @@ def test_a_tool_artifact_that_is_not_json_is_archived_as_text_on_sqlite(tmp_path
 
     def agent(state: dict[str, Any]) -> dict[str, Any]:
         n = next(calls)
-        rows = [{"order": n, "shipped_at": datetime.datetime(2026, 1, 1, 12, n % 60)}]
+        # (As DataFrame.to_dict() gives them: keys that are numbers; a grouping's keys are tuples.)
+        rows = [{"order": n, "shipped_at": datetime.datetime(2026, 1, 1, 12, n % 60), "by_row": {0: n}}]
+        rows.append({("eu", n): 1})
         call = {"id": f"q{n}", "name": "query_orders", "args": {"sql": "select * from orders"}}
         result = ToolMessage(words(f"order {n} shipped", 120), tool_call_id=f"q{n}", artifact=rows, id=f"r{n}")
         return {"messages": [AIMessage("", tool_calls=[call]), result, AIMessage(words("done", 20))]}
@@ -1176,4 +1178,4 @@ def test_a_tool_artifact_that_is_not_json_is_archived_as_text_on_sqlite(tmp_path
         first = next(i for i in items if i.value.get("id") == "r0")
         message = archived_message(first.value)
     assert isinstance(message, ToolMessage)
-    assert message.artifact == [{"order": 0, "shipped_at": "2026-01-01T12:00:00"}]
+    assert message.artifact == [{"order": 0, "shipped_at": "2026-01-01T12:00:00", "by_row": {"0": 0}}, {"('eu', 0)": 1}]
