@@ -101,9 +101,9 @@ def _configurable(config: Any) -> dict[str, Any]:
 
 
 def thread_of(config: Any) -> str | None:
-    """The thread id of a run's config (``None`` when there is none: 0 is a thread, "" is not)."""
+    """The thread id of a run's config (``None`` when there is none; 0 and "" are threads, as LangGraph keeps them)."""
     value = _configurable(config).get("thread_id")
-    return None if value is None or value == "" else str(value)
+    return None if value is None else str(value)
 
 
 def namespace_of(config: Any) -> tuple[str, ...]:

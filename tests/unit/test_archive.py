@@ -1179,3 +1179,17 @@ def test_a_tool_artifact_that_is_not_json_is_archived_as_text_on_sqlite(tmp_path
         message = archived_message(first.value)
     assert isinstance(message, ToolMessage)
     assert message.artifact == [{"order": 0, "shipped_at": "2026-01-01T12:00:00", "by_row": {"0": 0}}, {"('eu', 0)": 1}]
+
+
+def test_a_thread_whose_id_is_empty_is_archived_like_any_other() -> None:
+    # LangGraph keeps a thread with thread_id "" and continues it; the archive took it for "no thread"
+    # and filed nothing: 22 of 30 messages were only in the summary.
+    store = InMemoryStore()
+    node = CompactionNode(short_summary, CompactionOptions(context_window=3_000), features=with_archive())
+    graph = compaction_graph(node, _replier, checkpointer=InMemorySaver(), store=store)
+    for turn in range(15):
+        graph.invoke({"messages": [HumanMessage(words(f"question {turn}", 80), id=f"q{turn}")]}, cfg(""))
+    kept = {m.id for m in graph.get_state(cfg("")).values["messages"]}
+    filed = {item.value.get("id") for item in store.search(("compaction_archive", "%"), limit=1_000)}
+    assert len(filed) > 5
+    assert all(f"q{t}" in kept or f"q{t}" in filed for t in range(15))

@@ -17,7 +17,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,12 +154,14 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str]
 
 
 @pytest.fixture
-def async_sql(tmp_path: Path) -> Iterator[Callable[[str], SQLChatMessageHistory]]:
+async def async_sql(tmp_path: Path) -> AsyncIterator[Callable[[str], SQLChatMessageHistory]]:
     from sqlalchemy.ext.asyncio import create_async_engine
 
     engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'async.db'}")
     yield lambda name: SQLChatMessageHistory(session_id=name, connection=engine)
-    asyncio.run(engine.dispose())
+    # Disposed on the test's own loop: its connections cannot be closed from another one, and one
+    # left open warns when it is collected, in whichever test is running then.
+    await engine.dispose()
 
 
 # ---------------------------------------------------------------------------
@@ -1387,9 +1389,11 @@ async def test_a_sql_archive_is_counted_not_read_at_every_compaction(
     monkeypatch.setattr(SQLChatMessageHistory, "messages", property(counted))
     monkeypatch.setattr(SQLChatMessageHistory, "aget_messages", acounted)
     if asynchronous:
-        url = f"sqlite+aiosqlite:///{tmp_path / 'chat.db'}"
-        inner = SQLChatMessageHistory(session_id="s", connection=url, async_mode=True)
-        archive = SQLChatMessageHistory(session_id="archive", connection=url, async_mode=True)
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'chat.db'}")
+        inner = SQLChatMessageHistory(session_id="s", connection=engine)
+        archive = SQLChatMessageHistory(session_id="archive", connection=engine)
     else:
         url = f"sqlite:///{tmp_path / 'chat.db'}"
         inner = SQLChatMessageHistory(session_id="s", connection=url)
@@ -1401,6 +1405,8 @@ async def test_a_sql_archive_is_counted_not_read_at_every_compaction(
         await history.aadd_messages(turn) if asynchronous else history.add_messages(turn)
     archived = (await archive.aget_messages()) if asynchronous else archive.messages
     assert len(archived) > 40, "little was archived: the test proves nothing"
+    if asynchronous:
+        await engine.dispose()
     assert reads == [len(archived)]  # the test's own read only
     assert len({m.content for m in archived}) == len(archived)  # each once
 
