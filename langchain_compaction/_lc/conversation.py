@@ -257,16 +257,19 @@ class Delivery:
         parent = parent_node(config) if self.nested == "parent" else None
         if parent is None or parent == TOO_DEEP or own.thread is None:
             return own, own, None
-        if not (yield from self._parent_holds(config, messages, messages_key, parent)):
+        sent = self._sent.pop(own.key)
+        took = sent is not None and len(messages) >= sent[0] and prefix_digest(messages[: sent[0]]) == sent[1]
+        # (The node runs again on the list it sent up: the parent holds it, whatever its last checkpoint says.)
+        if not took and not (yield from self._parent_holds(config, messages, messages_key, parent)):
             self._say(
                 "own",
-                "it runs on messages its parent's state does not hold (a task sent with Send, or a graph invoked "
-                "inside a node function with messages of its own): it writes compactions to its own state there, "
-                "since sending them up would replace the parent's conversation; pass nested='own' to say so",
+                "it runs on messages its parent's state does not hold (a task sent with Send, a graph invoked "
+                "inside a node function or a tool with messages of its own, or a parent without a checkpointer): "
+                "it writes compactions to its own state there, since sending them up would replace the parent's "
+                "conversation; pass nested='own' to say so",
             )
             return own, own, None
-        sent = self._sent.pop(own.key)
-        if sent is not None and not (len(messages) >= sent[0] and prefix_digest(messages[: sent[0]]) == sent[1]):
+        if sent is not None and not took:
             self._own.put(own.key, True)
             self._say(
                 "own",
@@ -301,7 +304,12 @@ class Delivery:
         saver = configurable.get(CONFIG_KEY_CHECKPOINTER)
         step = (configurable.get("checkpoint_map") or {}).get("")
         if saver is None or step is None:
-            return True
+            # Nothing tells a subgraph added as a node from a graph invoked inside a node function (an
+            # agent run by a supervisor's tool): sending a compaction up from there would replace the
+            # parent's conversation. Without a checkpointer the parent keeps no state between runs, so
+            # the compaction stays here.
+            self._holds.put(where, False)
+            return False
         parent = {"thread_id": configurable.get("thread_id"), "checkpoint_ns": ""}
         exact_config = {"configurable": {**parent, "checkpoint_id": step}}
         found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
@@ -313,12 +321,13 @@ class Delivery:
             waited += _CHECKPOINT_POLL
             found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
         exact = found is not None
-        if not exact and background:
-            # (Not with durability "exit": its last checkpoint is a run old, and a re-run after a
-            # compaction sent up would not match it.)
+        if not exact:
+            # The parent's last checkpoint (under durability "exit", a run old): its messages lead this
+            # run's when it is the parent's conversation, and so does a list this node sent up.
             found = yield twin(saver.get_tuple, saver.aget_tuple, {"configurable": parent})
-        if found is None:
-            return True
+        if found is None:  # a parent with nothing saved yet (durability "exit"): nothing tells, see above
+            self._holds.put(where, False)
+            return False
         checkpoint = found.checkpoint
         channels = checkpoint.get("channel_values", {})
         if exact:

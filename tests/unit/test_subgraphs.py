@@ -629,3 +629,43 @@ def test_a_key_the_subgraph_only_reads_is_not_written_back_to_its_parent() -> No
         summaries += sum(1 for m in state["messages"] if is_summary_message(m))
     assert summaries, "nothing compacted: the test proves nothing"
     assert state["docs"] == ["d1"]
+
+
+@pytest.mark.parametrize("saved", ["no checkpointer", "durability exit"])
+def test_an_agent_run_by_a_supervisors_tool_keeps_its_compactions_to_itself(saved: str) -> None:
+    # Nothing tells a graph run inside a tool from a subgraph added as a node; where the parent's
+    # checkpoint could not be read, the sub-agent's compaction replaced the supervisor's conversation.
+    @tool
+    def search(query: str) -> str:
+        """Search."""
+        return words(f"found {query}", 200)
+
+    def researcher_replies() -> list[AIMessage]:
+        calls = [
+            AIMessage("", tool_calls=[{"name": "search", "args": {"query": f"q{k}"}, "id": f"s{k}"}]) for k in range(15)
+        ]
+        return [*calls, AIMessage("research done")]
+
+    researcher = create_agent(
+        ToolCallingFake(messages=iter(researcher_replies())),
+        tools=[search],
+        middleware=[CompactionMiddleware(short_summary, OPTIONS)],
+    )
+
+    @tool
+    def research(task: str) -> str:
+        """Hand a research task to the researcher."""
+        return str(researcher.invoke({"messages": [HumanMessage(task)]})["messages"][-1].content)
+
+    supervisor_replies = [AIMessage("", tool_calls=[{"name": "research", "args": {"task": "find X"}, "id": "r0"}])]
+    supervisor = create_agent(
+        ToolCallingFake(messages=iter([*supervisor_replies, AIMessage("final answer")])),
+        tools=[research],
+        checkpointer=None if saved == "no checkpointer" else InMemorySaver(),
+    )
+    config = {**cfg("supervised"), "recursion_limit": 100}
+    durability: dict[str, Any] = {"durability": "exit"} if saved == "durability exit" else {}
+    out = supervisor.invoke({"messages": [HumanMessage("Please research X.", id="ask")]}, config, **durability)
+    assert out["messages"][0].id == "ask"
+    assert out["messages"][-1].content == "final answer"
+    assert not any(isinstance(m, ToolMessage) and m.tool_call_id.startswith("s") for m in out["messages"])
