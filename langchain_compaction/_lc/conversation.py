@@ -178,6 +178,20 @@ def _pulled(checkpoint: Mapping[str, Any], node: str) -> bool:
     return any(seen.get(channel) is None or version > seen[channel] for channel, version in triggers)
 
 
+def _beside(checkpoint: Mapping[str, Any], node: str) -> bool:
+    """Whether a parent's checkpoint runs other nodes in the step that runs ``node`` (parallel branches, sends).
+
+    Their writes land in the same step as a compaction sent up, which
+    replaces the parent's whole list: a sibling's reply would be wiped.
+    """
+    values = checkpoint.get("channel_values") or {}
+    if values.get("__pregel_tasks"):
+        return True
+    # A trigger is among the checkpoint's values until its node has run (then it is cleared; its version
+    # moves on, so the versions alone do not tell).
+    return any(channel.startswith("branch:to:") and channel != f"branch:to:{node}" for channel in values)
+
+
 Nesting = Literal["parent", "own"]
 """Where an adapter in a subgraph writes a compaction: the parent's state (one level up), or its own."""
 
@@ -263,8 +277,9 @@ class Delivery:
         if not took and not (yield from self._parent_holds(config, messages, messages_key, parent)):
             self._say(
                 "own",
-                "it runs on messages its parent's state does not hold (a task sent with Send, a graph invoked "
-                "inside a node function or a tool with messages of its own, or a parent without a checkpointer): "
+                "it runs on messages its parent's state does not hold, or beside other nodes of its parent (a task "
+                "sent with Send, parallel branches, a graph invoked inside a node function or a tool with messages "
+                "of its own, or a parent without a checkpointer): "
                 "it writes compactions to its own state there, since sending them up would replace the parent's "
                 "conversation; pass nested='own' to say so",
             )
@@ -333,8 +348,8 @@ class Delivery:
         if exact:
             self._given.put(where, {k: v for k, v in channels.items() if k != key})
         values = channels.get(key)
-        if exact and not _pulled(checkpoint, node):
-            holds = False  # no edge runs the node this step: a task sent with Send
+        if exact and (not _pulled(checkpoint, node) or _beside(checkpoint, node)):
+            holds = False  # no edge runs the node this step (a task sent with Send), or others run beside it
         elif not isinstance(values, list) or not values:
             return True
         else:

@@ -669,3 +669,41 @@ def test_an_agent_run_by_a_supervisors_tool_keeps_its_compactions_to_itself(save
     assert out["messages"][0].id == "ask"
     assert out["messages"][-1].content == "final answer"
     assert not any(isinstance(m, ToolMessage) and m.tool_call_id.startswith("s") for m in out["messages"])
+
+
+def test_agents_in_parallel_branches_never_wipe_each_others_replies() -> None:
+    # One agent's compaction sent up replaces the parent's list in the step where its sibling's reply
+    # lands too: the reply was wiped (never in the state, never summarized). Beside others, a
+    # compaction stays in the agent's own state.
+    prompts: list[str] = []
+
+    def summarize(prompt: str) -> str:
+        prompts.append(prompt)
+        return "## Goal\n- review"
+
+    def agent(who: str) -> Any:
+        replies = [AIMessage(f"{who.upper()}{k:03d} " + "t " * 60, id=f"{who}-{k}") for k in range(20)]
+        middleware = [CompactionMiddleware(summarize, CompactionOptions(context_window=3_000))]
+        return create_agent(
+            ToolCallingFake(messages=iter(replies)), system_prompt=f"You are the {who}.", middleware=middleware
+        )
+
+    parent = StateGraph(MessagesState)
+    parent.add_node("researcher", agent("researcher"))
+    parent.add_node("critic", agent("critic"))
+    parent.add_node("join", lambda state: {})
+    parent.add_edge(START, "researcher")
+    parent.add_edge(START, "critic")
+    parent.add_edge(["researcher", "critic"], "join")
+    graph = parent.compile(checkpointer=InMemorySaver())
+    for turn in range(20):
+        state = graph.invoke({"messages": [HumanMessage(f"USER{turn:03d} " + "ctx " * 150)]}, cfg("parallel"))
+    assert prompts, "nothing compacted: the test proves nothing"
+    seen = " ".join(prompts) + " ".join(str(m.content) for m in state["messages"])
+    lost = [
+        f"{who.upper()}{k:03d}"
+        for who in ("researcher", "critic")
+        for k in range(20)
+        if f"{who.upper()}{k:03d}" not in seen
+    ]
+    assert lost == []
