@@ -105,8 +105,9 @@ def _payload(block: dict[str, Any], source: dict[str, Any]) -> bytes | None:
         return _decoded(source.get("data"))
     if isinstance(block.get("base64"), str):
         return _decoded(block["base64"])
-    if block.get("type") == "media" and isinstance(block.get("data"), str):
-        return _decoded(block["data"])
+    if block.get("type") == "media":  # (Gemini's: base64 text, or the bytes themselves)
+        data = block.get("data")
+        return bytes(data) if isinstance(data, (bytes, bytearray)) else _decoded(data)
     nested = block.get("file")
     url = block.get("file_data") or (nested.get("file_data") if isinstance(nested, dict) else None)
     if isinstance(url, str) and url.startswith("data:") and ";base64," in url:

@@ -100,6 +100,9 @@ def test_a_pdf_is_counted_by_its_pages() -> None:
         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": data}},
         {"type": "file", "base64": data, "mime_type": "application/pdf"},
         {"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{data}"}},
+        {"type": "media", "mime_type": "application/pdf", "data": data},  # Gemini's, as base64 text
+        {"type": "media", "mime_type": "application/pdf", "data": pdf},  # and as the bytes themselves
+        {"type": "input_file", "filename": "a.pdf", "file_data": f"data:application/pdf;base64,{data}"},
     ]
     for block in shapes:
         message = to_core(HumanMessage([block]))
