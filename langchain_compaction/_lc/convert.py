@@ -252,6 +252,11 @@ def _assistant(message: AIMessage) -> Message:
     )
     skip = frozenset(str(c.id) for c in calls if c.id)
     parts = _parts(message.content, skip)
+    legacy = message.additional_kwargs.get("function_call")
+    if isinstance(legacy, dict) and not calls:
+        # OpenAI's legacy function calling: the call is shown and counted (a part, not a tool call: its
+        # result, a FunctionMessage, carries no call id to pair it by).
+        parts = (*parts, Part("data", f"function_call {legacy.get('name', '')}({legacy.get('arguments', '')})"))
     reported = _usage_total(message, parts)
     return Message("assistant", parts, tool_calls=calls, name=message.name, id=message.id, reported_tokens=reported)
 

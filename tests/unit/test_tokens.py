@@ -154,6 +154,17 @@ def test_tool_use_block_duplicating_a_tool_call_is_counted_once() -> None:
     assert estimate_message_tokens([responses]) == estimate_message_tokens([plain])
 
 
+def test_a_legacy_openai_function_call_is_counted_and_shown() -> None:
+    from langchain_compaction._lc.convert import to_core
+    from langchain_compaction.core.transcript import message_body
+
+    arguments = json.dumps({"location": "Reykjavik, IS", "note": "x" * 2_000})
+    call = AIMessage("", additional_kwargs={"function_call": {"name": "get_weather", "arguments": arguments}})
+    assert estimate_message_tokens([call]) > 300  # (4 before: an empty assistant turn)
+    assert "get_weather" in message_body(to_core(call))
+    assert "Reykjavik, IS" in message_body(to_core(call))
+
+
 def test_tool_results_are_counted() -> None:
     result = ToolMessage("line of output from the tool\n" * 100, tool_call_id="c1")
     assert estimate_message_tokens([result]) >= estimate_tokens(str(result.content))
