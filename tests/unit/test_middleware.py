@@ -915,3 +915,25 @@ def test_two_tools_of_one_name_and_description_are_counted_apart() -> None:
         agent.invoke({"messages": [HumanMessage("open it")]}, cfg(len(files)))
         overheads.append(agent.get_state(cfg(len(files))).values[OVERHEAD_KEY])
     assert overheads[1] > overheads[0] + 10_000
+
+
+async def test_astream_events_leaves_the_summary_out_when_its_tag_is_excluded() -> None:
+    # astream_events shows every chat model's tokens, the summarizer's too (LangGraph honours the
+    # nostream tag only in stream_mode="messages"); a UI excludes the library's tag.
+    from langchain_compaction.summarizers.chat_model import SUMMARY_TAG
+
+    def agent() -> Any:
+        summary_model = GenericFakeChatModel(messages=iter([AIMessage("## Goal\n- SECRET-SUMMARY-TEXT")] * 10))
+        middleware = [CompactionMiddleware(summary_model, FAIL_OPTIONS)]
+        return create_agent(ToolCallingFakeModel(messages=text_script(5)), middleware=middleware)
+
+    payload: Any = {"messages": [*history(12), HumanMessage("go on")]}
+
+    async def streamed(**kwargs: Any) -> str:
+        events = agent().astream_events(payload, version="v2", **kwargs)
+        return "".join([str(e["data"]["chunk"].content) async for e in events if e["event"] == "on_chat_model_stream"])
+
+    assert "SECRET" in await streamed()  # (what the README warns of)
+    shown = await streamed(exclude_tags=[SUMMARY_TAG])
+    assert "reply 0" in shown
+    assert "SECRET" not in shown
