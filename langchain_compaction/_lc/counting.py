@@ -48,6 +48,8 @@ from langchain_compaction.errors import InvalidMessagesError
 _T = TypeVar("_T")
 
 DEFAULT_CACHE_SIZE = 200_000
+_MAX_HELD_TOKENS = 8_000_000
+"""The most tokens of messages a ``TokenCountCache`` holds (about 32 MB of their text; forty full 200k windows)."""
 LAST_CALLS_REMEMBERED = 64
 """Conversations whose last counted history a ``TokenCountCache`` keeps, most recent first."""
 _Read = tuple[list[BaseMessage], list[int], Scanned, list[int]]
@@ -138,9 +140,11 @@ class TokenCountCache:
     """Token counts per message id, recounted only when a message changes.
 
     Messages without an id are counted every time (nothing safe to key them
-    by). The cache is bounded: past ``max_entries`` the oldest quarter is
-    dropped, so a long-lived server does not grow without limit; a dropped
-    message is simply counted again the next time it is seen.
+    by). The cache is bounded: past ``max_entries``, or past messages of
+    ``_MAX_HELD_TOKENS`` tokens in all (a core form keeps its message's text:
+    about 4 characters a token), the oldest are dropped until a quarter of the
+    room is free, so a long-lived server does not grow without limit; a
+    dropped message is simply counted again the next time it is seen.
 
     Example:
         >>> from langchain_core.messages import HumanMessage
@@ -155,6 +159,8 @@ class TokenCountCache:
     def __init__(self, options: CompactionOptions, *, max_entries: int = DEFAULT_CACHE_SIZE) -> None:
         self._options = options
         self._max_entries = max(int(max_entries), 1)
+        self._max_held = _MAX_HELD_TOKENS
+        self._held = 0  # the tokens of the messages held (their core forms keep their text)
         self._entries: dict[str, tuple[str, int, Message]] = {}
         self._lock = threading.Lock()
         # Per conversation, the previous call's messages, counts and core
@@ -333,11 +339,17 @@ class TokenCountCache:
             return
         with self._lock:
             entries = self._entries
-            entries.update(fresh)
-            if len(entries) > self._max_entries:
-                # dicts keep insertion order: the first keys are the oldest.
-                for stale in list(entries)[: max(len(entries) // 4, len(entries) - self._max_entries)]:
-                    del entries[stale]
+            for key, entry in fresh:
+                old = entries.pop(key, None)  # (a key seen again moves to the end: the newest)
+                self._held += entry[1] - (old[1] if old is not None else 0)
+                entries[key] = entry
+            if len(entries) > self._max_entries or self._held > self._max_held:
+                # dicts keep insertion order: the first keys are the oldest. A quarter of the room is freed.
+                keep_entries, keep_held = self._max_entries * 3 // 4, self._max_held * 3 // 4
+                for stale in list(entries):
+                    if len(entries) <= keep_entries and self._held <= keep_held:
+                        break
+                    self._held -= entries.pop(stale)[1]
 
 
 class StoredCounts:
