@@ -24,7 +24,7 @@ from langchain_compaction.core.recall import MAX_RESULTS, Archived, Lookup, rend
 from langchain_compaction.core.record import NAMESPACE_KEY, numbering
 from langchain_compaction.core.redact import Redactor, redact_message
 from langchain_compaction.errors import ConfigurationError
-from langchain_compaction.features.archive import Archive, _padded, _Timeline, archived_message, read_all
+from langchain_compaction.features.archive import _TOOL_NAME, Archive, _padded, _Timeline, archived_message, read_all
 
 logger = logging.getLogger("langchain_compaction")
 
@@ -234,6 +234,12 @@ def recall_tool(
         raise ConfigurationError("max_chars", max_chars, "pass a number of characters (200 or more)")
     if history is not None and (not callable(getattr(history, "recall_flow", None)) or history.archive is None):
         raise ConfigurationError("history", history, "pass a CompactingChatMessageHistory with archive=..., or None")
+    if archive is not None and not isinstance(archive, Archive):
+        raise ConfigurationError("archive", archive, "pass the Archive(...) the node or middleware uses, or None")
+    if name is not None and (not isinstance(name, str) or not _TOOL_NAME.fullmatch(name)):
+        raise ConfigurationError("name", name, "pass a tool name of letters, digits, _ or - (64 at most), or None")
+    if redact is not None and not callable(redact):
+        raise ConfigurationError("redact", redact, "pass a function from text to text, e.g. redact_secrets, or None")
     if redact is None and history is not None:
         redact = history.options.redact  # the memory's own hook: what it summarized redacted, recall returns so
     settings = archive if archive is not None else Archive()

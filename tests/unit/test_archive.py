@@ -1193,3 +1193,13 @@ def test_a_thread_whose_id_is_empty_is_archived_like_any_other() -> None:
     filed = {item.value.get("id") for item in store.search(("compaction_archive", "%"), limit=1_000)}
     assert len(filed) > 5
     assert all(f"q{t}" in kept or f"q{t}" in filed for t in range(15))
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("archive", True), ("name", 5), ("name", "bad name!"), ("name", ""), ("redact", "x")],
+)
+def test_recall_tool_refuses_what_it_cannot_use(argument: str, value: Any) -> None:
+    # Each raised from deep inside, or was taken (a name providers refuse; "" renamed silently).
+    with pytest.raises(ConfigurationError, match=f"{argument}="):
+        recall_tool(**{argument: value})
