@@ -1097,6 +1097,13 @@ def _replier(state: dict[str, Any]) -> dict[str, Any]:
     return {"messages": [AIMessage(words("answer", 60))]}
 
 
+def _archiving(summarizer: Any, window: int = 4_000) -> tuple[Any, InMemoryStore]:
+    """A checkpointed graph (the node with the archive, then a replier) and its store."""
+    store = InMemoryStore()
+    node = CompactionNode(summarizer, CompactionOptions(context_window=window), features=with_archive())
+    return compaction_graph(node, _replier, checkpointer=InMemorySaver(), store=store), store
+
+
 def test_a_summarizer_down_for_many_turns_archives_each_message_once() -> None:
     # Each failed turn archived the whole region again under a new compaction
     # id (the region had grown by a turn): 28 failed turns filed 1,010 items
@@ -1108,9 +1115,7 @@ def test_a_summarizer_down_for_many_turns_archives_each_message_once() -> None:
             raise RuntimeError("the summary service is down")
         return SUMMARY
 
-    store = InMemoryStore()
-    node = CompactionNode(summarizer, CompactionOptions(context_window=4_000), features=with_archive())
-    graph = compaction_graph(node, _replier, checkpointer=InMemorySaver(), store=store)
+    graph, store = _archiving(summarizer)
     failed = 0
     for turn in range(36):
         down = turn < 30
@@ -1134,9 +1139,7 @@ async def test_compactions_cancelled_mid_summary_archive_each_message_once() -> 
         await asyncio.sleep(0.3)
         return SUMMARY
 
-    store = InMemoryStore()
-    node = CompactionNode(slow, CompactionOptions(context_window=4_000), features=with_archive())
-    graph = compaction_graph(node, _replier, checkpointer=InMemorySaver(), store=store)
+    graph, store = _archiving(slow)
     cancelled = 0
     for turn in range(24):
         wait = 0.1 if turn < 18 else 5.0
@@ -1184,9 +1187,7 @@ def test_a_tool_artifact_that_is_not_json_is_archived_as_text_on_sqlite(tmp_path
 def test_a_thread_whose_id_is_empty_is_archived_like_any_other() -> None:
     # LangGraph keeps a thread with thread_id "" and continues it; the archive took it for "no thread"
     # and filed nothing: 22 of 30 messages were only in the summary.
-    store = InMemoryStore()
-    node = CompactionNode(short_summary, CompactionOptions(context_window=3_000), features=with_archive())
-    graph = compaction_graph(node, _replier, checkpointer=InMemorySaver(), store=store)
+    graph, store = _archiving(short_summary, window=3_000)
     for turn in range(15):
         graph.invoke({"messages": [HumanMessage(words(f"question {turn}", 80), id=f"q{turn}")]}, cfg(""))
     kept = {m.id for m in graph.get_state(cfg("")).values["messages"]}

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from conftest import as_state, assert_compacted, assert_valid_anthropic_request, split_compacted
+from conftest import as_state, assert_compacted, assert_valid_anthropic_request, compaction_graph, split_compacted
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
@@ -996,12 +996,7 @@ def test_a_checkpointed_history_edited_under_an_id_is_summarized_as_edited() -> 
         return "## Goal\n- x"
 
     node = CompactionNode(summarize, CompactionOptions(context_window=4_000))
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", node)
-    builder.add_node("agent", lambda state: {"messages": [AIMessage("noted " * 30)]})
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", "agent")
-    graph = builder.compile(checkpointer=InMemorySaver())
+    graph = compaction_graph(node, lambda state: {"messages": [AIMessage("noted " * 30)]}, checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "edited"}}
     for turn in range(6):
         graph.invoke({"messages": [HumanMessage(f"ORIGINAL_{turn} " + "word " * 60, id=f"h{turn}")]}, config)
@@ -1019,12 +1014,10 @@ def test_a_checkpointed_history_edited_under_an_id_is_summarized_as_edited() -> 
 async def test_compact_thread_leaves_an_idle_thread_idle_with_a_static_edge_to_the_agent(asynchronous: bool) -> None:
     # Written as the node's update, the compaction left the thread due to run
     # the agent (next == ("agent",)), and a second compact_thread was refused as paused.
-    builder = StateGraph(MessagesState)
-    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=4_000)))
-    builder.add_node("agent", lambda state: {"messages": [AIMessage("answer " * 40)]})
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", "agent")
-    graph = builder.compile(checkpointer=InMemorySaver())
+    node = CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=4_000))
+    graph = compaction_graph(
+        node, lambda state: {"messages": [AIMessage("answer " * 40)]}, checkpointer=InMemorySaver()
+    )
     config = {"configurable": {"thread_id": "idle"}}
     for turn in range(6):
         graph.invoke({"messages": [HumanMessage(f"question {turn} " * 30)]}, config)
@@ -1061,12 +1054,7 @@ def test_a_message_replaced_in_place_by_a_node_is_counted_anew_on_the_checkpoint
         return {"messages": [AIMessage("ok")]}
 
     node = CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=8_000), result_key="compaction")
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", node)
-    builder.add_node("agent", agent)
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", "agent")
-    graph = builder.compile(checkpointer=InMemorySaver())
+    graph = compaction_graph(node, agent, checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "in-place"}}
     first = [(HumanMessage if i % 2 == 0 else AIMessage)(f"m{i}", id=f"m{i}") for i in range(12)]
     graph.invoke({"messages": first}, config)
