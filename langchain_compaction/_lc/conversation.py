@@ -182,14 +182,25 @@ def _beside(checkpoint: Mapping[str, Any], node: str) -> bool:
     """Whether a parent's checkpoint runs other nodes in the step that runs ``node`` (parallel branches, sends).
 
     Their writes land in the same step as a compaction sent up, which
-    replaces the parent's whole list: a sibling's reply would be wiped.
+    replaces the parent's whole list: a sibling's reply would be wiped. A
+    sibling's trigger is pending (a trigger is among the checkpoint's values
+    until its node has run) and was written with ``node``'s, in the same step
+    (the same version); a deferred node's, pending since an earlier step, is
+    not a sibling.
     """
     values = checkpoint.get("channel_values") or {}
     if values.get("__pregel_tasks"):
         return True
-    # A trigger is among the checkpoint's values until its node has run (then it is cleared; its version
-    # moves on, so the versions alone do not tell).
-    return any(channel.startswith("branch:to:") and channel != f"branch:to:{node}" for channel in values)
+    versions = checkpoint.get("channel_versions") or {}
+    own = {
+        version
+        for channel, version in versions.items()
+        if channel == f"branch:to:{node}" or (channel.startswith("join:") and channel.endswith(f":{node}"))
+    }
+    return any(
+        channel.startswith("branch:to:") and channel != f"branch:to:{node}" and versions.get(channel) in own
+        for channel in values
+    )
 
 
 Nesting = Literal["parent", "own"]
@@ -345,8 +356,8 @@ class Delivery:
             return False
         checkpoint = found.checkpoint
         channels = checkpoint.get("channel_values", {})
-        if exact:
-            self._given.put(where, {k: v for k, v in channels.items() if k != key})
+        # (The parent's last checkpoint, where the step's is not written, is what the run started from.)
+        self._given.put(where, {k: v for k, v in channels.items() if k != key})
         values = channels.get(key)
         if exact and (not _pulled(checkpoint, node) or _beside(checkpoint, node)):
             holds = False  # no edge runs the node this step (a task sent with Send), or others run beside it
@@ -374,8 +385,8 @@ class Delivery:
         in this run (a tool's to-do list, a node's notes) would end with it:
         those go up too. What it only read is left alone: a key is carried
         when its value differs from the parent's as the parent's checkpoint
-        of this step gave it (all keys when that checkpoint could not be
-        read: no checkpointer), so a parent's reducer is not applied to what
+        gave it (none when it was not read for this task: the node's own
+        re-run after a send-up), so a parent's reducer is not applied to what
         it already holds. LangGraph drops the keys the parent does not have;
         ``own`` names keys that stay below (the library's own; an agent's
         jump always does).
@@ -396,7 +407,7 @@ class Delivery:
         carried = {
             key: value
             for key, value in _state_values(state).items()
-            if key not in stay and (given is None or key not in given or _changed(value, given[key]))
+            if key not in stay and given is not None and (key not in given or _changed(value, given[key]))
         }
         return Command(graph=Command.PARENT, update={**carried, **update}, goto=goto)
 

@@ -63,9 +63,25 @@ _FINGERPRINTED_COPIES = 8
 
 
 def _size(message: object) -> int:
-    """A message's content size, as it is counted (a content replaced in place later differs)."""
+    """A message's content size, as it is counted (a content replaced in place later differs).
+
+    Text: its length. Blocks: their number, and the length of each one's
+    text (an image or a file: its data's).
+    """
     content = getattr(message, "content", None)
-    return len(content) if isinstance(content, (str, list)) else -1
+    if isinstance(content, str):
+        return len(content)
+    if not isinstance(content, list):
+        return -1
+    size = len(content)
+    for block in content:
+        if isinstance(block, str):
+            size += len(block)
+        elif isinstance(block, dict):
+            for field in ("text", "thinking", "reasoning", "data", "base64", "content", "input", "args"):
+                value = block.get(field)
+                size += len(value) if isinstance(value, (str, bytes, list, dict)) else 0
+    return size
 
 
 def _same_fields(a: BaseMessage, b: BaseMessage) -> bool:

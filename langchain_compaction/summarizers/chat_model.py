@@ -308,7 +308,8 @@ def as_summarizer(model: object, *, field: str = "model") -> Summarizer:
 def _check_takes_a_prompt(function: Callable[..., Any], field: str) -> None:
     """Refuse, at construction, a function that cannot be called with the prompt alone."""
     try:
-        signature = inspect.signature(function)
+        # (The function as called: a decorator's wrapper, not what functools.wraps names.)
+        signature = inspect.signature(function, follow_wrapped=False)
     except (TypeError, ValueError):  # a builtin without a signature: the call will say
         return
     try:

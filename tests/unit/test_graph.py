@@ -1042,21 +1042,29 @@ def test_compact_thread_given_the_builder_says_to_compile_it() -> None:
         compact_thread(None, {"configurable": {"thread_id": "t"}})  # type: ignore[arg-type]
 
 
-def test_a_message_replaced_in_place_by_a_node_is_counted_anew_on_the_checkpoint_copy() -> None:
+@pytest.mark.parametrize("blocks", [False, True])
+def test_a_message_replaced_in_place_by_a_node_is_counted_anew_on_the_checkpoint_copy(blocks: bool) -> None:
     # A node that rewrites an earlier message object in place (the checkpoint keeps the edit): its
-    # copy equals the edited object, so only its size, as counted, tells that it changed.
+    # copy equals the edited object, so only its size, as counted, tells that it changed (for
+    # blocks, their texts' lengths: the number of blocks stays the same).
     edited = {"done": False}
 
     def agent(state: dict[str, Any]) -> dict[str, Any]:
         if not edited["done"]:
             edited["done"] = True
-            state["messages"][3].content = "page text " * 8_000
+            page = "page text " * 8_000
+            state["messages"][3].content = [{"type": "text", "text": page}] if blocks else page
         return {"messages": [AIMessage("ok")]}
 
     node = CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=8_000), result_key="compaction")
     graph = compaction_graph(node, agent, checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "in-place"}}
-    first = [(HumanMessage if i % 2 == 0 else AIMessage)(f"m{i}", id=f"m{i}") for i in range(12)]
+    first = [
+        (HumanMessage if i % 2 == 0 else AIMessage)(
+            [{"type": "text", "text": f"m{i}"}] if blocks else f"m{i}", id=f"m{i}"
+        )
+        for i in range(12)
+    ]
     graph.invoke({"messages": first}, config)
     state = graph.invoke({"messages": [HumanMessage("next", id="next")]}, config)
     assert state.get("compaction") is not None

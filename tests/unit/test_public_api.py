@@ -12,6 +12,7 @@ import importlib
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from conftest import ROOT
@@ -311,3 +312,24 @@ def test_the_helpers_say_what_to_pass_for_one_message_or_the_wrong_type() -> Non
         estimate_tokens(one)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="redact_secrets takes text"):
         redact_secrets(None)  # type: ignore[arg-type]
+
+
+def test_a_decorated_summarizer_taking_the_prompt_alone_is_accepted() -> None:
+    # inspect.signature follows functools.wraps to the wrapped function (prompt, client): the
+    # wrapper, which takes the prompt alone, was refused.
+    import functools
+
+    from langchain_compaction import CompactionNode
+
+    def with_client(summarize: Any) -> Any:
+        @functools.wraps(summarize)
+        def wrapper(prompt: str) -> str:
+            return str(summarize(prompt, client="a client"))
+
+        return wrapper
+
+    @with_client
+    def summarize(prompt: str, client: str) -> str:
+        return "## Goal\n- x"
+
+    CompactionNode(summarize)
