@@ -1,7 +1,7 @@
 """Shared fixtures: agent transcripts, a recording summarizer, and readers of the output layout.
 
-Transcripts: the project ships one of its own (``tests/data/transcripts``), so
-the suite runs from an sdist; the six public agent runs in
+Transcripts: the project ships one of its own (``tests/data/transcripts``) and
+the demo's (``langchain_compaction/data``), so the suite runs from an sdist; the six public agent runs in
 ``../shared/data/transcripts`` (or ``$LANGCHAIN_COMPACTION_TRANSCRIPTS``) join
 it when they are there, and the tests that need one of them by name are
 skipped, with the reason, when they are not.
@@ -22,9 +22,13 @@ from bench.workloads import transcripts_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN_TRANSCRIPTS = ROOT / "tests" / "data" / "transcripts"
+DEMO_TRANSCRIPTS = ROOT / "langchain_compaction" / "data"  # the one the demo replays ships with the package
 SHARED_TRANSCRIPTS = transcripts_dir()
 _PATHS = {
-    p.stem: p for folder in (OWN_TRANSCRIPTS, SHARED_TRANSCRIPTS) if folder is not None for p in folder.glob("*.json")
+    p.stem: p
+    for folder in (OWN_TRANSCRIPTS, DEMO_TRANSCRIPTS, SHARED_TRANSCRIPTS)
+    if folder is not None
+    for p in folder.glob("*.json")
 }
 TRANSCRIPT_NAMES = sorted(_PATHS)
 
