@@ -362,12 +362,12 @@ def _archive(args: argparse.Namespace, out: TextIO) -> int:
     )
 
 
-def _budgets(p: argparse.ArgumentParser, window: int) -> None:
+def _budgets(p: argparse.ArgumentParser, window: int, *, unknown: bool = True) -> None:
     p.add_argument(
         "--context-window",
         type=int,
         default=window,
-        help="model window in tokens; 0: unknown (default: %(default)s)",
+        help="model window in tokens" + ("; 0: unknown" if unknown else "") + " (default: %(default)s)",
     )
     p.add_argument(
         "--reserve-tokens",
@@ -395,7 +395,7 @@ def _parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text)
 
     demo = command("demo", "replay a real agent session shipped with the package, compacting it offline")
-    _budgets(demo, 8_000)
+    _budgets(demo, 8_000, unknown=False)  # (the demo compacts in a window)
     demo.set_defaults(run=_demo)
 
     inspect = command("inspect", "show tokens by role and type, whether it would compact, and where the cut falls")
