@@ -26,7 +26,7 @@ from langchain_compaction import __version__
 from langchain_compaction._lc.advice import no_room
 from langchain_compaction.core.context import needs_compaction
 from langchain_compaction.core.options import CompactionOptions
-from langchain_compaction.core.plan import plan_compaction
+from langchain_compaction.core.plan import leading_block, plan_compaction
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.transcript import message_body
 from langchain_compaction.core.types import Message, SummaryReply, SummaryRequest
@@ -161,7 +161,9 @@ def _inspect_report(
     summarized = [] if plan is None else [*(i for i in plan.previous_summaries if i < plan.start), *plan.region]
     total, t_summarized = sum(counts), sum(counts[i] for i in summarized)
     over = needs_compaction(core, counts, options)
-    held = _held(options, plan, total - sum(counts[i] for i in summarized))
+    # (The leading system prompt is never summarized: it is not among the newest messages kept.)
+    fixed = sum(counts[: leading_block(core)])
+    held = _held(options, plan, total - sum(counts[i] for i in summarized) - fixed)
     return {
         "file": args.file,
         "format": fmt,
@@ -179,6 +181,7 @@ def _inspect_report(
         "keep_budget": options.budget.keep,
         "summarized": {"messages": len(summarized), "tokens": t_summarized},
         "kept": {"messages": len(messages) - len(summarized), "tokens": total - t_summarized},
+        "fixed_tokens": fixed,
     }
 
 
@@ -201,7 +204,8 @@ def _print_inspect(
         print(f"but no automatic compaction: {report['held']}", file=out)
     if not cut:
         if not report["over_threshold"]:
-            print(f"no cut: {_held(None, None, kept['tokens'], report['keep_budget'])}", file=out)
+            newest = kept["tokens"] - report["fixed_tokens"]
+            print(f"no cut: {_held(None, None, newest, report['keep_budget'])}", file=out)
         return
     print(
         f"cut at message {cut}: summarize {summarized['messages']} (~{summarized['tokens']:,} tokens), "
@@ -293,7 +297,7 @@ def _what_happened(result: CompactionResult | None, args: argparse.Namespace, me
         options = planning_options(given, core, counts)  # as the compaction plans
         if needs_compaction(core, counts, options):
             plan = plan_compaction(core, counts, options.budget.keep, force=False)
-            kept = sum(counts) if plan is None else sum(counts[plan.cut :])
+            kept = sum(counts[leading_block(core) :]) if plan is None else sum(counts[plan.cut :])
             why = _held(options, plan, kept) or "the compaction was not made"
             over = (
                 f"the conversation (~{sum(counts):,} tokens) is over the threshold of {options.budget.threshold or 0:,}"

@@ -430,3 +430,19 @@ def test_compact_writes_to_standard_output_for_a_dash(tmp_path, ponyc, monkeypat
     code, text = run("compact", ponyc, "-o", "-", "--keep-recent-tokens", "4000")
     assert code == 0
     assert not (tmp_path / "-").exists()
+
+
+def test_inspect_does_not_blame_a_long_system_prompt_on_the_newest_messages(tmp_path):
+    # The system prompt (never summarized) was counted among "the newest messages that must stay
+    # whole", and the fix named was a larger window.
+    conversation = [
+        {"role": "system", "content": "You are a careful agent. " + "Follow the house rules. " * 150},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+    ]
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(conversation))
+    code, text = run("inspect", str(path), "--context-window", "4000")
+    assert code == 0
+    assert "fits" in text
+    assert "must stay whole" not in text
