@@ -239,8 +239,6 @@ class ExtractiveSummarizer:
         summary = Checkpoint()
         if previous_summary:
             _parse_previous(previous_summary, summary)
-        if instructions:
-            summary.add("Constraints & Preferences", _clip(f"Compaction instructions: {instructions}"), precious=True)
         results: dict[str | None, Message] = {
             m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id
         }
@@ -267,6 +265,10 @@ class ExtractiveSummarizer:
             # The newest stays next even when a reply followed it: the
             # conversation goes on from the kept messages after the summary.
             summary.add("Next Steps", _clip(f"{_NEXT_PREFIX}{requests[-1]}"))
+        if instructions:
+            # Added last, the newest of its section: what this compaction was asked to keep goes last
+            # when the user's own rules fill the room.
+            summary.add("Constraints & Preferences", _clip(f"Compaction instructions: {instructions}"), precious=True)
         return summary.trim(budget)
 
     def _read(

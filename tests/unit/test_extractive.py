@@ -377,3 +377,14 @@ def test_the_offline_summarizer_refuses_a_budget_below_one(field):
 
     with pytest.raises(ConfigurationError, match=f"^{field}="):
         ExtractiveSummarizer(**{field: 0})
+
+
+def test_custom_instructions_outlive_the_users_own_rules_when_room_is_short() -> None:
+    # Added first, they were the oldest of their section and went first: with the user's rules
+    # filling a small summary, `--instructions` left no trace.
+    rules = [f"Never touch module_{i}.py, it is frozen for the release." for i in range(40)]
+    messages = [HumanMessage(rule) if i % 2 == 0 else AIMessage("Understood.") for i, rule in enumerate(rules)]
+    summary = ExtractiveSummarizer(max_tokens=300).summarize_messages(
+        to_core_list(messages), instructions="keep file paths"
+    )
+    assert "Compaction instructions: keep file paths" in summary
