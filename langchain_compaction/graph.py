@@ -18,22 +18,25 @@ force a compaction through the same run.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import BaseMessage, RemoveMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
-from langgraph.graph import END, MessagesState
+from langgraph.graph import MessagesState
 from langgraph.pregel import Pregel
-from langgraph.types import Command, StateUpdate
+from langgraph.types import Command
 
 from langchain_compaction._lc.commands import (
     COMPACT_COMMAND,
+    idle_thread,
+    other_messages_key,
     parse_compact_command,
     read_messages,
     route_after_compaction,
+    write_as_node,
 )
 from langchain_compaction._lc.conversation import Delivery, Nesting, thread_of
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE
@@ -41,7 +44,7 @@ from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, rep
 from langchain_compaction._lc.legacy import adapter_keywords
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.context import context_tokens
-from langchain_compaction.core.effects import Flow, adrive, drive, twin
+from langchain_compaction.core.effects import Flow, adrive, drive
 from langchain_compaction.core.engine import Summarizer
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionRecord, CompactionResult
@@ -237,20 +240,14 @@ class CompactionNode(Runnable[Any, Any], Adapter):
 
     def _say_other_key(self, state: Any) -> None:
         """Say once that the state keeps its messages under another key than ``messages_key``."""
-        if self._warned_other_key or not isinstance(state, Mapping) or self.messages_key in state:
-            return
-        other = next((k for k, v in state.items() if isinstance(v, list) and v and isinstance(v[0], BaseMessage)), None)
-        if other is None:
-            return
-        self._warned_other_key = True
-        logger.warning(
-            "CompactionNode %r reads the messages under %r, which the state does not have; it keeps a message list "
-            "under %r, which is never compacted: pass messages_key=%r",
-            self.name,
-            self.messages_key,
-            other,
-            other,
-        )
+        other = None if self._warned_other_key else other_messages_key(state, self.messages_key)
+        if other is not None:
+            self._warned_other_key = True
+            logger.warning(
+                "CompactionNode %r reads the messages under %r, which the state does not have; it keeps a message "
+                "list under %r, which is never compacted: pass messages_key=%r",
+                *(self.name, self.messages_key, other, other),
+            )
 
     def _say_no_window(self, size: int) -> None:
         if self._warned_no_window or not size:
@@ -483,31 +480,13 @@ def _thread_flow(
         hint = "builder.compile(checkpointer=...)" if hasattr(graph, "compile") else "one with a checkpointer"
         raise ConfigurationError("graph", graph, f"pass the compiled graph, {hint}")
     name, compactor = _locate(graph, node, model, options)
-    if not isinstance(config, dict) or thread_of(config) is None:
-        raise ConfigurationError(
-            "config", config, "name the checkpointed thread to compact: {'configurable': {'thread_id': ...}}"
-        )
-    snapshot = yield twin(graph.get_state, graph.aget_state, config)
-    if snapshot.next:
-        # Written as the node's update, the compaction would make what runs next follow the node's edges:
-        # a run paused at an interrupt (a tool call awaiting approval) would lose its pause, and the call its result.
-        raise ConfigurationError(
-            "config",
-            thread_of(config),
-            f"the thread is paused mid-run (next: {', '.join(snapshot.next)}, an interrupt or interrupt_before); "
-            "resume it and compact once the run has ended, or let the graph's CompactionNode compact on its turn",
-        )
+    snapshot = yield from idle_thread(graph, config)
     summarizer = None if model is None else as_summarizer(model)
     # Outside a run, the graph's store is the one the node would see inside it.
     flow = compactor._flow(snapshot.values, _named(config), instructions, summarizer, store=graph.store)
     result, update = yield from flow
-    if isinstance(update, Command):
-        yield twin(graph.update_state, graph.aupdate_state, config, update, as_node=name)
-    elif result is not None:
-        # Written as the node's update, then the steps that would follow it cleared: the thread was idle
-        # and stays idle, whatever edge leaves the node (a static edge to the agent would have it answer again).
-        steps = [[StateUpdate(update, name)], [StateUpdate(None, END)]]
-        yield twin(graph.bulk_update_state, graph.abulk_update_state, config, steps)
+    if result is not None or isinstance(update, Command):
+        yield from write_as_node(graph, config, update, name)
     return result
 
 

@@ -85,22 +85,19 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 from langchain_core.exceptions import ContextOverflowError
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from langchain_compaction._lc.conversation import Delivery, Nesting, conversation_of
-from langchain_compaction._lc.convert import json_text, to_core
+from langchain_compaction._lc.convert import to_core
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, count_messages, counting
 from langchain_compaction._lc.events import COMPACTION_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
+from langchain_compaction._lc.overhead import ToolSchemas
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
-from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
-from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Preamble
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features import Archive, CacheAligned, Feature
@@ -121,14 +118,8 @@ def _current_config() -> RunnableConfig | None:
         return None
 
 
-_TOOLS_REMEMBERED = 512
-"""Tool schemas whose token counts the middleware keeps."""
-
 OVERHEAD_KEY = "compaction_overhead_tokens"
 """Private state key: tokens of the system prompt and tool schemas last sent."""
-
-TOOL_SCHEMA_OVERHEAD_TOKENS = 8
-"""Per-tool framing a provider adds around each schema."""
 
 
 class CompactionAgentState(AgentState[Any]):
@@ -267,8 +258,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         self.tools = [] if archived is None else [recall_tool(archived, redact=redact)]
         self._instructions = custom_instructions
         self._on_compaction = on_compaction
-        # Per tool object (held, so its id is not reused) or per dict schema's text; bounded.
-        self._tool_tokens: Bounded[tuple[object, int]] = Bounded(_TOOLS_REMEMBERED)
+        self._tool_tokens = ToolSchemas()
         self._window_checked = self._turn.options.context_window > 0
         self._model_checked = False
         self._delivery = Delivery(nested, "CompactionMiddleware")
@@ -490,19 +480,4 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
             else:
                 total = count_messages([system], [to_core(system)], self.options)[0]
                 self._system_tokens = (system, total)
-        for tool in request.tools:
-            # A tool object is counted once (two tools of one name may differ in their parameters);
-            # a dict schema by its text.
-            schema = None if isinstance(tool, BaseTool) else json_text(tool)
-            key: object = id(tool) if schema is None else schema
-            known = self._tool_tokens.get(key)
-            if known is not None and (schema is not None or known[0] is tool):
-                total += known[1]
-                continue
-            # The schema as a provider receives it (name, description,
-            # JSON-schema parameters), estimated as JSON text.
-            text = schema if schema is not None else json_text(convert_to_openai_tool(tool))
-            tokens = TOOL_SCHEMA_OVERHEAD_TOKENS + estimate_tokens(text)
-            self._tool_tokens.put(key, (tool, tokens))
-            total += tokens
-        return total
+        return total + self._tool_tokens.tokens(request.tools)

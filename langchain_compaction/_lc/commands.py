@@ -13,8 +13,11 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
 from langgraph.constants import END
+from langgraph.types import Command, StateUpdate
 
-from langchain_compaction.errors import InvalidMessagesError
+from langchain_compaction._lc.conversation import thread_of
+from langchain_compaction.core.effects import Flow, twin
+from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
 
 COMPACT_COMMAND = "/compact"
 """The chat command that forces a compaction when ``enable_compact_command`` is set."""
@@ -86,3 +89,46 @@ def read_messages(state: Any, key: str) -> list[BaseMessage]:
         msg = f"state[{key!r}] is a {type(value).__name__}, not a list of messages; pass messages_key= naming the list"
         raise InvalidMessagesError(msg)
     return list(value)
+
+
+def other_messages_key(state: Any, key: str) -> str | None:
+    """The key a state keeps its messages under when it has no ``key`` (a forgotten ``messages_key``), if any."""
+    if not isinstance(state, Mapping) or key in state:
+        return None
+    return next((k for k, v in state.items() if isinstance(v, list) and v and isinstance(v[0], BaseMessage)), None)
+
+
+# -- compact_thread's reading and writing of a checkpointed thread ------------------------
+
+
+def idle_thread(graph: Any, config: Any) -> Flow[Any]:
+    """The state of the thread ``config`` names, which must be idle (else the error that says why)."""
+    if not isinstance(config, dict) or thread_of(config) is None:
+        raise ConfigurationError(
+            "config", config, "name the checkpointed thread to compact: {'configurable': {'thread_id': ...}}"
+        )
+    snapshot = yield twin(graph.get_state, graph.aget_state, config)
+    if snapshot.next:
+        # Written as the node's update, the compaction would make what runs next follow the node's edges:
+        # a run paused at an interrupt (a tool call awaiting approval) would lose its pause, and the call its result.
+        raise ConfigurationError(
+            "config",
+            thread_of(config),
+            f"the thread is paused mid-run (next: {', '.join(snapshot.next)}, an interrupt or interrupt_before); "
+            "resume it and compact once the run has ended, or let the graph's CompactionNode compact on its turn",
+        )
+    return snapshot
+
+
+def write_as_node(graph: Any, config: Any, update: Any, node: str | None) -> Flow[None]:
+    """Write ``update`` to the thread as ``node``'s own, the thread left idle whatever edge leaves the node.
+
+    The steps that would follow the node are cleared: a static edge to the
+    agent would otherwise have it answer again. (A command to a parent graph
+    is written as it is.)
+    """
+    if isinstance(update, Command):
+        yield twin(graph.update_state, graph.aupdate_state, config, update, as_node=node)
+        return
+    steps = [[StateUpdate(update, node)], [StateUpdate(None, END)]]
+    yield twin(graph.bulk_update_state, graph.abulk_update_state, config, steps)

@@ -210,6 +210,33 @@ TOO_DEEP = "\x00too deep"
 """What ``parent_node`` says of a subgraph nested more than one level down."""
 
 
+def _parent_checkpoint(configurable: Mapping[str, Any]) -> Flow[tuple[Any, bool]]:
+    """The parent's checkpoint of this step and ``True``; else its last one and ``False``; else ``(None, False)``.
+
+    The step's is waited for while it is written in the background
+    (durability ``"async"``, the default: a few milliseconds, at most
+    ``_CHECKPOINT_WAIT``). Where it is never written (``"exit"``) the last one
+    is a run old: its messages lead this run's when it is the parent's
+    conversation.
+    """
+    saver = configurable.get(CONFIG_KEY_CHECKPOINTER)
+    step = (configurable.get("checkpoint_map") or {}).get("")
+    if saver is None or step is None:
+        return None, False
+    parent = {"thread_id": configurable.get("thread_id"), "checkpoint_ns": ""}
+    exact_config = {"configurable": {**parent, "checkpoint_id": step}}
+    found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
+    waited = 0.0
+    background = configurable.get(CONFIG_KEY_DURABILITY, "async") in (None, "async")  # (unset: the default)
+    while found is None and background and waited < _CHECKPOINT_WAIT:
+        yield twin(time.sleep, asyncio.sleep, _CHECKPOINT_POLL)
+        waited += _CHECKPOINT_POLL
+        found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
+    if found is not None:
+        return found, True
+    return (yield twin(saver.get_tuple, saver.aget_tuple, {"configurable": parent})), False
+
+
 _AGENT_JUMP = "jump_to"
 """A LangChain agent's one-step jump (``create_agent``): it is the subgraph's own, never its parent's."""
 
@@ -314,44 +341,20 @@ class Delivery:
         parent's choosing, and a compaction sent up from there would replace
         the parent's whole conversation with the task's. The parent's
         checkpoint of this step tells: a node the step runs by an edge has a
-        trigger waiting there, a task sent with ``Send`` has none. Then the
-        parent's messages (by id) must lead this run's. The step's checkpoint
-        is waited for while it is written in the background (durability
-        ``"async"``, the default: a few milliseconds, at most
-        ``_CHECKPOINT_WAIT``, then the parent's last one is read for the
-        messages); where it never is written (``"exit"``) the parent is taken
-        to hold them. Read once per parent task.
+        trigger waiting there, a task sent with ``Send`` has none, and nodes
+        running beside it (parallel branches) have theirs. Then the parent's
+        messages (by id) must lead this run's. Where no checkpoint of the
+        parent can be read (no checkpointer, nothing saved yet), nothing tells
+        a subgraph added as a node from a graph run inside a node function or
+        a tool: the compaction stays here. Read once per parent task.
         """
         configurable = (config.get("configurable") or {}) if isinstance(config, dict) else {}
         where = str(configurable.get("checkpoint_ns") or "")
         known = self._holds.get(where)
         if known is not None:
             return known
-        saver = configurable.get(CONFIG_KEY_CHECKPOINTER)
-        step = (configurable.get("checkpoint_map") or {}).get("")
-        if saver is None or step is None:
-            # Nothing tells a subgraph added as a node from a graph invoked inside a node function (an
-            # agent run by a supervisor's tool): sending a compaction up from there would replace the
-            # parent's conversation. Without a checkpointer the parent keeps no state between runs, so
-            # the compaction stays here.
-            self._holds.put(where, False)
-            return False
-        parent = {"thread_id": configurable.get("thread_id"), "checkpoint_ns": ""}
-        exact_config = {"configurable": {**parent, "checkpoint_id": step}}
-        found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
-        # Written in the background (durability "async", the default): the write has started, wait for it.
-        waited = 0.0
-        background = configurable.get(CONFIG_KEY_DURABILITY, "async") in (None, "async")  # (unset: the default)
-        while found is None and background and waited < _CHECKPOINT_WAIT:
-            yield twin(time.sleep, asyncio.sleep, _CHECKPOINT_POLL)
-            waited += _CHECKPOINT_POLL
-            found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
-        exact = found is not None
-        if not exact:
-            # The parent's last checkpoint (under durability "exit", a run old): its messages lead this
-            # run's when it is the parent's conversation, and so does a list this node sent up.
-            found = yield twin(saver.get_tuple, saver.aget_tuple, {"configurable": parent})
-        if found is None:  # a parent with nothing saved yet (durability "exit"): nothing tells, see above
+        found, exact = yield from _parent_checkpoint(configurable)
+        if found is None:
             self._holds.put(where, False)
             return False
         checkpoint = found.checkpoint
