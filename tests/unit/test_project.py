@@ -53,3 +53,13 @@ def test_no_package_code_names_a_term_of_the_hand_written_fact_lists() -> None:
         if re.search(rf"(?<![\w-]){re.escape(term)}(?![\w-])", path.read_text(encoding="utf-8"), re.IGNORECASE)
     ]
     assert named == []
+
+
+def test_the_package_keeps_its_size_limits() -> None:
+    """No module over 500 lines and no function over 60 (issue 19's limits; bench/structure.py reports them)."""
+    from bench.structure import source_figures
+
+    figures = source_figures()
+    largest = str(figures["largest_module"])
+    assert int(largest.rsplit("(", 1)[1].rstrip(")")) <= 500, largest
+    assert figures["functions_over_60_lines"] == []
