@@ -200,7 +200,6 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         self.nested: Nesting = nested
         self._delivery = Delivery(nested, f"CompactionNode {name!r}")
         self._warned_no_window = False
-        self._warned_other_key = False
 
     @property
     def archive(self) -> Archive | None:
@@ -240,13 +239,12 @@ class CompactionNode(Runnable[Any, Any], Adapter):
 
     def _say_other_key(self, state: Any) -> None:
         """Say once that the state keeps its messages under another key than ``messages_key``."""
-        other = None if self._warned_other_key else other_messages_key(state, self.messages_key)
+        other = other_messages_key(state, self.messages_key)
         if other is not None:
-            self._warned_other_key = True
-            logger.warning(
-                "CompactionNode %r reads the messages under %r, which the state does not have; it keeps a message "
-                "list under %r, which is never compacted: pass messages_key=%r",
-                *(self.name, self.messages_key, other, other),
+            self._delivery.say(
+                "other key",
+                f"it reads the messages under {self.messages_key!r}, which the state does not have; it keeps a "
+                f"message list under {other!r}, which is never compacted: pass messages_key={other!r}",
             )
 
     def _say_no_window(self, size: int) -> None:
@@ -270,7 +268,8 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         ask = self._ask(state, manual)
         if ask is None:
             return None, {}
-        own, conversation, parent = yield from self._delivery.conversation(config, ask.messages, self.messages_key)
+        held = [*ask.messages, ask.command] if ask.command else ask.messages  # (as the parent holds it)
+        own, conversation, parent = yield from self._delivery.conversation(config, held, self.messages_key)
         self._delivery.too_deep(config)  # said on the first turn at that depth, before any compaction
         place = Place(conversation, store if store is not None else current_store(), config)
         trigger: Trigger = "force" if ask.forced else "auto"

@@ -313,7 +313,7 @@ class Delivery:
         took = sent is not None and len(messages) >= sent[0] and prefix_digest(messages[: sent[0]]) == sent[1]
         # (The node runs again on the list it sent up: the parent holds it, whatever its last checkpoint says.)
         if not took and not (yield from self._parent_holds(config, messages, messages_key, parent)):
-            self._say(
+            self.say(
                 "own",
                 "it runs on messages its parent's state does not hold, or beside other nodes of its parent (a task "
                 "sent with Send, parallel branches, a graph invoked inside a node function or a tool with messages "
@@ -324,7 +324,7 @@ class Delivery:
             return own, own, None
         if sent is not None and not took:
             self._own.put(own.key, True)
-            self._say(
+            self.say(
                 "own",
                 "its parent did not take the compaction it sent up (a graph invoked inside a node function, or one "
                 "with a checkpointer of its own): it now writes compactions to its own state; pass nested='own' to "
@@ -426,7 +426,7 @@ class Delivery:
         """Whether this run is nested more than one level down (say so once)."""
         if self.nested != "parent" or parent_node(config) != TOO_DEEP:
             return False
-        self._say(
+        self.say(
             "too deep",
             "it runs in a subgraph nested more than one level deep, where LangGraph lets it update only its own "
             "state: its summaries land mid-history in the outer graphs, whose checkpointed state never shrinks "
@@ -438,14 +438,15 @@ class Delivery:
 
     def unreachable(self, where: str) -> None:
         """Say once that a compaction was made where the parent's state cannot be written."""
-        self._say(
+        self.say(
             where,
             f"it compacted where the parent graph's state cannot be written ({where}): the summary lands "
             "mid-history there and is put back in place on the next turn; add the compaction to the outermost "
             "graph that holds the conversation",
         )
 
-    def _say(self, kind: str, text: str) -> None:
+    def say(self, kind: str, text: str) -> None:
+        """Log ``text`` as a warning once per ``kind`` (this adapter's)."""
         if kind in self._warned:
             return
         self._warned.add(kind)

@@ -707,3 +707,35 @@ def test_agents_in_parallel_branches_never_wipe_each_others_replies() -> None:
         if f"{who.upper()}{k:03d}" not in seen
     ]
     assert lost == []
+
+
+def test_compact_command_in_a_subgraph_compacts_its_parent() -> None:
+    # The node asked whether the parent holds its conversation without the /compact message, which
+    # the parent's list has: it compacted its own state, and /compact reached the model next turn.
+    from langchain_compaction.graph import route_after_compaction
+
+    seen: list[list[str]] = []
+
+    def model(state: MessagesState) -> dict[str, Any]:
+        seen.append([str(m.content) for m in state["messages"] if isinstance(m, HumanMessage)])
+        return {"messages": [AIMessage(words("answer", 30))]}
+
+    node = CompactionNode(short_summary, CompactionOptions(context_window=50_000), enable_compact_command=True)
+    inner = StateGraph(MessagesState)
+    inner.add_node("compact", node)
+    inner.add_node("model", model)
+    inner.add_edge(START, "compact")
+    inner.add_conditional_edges("compact", lambda state: route_after_compaction(state, goto="model"))
+    outer = StateGraph(MessagesState)
+    outer.add_node("agent", inner.compile())
+    outer.add_edge(START, "agent")
+    graph = outer.compile(checkpointer=InMemorySaver())
+    for turn in range(10):
+        graph.invoke({"messages": [HumanMessage(words(f"question {turn}", 100))]}, cfg("command"))
+    graph.invoke({"messages": [HumanMessage("/compact keep the order numbers", id="cmd")]}, cfg("command"))
+    state = graph.get_state(cfg("command")).values["messages"]
+    assert is_summary_message(state[0])
+    assert sum(map(is_summary_message, state)) == 1
+    assert all(m.id != "cmd" for m in state)
+    graph.invoke({"messages": [HumanMessage("question 11")]}, cfg("command"))
+    assert not any(text.startswith("/compact") for request in seen for text in request)
