@@ -88,7 +88,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from langchain_compaction._lc.conversation import Delivery, Nesting
+from langchain_compaction._lc.conversation import Delivery, Nesting, conversation_of
 from langchain_compaction._lc.convert import to_core
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, count_messages, counting
 from langchain_compaction._lc.events import COMPACTION_EVENT, replacement
@@ -394,10 +394,9 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         system = () if request.system_message is None else (request.system_message,)
         messages: list[BaseMessage] = list(request.messages)
         config = _current_config()
-        # A compaction made here is written to this graph's own state (a model call cannot command the
-        # parent graph), but it is the conversation before_model writes up: filed (archive, preparations,
-        # preamble) under the parent's, so the next turn, putting the summary back there, finds it.
-        own, conversation, _ = yield from self._delivery.conversation(config, messages)
+        # A compaction made here is written to this graph's own state (a model
+        # call cannot command the parent graph).
+        conversation = conversation_of(config, messages)
         preamble = Preamble(system, tuple(request.tools), overhead)
         aligned: CacheAligned | None = self._turn.feature(CacheAligned)
         if aligned is not None:
@@ -405,7 +404,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         # One level down under nested="parent", what is made here lands
         # mid-history in the parent: only a request that would not fit is
         # compacted here; the next before_model compacts where it can write.
-        deferred = self._delivery.nested == "parent" and bool(own.namespace)
+        deferred = self._delivery.nested == "parent" and bool(conversation.namespace)
         place = Place(
             conversation,
             getattr(getattr(request, "runtime", None), "store", None),

@@ -739,39 +739,3 @@ def test_compact_command_in_a_subgraph_compacts_its_parent() -> None:
     assert all(m.id != "cmd" for m in state)
     graph.invoke({"messages": [HumanMessage("question 11")]}, cfg("command"))
     assert not any(text.startswith("/compact") for request in seen for text in request)
-
-
-def test_an_agent_one_level_down_files_an_overflow_compaction_once_in_its_parents_archive() -> None:
-    # The overflow retry compacts inside the model call, where the parent cannot be written: it filed
-    # under the agent's own namespace, and the next turn, putting the summary back in the parent,
-    # filed the same messages again under the parent's (22 twice; recall read only one of them).
-    from collections import Counter
-
-    from langchain_core.exceptions import ContextOverflowError
-    from langgraph.store.memory import InMemoryStore
-
-    from langchain_compaction.features import Archive, default_features
-
-    limit = [10**9]
-
-    class Overflowing(ToolCallingFake):
-        def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
-            if sum(len(str(m.content)) for m in messages) > limit[0]:
-                raise ContextOverflowError("prompt is too long")
-            return super()._generate(messages, *args, **kwargs)
-
-    replies = (AIMessage(f"reply {n} " * 30, id=f"a{n}") for n in itertools.count())
-    middleware = CompactionMiddleware(
-        short_summary, CompactionOptions(context_window=8_000), features=[*default_features(), Archive()]
-    )
-    parent = StateGraph(MessagesState)
-    parent.add_node("agent", create_agent(Overflowing(messages=replies), middleware=[middleware], name="agent"))
-    parent.add_edge(START, "agent")
-    store = InMemoryStore()
-    graph = parent.compile(checkpointer=InMemorySaver(), store=store)
-    for turn in range(80):
-        limit[0] = 10**9 if turn < 45 else 22_000  # the provider's limit turns out lower than configured
-        graph.invoke({"messages": [HumanMessage(words(f"H{turn:04d} says", 60), id=f"h{turn}")]}, cfg("overflow"))
-    kept = Counter(m.id for m in graph.get_state(cfg("overflow")).values["messages"])
-    filed = Counter(item.value.get("id") for ns in store.list_namespaces() for item in store.search(ns, limit=10_000))
-    assert [f"h{t}" for t in range(80) if kept[f"h{t}"] + filed[f"h{t}"] != 1] == []
