@@ -938,3 +938,10 @@ def test_counter_and_summarizer_together_on_one_client(api: FakeAPI) -> None:
     paths = api.paths()
     assert paths.count("/v1/messages") == 1
     assert 1 <= paths.count("/v1/messages/count_tokens") < len(messages)  # whole-conversation counts
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 0, -1])
+def test_a_summarizer_timeout_that_is_not_a_finite_positive_number_is_refused(api: FakeAPI, timeout: float) -> None:
+    # Infinity and NaN were taken, and every call then failed as "Anthropic API unreachable".
+    with pytest.raises(ConfigurationError, match="timeout="):
+        AnthropicSummarizer(MODEL, client=make_client(api), timeout=timeout)

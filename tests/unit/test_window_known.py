@@ -51,3 +51,14 @@ def test_a_node_without_a_window_says_it_never_compacts(caplog: pytest.LogCaptur
     warnings = [r for r in caplog.records if "never compacts on its own" in r.getMessage()]
     assert len(warnings) == 1
     assert "context_window" in warnings[0].getMessage()
+
+
+def test_a_profile_window_the_options_do_not_fit_is_said_not_raised(caplog: pytest.LogCaptureFixture):
+    # keep_recent_tokens over a 6,000 window from the profile: the agent's first call raised
+    # ConfigurationError from inside the model call.
+    middleware = CompactionMiddleware(RecordingSummarizer(), CompactionOptions(keep_recent_tokens=50_000))
+    agent = create_agent(model_with_window(6_000), middleware=[middleware])
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        agent.invoke({"messages": [HumanMessage("hello")]})
+    assert middleware.options.context_window == 0
+    assert any("which the options do not fit" in r.getMessage() for r in caplog.records)
