@@ -11,19 +11,21 @@ sees the whole history on every turn. Within one run it sees the very same
 objects again, so a prefix of the previous call's objects is reused without
 even a fingerprint. A checkpointer hands it freshly deserialized copies each
 run: a prefix of copies equal to the previous call's messages field for field
-(compared in C, no digest) is reused too. Anything else is looked up by the
-message id (``add_messages`` gives every message one) and checked by the
-message's ``fingerprint``, which catches a message replaced under the same id. The cost: an in-place
-edit of a message object already seen (``message.content = ...``, which
-LangGraph never does: ``add_messages`` replaces a message with a new object)
-goes unnoticed until the message arrives as a new object.
+(compared in C, no digest) and of the content size counted is reused too.
+Anything else is looked up by the message id (``add_messages`` gives every
+message one) and checked by the message's ``fingerprint``, which catches a
+message replaced under the same id. The cost: an in-place edit of a message
+object already seen (``message.content = ...``, which LangGraph never does:
+``add_messages`` replaces a message with a new object) goes unnoticed while
+the same object comes back, and, in an older message, as long as it keeps
+its content's size.
 """
 
 from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from itertools import repeat
 from typing import Any, TypeVar, cast
@@ -48,6 +50,7 @@ from langchain_compaction.errors import InvalidMessagesError
 _T = TypeVar("_T")
 
 DEFAULT_CACHE_SIZE = 200_000
+"""Messages remembered per cache before the oldest quarter is dropped."""
 _MAX_HELD_TOKENS = 8_000_000
 """The most tokens of messages a ``TokenCountCache`` holds (about 32 MB of their text; forty full 200k windows)."""
 LAST_CALLS_REMEMBERED = 64
@@ -55,11 +58,16 @@ LAST_CALLS_REMEMBERED = 64
 _Read = tuple[list[BaseMessage], list[int], Scanned, list[int]]
 """A conversation's previous read: its messages, their counts, core forms and sizes as counted (``_size``)."""
 _NOTHING: _Read = ([], [], Scanned(), [])
-"""Messages remembered per cache before the oldest quarter is dropped."""
 
 
 _FINGERPRINTED_COPIES = 8
 """Of a checkpoint's copies equal to the previous read, the newest this many are checked by fingerprint too."""
+
+
+def _leading(flags: Iterable[bool]) -> int:
+    """How many of ``flags`` are true before the first false one."""
+    same = list(flags)
+    return same.index(False) if False in same else len(same)
 
 
 def _size(message: object) -> int:
@@ -237,8 +245,7 @@ class TokenCountCache:
             with suppress(Exception):  # an odd payload's own ``__eq__``: the pairwise check decides
                 if messages[:known] == last:
                     return known
-        same = list(map(operator.is_, messages, last))
-        return same.index(False) if False in same else len(same)
+        return _leading(map(operator.is_, messages, last))
 
     def _renewed(
         self, messages: Sequence[BaseMessage], last: Sequence[BaseMessage], sizes: Sequence[int], start: int
@@ -254,11 +261,8 @@ class TokenCountCache:
         into everything.
         """
         end = min(len(messages), len(last))  # (``sizes`` may run on: a later read grows it)
-        same = list(map(_same_fields, messages[start:end], last[start:end]))
-        count = start + (same.index(False) if False in same else len(same))
-        grown = list(map(_size, messages[start:count]))
-        if grown != sizes[start:count]:
-            count = start + next(i for i, (a, b) in enumerate(zip(grown, sizes[start:count])) if a != b)
+        count = start + _leading(map(_same_fields, messages[start:end], last[start:end]))
+        count = start + _leading(map(operator.eq, map(_size, messages[start:count]), sizes[start:count]))
         entries = self._entries
         for index in range(max(start, count - _FINGERPRINTED_COPIES), count):
             message = messages[index]
@@ -278,10 +282,20 @@ class TokenCountCache:
             One count and one core message per message, in order.
         """
         # One read of the previous call: another thread may swap it meanwhile.
-        last, last_counts, last_core, last_sizes = self._previous(key)
+        previous = self._previous(key)
+        return self._counted(messages, key, previous, self._known(messages, previous))
+
+    def _known(self, messages: Sequence[BaseMessage], previous: _Read) -> int:
+        """How many leading messages ``previous`` (a conversation's previous read) counted as they are now."""
+        last, _, _, sizes = previous
         reused = self._reused(messages, last)
-        if reused < len(last):
-            reused = self._renewed(messages, last, last_sizes, reused)
+        return self._renewed(messages, last, sizes, reused) if reused < len(last) else reused
+
+    def _counted(
+        self, messages: Sequence[BaseMessage], key: Any, previous: _Read, reused: int
+    ) -> tuple[list[int], Scanned]:
+        """``counts_and_core`` past the first ``reused`` messages, which ``previous`` counted."""
+        _, last_counts, last_core, last_sizes = previous
         out, core = last_counts[:reused], list(last_core[:reused])
         missing: list[tuple[int, str]] = []
         entries = self._entries
@@ -342,12 +356,10 @@ class TokenCountCache:
         a custom counter (it may make a network call) or a long unseen history
         is counted in a worker thread.
         """
-        last, _, _, last_sizes = self._previous(key)
-        reused = self._reused(messages, last)
-        if reused < len(last):
-            reused = self._renewed(messages, last, last_sizes, reused)
+        previous = self._previous(key)
+        reused = self._known(messages, previous)
         if self._options.token_counter is None and len(messages) - reused <= _INLINE_NEW_MESSAGES:
-            return self.counts_and_core(messages, key)
+            return self._counted(messages, key, previous, reused)  # (compared once, not again)
         return await working(self._options, self.counts_and_core, messages, key).arun()
 
     def _remember(self, fresh: list[tuple[str, tuple[str, int, Message]]]) -> None:
