@@ -100,6 +100,11 @@ def _configurable(config: Any) -> dict[str, Any]:
     return configurable if isinstance(configurable, dict) else {}
 
 
+def _task(config: Any) -> str:
+    """The run's checkpoint namespace with its task ids: which parent task this is (the per-task caches' key)."""
+    return str(_configurable(config).get("checkpoint_ns") or "")
+
+
 def thread_of(config: Any) -> str | None:
     """The thread id of a run's config (``None`` when there is none; 0 and "" are threads, as LangGraph keeps them)."""
     value = _configurable(config).get("thread_id")
@@ -348,8 +353,8 @@ class Delivery:
         a subgraph added as a node from a graph run inside a node function or
         a tool: the compaction stays here. Read once per parent task.
         """
-        configurable = (config.get("configurable") or {}) if isinstance(config, dict) else {}
-        where = str(configurable.get("checkpoint_ns") or "")
+        configurable = _configurable(config)
+        where = _task(config)
         known = self._holds.get(where)
         if known is not None:
             return known
@@ -404,8 +409,7 @@ class Delivery:
         """
         if sent is not None:
             self.sent(*sent)
-        configurable = (config.get("configurable") or {}) if isinstance(config, dict) else {}
-        given = self._given.pop(str(configurable.get("checkpoint_ns") or ""))
+        given = self._given.pop(_task(config))
         stay = {*own, *update, _AGENT_JUMP}
         carried = {
             key: value
