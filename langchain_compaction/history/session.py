@@ -14,7 +14,7 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 from langchain_core.chat_history import BaseChatMessageHistory
@@ -139,25 +139,27 @@ def session_state(inner: BaseChatMessageHistory) -> SessionState:
 # -- calls that hold locks around a flow ------------------------------------------------
 
 
-def _refused(lock: CompactionLock, error: Exception) -> StoreError:
-    """The error for a lock that could not be taken (its database down, say): nothing was read or written."""
-    msg = (
-        f"taking the lock {type(lock).__name__} failed ({type(error).__name__}: {error}); nothing was read or "
-        "written under it, and no message was lost: call again once the lock's service is back"
-    )
-    return StoreError(msg, operation="lock")
+@contextlib.contextmanager
+def _taking(lock: CompactionLock) -> Iterator[None]:
+    """Around taking ``lock``: a lock that cannot be taken (its database down, say) is a ``StoreError``."""
+    try:
+        yield
+    except CompactionError:
+        raise
+    except Exception as error:
+        msg = (
+            f"taking the lock {type(lock).__name__} failed ({type(error).__name__}: {error}); nothing was read or "
+            "written under it, and no message was lost: call again once the lock's service is back"
+        )
+        raise StoreError(msg, operation="lock") from error
 
 
 def hold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
     """Drive ``flow`` holding each of ``locks``' write lock, in order."""
     with contextlib.ExitStack() as stack:
         for lock in locks:
-            try:
+            with _taking(lock):
                 stack.enter_context(lock.hold())
-            except CompactionError:
-                raise
-            except Exception as error:
-                raise _refused(lock, error) from error
         return drive(flow)
 
 
@@ -165,12 +167,8 @@ async def ahold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
     """The async twin of ``hold``; a cancelled caller keeps the locks until the flow has ended."""
     async with contextlib.AsyncExitStack() as stack:
         for lock in locks:
-            try:
+            with _taking(lock):
                 await stack.enter_async_context(lock.ahold())
-            except CompactionError:
-                raise
-            except Exception as error:
-                raise _refused(lock, error) from error
         task = asyncio.ensure_future(adrive(flow))
         try:
             return await asyncio.shield(task)
