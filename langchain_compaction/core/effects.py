@@ -220,13 +220,21 @@ async def compute_off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs:
     return await asyncio.get_running_loop().run_in_executor(_WORKER[0], call)
 
 
+def in_forked_child(renew: Callable[[], None]) -> Callable[[], None]:
+    """Run ``renew`` in a forked child (a decorator): the threads of the parent did not come along.
+
+    Locks they held stay held, and work they were doing never finishes; a
+    module renews its own there. (Not on Windows, which does not fork.)
+    """
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=renew)
+    return renew
+
+
+@in_forked_child
 def _after_fork_in_child() -> None:
     _breath[0] = -1  # the parent's worker is gone; the new one marks itself when it starts
     _WORKER[0] = _new_worker()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def twin(sync: Callable[..., _T], asynchronous: Callable[..., Awaitable[_T]], *args: Any, **kwargs: Any) -> Call[_T]:

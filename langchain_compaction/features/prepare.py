@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 import weakref
@@ -39,7 +38,7 @@ from langchain_core.messages import BaseMessage
 
 from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED, Conversation, opening
 from langchain_compaction.core.bounded import Bounded
-from langchain_compaction.core.effects import Flow, adrive, drive, twin
+from langchain_compaction.core.effects import Flow, adrive, drive, in_forked_child, twin
 from langchain_compaction.core.options import Budget, CompactionOptions, check_int, check_seconds
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features.base import Feature
@@ -78,16 +77,13 @@ _CACHES: weakref.WeakSet[Bounded[_Preparation]] = weakref.WeakSet()
 """Every live feature's preparations, for a forked child to drop those still running."""
 
 
+@in_forked_child
 def _after_fork_in_child() -> None:
     # The threads and event loops running preparations did not come along: a
     # preparation left running would make every threshold turn wait for it.
     for cache in list(_CACHES):
         cache.after_fork()
         cache.retain(lambda preparation: preparation.done.is_set())
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 Compact = Callable[[list[BaseMessage], "PreparedSummary | None"], Flow["PreparedSummary | None"]]

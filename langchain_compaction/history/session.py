@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import weakref
 from collections.abc import Hashable, Iterator, Sequence
@@ -22,7 +21,7 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED
 from langchain_compaction._lc.counting import StoredCounts
 from langchain_compaction.core.bounded import Bounded
-from langchain_compaction.core.effects import Flow, adrive, drive
+from langchain_compaction.core.effects import Flow, adrive, drive, in_forked_child
 from langchain_compaction.errors import CompactionError, StoreError
 from langchain_compaction.history import stores
 from langchain_compaction.history.journal import Rewrite
@@ -105,6 +104,7 @@ _RECENT: Bounded[SessionState] = Bounded(CONVERSATIONS_REMEMBERED)
 and the next one finds the session's counts and preparations where the last left them."""
 
 
+@in_forked_child
 def _after_fork_in_child() -> None:
     # A process forked while one of its threads compacted a session (a worker
     # pool, multiprocessing's default on Linux) gets that session's locks held
@@ -116,10 +116,6 @@ def _after_fork_in_child() -> None:
     for state in {*_SESSIONS.values(), *_UNFINISHED}:
         state.lock = InProcessLock()
         state.flight = Flight()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def session_state(inner: BaseChatMessageHistory) -> SessionState:
