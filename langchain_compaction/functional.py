@@ -22,7 +22,7 @@ from langchain_compaction._lc.counting import counts_and_core
 from langchain_compaction._lc.turn import Outcome, Place, Trigger, Turn
 from langchain_compaction.core.context import needs_compaction, over_threshold
 from langchain_compaction.core.effects import Flow, adrive, drive
-from langchain_compaction.core.options import DEFAULT_KEEP_RECENT_TOKENS, CompactionOptions
+from langchain_compaction.core.options import DEFAULT_KEEP_RECENT_TOKENS, CompactionOptions, check_int
 from langchain_compaction.core.plan import plan_compaction
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.tokens import estimate_message
@@ -69,8 +69,7 @@ def should_compact(
             msg = "pass context_window and reserve_tokens, or options=CompactionOptions(...)"
             raise ConfigurationError("options", None, msg)
         for name, value in (("context_window", context_window), ("reserve_tokens", reserve_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigurationError(name, value, "pass a whole number of tokens")
+            check_int(name, value, minimum=None, advice="tokens (0 or less turns the check off, as in pi)")
         if context_window <= 0 or reserve_tokens <= 0:
             return False
         counts, core = counts_and_core(messages, CompactionOptions())

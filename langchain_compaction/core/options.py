@@ -97,11 +97,11 @@ class Budget:
 # -- validators: the one place each kind of value is checked (features use them too) --
 
 
-def check_int(name: str, value: object, *, minimum: int, advice: str) -> int:
-    """``value`` as a whole number of at least ``minimum``, or the error that says what to pass."""
+def check_int(name: str, value: object, *, minimum: int | None, advice: str) -> int:
+    """``value`` as a whole number of at least ``minimum`` (``None``: any), or the error that says what to pass."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigurationError(name, value, f"pass a whole number: {advice}")
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise ConfigurationError(name, value, f"pass {advice}")
     return value
 
@@ -143,7 +143,8 @@ def _check_text(name: str, value: object) -> None:
         raise ConfigurationError(name, value, "pass a non-empty string, or None for the default")
 
 
-def _check_callable(name: str, value: object, advice: str) -> None:
+def check_callable(name: str, value: object, advice: str) -> None:
+    """``value`` callable or ``None``, or the error that says what to pass."""
     if value is not None and not callable(value):
         raise ConfigurationError(name, value, advice)
 
@@ -335,12 +336,12 @@ class CompactionOptions:
                 check_int(name, value, minimum=minimum, advice=f"at least {minimum}, or None to derive it")
         for name in ("summary_prompt", "update_prompt", "system_prompt"):
             _check_text(name, getattr(self, name))
-        _check_callable(
+        check_callable(
             "token_counter",
             self.token_counter,
             "pass a callable over a list of messages, e.g. count_tokens_approximately",
         )
-        _check_callable("redact", self.redact, "pass a function from text to text, e.g. redact_secrets")
+        check_callable("redact", self.redact, "pass a function from text to text, e.g. redact_secrets")
         check_flag("ensure_user_turn", self.ensure_user_turn)
         if self.timeout is not None:
             check_seconds("timeout", self.timeout, "pass a positive number of seconds, or None")

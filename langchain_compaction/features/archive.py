@@ -67,6 +67,12 @@ _WIDTH = 12
 """Digits of a zero-padded position."""
 
 
+def check_tool_name(name: str, value: object) -> None:
+    """Refuse a tool name the model providers refuse (``_TOOL_NAME``), saying what to pass."""
+    if not isinstance(value, str) or not _TOOL_NAME.fullmatch(value):
+        raise ConfigurationError(name, value, "pass a tool name of letters, digits, _ or - (64 at most)")
+
+
 def _padded(position: int) -> str:
     return str(position).zfill(_WIDTH)
 
@@ -129,8 +135,7 @@ class Archive(Feature):
             raise ConfigurationError("ttl_minutes", self.ttl_minutes, "pass minutes (more than 0), or None")
         if self.on_error not in ("raise", "warn"):
             raise ConfigurationError("on_error", self.on_error, "pass 'raise' or 'warn'")
-        if not isinstance(self.tool, str) or not _TOOL_NAME.fullmatch(self.tool):
-            raise ConfigurationError("tool", self.tool, "pass a tool name of letters, digits, _ or - (64 at most)")
+        check_tool_name("tool", self.tool)
 
     @classmethod
     def of(cls, value: object) -> Archive | None:

@@ -20,11 +20,19 @@ from langgraph.store.base import BaseStore, Item
 from langchain_compaction._lc.conversation import Conversation, namespace_of, thread_of
 from langchain_compaction._lc.convert import to_core, to_core_list
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
+from langchain_compaction.core.options import check_callable
 from langchain_compaction.core.recall import MAX_RESULTS, Archived, Lookup, render, select
 from langchain_compaction.core.record import NAMESPACE_KEY, numbering
 from langchain_compaction.core.redact import Redactor, redact_message
 from langchain_compaction.errors import ConfigurationError
-from langchain_compaction.features.archive import _TOOL_NAME, Archive, _padded, _Timeline, archived_message, read_all
+from langchain_compaction.features.archive import (
+    Archive,
+    _padded,
+    _Timeline,
+    archived_message,
+    check_tool_name,
+    read_all,
+)
 
 logger = logging.getLogger("langchain_compaction")
 
@@ -236,10 +244,9 @@ def recall_tool(
         raise ConfigurationError("history", history, "pass a CompactingChatMessageHistory with archive=..., or None")
     if archive is not None and not isinstance(archive, Archive):
         raise ConfigurationError("archive", archive, "pass the Archive(...) the node or middleware uses, or None")
-    if name is not None and (not isinstance(name, str) or not _TOOL_NAME.fullmatch(name)):
-        raise ConfigurationError("name", name, "pass a tool name of letters, digits, _ or - (64 at most), or None")
-    if redact is not None and not callable(redact):
-        raise ConfigurationError("redact", redact, "pass a function from text to text, e.g. redact_secrets, or None")
+    if name is not None:
+        check_tool_name("name", name)
+    check_callable("redact", redact, "pass a function from text to text, e.g. redact_secrets")
     if redact is None and history is not None:
         redact = history.options.redact  # the memory's own hook: what it summarized redacted, recall returns so
     settings = archive if archive is not None else Archive()
