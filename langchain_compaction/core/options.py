@@ -405,26 +405,25 @@ class CompactionOptions:
         copy.__dict__["budget"] = derive_budget(self, fixed)
         return copy
 
+    def _fields(self) -> dict[str, Any]:
+        """The twelve fields by name (what the options are, the deprecated keywords aside)."""
+        return {name: getattr(self, name) for name in _FIELDS}
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CompactionOptions):
             return NotImplemented
-        fields = all(getattr(self, name) == getattr(other, name) for name in _FIELDS)
-        return fields and dict(self.legacy) == dict(other.legacy)
+        return self._fields() == other._fields() and dict(self.legacy) == dict(other.legacy)
 
     def __hash__(self) -> int:
-        return hash(tuple(getattr(self, name) for name in _FIELDS))
+        return hash(tuple(self._fields().values()))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # (Pickled and deep-copied with the deprecated keywords given, without warning again.)
-        return (_rebuilt, ({name: getattr(self, name) for name in _FIELDS}, dict(self.legacy)))
+        return (_rebuilt, (self._fields(), dict(self.legacy)))
 
     def with_window(self, context_window: int) -> CompactionOptions:
         """These options for another context window (the deprecated keywords carried over)."""
-        fields = {name: getattr(self, name) for name in _FIELDS}
-        copy = CompactionOptions(**{**fields, "context_window": context_window})
-        if self.legacy:
-            object.__setattr__(copy, "legacy", self.legacy)
-        return copy
+        return _rebuilt({**self._fields(), "context_window": context_window}, dict(self.legacy))
 
 
 def _rebuilt(fields: dict[str, Any], legacy: dict[str, Any]) -> CompactionOptions:
