@@ -63,6 +63,9 @@ _CONSTRAINT_WORDS = (
 _CONTRAST = re.compile(r",?(?<!\s)\s+(?:but|however|though|yet)\s+|;\s*", re.IGNORECASE)
 _CORRECTION = re.compile(r"^(?:no\b[,.!]?|actually\b|wait\b|sorry\b|i meant\b|correction\b|that'?s wrong\b)", re.I)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])|\n+")
+# The same ends in ASCII text, found from the mark rather than looked back to
+# from every space (about 40% faster): the mark is captured and put back.
+_ASCII_SENTENCE_END = re.compile(r"([.!?])\s+|\n+")
 # A fenced block to its closing fence or the end: of backticks, or of tildes
 # opening a line (a "~~~" inside a sentence is no fence).
 _FENCED = re.compile(r"```.*?(?:```|\Z)|^[ \t]{0,3}~~~.*?(?:^[ \t]{0,3}~~~|\Z)", re.DOTALL | re.MULTILINE)
@@ -220,7 +223,26 @@ def clip(text: str, limit: int = MAX_FACT_CHARS) -> str:
 
 def prose(text: str) -> str:
     """The user's words and what they paste inline: code blocks, listings and indented code removed."""
-    return _LISTING.sub("", _FENCED.sub(" ", text))
+    # (A fence is three backticks or tildes: most messages hold none, and a substring scan says so.)
+    return _LISTING.sub("", _FENCED.sub(" ", text) if "```" in text or "~~~" in text else text)
+
+
+def sentences(text: str) -> list[str]:
+    """``text`` split where a sentence or a line ends, each piece with its closing mark, unstripped.
+
+    Example:
+        >>> sentences("Fix it. Then run the tests!" + chr(10) + "Thanks")
+        ['Fix it.', 'Then run the tests!', 'Thanks']
+    """
+    if not text.isascii():
+        return _SENTENCE_END.split(text)
+    pieces = _ASCII_SENTENCE_END.split(text)
+    # ``split`` gives the text between ends and each end's captured mark (None after a line break).
+    out = pieces[::2]
+    for index, mark in enumerate(pieces[1::2]):
+        if mark:
+            out[index] += mark
+    return out
 
 
 # A slash command ("/add src/a.py"): what follows it in the same turn is the
@@ -246,14 +268,19 @@ def own_words(text: str) -> str:
     A turn that starts with a slash command is the command alone: what follows
     it is the harness's output.
     """
+    return prose_and_own_words(text)[1]
+
+
+def prose_and_own_words(text: str) -> tuple[str, str]:
+    """``prose`` of ``text`` (of its slash command alone, when it starts with one) and ``own_words``, read once."""
     command = command_line(text)
     if command:
-        return command
+        return prose(command), command
     words = prose(text)
-    forwarded = _FORWARDED.search(words)
-    if forwarded is not None:
-        words = words[: forwarded.start()]
-    return _QUOTED.sub("", words)
+    low = words.lower()  # (a forwarded header says "from" or "message", in any case)
+    forwarded = _FORWARDED.search(words) if "from" in low or "message" in low else None
+    own = words[: forwarded.start()] if forwarded is not None else words
+    return words, _QUOTED.sub("", own) if ">" in own else own
 
 
 def _may_revoke(text: str) -> bool:
@@ -347,8 +374,8 @@ def without_revoked(text: str, subjects: Sequence[frozenset[str]]) -> str:
     """
     if not subjects:
         return text
-    sentences = [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
-    return " ".join(s for s in sentences if not (constraints(s) and revokes(subjects, s)))
+    kept = [s.strip() for s in sentences(text) if s.strip()]
+    return " ".join(s for s in kept if not (constraints(s) and revokes(subjects, s)))
 
 
 def subject_words(text: str) -> frozenset[str]:
@@ -378,10 +405,10 @@ def own_rule(text: str, index: int, count: int) -> bool:
     return not document or index < RULES_PER_MESSAGE or index == count - 1
 
 
-def _may_rule(sentence: str) -> bool:
-    """Whether ``sentence`` holds a rule word (a plain substring scan: the regex reads only those that do)."""
+def _holds(sentence: str, words: tuple[str, ...]) -> bool:
+    """Whether ``sentence`` holds one of ``words`` (lower-case: a plain substring scan)."""
     low = sentence.lower()
-    return any(word in low for word in _CONSTRAINT_WORDS)
+    return any(word in low for word in words)
 
 
 def constraints(text: str) -> list[str]:
@@ -391,19 +418,27 @@ def constraints(text: str) -> list[str]:
         >>> constraints("Fix the crash. Never edit tests/fixtures.json. Thanks!")
         ['Never edit tests/fixtures.json.']
     """
+    return rules_in(own_words(text))
+
+
+def rules_in(words: str) -> list[str]:
+    """``constraints`` of a text's ``own_words``, already read."""
     found = []
-    words = own_words(text)
-    # Plain substring scans first: most messages hold no rule at all.
-    rules = _may_rule(words)
-    for raw in _SENTENCE_END.split(words):
+    # Plain substring scans first: most messages hold no rule at all, and a
+    # sentence of one that does is looked for only the rule words it holds.
+    low = words.lower()
+    held = tuple(word for word in _CONSTRAINT_WORDS if word in low)
+    # (Emphasis taken out of a sentence may join words: "you **may**".)
+    revoking = "**" in words or "__" in words or _may_revoke(words)
+    for raw in sentences(words):
         sentence = (_EMPHASIS.sub(r"\2", raw) if "**" in raw or "__" in raw else raw).strip(" -*+\t")
-        rule = (rules and _may_rule(sentence) and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)
+        rule = (held and _holds(sentence, held) and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)
         if not (8 <= len(sentence) <= 400 and rule):
             continue
         # Taking a rule back is not a rule, but what follows a "but" in the
         # same sentence may be one: "Tabs are fine now, but never in Makefiles."
         # (kept whole: the new rule is read with what it narrows).
-        if not (_may_revoke(sentence) and _REVOKE.search(sentence)) or any(
+        if not (revoking and _may_revoke(sentence) and _REVOKE.search(sentence)) or any(
             _CONSTRAINT.search(clause) and not _REVOKE.search(clause) for clause in _CONTRAST.split(sentence)[1:]
         ):
             found.append(clip(sentence))
@@ -430,8 +465,10 @@ def task_terms(text: str) -> set[str]:
         >>> sorted(task_terms("Please add a legend to the time-line of the chart"))
         ['chart', 'legend', 'time-line']
     """
-    words = re.findall(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*", text.lower())
-    return {w for w in words if (len(w) >= 5 or "-" in w) and w not in _COMMON}
+    return {w for w in _TERM.findall(text.lower()) if (len(w) >= 5 or "-" in w) and w not in _COMMON}
+
+
+_TERM = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 
 
 # What a harness says in the user's turn when a call went wrong: an error
@@ -452,4 +489,12 @@ def feedback(text: str) -> bool:
         (True, False)
     """
     first = next((line for line in text.splitlines() if line.strip()), "")
-    return _FEEDBACK.match(first) is not None
+    low = first.lower()
+    return any(word in low for word in _FEEDBACK_WORDS) and _FEEDBACK.match(first) is not None
+
+
+# Every feedback line holds one of these (lowercased): a cheap test before the regex.
+_FEEDBACK_WORDS = (
+    *("traceback", "error", "exception", "failed", "fatal:", "panic:", "expected to be", "must be one of"),
+    *("not a valid", "invalid ", "missing ", "unknown ", "tool call failed"),
+)

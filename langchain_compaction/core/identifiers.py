@@ -35,10 +35,21 @@ _TOKEN = re.compile(
     """,
     re.VERBOSE,
 )
-_CURRENCY = (
-    r"(?:(?:EUR|USD|GBP|JPY|CHF|CAD|AUD|NZD|CNY|HKD|SGD|INR|SEK|NOK|DKK|PLN|CZK|HUF|BRL|MXN|ZAR|TRY|KRW|AED)\b"
-    r"|[€£¥₹₩]|(?:euros?|dollars?|pounds?|yen)\b)"
-)
+_CURRENCY_CODES = "EUR|USD|GBP|JPY|CHF|CAD|AUD|NZD|CNY|HKD|SGD|INR|SEK|NOK|DKK|PLN|CZK|HUF|BRL|MXN|ZAR|TRY|KRW|AED"
+_CURRENCY_SIGNS = "€£¥₹₩"
+_CURRENCY_WORDS = ("euro", "dollar", "pound", "yen")
+_CURRENCY = rf"(?:(?:{_CURRENCY_CODES})\b|[{_CURRENCY_SIGNS}]|(?:euros?|dollars?|pounds?|yen)\b)"
+# Every amount names its currency: a scan for the codes and signs (branches
+# that each start with a capital or a sign, which the engine skips to) and
+# substring scans for the words spare ``_AMOUNT``, tried at every position,
+# the texts that name none.
+_CURRENCY_MARK = re.compile("|".join((_CURRENCY_CODES, *_CURRENCY_SIGNS)))
+
+
+def _names_currency(text: str) -> bool:
+    return _CURRENCY_MARK.search(text) is not None or any(word in text for word in _CURRENCY_WORDS)
+
+
 # (A number starts where no word, digit or separator of its own precedes it:
 # each run is read once, from its start. "1'1'1'..." read from each digit took minutes.)
 _AMOUNT = re.compile(
@@ -50,8 +61,10 @@ _MAX_TOKEN_CHARS = 200
 _CODE_NAME = re.compile(
     r"\b(?:[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][a-z0-9]+[A-Z][A-Za-z0-9]*|[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]+)\b"
 )
-# Tried only where a word starts, and it scans that word once: linear.
-_MAYBE_IDENTIFIER = re.compile(r"(?<!\S)(?=\S*[\d/.@$€£¥])\S+")
+# Tried only where a word starts, and it scans that word once: linear. (A dot
+# counts only before a letter or digit, as in a file name: a word that ends a
+# sentence is no identifier.)
+_MAYBE_IDENTIFIER = re.compile(r"(?<!\S)(?=\S*(?:[\d/@$€£¥]|\.\w))\S+")
 
 
 def identifiers(text: str, *, code_names: bool = True, max_code_names: int | None = None) -> list[str]:
@@ -67,14 +80,19 @@ def identifiers(text: str, *, code_names: bool = True, max_code_names: int | Non
         ['useCart', 'CartPanel', 'max_retries']
     """
     # What a harness answered to a slash command is not what the user gave.
-    words = prose(command_line(text) or text)
+    return identifiers_in(prose(command_line(text) or text), code_names=code_names, max_code_names=max_code_names)
+
+
+def identifiers_in(words: str, *, code_names: bool = True, max_code_names: int | None = None) -> list[str]:
+    """``identifiers`` of a text made ``prose`` already (``core.extract.prose_and_own_words``)."""
     found: dict[str, None] = {}  # (an ordered set: a tool's output may hold thousands)
-    for url in _URL.findall(words):
-        _add_new(found, url.rstrip(".,;:!?"))
+    if "://" in words:
+        for url in _URL.findall(words):
+            _add_new(found, url.rstrip(".,;:!?"))
     # An amount with its currency named beside it ("145.60 EUR", "EUR 420.00", "1.250,50 €"): two words.
-    for amount in _AMOUNT.findall(words):
+    for amount in _AMOUNT.findall(words) if _names_currency(words) else ():
         _add_new(found, amount)
-    # Only words with a digit, a dot, a slash, an @ or a currency sign can be
+    # Only words with a digit, a dot inside, a slash, an @ or a currency sign can be
     # identifiers: one pass finds them, plain words are never looked at.
     for word in _MAYBE_IDENTIFIER.findall(words if words.isascii() else _CJK_GLUE.sub(" ", words)):
         for token in _tokens(word):

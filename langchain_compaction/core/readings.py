@@ -21,16 +21,16 @@ from typing import TypeVar
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.extract import (
     clip,
-    constraints,
     feedback,
     normalize,
     one_line,
     own_rule,
-    own_words,
+    prose_and_own_words,
     revoked_subjects,
+    rules_in,
     task_terms,
 )
-from langchain_compaction.core.identifiers import CJK_LETTERS, identifiers, names_in_code
+from langchain_compaction.core.identifiers import CJK_LETTERS, identifiers_in, names_in_code
 from langchain_compaction.core.types import Fact, FactKind, Message
 
 CODE_NAMES_PER_MESSAGE = 12
@@ -88,10 +88,10 @@ def said_in(message: Message) -> UserSays:
 
 
 def _read(text: str) -> UserSays:
-    words = own_words(text)
-    values = (one_line(value) for value in identifiers(text, max_code_names=CODE_NAMES_PER_MESSAGE))
+    prose, words = prose_and_own_words(text)
+    values = (one_line(value) for value in identifiers_in(prose, max_code_names=CODE_NAMES_PER_MESSAGE))
     found = tuple(Fact("identifier", value) for value in values if value)
-    rules = constraints(text)
+    rules = rules_in(words)
     request = clip(words)
     if not request or feedback(words) or request.startswith("/"):
         request = ""  # a harness's feedback on a call, or a slash command, is no request (and never the task)
