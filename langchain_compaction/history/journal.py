@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -135,11 +136,11 @@ class Commit:
         """
         if not starts_with(current, snapshot):
             return None
-        kept = {id(m) for m in output}
+        gone = _taken_out(output, snapshot)
         # What this library wrote (an earlier summary, its bridge) is replaced,
         # not archived: the archive holds the caller's originals only.
-        originals = [m for m in snapshot if id(m) not in kept and not is_compaction_message(m)]
-        replaced = [m for m in snapshot if id(m) not in kept and is_compaction_message(m)]
+        originals = [m for m in gone if not is_compaction_message(m)]
+        replaced = [m for m in gone if is_compaction_message(m)]
         known = [c for c in map(archive_counter, replaced) if c is not None]
         written = {id(m) for m in snapshot}
         return cls(
@@ -168,6 +169,24 @@ class Commit:
         if memo and len(memo) <= len(originals) and archive_memo(originals[: len(memo)]) == memo:
             return len(memo)
         return 0
+
+
+def _taken_out(output: Sequence[BaseMessage], snapshot: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """The messages of ``snapshot`` that ``output`` (its compaction) no longer holds, in order.
+
+    Told apart by object, as many times as each is held: one message object
+    added twice (a constant "continue" turn) is two messages, and a copy the
+    output keeps is the later one (the recent messages are what is kept).
+    """
+    left = Counter(map(id, output))
+    gone = []
+    for message in reversed(snapshot):
+        if left[id(message)] > 0:
+            left[id(message)] -= 1
+        else:
+            gone.append(message)
+    gone.reverse()
+    return gone
 
 
 def archive_counter(message: BaseMessage) -> int | None:

@@ -326,6 +326,24 @@ def test_archive_receives_each_original_exactly_once(make_store: Callable[[str],
     assert summary.additional_kwargs["langchain_compaction"]["archived"] == len(archived)
 
 
+def test_one_message_object_added_many_times_is_archived_each_time() -> None:
+    # An in-memory store keeps the objects it is given: a constant "continue"
+    # turn is the same object every time. Each time it is a message of its own:
+    # those compacted reach the archive, as many times as they were added.
+    store, archive = InMemoryChatMessageHistory(), InMemoryChatMessageHistory()
+    history = CompactingChatMessageHistory(store, Summaries(), OPTIONS, archive=archive)
+    again = HumanMessage(f"continue please{PAD}")
+    for i in range(60):
+        history.add_messages([again, AIMessage(f"a{i}{PAD}")])
+    history.compact()
+    archived, recent = archive.messages, split_compacted(history.messages).recent
+    assert archived
+    assert recent
+    assert len(archived) + len(recent) == 120
+    assert sum(m is again for m in archived) + sum(m is again for m in recent) == 60
+    assert contents(archived) + contents(recent) == [c for i in range(60) for c in (again.content, f"a{i}{PAD}")]
+
+
 def test_bridge_round_trips_through_the_store_and_is_replaced_not_archived(
     make_store: Callable[[str], BaseChatMessageHistory],
 ) -> None:
