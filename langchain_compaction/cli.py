@@ -257,6 +257,17 @@ def _writable(path: str | None) -> None:
         raise ConfigurationError("--output", path, "it cannot be written (permission denied)")
 
 
+def _write(path: str, text: str) -> None:
+    """Write the output file whole or not at all: ``-o`` may name the input, which a failed write must not cut."""
+    from langchain_compaction.history.stores import replace_file
+
+    try:
+        replace_file(path, text)
+    except OSError as exc:
+        problem = f"it could not be written ({exc.strerror or exc}); it is unchanged"
+        raise ConfigurationError("--output", path, problem) from exc
+
+
 def _held(options: CompactionOptions | None, plan: object, kept: int, keep: int = 0) -> str:
     """Why a conversation over the threshold is not compacted ("" when it would be), or why there is no cut.
 
@@ -327,7 +338,7 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
     happened = _what_happened(result, args, messages)
     text = dump_conversation(compacted, conversation.format, jsonl=conversation.jsonl, read=conversation)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        _write(args.output, text)
     if args.json:
         payload = {"result": result.to_dict() if result else None, "what": happened, "output": args.output}
         if not args.output:

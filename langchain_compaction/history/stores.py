@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import time
 import uuid
@@ -231,28 +232,47 @@ def _file_append(store: Any, messages: Sequence[BaseMessage]) -> None:
 
 
 def _file_replace(store: Any, messages: Sequence[BaseMessage]) -> None:
-    # A history reached through a symlink is written where the link points
-    # (a replace would swap the link for a file), with the file's own mode (a
-    # new file takes the umask's: a private history would become readable).
-    path = Path(os.path.realpath(store.file_path))
     data = json.dumps(messages_to_dict(list(messages)), ensure_ascii=store.ensure_ascii)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    replace_file(store.file_path, data, encoding=store.encoding)
+
+
+def replace_file(path: str | os.PathLike[str], text: str, *, encoding: str | None = "utf-8") -> None:
+    """Write ``text`` as the whole of the file at ``path``: all of it or, when the write fails, nothing.
+
+    It is written beside the file and renamed over it, so a full disk or a
+    process killed mid-write leaves the old file whole. A path reached
+    through a symlink is written where the link points (a rename would swap
+    the link for a file), with the file's own mode (a new file takes the
+    umask's: a private history would become readable). A device or a pipe
+    (``/dev/stdout``) is written to, not replaced.
+
+    Raises:
+        OSError: The file could not be written; it is unchanged.
+    """
+    target = Path(os.path.realpath(path))
     try:
-        mode = os.stat(path).st_mode & 0o7777
+        status = os.stat(target)
     except FileNotFoundError:
         mode = None
+    else:
+        if not stat.S_ISREG(status.st_mode):
+            with open(target, "w", encoding=encoding) as handle:
+                handle.write(text)
+            return
+        mode = status.st_mode & 0o7777
+    temp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
-        with open(temp, "w", encoding=store.encoding) as handle:
+        with open(temp, "w", encoding=encoding) as handle:
             if mode is not None:
                 os.chmod(temp, mode)
-            handle.write(data)
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp, path)  # atomic on POSIX and Windows
+        os.replace(temp, target)  # atomic on POSIX and Windows
     finally:
         temp.unlink(missing_ok=True)
     try:
-        directory = os.open(path.parent, os.O_RDONLY)
+        directory = os.open(target.parent, os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds
         return
     try:

@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from langchain_core.messages import messages_from_dict
@@ -213,6 +214,27 @@ def test_compact_checks_the_output_path_before_any_work(tmp_path, capsys, ponyc)
     assert "does not exist" in err
     assert "summarizing" not in err
     assert out == ""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="file-size limits are POSIX")
+def test_a_failed_write_leaves_the_input_it_would_replace_whole(tmp_path, ponyc):
+    # ``-o`` naming the input compacts in place. A write that fails halfway (a
+    # full disk; here a file-size limit of 4 KiB) must leave the file as it was.
+    conversation = tmp_path / "conversation.json"
+    conversation.write_bytes(Path(ponyc).read_bytes())
+    before = conversation.read_bytes()
+    assert len(before) > 4096
+    limit = "import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+    limit += "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)); "
+    limit += "from langchain_compaction.cli import main; sys.exit(main(sys.argv[1:]))"
+    command = [sys.executable, "-c", limit, "compact", str(conversation), "-o", str(conversation), "--force"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert conversation.read_bytes() == before
+    assert done.stderr.strip().splitlines()[-1].startswith("langchain-compaction: error: --output=")
+    assert "Traceback" not in done.stderr
+    assert "unchanged" in done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["conversation.json"]  # no temporary file left
 
 
 def test_with_a_window_compact_does_what_inspect_says(tmp_path, ponyc):
