@@ -257,17 +257,6 @@ def _writable(path: str | None) -> None:
         raise ConfigurationError("--output", path, "it cannot be written (permission denied)")
 
 
-def _write(path: str, text: str) -> None:
-    """Write the output file whole or not at all: ``-o`` may name the input, which a failed write must not cut."""
-    from langchain_compaction.history.stores import replace_file
-
-    try:
-        replace_file(path, text)
-    except OSError as exc:
-        problem = f"it could not be written ({exc.strerror or exc}); it is unchanged"
-        raise ConfigurationError("--output", path, problem) from exc
-
-
 def _held(options: CompactionOptions | None, plan: object, kept: int, keep: int = 0) -> str:
     """Why a conversation over the threshold is not compacted ("" when it would be), or why there is no cut.
 
@@ -321,6 +310,7 @@ def _what_happened(result: CompactionResult | None, args: argparse.Namespace, me
 def _compact(args: argparse.Namespace, out: TextIO) -> int:
     from langchain_compaction.formats import dump_conversation
     from langchain_compaction.functional import auto_compact, compact
+    from langchain_compaction.history.stores import replace_file
     from langchain_compaction.summarizers.chat_model import as_summarizer
 
     if args.output == "-":
@@ -337,8 +327,11 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
         result, compacted = compact(summarizer, messages, options, args.instructions or "")
     happened = _what_happened(result, args, messages)
     text = dump_conversation(compacted, conversation.format, jsonl=conversation.jsonl, read=conversation)
-    if args.output:
-        _write(args.output, text)
+    if args.output:  # (whole or not at all: ``-o`` may name the input, which a failed write must not cut)
+        try:
+            replace_file(args.output, text)
+        except OSError as exc:
+            raise ConfigurationError("--output", args.output, f"it could not be written ({exc.strerror})") from exc
     if args.json:
         payload = {"result": result.to_dict() if result else None, "what": happened, "output": args.output}
         if not args.output:

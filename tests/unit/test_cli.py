@@ -233,7 +233,6 @@ def test_a_failed_write_leaves_the_input_it_would_replace_whole(tmp_path, ponyc)
     assert conversation.read_bytes() == before
     assert done.stderr.strip().splitlines()[-1].startswith("langchain-compaction: error: --output=")
     assert "Traceback" not in done.stderr
-    assert "unchanged" in done.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["conversation.json"]  # no temporary file left
 
 
