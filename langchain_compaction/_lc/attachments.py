@@ -45,7 +45,7 @@ def attachment_part(block: dict[str, Any], kind: str) -> Part:
     source = _source(block)
     title = block.get("title")
     media = block.get("mime_type") or block.get("media_type") or source.get("media_type")
-    text = _document_text(block, kind, source)
+    text = _document_text(block, kind, source, media)
     if text is not None:
         label = ", ".join(str(p) for p in (title, media) if p)
         return Part("data", f"[document{': ' + label if label else ''}]\n{text}")
@@ -78,14 +78,21 @@ def _source(block: dict[str, Any]) -> dict[str, Any]:
     return raw if isinstance(raw, dict) else {}
 
 
-def _document_text(block: dict[str, Any], kind: str, source: dict[str, Any]) -> str | None:
+def _document_text(block: dict[str, Any], kind: str, source: dict[str, Any], media: object) -> str | None:
     """The text a document block holds (``None`` for a binary file, a link or a file id)."""
-    if kind == "text-plain":
-        text = block.get("text")
-        if isinstance(text, str):
+    if kind == "text-plain" or (kind == "file" and block.get("source_type") == "text"):
+        # (LangChain's older plain-text file keeps its text under "text", or
+        # "url" as langchain-core reads it: ChatAnthropic sends it as a text document.)
+        text = next((t for t in (block.get("text"), block.get("url")) if isinstance(t, str)), None)
+        if text is not None:
             return text
         data = _decoded(block.get("base64"))
         return data.decode("utf-8", "replace") if data is not None else None
+    if kind in _FILES and isinstance(media, str) and media.startswith("text/"):
+        # A text file sent inline (base64) is read as the text it is.
+        data = _payload(block, source)
+        if data is not None:
+            return data.decode("utf-8", "replace")
     if kind != "document":
         return None
     if source.get("type") == "text" and isinstance(source.get("data"), str):

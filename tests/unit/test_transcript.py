@@ -78,6 +78,10 @@ def test_a_document_that_holds_text_is_shown_and_counted_by_its_text() -> None:
         {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": text}]}},
         {"type": "text-plain", "text": text, "mime_type": "text/plain"},
         {"type": "text-plain", "base64": base64.b64encode(text.encode()).decode(), "mime_type": "text/plain"},
+        # LangChain's older plain-text file, which ChatAnthropic sends as a text document.
+        {"type": "file", "source_type": "text", "text": text, "mime_type": "text/plain"},
+        {"type": "file", "source_type": "text", "url": text},  # (where langchain-core reads its text)
+        {"type": "file", "base64": base64.b64encode(text.encode()).decode(), "mime_type": "text/plain"},
     ]
     inline = estimate_message(to_core(HumanMessage(text)))
     for block in blocks:
