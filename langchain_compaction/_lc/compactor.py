@@ -188,9 +188,8 @@ class Compactor:
     ) -> Job | None:
         """Plan a compaction of ``messages``: a cheaper step if one is enough, else the cut and the summary flow.
 
-        ``options``: what to plan with (``planning``: the budget over what the
-        compaction can remove); ``keep``: the recent tokens to keep instead of
-        the budget's.
+        ``options``: what to plan with (``planning``: the budget over what the compaction
+        can remove); ``keep``: the recent tokens to keep instead of the budget's.
         """
         if options is None:
             options = self.planning(core, counts, overhead)
@@ -203,7 +202,8 @@ class Compactor:
                     if clearing is not None:
                         return Job(messages, core, counts, None, None, clearing)
         keep, repeated = self._keep(core, counts, trigger, options) if keep is None else (keep, False)
-        plan = plan_compaction(core, counts, keep, force=trigger == "force", protect=self._protected)
+        most = options.budget.most_kept  # (a tool exchange in progress larger than this is summarized whole)
+        plan = plan_compaction(core, counts, keep, force=trigger == "force", protect=self._protected, most=most)
         if plan is None:
             return None
         shape = layout(core, plan, options)

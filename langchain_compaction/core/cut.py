@@ -117,8 +117,7 @@ def thinking_loop_opening(messages: Sequence[Message]) -> int | None:
         >>> thinking_loop_opening([Message("user", (Part("text", "go"),)), think, result])
         1
     """
-    last = messages[-1] if messages else None
-    if last is None or not (last.role == "tool" or (last.role == "assistant" and last.tool_calls)):
+    if not _in_progress(messages):
         return None
     start = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "user"), -1) + 1
     opening = next((i for i in range(start, len(messages)) if messages[i].role == "assistant"), None)
@@ -135,6 +134,7 @@ def find_cut(
     start: int = 0,
     credit: int = 0,
     valid: Sequence[bool] | None = None,
+    most: int | None = None,
 ) -> int:
     """Find the budget cut, as pi's ``FindCutPoint`` does, with the tool-pair rule.
 
@@ -144,7 +144,11 @@ def find_cut(
     anyway. The cut then moves forward to the next valid boundary; if there is
     none (the conversation ends inside a tool exchange, as an agent's does
     mid-loop) it moves back to the nearest valid boundary before, keeping the
-    exchange whole, where pi's compaction gave up.
+    exchange whole, where pi's compaction gave up; an exchange larger than
+    ``most`` (a tool's output larger than a request may hold) is summarized
+    whole instead, and the model goes on from the summary. One message
+    larger than ``most`` is worth a summary alone (pi summarized no fewer
+    than two: a first message larger than the window stayed forever).
 
     Args:
         messages: The conversation.
@@ -155,10 +159,12 @@ def find_cut(
         credit: Messages already counted as summarized (an earlier summary
             counts as one, as it did in pi's list).
         valid: Precomputed ``valid_boundaries(messages)``, if at hand.
+        most: The most the messages kept after the summary may hold (``None``: no bound).
 
     Returns:
         The cut index, or 0 when everything fits, when fewer than two
-        messages would be summarized, or when no valid cut exists.
+        messages (not larger than ``most``) would be summarized, or when no
+        valid cut exists.
     """
     total = len(messages)
     if total - start + credit < MIN_SUMMARIZED:
@@ -174,10 +180,21 @@ def find_cut(
         if forward is None:
             forward = next((c for c in range(cut - 1, start, -1) if flags[c]), None)
             forward = _whole_loop(messages, counts, forward, keep_recent_tokens * 2)
-        if forward is None or forward - start + credit < MIN_SUMMARIZED:
+            forward = _whole_exchange(counts, forward, most) if forward is not None else None
+        if forward is None or _too_few(counts, start, forward, credit, most):
             return 0
         return forward
     return 0
+
+
+def _too_few(counts: Sequence[int], start: int, cut: int, credit: int, most: int | None) -> bool:
+    """Whether ``[start, cut)`` is not worth a summary: fewer than two messages, that a request could hold."""
+    return cut - start + credit < MIN_SUMMARIZED and (most is None or sum(counts[start:cut]) <= most)
+
+
+def _whole_exchange(counts: Sequence[int], cut: int, most: int | None) -> int:
+    """``cut``, or the end when what it keeps (the tool exchange in progress) is larger than ``most``."""
+    return len(counts) if most is not None and sum(counts[cut:]) > most else cut
 
 
 def _whole_loop(messages: Sequence[Message], counts: Sequence[int], cut: int | None, room: int) -> int | None:
@@ -198,6 +215,8 @@ def forced_cut(
     start: int = 0,
     credit: int = 0,
     valid: Sequence[bool] | None = None,
+    counts: Sequence[int] | None = None,
+    most: int | None = None,
 ) -> int:
     """The cut for a manual compaction: keep only the last valid message on (a thinking loop in progress: none).
 
@@ -208,6 +227,10 @@ def forced_cut(
         start: The first index that may be summarized.
         credit: Messages already counted as summarized (see ``find_cut``).
         valid: Precomputed ``valid_boundaries(messages)``, if at hand.
+        counts: The token count of each message (with ``most``).
+        most: The most the messages kept after the summary may hold: a
+            tool exchange in progress larger than that (an overflow retry
+            after a tool's huge output) is summarized whole.
 
     Returns:
         The last valid boundary with at least two messages before it (counted
@@ -219,5 +242,13 @@ def forced_cut(
     for cut in range(len(messages) - 1, lowest - 1, -1):
         if flags[cut]:
             # A thinking loop in progress that could only be kept whole goes whole: as small as it gets.
-            return len(messages) if opening is not None and cut <= opening else cut
+            if opening is not None and cut <= opening:
+                return len(messages)
+            return _whole_exchange(counts, cut, most) if counts is not None and _in_progress(messages) else cut
     return len(messages) if opening is not None and len(messages) >= lowest else 0
+
+
+def _in_progress(messages: Sequence[Message]) -> bool:
+    """Whether ``messages`` end inside a tool exchange (on a tool result, or a reply that calls tools)."""
+    last = messages[-1] if messages else None
+    return last is not None and (last.role == "tool" or (last.role == "assistant" and bool(last.tool_calls)))

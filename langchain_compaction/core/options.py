@@ -73,10 +73,9 @@ class Budget:
             threshold; ``None`` without a window).
         summary_max: The most tokens a summary may take.
         summary_input: The largest summarizer request.
-        fixed: What no compaction can remove (the system prompt and tool
-            schemas sent with every request, leading system messages); the
-            landing, the keep and the summary are taken over the rest
-            (``CompactionOptions.with_fixed``).
+        fixed: What no compaction can remove (the system prompt and tool schemas sent with every
+            request, leading system messages); the landing, the keep and the summary are taken over
+            the rest (``CompactionOptions.with_fixed``).
     """
 
     window: int
@@ -92,6 +91,11 @@ class Budget:
     def room(self) -> int | None:
         """What a compaction can aim for: the landing above the fixed part (``None`` without a window)."""
         return None if self.landing is None else self.landing - self.fixed
+
+    @property
+    def most_kept(self) -> int | None:
+        """What kept messages may hold after a summary: the threshold's room past the fixed part (None: no window)."""
+        return None if self.threshold is None else max(self.threshold - self.fixed, self.keep)
 
 
 # -- validators: the one place each kind of value is checked (features use them too) --

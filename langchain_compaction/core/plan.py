@@ -129,6 +129,7 @@ def plan_compaction(
     *,
     force: bool = True,
     protect: Protect | None = None,
+    most: int | None = None,
 ) -> Plan | None:
     """Decide the cut for one compaction.
 
@@ -144,6 +145,8 @@ def plan_compaction(
         keep_recent_tokens: Recent tokens to keep.
         force: Whether to force a cut when everything fits the keep budget.
         protect: What may not be cut (kept verbatim after the summary); nothing when ``None``.
+        most: The most the messages kept after the summary may hold: a tool
+            exchange in progress larger than that is summarized whole (``None``: no bound).
 
     Returns:
         The plan, or ``None`` when there is nothing to compact.
@@ -154,10 +157,10 @@ def plan_compaction(
     # An earlier summary counts as one summarized message, as in pi, where the
     # summary was simply the first message of the list.
     credit = sum(1 for i in earlier if messages[i].carries_summary)
-    cut = find_cut(messages, counts, keep_recent_tokens, start=region_start, credit=credit, valid=flags)
+    cut = find_cut(messages, counts, keep_recent_tokens, start=region_start, credit=credit, valid=flags, most=most)
     forced = False
     if cut == 0 and force:
-        cut = forced_cut(messages, start=region_start, credit=credit, valid=flags)
+        cut = forced_cut(messages, start=region_start, credit=credit, valid=flags, counts=counts, most=most)
         forced = cut > 0
     if cut <= region_start:
         return None

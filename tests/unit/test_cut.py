@@ -18,9 +18,10 @@ from langchain_core.messages import (
 
 from langchain_compaction._lc.convert import summary_message, to_core_list
 from langchain_compaction.core.cut import find_cut, forced_cut, thinking_loop_opening, tool_pairs, valid_boundaries
+from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.types import Message, ToolCall
 from langchain_compaction.errors import ConfigurationError
-from langchain_compaction.functional import find_cut_point
+from langchain_compaction.functional import auto_compact, find_cut_point
 from langchain_compaction.tokens import estimate_message_tokens
 
 
@@ -98,6 +99,42 @@ def test_fewer_than_two_to_summarize_returns_zero() -> None:
     three = [HumanMessage("q1"), AIMessage("x" * 40_000), HumanMessage("q2")]
     # Cut would be 1 (keep the big answer and the question): one message to summarize.
     assert find_cut_point(three, 11_000) == 0
+
+
+def test_one_message_larger_than_the_keep_budget_is_summarized_alone() -> None:
+    # A first message larger than the window (a pasted document) would stay
+    # forever if one message were never worth a summary, as in pi.
+    messages = [HumanMessage("policy " * 20_000), AIMessage("Noted."), HumanMessage("How long is the window?")]
+    core, counts = to_core_list(messages), [_tokens(m) for m in messages]
+    assert find_cut(core, counts, 4_000, most=12_000) == 1
+    assert find_cut(core, counts, 4_000) == 0  # without a window: pi's two, as ever
+    assert find_cut(core, counts, 4_000, most=counts[0]) == 0  # one message a request could hold
+    options = CompactionOptions(context_window=16_000)
+    result, compacted = auto_compact(lambda prompt: "## Goal\n- answer from the policy", messages, options)
+    assert result is not None
+    assert estimate_message_tokens(compacted) < 16_000
+    assert compacted[-2:] == messages[-2:]
+
+
+def test_a_tool_exchange_in_progress_larger_than_a_request_may_hold_is_summarized_whole() -> None:
+    messages = [
+        HumanMessage("q1"),
+        AIMessage("a1"),
+        HumanMessage("read the log"),
+        _calls("c1"),
+        _result("c1", "ERROR at /srv/x.py:10 " * 20_000),
+    ]
+    core = to_core_list(messages)
+    counts = [_tokens(m) for m in messages]
+    # Kept, the exchange alone is over what a request may hold: it goes into the summary.
+    assert find_cut(core, counts, 3_000) == 3
+    assert find_cut(core, counts, 3_000, most=sum(counts[3:])) == 3
+    assert find_cut(core, counts, 3_000, most=12_000) == len(messages)
+    assert forced_cut(core) == 3
+    assert forced_cut(core, counts=counts, most=12_000) == len(messages)
+    # A finished turn is cut before its answer, as ever: nothing in progress to take whole.
+    done = [*core, *to_core_list([AIMessage("The log shows one error.")])]
+    assert forced_cut(done, counts=[*counts, 10], most=12_000) == len(done) - 1
 
 
 @pytest.mark.parametrize("count", [0, 1])

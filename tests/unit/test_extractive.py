@@ -170,8 +170,10 @@ def test_the_task_outlives_every_other_item_when_the_summary_is_trimmed():
             assert result is not None
             goals.append(result.summary.split("## Goal", 1)[1].split("##", 1)[0])
         state.append(message)
-    assert len(goals) == 5
-    # The fifth summary was trimmed hard (its region held long tool outputs); the task stays.
+    # (Four: the first compaction summarizes a tool's 8,000-token output whole, its
+    # exchange being larger than the window's room past the system prompt.)
+    assert len(goals) == 4
+    # The last summary was trimmed hard (its region held long tool outputs); the task stays.
     assert all("I've uploaded a C code repository" in goal for goal in goals), goals
 
 

@@ -402,6 +402,36 @@ async def test_overflow_with_nothing_to_compact_propagates_without_retry(mode: s
     assert len(model.requests) == 1
 
 
+@tool
+def read_log(path: str) -> str:
+    """Read a log file."""
+    return f"{path}: ERROR something failed at /srv/x.py:10\n" * 7_000  # about 86,000 tokens
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_tool_output_larger_than_the_window_is_summarized_and_the_agent_goes_on(mode: str) -> None:
+    # The exchange in progress cannot be cut inside, and kept it is over any
+    # request: it goes into the summary, and the model answers from that.
+    window = 16_000
+    prompts: list[str] = []
+    call = {"name": "read_log", "args": {"path": "/var/log/app.log"}, "id": "c1", "type": "tool_call"}
+    script = iter([AIMessage("", tool_calls=[call]), AIMessage("The log shows one error, repeated.")])
+    model = ToolCallingFakeModel(messages=script, overflow_above=window)
+    options = CompactionOptions(context_window=window, reserve_tokens=2_000, keep_recent_tokens=3_000)
+    middleware = CompactionMiddleware(lambda prompt: prompts.append(prompt) or SUMMARY, options)
+    agent = create_agent(model, tools=[read_log], middleware=[middleware], checkpointer=InMemorySaver())
+    out = await run(agent, {"messages": [HumanMessage("read the log please")]}, config(), mode)
+    assert out["messages"][-1].content == "The log shows one error, repeated."
+    last = model.requests[-1]
+    assert estimate_message_tokens(last) <= window
+    assert_valid_anthropic_request(last, ends_with_user=True)
+    assert is_summary_message(last[0])
+    assert "ERROR something failed at /srv/x.py:10" in "".join(prompts)  # the output was shown
+    state = agent.get_state(config()).values["messages"]
+    assert not any(isinstance(m, ToolMessage) for m in state)  # summarized, call and output together
+    assert not any(getattr(m, "tool_calls", None) for m in state)
+
+
 # -- summarizer failure -----------------------------------------------------------------------
 
 FAIL_OPTIONS = CompactionOptions(context_window=2000, reserve_tokens=500, keep_recent_tokens=400)
