@@ -95,8 +95,8 @@ def _read(text: str) -> UserSays:
     request = clip(words)
     if not request or feedback(words) or request.startswith("/"):
         request = ""  # a harness's feedback on a call, or a slash command, is no request (and never the task)
-    # A task is stated in a sentence, not a greeting or an acknowledgement.
-    task = clip(request, TASK_CHARS) if _words(request) >= 5 and not feedback(request) else ""
+    terms = task_terms(words)
+    task = clip(request, TASK_CHARS) if _states_a_task(request, terms) and not feedback(request) else ""
     return UserSays(
         revoked=tuple(revoked_subjects(text)),
         rules=tuple(
@@ -105,11 +105,28 @@ def _read(text: str) -> UserSays:
             if (line := one_line(rule))
         ),
         identifiers=found,
-        terms=tuple(sorted(task_terms(words))),
+        terms=tuple(sorted(terms)),
         request=_fact("request", request, f"request:{normalize(request)}"),
         task=_fact("task", task, "task"),
     )
 
+
+def _states_a_task(request: str, terms: set[str]) -> bool:
+    """Whether a request states a task, not a greeting or an acknowledgement.
+
+    It names something the task is about in two words or more ("Fix the
+    login bug."), or says more than a few words without opening as an
+    acknowledgement does ("Thanks, that looks good to me!" is none).
+    """
+    words = _words(request)
+    return (words >= 2 and bool(terms)) or (words >= 5 and _ACKNOWLEDGEMENT.match(request) is None)
+
+
+_ACKNOWLEDGEMENT = re.compile(
+    r"\W*(?:thanks|thank you|thx|ok(?:ay)?|great|perfect|nice|cool|awesome|good|looks good|lgtm|hi|hello|hey"
+    r"|yes|yep|sure|got it|sounds good)\b",
+    re.IGNORECASE,
+)
 
 # Chinese and Japanese are written without spaces: about two characters a word.
 _CJK_LETTER = re.compile(f"[{CJK_LETTERS}]")

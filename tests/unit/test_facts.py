@@ -260,6 +260,11 @@ def test_identifiers_are_what_a_model_cannot_guess() -> None:
         # A folder named in CJK is part of its path; a URL keeps its own colons and equals signs.
         ("改 /home/用户/项目/app.py 吧", ["/home/用户/项目/app.py"]),
         ("see https://x.example/a?b=1&c=2 now", ["https://x.example/a?b=1&c=2"]),
+        # Other languages' quotes, and an emoji written against an id.
+        ("Annulez la commande «ORD-5521» s'il vous plaît.", ["ORD-5521"]),
+        ("Отмените заказ «ORD-5521», пожалуйста.", ["ORD-5521"]),
+        ("Bitte storniere die Bestellung „ORD-5521“.", ["ORD-5521"]),
+        ("Cancel order 📦ORD-5521 please, and ✅QX42LM too.", ["ORD-5521", "QX42LM"]),
     ],
 )
 def test_identifiers_glued_to_punctuation_or_cjk_text_are_found(text: str, found: list[str]) -> None:
@@ -581,6 +586,22 @@ def test_invisible_characters_leave_a_fact_and_controls_part_it() -> None:
 def test_a_request_in_a_language_written_without_spaces_can_state_the_task(first: str) -> None:
     messages = [HumanMessage(first, id="h1"), AIMessage("好的", id="a1"), HumanMessage("继续吧。", id="h2")]
     facts = gather((), to_core_list(messages), range(3), ())
+    assert [f.text for f in facts if f.kind == "task"] == [first]
+
+
+@pytest.mark.parametrize("first", ["Refactor the parser module.", "Fix the login bug.", "Translate this to French."])
+def test_a_short_request_that_names_its_subject_is_the_task_and_an_acknowledgement_never(first: str) -> None:
+    messages = [
+        HumanMessage(first, id="h1"),
+        AIMessage("Done.", id="a1"),
+        HumanMessage("Thanks, that looks good to me!", id="h2"),
+        AIMessage("Glad to help.", id="a2"),
+    ]
+    facts = gather((), to_core_list(messages), range(4), ())
+    assert [f.text for f in facts if f.kind == "task"] == [first]
+    # Opening with an acknowledgement, a long message is none either; the request after it is.
+    later = [HumanMessage("Thanks, that looks good to me now!", id="h0"), *messages]
+    facts = gather((), to_core_list(later), range(5), ())
     assert [f.text for f in facts if f.kind == "task"] == [first]
 
 
