@@ -94,7 +94,7 @@ def identifiers_in(words: str, *, code_names: bool = True, max_code_names: int |
         _add_new(found, amount)
     # Only words with a digit, a dot inside, a slash, an @ or a currency sign can be
     # identifiers: one pass finds them, plain words are never looked at.
-    for word in _MAYBE_IDENTIFIER.findall(words if words.isascii() else _CJK_GLUE.sub(" ", words)):
+    for word in _MAYBE_IDENTIFIER.findall(words if words.isascii() else _NON_ASCII_GLUE.sub(" ", words)):
         for token in _tokens(word):
             if len(token) > _MAX_TOKEN_CHARS or "://" in token or not _TOKEN.fullmatch(token) or encoded(token):
                 continue
@@ -135,11 +135,12 @@ _ASCII_GLUE = re.compile(r"[:=|]")
 # letters, or its full-width punctuation, parts the ids and paths around it
 # ("预订号：QX42LM，日期2024-05-21"), except a run between path separators
 # (a folder's name: "/home/用户/app.py") or joined to a file name ("模块_0.py",
-# "设置.yaml").
+# "设置.yaml"). So do the quotes of other languages («», „“, ‹›) and an
+# emoji or a symbol written against an id ("📦ORD-5521").
 CJK_LETTERS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
 """Chinese, Japanese and Korean letters (a character class's inside), written without spaces."""
-_CJK_GLUE = re.compile(
-    rf"[\u3000-\u303f\uff00-\uffef]"
+_NON_ASCII_GLUE = re.compile(
+    rf"[\u3000-\u303f\uff00-\uffef«»‹›„“”‘’‚‛‟\u2600-\u27bf\U0001f000-\U0001faff]"
     rf"|(?<![/\\_\-{CJK_LETTERS}])[{CJK_LETTERS}]+(?![/\\{CJK_LETTERS}]|[_\-][\w-]*\.[A-Za-z]|\.[A-Za-z])"
 )
 
