@@ -6,19 +6,15 @@ can count a whole conversation at once, such as the Anthropic counter, is
 asked once; any other, per message). Every count a user's counter returns is
 checked by ``checked_count``.
 
-``TokenCountCache`` makes a hot loop pay only for new messages. A graph node
-sees the whole history on every turn. Within one run it sees the very same
-objects again, so a prefix of the previous call's objects is reused without
-even a fingerprint. A checkpointer hands it freshly deserialized copies each
-run: a prefix of copies equal to the previous call's messages field for field
-(compared in C, no digest) and of the content size counted is reused too.
-Anything else is looked up by the message id (``add_messages`` gives every
-message one) and checked by the message's ``fingerprint``, which catches a
-message replaced under the same id. The cost: an in-place edit of a message
-object already seen (``message.content = ...``, which LangGraph never does:
-``add_messages`` replaces a message with a new object) goes unnoticed while
-the same object comes back, and, in an older message, as long as it keeps
-its content's size.
+``TokenCountCache`` makes a hot loop pay only for new messages. A graph node sees the whole history on every
+turn. Within one run it sees the very same objects again, so a prefix of the previous call's objects is reused
+without even a fingerprint. A checkpointer hands it freshly deserialized copies each run: a prefix of copies
+equal to the previous call's messages field for field (compared in C, no digest) and of the content size
+counted is reused too. Anything else is looked up by the message id (``add_messages`` gives every message one)
+and checked by the message's ``fingerprint``, which catches a message replaced under the same id. The cost: an
+in-place edit of a message object already seen (``message.content = ...``, which LangGraph never does:
+``add_messages`` replaces a message with a new object) goes unnoticed while the same object comes back, and,
+in an older message, as long as it keeps its content's size.
 """
 
 from __future__ import annotations
@@ -185,7 +181,10 @@ class TokenCountCache:
         self._max_entries = max(int(max_entries), 1)
         self._max_held = _MAX_HELD_TOKENS
         self._held = 0  # the tokens of the messages held (their core forms keep their text)
-        self._entries: dict[str, tuple[str, int, Message]] = {}
+        # Per message id, its fingerprint and count, and its core form beside: a pair of a string and a
+        # number is no object the garbage collector follows (a triple with the core form was, one a message).
+        self._entries: dict[str, tuple[str, int]] = {}
+        self._cores: dict[str, Message] = {}
         self._lock = threading.Lock()
         # Per conversation, the previous call's messages, counts and core
         # forms, as one tuple so threads swap it atomically: a server's
@@ -296,17 +295,19 @@ class TokenCountCache:
     ) -> tuple[list[int], Scanned]:
         """``counts_and_core`` past the first ``reused`` messages, which ``previous`` counted."""
         _, last_counts, last_core, last_sizes = previous
-        out, core = last_counts[:reused], list(last_core[:reused])
+        out, core = last_counts[:reused], list(last_core)
+        del core[reused:]  # (a third of listing a slice: the common turn reuses all)
         missing: list[tuple[int, str]] = []
-        entries = self._entries
+        entries, cores = self._entries, self._cores
         for index in range(reused, len(messages)):
             message = messages[index]
             known = message.id if isinstance(message, BaseMessage) else None
             mark = fingerprint(message) if known is not None else ""
             hit = entries.get(known) if known is not None else None
-            if hit is not None and hit[0] == mark:
+            found = cores.get(known) if known is not None and hit is not None and hit[0] == mark else None
+            if hit is not None and found is not None:  # (no core form: dropped meanwhile)
                 out.append(hit[1])
-                core.append(hit[2])
+                core.append(found)
                 continue
             missing.append((index, mark))
             out.append(0)
@@ -337,12 +338,12 @@ class TokenCountCache:
         self.misses += len(missing)
         batch = [messages[i] for i, _ in missing]
         values = count_messages(batch, [core[i] for i, _ in missing], self._options)
-        fresh: list[tuple[str, tuple[str, int, Message]]] = []
+        fresh: list[tuple[str, str, int, Message]] = []
         for (index, mark), value in zip(missing, values):
             out[index] = value
             key = messages[index].id
             if key is not None:
-                fresh.append((key, (mark, value, core[index])))
+                fresh.append((key, mark, value, core[index]))
         self._remember(fresh)
 
     def count(self, messages: Sequence[BaseMessage], key: Any = None) -> Call[tuple[list[int], Scanned]]:
@@ -362,15 +363,16 @@ class TokenCountCache:
             return self._counted(messages, key, previous, reused)  # (compared once, not again)
         return await working(self._options, self.counts_and_core, messages, key).arun()
 
-    def _remember(self, fresh: list[tuple[str, tuple[str, int, Message]]]) -> None:
+    def _remember(self, fresh: list[tuple[str, str, int, Message]]) -> None:
         if not fresh:
             return
         with self._lock:
-            entries = self._entries
-            for key, entry in fresh:
+            entries, cores = self._entries, self._cores
+            for key, mark, value, core in fresh:
                 old = entries.pop(key, None)  # (a key seen again moves to the end: the newest)
-                self._held += entry[1] - (old[1] if old is not None else 0)
-                entries[key] = entry
+                self._held += value - (old[1] if old is not None else 0)
+                entries[key] = (mark, value)
+                cores[key] = core
             if len(entries) > self._max_entries or self._held > self._max_held:
                 # dicts keep insertion order: the first keys are the oldest. A quarter of the room is freed.
                 keep_entries, keep_held = self._max_entries * 3 // 4, self._max_held * 3 // 4
@@ -378,6 +380,7 @@ class TokenCountCache:
                     if len(entries) <= keep_entries and self._held <= keep_held:
                         break
                     self._held -= entries.pop(stale)[1]
+                    cores.pop(stale, None)
 
 
 class StoredCounts:
