@@ -222,16 +222,17 @@ class _Tracker:
             return
         # (The reading's facts are clean lines already, shared by every
         # conversation that holds the text, and compared once.)
-        for fact in said.rules:
-            self._keep(fact)
-        for fact in said.identifiers:
+        for kind, text in said.rules:
+            self._keep(Fact(kind, text))
+        for value in said.identifiers:
+            fact = Fact("identifier", value)
             self._put(("identifier", compared(fact)), fact)
         self.terms.update(said.terms)  # (each word once a message: ``task_terms`` is a set)
-        request = said.request
-        if request is None:
+        if said.request is None:
             return
-        if said.task is not None and ("task", "task") not in self.facts:
-            self._keep(said.task)
+        request = Fact("request", *said.request)
+        if said.task and ("task", "task") not in self.facts:
+            self._keep(Fact("task", said.task, "task"))
         # The newest requests: what the user is after now in full, and, shorter,
         # the one before (the task it continues); older ones are the summary's.
         # (Requests are few: kept in order beside the facts, not found by scanning them.)

@@ -31,7 +31,7 @@ from langchain_compaction.core.extract import (
     task_terms,
 )
 from langchain_compaction.core.identifiers import CJK_LETTERS, identifiers_in, names_in_code
-from langchain_compaction.core.types import Fact, FactKind, Message
+from langchain_compaction.core.types import FactKind, Message
 
 CODE_NAMES_PER_MESSAGE = 12
 """How many code names (``camelCase``, ``snake_case``) one user message may give (the first); values are not capped."""
@@ -47,29 +47,31 @@ READINGS_KEPT = 8192
 class UserSays:
     """What one user message says, as checked facts read it.
 
-    Its facts are made once, each one clean line (``core.extract.one_line``),
-    and shared by every conversation that holds the text.
+    Its facts are read once, each one clean line (``core.extract.one_line``),
+    and shared by every conversation that holds the text. They are kept as
+    strings and made facts when gathered: strings and tuples of them are no
+    objects the garbage collector follows, and a server holds thousands.
 
     Attributes:
         revoked: The subjects of the rules it takes back.
-        rules: Its rules, preferences and corrections: ``constraint`` facts,
+        rules: Its rules, preferences and corrections, each with its kind: ``constraint``,
             or ``rule`` for a pasted document's middle ones (``own_rule``).
-        identifiers: Its ids, amounts, paths and URLs as facts, all of them
+        identifiers: Its ids, amounts, paths and URLs, all of them
             (twenty booking codes are twenty facts), and its first
             ``CODE_NAMES_PER_MESSAGE`` code names (dozens are a paste, a
             prompt or a listing: the summary's to carry).
         terms: Its words that may name what the task is about.
-        request: What it asks for, clipped (``None`` for a harness's feedback
-            or a slash command), keyed by its compared form.
-        task: The request again, if it states a task (``TASK_CHARS``), else ``None``.
+        request: What it asks for, clipped, and its key (the compared form);
+            ``None`` for a harness's feedback or a slash command.
+        task: The request again, if it states a task (``TASK_CHARS``), else "".
     """
 
     revoked: tuple[frozenset[str], ...]
-    rules: tuple[Fact, ...]
-    identifiers: tuple[Fact, ...]
+    rules: tuple[tuple[FactKind, str], ...]
+    identifiers: tuple[str, ...]
     terms: tuple[str, ...]
-    request: Fact | None
-    task: Fact | None
+    request: tuple[str, str] | None
+    task: str
 
 
 def user_says(text: str) -> UserSays:
@@ -90,7 +92,7 @@ def said_in(message: Message) -> UserSays:
 def _read(text: str) -> UserSays:
     prose, words = prose_and_own_words(text)
     values = (one_line(value) for value in identifiers_in(prose, max_code_names=CODE_NAMES_PER_MESSAGE))
-    found = tuple(Fact("identifier", value) for value in values if value)
+    found = tuple(value for value in values if value)
     rules = rules_in(words)
     request = clip(words)
     if not request or feedback(words) or request.startswith("/"):
@@ -100,14 +102,14 @@ def _read(text: str) -> UserSays:
     return UserSays(
         revoked=tuple(revoked_subjects(text)),
         rules=tuple(
-            Fact("constraint" if own_rule(text, n, len(rules)) else "rule", line)
+            ("constraint" if own_rule(text, n, len(rules)) else "rule", line)
             for n, rule in enumerate(rules)
             if (line := one_line(rule))
         ),
         identifiers=found,
         terms=tuple(sorted(terms)),
-        request=_fact("request", request, f"request:{normalize(request)}"),
-        task=_fact("task", task, "task"),
+        request=(line, f"request:{normalize(request)}") if (line := one_line(request)) else None,
+        task=one_line(task),
     )
 
 
@@ -135,12 +137,6 @@ _CJK_LETTER = re.compile(f"[{CJK_LETTERS}]")
 def _words(text: str) -> int:
     """About how many words ``text`` holds, in any script."""
     return len(text.split()) + (0 if text.isascii() else len(_CJK_LETTER.findall(text)) // 2)
-
-
-def _fact(kind: FactKind, text: str, key: str) -> Fact | None:
-    """A ``kind`` fact of ``text`` made one clean line, ``None`` when nothing is left."""
-    line = one_line(text)
-    return Fact(kind, line, key) if line else None
 
 
 # -- a tool's output: the error it reports --------------------------------------------------
