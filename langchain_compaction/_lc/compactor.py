@@ -33,7 +33,7 @@ from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Call, Flow
 from langchain_compaction.core.engine import DriverReport, Summarizer, summarize
 from langchain_compaction.core.flow import SummaryFlow, compaction_flow
-from langchain_compaction.core.layout import BODY_KEY, compaction_result, compose_summary, layout, well_formed
+from langchain_compaction.core.layout import body_mark, compaction_result, compose_summary, layout, well_formed
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import (
     Plan,
@@ -353,7 +353,7 @@ class Compactor:
         draft = Draft(job.core, plan, shape.kept, text, options)
         added = [(f.name, f.add(draft)) for f in self.seam("add")]
         content, body = compose_summary(text, [a.section for _, a in added if a is not None])
-        mark: dict[str, Any] = {"kind": "summary", "version": 2, BODY_KEY: body}
+        mark: dict[str, Any] = {"kind": "summary", "version": 2, **body_mark(content, body)}
         for _, addition in added:
             if addition is not None:
                 mark.update(addition.mark)

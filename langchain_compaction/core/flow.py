@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from langchain_compaction.core import prompts
 from langchain_compaction.core.cut import valid_boundaries
-from langchain_compaction.core.layout import BODY_KEY, echoes_prompt, summary_body
+from langchain_compaction.core.layout import echoes_prompt, summary_body
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Plan
 from langchain_compaction.core.redact import apply_redactor, redact_message
@@ -207,9 +207,7 @@ def _shown(
 ) -> tuple[dict[int, Message], str | None]:
     """What the summarizer is shown of the region, and the previous summary's text, through the redactor."""
     parts = [
-        summary_body(messages[i].text, messages[i].mark.get(BODY_KEY))
-        for i in plan.previous_summaries
-        if messages[i].carries_summary
+        summary_body(messages[i].text, messages[i].mark) for i in plan.previous_summaries if messages[i].carries_summary
     ]
     previous = "\n\n".join(p for p in parts if p) or None
     redactor = options.redact

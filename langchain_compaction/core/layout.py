@@ -18,8 +18,8 @@ Three things every adapter needs and none computes on its own:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from langchain_compaction.core import prompts
 from langchain_compaction.core.extract import normalize
@@ -31,6 +31,8 @@ from langchain_compaction.core.types import Message
 
 BODY_KEY = "body_chars"
 """Key in a summary's mark: how many characters of its content are the header and the summarizer's text."""
+WRITTEN_KEY = "content_chars"
+"""Key in a summary's mark: how many characters its content had as written (longer: someone added to it)."""
 
 # How the library begins what it adds under a summary (its checked facts and
 # the archive's note); read only in summaries without ``BODY_KEY`` (0.2's).
@@ -141,29 +143,61 @@ def compose_summary(summary: str, sections: Sequence[str] = ()) -> tuple[str, in
     return "\n\n".join([head, *added]), len(head)
 
 
-def summary_body(content: str, body_chars: object = None) -> str:
+def body_mark(content: str, body: int) -> dict[str, int]:
+    """The keys of a summary's mark that say where its parts are (``compose_summary``'s content and body)."""
+    return {BODY_KEY: body, WRITTEN_KEY: len(content)}
+
+
+def summary_body(content: str, mark: Mapping[str, Any] | None = None) -> str:
     """The summarizer's text of a summary message, without the header, the notice and what the library added.
 
     What features added under it (the checked facts, the archive's note) is
     left out: they keep their own record in the summary's mark, so a
-    summarizer updating the summary never copies the library's lines.
+    summarizer updating the summary never copies the library's lines. What
+    someone added to the message since (an ``update_state`` that appends a
+    line, or writes into the summary) is the summary's, and kept.
 
     Args:
         content: A summary message's text.
-        body_chars: ``BODY_KEY`` of its mark, when it has one.
+        mark: Its mark, when it has one (``body_mark``'s keys).
 
     Returns:
-        What ``compose_summary`` was given as ``summary``.
+        What ``compose_summary`` was given as ``summary``, with what was added to it since.
     """
-    body = content[:body_chars] if isinstance(body_chars, int) and 0 < body_chars <= len(content) else content
-    body = body.strip()
+    body_chars, written = (mark or {}).get(BODY_KEY), (mark or {}).get(WRITTEN_KEY)
+    added = ""
+    if isinstance(body_chars, int) and isinstance(written, int) and len(content) != written:
+        # Edited since: the library's sections are found by their heading nearest to where they were.
+        starts = [i for start in _ADDED_IN_0_2 for i in _all(content, "\n\n" + start)]
+        if not starts:
+            return _unheaded(content)  # (its sections edited away: all of it is the summary's)
+        at = min(starts, key=lambda i: abs(i - body_chars))
+        content, added = content[:at], content[at + written - body_chars :].strip()
+    elif isinstance(body_chars, int) and 0 < body_chars <= len(content):
+        content = content[:body_chars]
+    body = _unheaded(content)
+    if not isinstance(body_chars, int):
+        found = [i for i in (body.find(start) for start in _ADDED_IN_0_2) if i >= 0]
+        body = body[: min(found)].rstrip() if found else body
+    return f"{body}\n\n{added}" if added else body
+
+
+def _unheaded(content: str) -> str:
+    """``content`` without the header and notice a summary message opens with."""
+    body = content.strip()
     for line in (prompts.SUMMARY_HEADER, prompts.SUMMARY_NOTICE, prompts.LANGCHAIN_SUMMARY_PREFIX):
         if body.startswith(line):
             body = body[len(line) :].lstrip()
-    if isinstance(body_chars, int):
-        return body
-    found = [i for i in (body.find(start) for start in _ADDED_IN_0_2) if i >= 0]
-    return body[: min(found)].rstrip() if found else body
+    return body
+
+
+def _all(text: str, part: str) -> list[int]:
+    """Where ``part`` starts in ``text``, every time."""
+    found, at = [], text.find(part)
+    while at >= 0:
+        found.append(at)
+        at = text.find(part, at + 1)
+    return found
 
 
 def layout(messages: Sequence[Message], plan: Plan, options: CompactionOptions) -> Layout:

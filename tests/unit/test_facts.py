@@ -7,6 +7,9 @@ import json
 import pytest
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.graph.message import add_messages
 
 from langchain_compaction import (
@@ -29,7 +32,7 @@ from langchain_compaction.core.facts import (
     identifiers,
     normalize,
 )
-from langchain_compaction.core.layout import compose_summary, summary_body
+from langchain_compaction.core.layout import body_mark, compose_summary, summary_body
 from langchain_compaction.core.readings import agent_names, error_in, forget, kept, said_in, user_says
 from langchain_compaction.core.redact import redact_secrets
 from langchain_compaction.core.tokens import estimate_tokens
@@ -698,6 +701,47 @@ def test_chat_memory_keeps_the_facts_across_two_compactions(tmp_path) -> None:
     assert_carried(fresh.messages)
     summary = next(m for m in fresh.messages if is_summary_message(m))
     assert summary_body(str(summary.content)) == EMPTY_CHECKPOINT
+
+
+def test_what_someone_adds_to_a_summary_is_the_summarys_and_the_librarys_sections_are_not() -> None:
+    section = "## Checked facts\n(checked against the conversation)\n- Never push to main."
+    content, body = compose_summary("## Goal\n- ship the parser", [section])
+    mark = body_mark(content, body)
+    assert summary_body(content, mark) == "## Goal\n- ship the parser"
+    # A line appended at the end (after the library's sections), one written into the summary, both.
+    appended = content + "\n- Budget: 500 EUR, agreed with finance."
+    assert summary_body(appended, mark) == "## Goal\n- ship the parser\n\n- Budget: 500 EUR, agreed with finance."
+    inside = content.replace("- ship the parser", "- ship the parser\n- and its tests")
+    assert summary_body(inside, mark) == "## Goal\n- ship the parser\n- and its tests"
+    both = inside + "\nBudget: 500 EUR."
+    assert summary_body(both, mark) == "## Goal\n- ship the parser\n- and its tests\n\nBudget: 500 EUR."
+    # Without sections, all of it is the summary's.
+    bare, body = compose_summary("## Goal\n- ship")
+    assert summary_body(bare + "\n- and test", body_mark(bare, body)) == "## Goal\n- ship\n- and test"
+
+
+def test_a_line_appended_to_the_summary_in_the_checkpoint_reaches_the_next_summary() -> None:
+    prompts: list[str] = []
+    options = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=1_000)
+    builder = StateGraph(MessagesState)
+    builder.add_node("compact", CompactionNode(lambda p: prompts.append(p) or "## Goal\n- answer", options))
+    builder.add_node("agent", lambda state: {"messages": [AIMessage("answer " * 60)]})
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config: RunnableConfig = {"configurable": {"thread_id": "edited"}}
+    turn = 0
+    while not prompts:
+        graph.invoke({"messages": [HumanMessage(f"question {turn} " * 40)]}, config)
+        turn += 1
+    summary = next(m for m in graph.get_state(config).values["messages"] if is_summary_message(m))
+    edit = "- Budget: 500 EUR, agreed with finance."
+    graph.update_state(config, {"messages": [summary.model_copy(update={"content": f"{summary.content}\n{edit}"})]})
+    before = len(prompts)
+    while len(prompts) == before:
+        graph.invoke({"messages": [HumanMessage(f"question {turn} " * 40)]}, config)
+        turn += 1
+    assert edit in prompts[before]  # shown to the summarizer as the previous summary's
 
 
 def test_an_older_summary_without_recorded_facts_is_updated_as_before() -> None:
