@@ -1,11 +1,10 @@
 """What makes a compaction: the plan, what the features add, and the compacted list.
 
-``Compactor`` holds what every compaction needs (the summarizer and its
-fallback, the options, the features bound to them, the token cache) and makes
-the pieces ``Turn`` (``_lc.turn``) puts together: ``plan`` (a cheaper step
-first, else the cut and the summary flow), ``finish`` (the summary message with
-what the features add, laid out around the caller's own objects), a clearing's
-output, and a list whose misplaced summary is put back.
+``Compactor`` holds what every compaction needs (the summarizer and its fallback, the options, the features
+bound to them, the token cache) and makes the pieces ``Turn`` (``_lc.turn``) puts together: ``plan`` (a
+cheaper step first, else the cut and the summary flow), ``finish`` (the summary message with what the features
+add, laid out around the caller's own objects), a clearing's output, and a list whose misplaced summary is put
+back.
 """
 
 from __future__ import annotations
@@ -362,6 +361,7 @@ class Compactor:
         if shape.bridge:
             written.append(bridge_message())
         output = [*(original[i] for i in shape.head), *written, *(original[i] for i in shape.kept)]
+        self.cache.forget(original[i].id for i in set(range(plan.start, plan.cut)).difference(shape.kept))
         written_tokens = sum(count_messages(written, [to_core(m) for m in written], self.options))
         result = compaction_result(plan, shape, job.counts, written_tokens, report=report, options=options)
         parts = {name: dict(a.record) for name, a in added if a is not None and a.record}

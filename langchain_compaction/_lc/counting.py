@@ -197,6 +197,21 @@ class TokenCountCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def forget(self, ids: Iterable[str | None], *, read: Any = None) -> None:
+        """Drop the messages ``ids`` names (a compaction took them out: counted again if they come back).
+
+        Their core forms, thousands of objects, are no longer held. ``read``:
+        a conversation whose previous read goes too (one without a thread is
+        known by its opening, which a compaction changes).
+        """
+        with self._lock:
+            for key in filter(None, ids):
+                if (entry := self._entries.pop(key, None)) is not None:
+                    self._held -= entry[1]
+                    self._cores.pop(key, None)
+        if read is not None:
+            self._last.pop(read)
+
     def _previous(self, key: Any) -> _Read:
         return self._last.get(key) or _NOTHING
 
@@ -381,63 +396,6 @@ class TokenCountCache:
                         break
                     self._held -= entries.pop(stale)[1]
                     cores.pop(stale, None)
-
-
-class StoredCounts:
-    """Token counts of a stored history, kept between reads of it.
-
-    A chat-history store hands back fresh objects on every read, so identity
-    and ids (often missing there) cannot say what was counted before. A store
-    only grows at its end between compactions, though: when the messages at a
-    few telling places of the previously known list are unchanged (their
-    ``fingerprint``: the first, the first after the leading system messages,
-    where a summary sits and every compaction writes a new one, the two after
-    it, and the last), only the messages after it are counted. Anything else
-    counts everything again, as does ``forget`` (called on every rewrite this
-    process makes). An older message edited in place under its id is not
-    noticed here: these counts only decide when to compact, and a compaction
-    converts and counts every message afresh.
-    """
-
-    def __init__(self) -> None:
-        self._known: tuple[CompactionOptions, int, dict[int, str], list[int], list[Message]] | None = None
-
-    def forget(self) -> None:
-        """Count everything at the next call (the store was rewritten)."""
-        self._known = None
-
-    @staticmethod
-    def _marks(messages: Sequence[BaseMessage], core: Sequence[Message]) -> dict[int, str]:
-        lead = next((i for i, m in enumerate(core) if m.role != "system"), len(core))
-        places = {0, lead, lead + 1, lead + 2, len(messages) - 1}
-        return {i: fingerprint(messages[i]) for i in places if 0 <= i < len(messages)}
-
-    def counts_and_core(
-        self, messages: Sequence[BaseMessage], options: CompactionOptions
-    ) -> tuple[list[int], list[Message]]:
-        """Counts and core forms of ``messages``, counting only what is new since the last call.
-
-        Args:
-            messages: The store's messages, as just read.
-            options: The options in force (their counter counts).
-
-        Returns:
-            One count and one core message per message.
-        """
-        known = self._known  # one read: another thread may replace it
-        start, counts, core = 0, [], []
-        if (
-            known is not None
-            and known[0] is options
-            and 0 < known[1] <= len(messages)
-            and all(fingerprint(messages[i]) == mark for i, mark in known[2].items())
-        ):
-            start, counts, core = known[1], known[3], known[4]
-        fresh = to_core_list(messages[start:])
-        counts = [*counts, *count_messages(messages[start:], fresh, options)]
-        core = [*core, *fresh]
-        self._known = (options, len(messages), self._marks(messages, core), counts, core) if messages else None
-        return list(counts), list(core)
 
 
 def counting(options: CompactionOptions, function: Callable[..., _T], *args: Any) -> Call[_T]:

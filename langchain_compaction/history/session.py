@@ -17,15 +17,76 @@ from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 from langchain_core.chat_history import BaseChatMessageHistory
+from langchain_core.messages import BaseMessage
 
 from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED
-from langchain_compaction._lc.counting import StoredCounts
+from langchain_compaction._lc.convert import fingerprint, to_core_list
+from langchain_compaction._lc.counting import count_messages
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow, adrive, drive, in_forked_child
+from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.types import Message
 from langchain_compaction.errors import CompactionError, StoreError
 from langchain_compaction.history import stores
 from langchain_compaction.history.journal import Rewrite
 from langchain_compaction.history.locks import CompactionLock, InProcessLock, LeaseLock, poll
+
+
+class StoredCounts:
+    """Token counts of a stored history, kept between reads of it.
+
+    A chat-history store hands back fresh objects on every read, so identity
+    and ids (often missing there) cannot say what was counted before. A store
+    only grows at its end between compactions, though: when the messages at a
+    few telling places of the previously known list are unchanged (their
+    ``fingerprint``: the first, the first after the leading system messages,
+    where a summary sits and every compaction writes a new one, the two after
+    it, and the last), only the messages after it are counted. Anything else
+    counts everything again, as does ``forget`` (called on every rewrite this
+    process makes). An older message edited in place under its id is not
+    noticed here: these counts only decide when to compact, and a compaction
+    converts and counts every message afresh.
+    """
+
+    def __init__(self) -> None:
+        self._known: tuple[CompactionOptions, int, dict[int, str], list[int], list[Message]] | None = None
+
+    def forget(self) -> None:
+        """Count everything at the next call (the store was rewritten)."""
+        self._known = None
+
+    @staticmethod
+    def _marks(messages: Sequence[BaseMessage], core: Sequence[Message]) -> dict[int, str]:
+        lead = next((i for i, m in enumerate(core) if m.role != "system"), len(core))
+        places = {0, lead, lead + 1, lead + 2, len(messages) - 1}
+        return {i: fingerprint(messages[i]) for i in places if 0 <= i < len(messages)}
+
+    def counts_and_core(
+        self, messages: Sequence[BaseMessage], options: CompactionOptions
+    ) -> tuple[list[int], list[Message]]:
+        """Counts and core forms of ``messages``, counting only what is new since the last call.
+
+        Args:
+            messages: The store's messages, as just read.
+            options: The options in force (their counter counts).
+
+        Returns:
+            One count and one core message per message.
+        """
+        known = self._known  # one read: another thread may replace it
+        start, counts, core = 0, [], []
+        if (
+            known is not None
+            and known[0] is options
+            and 0 < known[1] <= len(messages)
+            and all(fingerprint(messages[i]) == mark for i, mark in known[2].items())
+        ):
+            start, counts, core = known[1], known[3], known[4]
+        fresh = to_core_list(messages[start:])
+        counts = [*counts, *count_messages(messages[start:], fresh, options)]
+        core = [*core, *fresh]
+        self._known = (options, len(messages), self._marks(messages, core), counts, core) if messages else None
+        return list(counts), list(core)
 
 
 class Flight:

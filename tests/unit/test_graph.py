@@ -440,6 +440,21 @@ def test_cache_stays_bounded() -> None:
     assert len(cache) <= 100
 
 
+def test_a_compaction_lets_the_token_cache_drop_what_it_summarized() -> None:
+    options = CompactionOptions(context_window=2_000, reserve_tokens=500, keep_recent_tokens=300)
+    node = CompactionNode(lambda prompt: "## Goal\n- keep going", options)
+    messages: list[BaseMessage] = [
+        HumanMessage(f"q{i} " * 60, id=f"m{i}") if i % 2 == 0 else AIMessage(f"a{i} " * 60, id=f"m{i}")
+        for i in range(30)
+    ]
+    update = node.invoke({"messages": messages})
+    kept = {m.id for m in update["messages"] if isinstance(m, BaseMessage)} & {m.id for m in messages}
+    assert 0 < len(kept) < 30
+    cache = node._turn.cache
+    assert len(cache) == len(kept)  # the summarized messages' counts and core forms are no longer held
+    assert cache._held == sum(estimate_message_tokens([m]) for m in messages if m.id in kept)
+
+
 def test_cache_stays_bounded_in_the_text_it_holds() -> None:
     # Bounded by count only, 1,500 finished threads of 100 KB each kept 151 MB of their text.
     cache = TokenCountCache(CompactionOptions())

@@ -169,7 +169,8 @@ def test_stored_counts_match_a_fresh_count_whatever_happens_to_the_store() -> No
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
     from langchain_compaction import CompactionOptions
-    from langchain_compaction._lc.counting import StoredCounts, counts_and_core
+    from langchain_compaction._lc.counting import counts_and_core
+    from langchain_compaction.history.session import StoredCounts
 
     options = CompactionOptions()
     counted = StoredCounts()
