@@ -138,17 +138,14 @@ def find_cut(
 ) -> int:
     """Find the budget cut, as pi's ``FindCutPoint`` does, with the tool-pair rule.
 
-    Walks back from the end adding up token counts until they exceed
-    ``keep_recent_tokens``; the message that crossed the budget is the first
-    one summarized. If the last message alone exceeds the budget it is kept
-    anyway. The cut then moves forward to the next valid boundary; if there is
-    none (the conversation ends inside a tool exchange, as an agent's does
-    mid-loop) it moves back to the nearest valid boundary before, keeping the
-    exchange whole, where pi's compaction gave up; an exchange larger than
-    ``most`` (a tool's output larger than a request may hold) is summarized
-    whole instead, and the model goes on from the summary. One message
-    larger than ``most`` is worth a summary alone (pi summarized no fewer
-    than two: a first message larger than the window stayed forever).
+    Walks back from the end adding up token counts until they exceed ``keep_recent_tokens``; the message that
+    crossed the budget is the first one summarized. If the last message alone exceeds the budget it is kept
+    anyway. The cut then moves forward to the next valid boundary; if there is none (the conversation ends
+    inside a tool exchange, as an agent's does mid-loop) it moves back to the nearest valid boundary before,
+    keeping the exchange whole, where pi's compaction gave up; an exchange larger than ``most`` (a tool's output
+    larger than a request may hold) is summarized whole instead, and the model goes on from the summary. One
+    message larger than ``most`` is worth a summary alone (pi summarized no fewer than two: a first message
+    larger than the window stayed forever).
 
     Args:
         messages: The conversation.
@@ -178,10 +175,12 @@ def find_cut(
         cut = min(index + 1, total - 1)
         forward = next((c for c in range(cut, total) if flags[c]), None)
         if forward is None:
-            forward = next((c for c in range(cut - 1, start, -1) if flags[c]), None)
-            forward = _whole_loop(messages, counts, forward, keep_recent_tokens * 2)
-            forward = _whole_exchange(counts, forward, most) if forward is not None else None
-        if forward is None or _too_few(counts, start, forward, credit, most):
+            # (No boundary before either: the exchange opens the region, as after one summarized whole.)
+            back = next((c for c in range(cut - 1, start, -1) if flags[c]), start)
+            forward = _whole_exchange(
+                messages, counts, _whole_loop(messages, counts, back, keep_recent_tokens * 2), most
+            )
+        if _too_few(counts, start, forward, credit, most):
             return 0
         return forward
     return 0
@@ -192,19 +191,26 @@ def _too_few(counts: Sequence[int], start: int, cut: int, credit: int, most: int
     return cut - start + credit < MIN_SUMMARIZED and (most is None or sum(counts[start:cut]) <= most)
 
 
-def _whole_exchange(counts: Sequence[int], cut: int, most: int | None) -> int:
-    """``cut``, or the end when what it keeps (the tool exchange in progress) is larger than ``most``."""
-    return len(counts) if most is not None and sum(counts[cut:]) > most else cut
+def _whole_exchange(messages: Sequence[Message], counts: Sequence[int], cut: int, most: int | None) -> int:
+    """``cut``, or the end when what it keeps (the tool exchange in progress) is larger than ``most``.
+
+    Only an exchange whose calls are all answered: a result still to come
+    (chat memory stores them one at a time) would follow a summary without its call.
+    """
+    if most is None or sum(counts[cut:]) <= most:
+        return cut
+    calls = {c.id for m in messages[cut:] for c in m.tool_calls}
+    return len(messages) if calls <= {m.tool_call_id for m in messages[cut:] if m.role == "tool"} else cut
 
 
-def _whole_loop(messages: Sequence[Message], counts: Sequence[int], cut: int | None, room: int) -> int | None:
+def _whole_loop(messages: Sequence[Message], counts: Sequence[int], cut: int, room: int) -> int:
     """``cut``, or the end when it keeps a tool loop in progress (opened with Claude's thinking) larger than ``room``.
 
     Such a loop cannot be cut inside (``thinking_loop_opening``): kept whole,
     it could outgrow the window itself, so past ``room`` it is summarized whole.
     """
     opening = thinking_loop_opening(messages)
-    if opening is None or cut is None or cut > opening or sum(counts[opening:]) <= room:
+    if opening is None or cut > opening or sum(counts[opening:]) <= room:
         return cut
     return len(messages)
 
@@ -244,8 +250,13 @@ def forced_cut(
             # A thinking loop in progress that could only be kept whole goes whole: as small as it gets.
             if opening is not None and cut <= opening:
                 return len(messages)
-            return _whole_exchange(counts, cut, most) if counts is not None and _in_progress(messages) else cut
-    return len(messages) if opening is not None and len(messages) >= lowest else 0
+            in_progress = counts is not None and _in_progress(messages)
+            return _whole_exchange(messages, counts, cut, most) if counts is not None and in_progress else cut
+    if opening is not None and len(messages) >= lowest:
+        return len(messages)
+    # An exchange that opens the region (after one summarized whole) has no boundary past its start.
+    whole = _whole_exchange(messages, counts, start, most) if counts is not None and _in_progress(messages) else 0
+    return whole if whole == len(messages) else 0
 
 
 def _in_progress(messages: Sequence[Message]) -> bool:

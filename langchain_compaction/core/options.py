@@ -94,8 +94,8 @@ class Budget:
 
     @property
     def most_kept(self) -> int | None:
-        """What kept messages may hold after a summary: the threshold's room past the fixed part (None: no window)."""
-        return None if self.threshold is None else max(self.threshold - self.fixed, self.keep)
+        """What kept messages may hold: the threshold's room past the fixed part and the summary (None: no window)."""
+        return None if self.threshold is None else max(self.threshold - self.fixed - self.summary_max, self.keep)
 
 
 # -- validators: the one place each kind of value is checked (features use them too) --

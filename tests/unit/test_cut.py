@@ -132,6 +132,19 @@ def test_a_tool_exchange_in_progress_larger_than_a_request_may_hold_is_summarize
     assert find_cut(core, counts, 3_000, most=12_000) == len(messages)
     assert forced_cut(core) == 3
     assert forced_cut(core, counts=counts, most=12_000) == len(messages)
+    # What a request may hold past the fixed part and the summary: kept with the summary, it fits.
+    budget = CompactionOptions(context_window=16_000, reserve_tokens=500).budget
+    assert budget.most_kept == 15_500 - budget.summary_max
+    assert CompactionOptions().budget.most_kept is None  # without a window: no bound
+    # An exchange that opens the region (the summary and its bridge before it) goes whole too.
+    after = to_core_list([SystemMessage("summary"), HumanMessage("go on"), *messages[3:]])
+    after_counts = [10, 5, *counts[3:]]
+    assert find_cut(after, after_counts, 3_000, start=2, credit=1, most=12_000) == len(after)
+    assert forced_cut(after, start=2, credit=1, counts=after_counts, most=12_000) == len(after)
+    # One whose calls are not all answered yet (results stored one at a time) is not: one would be orphaned.
+    two = [*messages[:3], _calls("c1", "c2"), messages[4]]
+    assert find_cut(to_core_list(two), counts, 3_000, most=12_000) == 3
+    assert forced_cut(to_core_list(two), counts=counts, most=12_000) == 3
     # A finished turn is cut before its answer, as ever: nothing in progress to take whole.
     done = [*core, *to_core_list([AIMessage("The log shows one error.")])]
     assert forced_cut(done, counts=[*counts, 10], most=12_000) == len(done) - 1

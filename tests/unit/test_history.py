@@ -31,6 +31,7 @@ from langchain_core.messages import (
     BaseMessage,
     HumanMessage,
     SystemMessage,
+    ToolMessage,
     message_to_dict,
     messages_from_dict,
 )
@@ -342,6 +343,22 @@ def test_one_message_object_added_many_times_is_archived_each_time() -> None:
     assert len(archived) + len(recent) == 120
     assert sum(m is again for m in archived) + sum(m is again for m in recent) == 60
     assert contents(archived) + contents(recent) == [c for i in range(60) for c in (again.content, f"a{i}{PAD}")]
+
+
+def test_parallel_results_stored_one_at_a_time_never_lose_their_call() -> None:
+    # The first result alone is over what a request may hold; the exchange is
+    # not summarized whole while the second result is still to come.
+    history = CompactingChatMessageHistory(InMemoryChatMessageHistory(), Summaries(), OPTIONS)
+    calls = [{"name": "read_log", "args": {"path": f"{n}.log"}, "id": f"c{n}", "type": "tool_call"} for n in (1, 2)]
+    history.add_messages([HumanMessage("q0"), AIMessage("a0"), HumanMessage("read both logs")])
+    history.add_messages([AIMessage("", tool_calls=calls)])
+    history.add_messages([ToolMessage("ERROR x " * 3_000, tool_call_id="c1")])
+    waiting = history.messages
+    assert [m.type for m in waiting[-2:]] == ["ai", "tool"]  # kept whole while c2 is unanswered
+    history.add_messages([ToolMessage("b.log: no errors", tool_call_id="c2")])
+    stored = history.messages
+    called = {c["id"] for m in stored if isinstance(m, AIMessage) for c in m.tool_calls}
+    assert {m.tool_call_id for m in stored if isinstance(m, ToolMessage)} <= called  # no result without its call
 
 
 def test_bridge_round_trips_through_the_store_and_is_replaced_not_archived(

@@ -414,8 +414,12 @@ async def test_a_tool_output_larger_than_the_window_is_summarized_and_the_agent_
     # request: it goes into the summary, and the model answers from that.
     window = 16_000
     prompts: list[str] = []
-    call = {"name": "read_log", "args": {"path": "/var/log/app.log"}, "id": "c1", "type": "tool_call"}
-    script = iter([AIMessage("", tool_calls=[call]), AIMessage("The log shows one error, repeated.")])
+    calls = [
+        {"name": "read_log", "args": {"path": f"/var/log/app{n}.log"}, "id": f"c{n}", "type": "tool_call"}
+        for n in (1, 2)
+    ]
+    # The second output comes after the first was summarized whole: its exchange opens the region.
+    script = iter([AIMessage("", tool_calls=[c]) for c in calls] + [AIMessage("The log shows one error, repeated.")])
     model = ToolCallingFakeModel(messages=script, overflow_above=window)
     options = CompactionOptions(context_window=window, reserve_tokens=2_000, keep_recent_tokens=3_000)
     middleware = CompactionMiddleware(lambda prompt: prompts.append(prompt) or SUMMARY, options)
@@ -426,7 +430,8 @@ async def test_a_tool_output_larger_than_the_window_is_summarized_and_the_agent_
     assert estimate_message_tokens(last) <= window
     assert_valid_anthropic_request(last, ends_with_user=True)
     assert is_summary_message(last[0])
-    assert "ERROR something failed at /srv/x.py:10" in "".join(prompts)  # the output was shown
+    assert "/var/log/app1.log: ERROR something failed at /srv/x.py:10" in "".join(prompts)  # the output was shown
+    assert "/var/log/app2.log: ERROR something failed at /srv/x.py:10" in "".join(prompts)
     state = agent.get_state(config()).values["messages"]
     assert not any(isinstance(m, ToolMessage) for m in state)  # summarized, call and output together
     assert not any(getattr(m, "tool_calls", None) for m in state)
@@ -649,7 +654,7 @@ def _mid_loop_start() -> list[BaseMessage]:
         AIMessage("", id="call", tool_calls=[{"name": "lookup", "args": {"query": "notes"}, "id": "c-notes"}])
     )
     messages.append(
-        ToolMessage("release notes: " + "the parser now strips whitespace. " * 45, tool_call_id="c-notes", id="res")
+        ToolMessage("release notes: " + "the parser now strips whitespace. " * 38, tool_call_id="c-notes", id="res")
     )
     for i, m in enumerate(messages):
         m.id = m.id or f"m{i}"
