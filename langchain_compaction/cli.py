@@ -155,7 +155,8 @@ def _inspect_report(
         by_type[message.type] += count
         number[message.type] += 1
     # Without a window, the manual cut ``compact`` makes (forced when everything fits the keep budget).
-    plan = plan_compaction(core, counts, options.budget.keep, force=options.budget.threshold is None)
+    budget = options.budget  # (``most``: a tool exchange in progress larger than that is summarized whole)
+    plan = plan_compaction(core, counts, budget.keep, force=budget.threshold is None, most=budget.most_kept)
     # What a compaction would replace: the region before the cut and earlier
     # summaries; the leading system prompt and the provider's prefix stay.
     summarized = [] if plan is None else [*(i for i in plan.previous_summaries if i < plan.start), *plan.region]
@@ -296,7 +297,7 @@ def _what_happened(result: CompactionResult | None, args: argparse.Namespace, me
         counts, core = counts_and_core(messages, given)
         options = planning_options(given, core, counts)  # as the compaction plans
         if needs_compaction(core, counts, options):
-            plan = plan_compaction(core, counts, options.budget.keep, force=False)
+            plan = plan_compaction(core, counts, options.budget.keep, force=False, most=options.budget.most_kept)
             kept = sum(counts[leading_block(core) :]) if plan is None else sum(counts[plan.cut :])
             why = _held(options, plan, kept) or "the compaction was not made"
             over = (

@@ -249,17 +249,17 @@ def replace_file(path: str | os.PathLike[str], text: str, *, encoding: str | Non
     Raises:
         OSError: The file could not be written; it is unchanged.
     """
-    target = Path(os.path.realpath(path))
     try:
-        status = os.stat(target)
+        status = os.stat(path)
     except FileNotFoundError:
         mode = None
     else:
-        if not stat.S_ISREG(status.st_mode):
-            with open(target, "w", encoding=encoding) as handle:
+        if not stat.S_ISREG(status.st_mode):  # (by the name given: a pipe's real path is no file name)
+            with open(path, "w", encoding=encoding) as handle:
                 handle.write(text)
             return
         mode = status.st_mode & 0o7777
+    target = Path(os.path.realpath(path))
     temp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
         with open(temp, "w", encoding=encoding) as handle:

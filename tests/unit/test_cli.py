@@ -236,6 +236,27 @@ def test_a_failed_write_leaves_the_input_it_would_replace_whole(tmp_path, ponyc)
     assert [p.name for p in tmp_path.iterdir()] == ["conversation.json"]  # no temporary file left
 
 
+def test_inspect_and_compact_agree_on_a_first_message_larger_than_the_window(tmp_path):
+    from langchain_core.messages import AIMessage, HumanMessage, messages_to_dict
+
+    messages = [HumanMessage("policy " * 20_000), AIMessage("Noted."), HumanMessage("How long is the window?")]
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(messages_to_dict(messages)))
+    report = json.loads(run("inspect", str(path), "--context-window", "16000", "--json")[1])
+    assert report["would_compact"] is True
+    result = json.loads(run("compact", str(path), "--context-window", "16000", "--json")[1])["result"]
+    assert report["summarized"]["messages"] == result["messages_removed"] == 1
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="/dev/stdout is POSIX")
+def test_output_to_dev_stdout_into_a_pipe_writes_the_conversation(ponyc):
+    command = [sys.executable, "-m", "langchain_compaction", "compact", ponyc, "-o", "/dev/stdout", "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)  # (stdout: a pipe)
+    assert done.returncode == 0, done.stderr
+    conversation, end = json.JSONDecoder().raw_decode(done.stdout.lstrip())
+    assert str(conversation[1]["data"]["content"]).startswith("[Conversation summary")
+
+
 def test_with_a_window_compact_does_what_inspect_says(tmp_path, ponyc):
     _, text = run("inspect", ponyc, "--context-window", "200000", "--json")
     assert json.loads(text)["would_compact"] is False
