@@ -236,8 +236,7 @@ def sentences(text: str) -> list[str]:
     """
     if not text.isascii():
         return _SENTENCE_END.split(text)
-    pieces = _ASCII_SENTENCE_END.split(text)
-    # ``split`` gives the text between ends and each end's captured mark (None after a line break).
+    pieces = _ASCII_SENTENCE_END.split(text)  # (the text between ends, and each end's mark: None after a break)
     out = pieces[::2]
     for index, mark in enumerate(pieces[1::2]):
         if mark:
@@ -427,9 +426,10 @@ def rules_in(words: str) -> list[str]:
     # Plain substring scans first: most messages hold no rule at all, and a
     # sentence of one that does is looked for only the rule words it holds.
     low = words.lower()
-    held = tuple(word for word in _CONSTRAINT_WORDS if word in low)
-    # (Emphasis taken out of a sentence may join words: "you **may**".)
-    revoking = "**" in words or "__" in words or _may_revoke(words)
+    # (Emphasis taken out of a sentence may join words: "do **not**", "you **may**".)
+    emphasis = "**" in words or "__" in words
+    held = _CONSTRAINT_WORDS if emphasis else tuple(word for word in _CONSTRAINT_WORDS if word in low)
+    revoking = emphasis or _may_revoke(words)
     for raw in sentences(words):
         sentence = (_EMPHASIS.sub(r"\2", raw) if "**" in raw or "__" in raw else raw).strip(" -*+\t")
         rule = (held and _holds(sentence, held) and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)

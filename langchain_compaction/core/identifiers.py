@@ -136,11 +136,11 @@ _ASCII_GLUE = re.compile(r"[:=|]")
 # ("预订号：QX42LM，日期2024-05-21"), except a run between path separators
 # (a folder's name: "/home/用户/app.py") or joined to a file name ("模块_0.py",
 # "设置.yaml"). So do the quotes of other languages («», „“, ‹›) and an
-# emoji or a symbol written against an id ("📦ORD-5521").
+# emoji or a symbol written against an id ("📦ORD-5521", with its variation selector too).
 CJK_LETTERS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
 """Chinese, Japanese and Korean letters (a character class's inside), written without spaces."""
 _NON_ASCII_GLUE = re.compile(
-    rf"[\u3000-\u303f\uff00-\uffef«»‹›„“”‘’‚‛‟\u2600-\u27bf\U0001f000-\U0001faff]"
+    rf"[\u3000-\u303f\uff00-\uffef«»‹›„“”‘’‚‛‟\u2600-\u27bf\U0001f000-\U0001faff\ufe0e\ufe0f\u20e3]"
     rf"|(?<![/\\_\-{CJK_LETTERS}])[{CJK_LETTERS}]+(?![/\\{CJK_LETTERS}]|[_\-][\w-]*\.[A-Za-z]|\.[A-Za-z])"
 )
 

@@ -117,16 +117,24 @@ def _states_a_task(request: str, terms: set[str]) -> bool:
     """Whether a request states a task, not a greeting or an acknowledgement.
 
     It names something the task is about in two words or more ("Fix the
-    login bug."), or says more than a few words without opening as an
-    acknowledgement does ("Thanks, that looks good to me!" is none).
+    login bug."), or says five words or more. What opens with a greeting or
+    an acknowledgement states one only in what follows it: "Sure, now add a
+    retry to the fetcher" does, "Good morning!" and "Thanks, that looks good
+    to me!" do not.
     """
+    opening = _ACKNOWLEDGEMENT.match(request)
+    if opening is not None:
+        rest = request[opening.end() :]
+        return _words(rest) >= 2 and bool(task_terms(rest))
     words = _words(request)
-    return (words >= 2 and bool(terms)) or (words >= 5 and _ACKNOWLEDGEMENT.match(request) is None)
+    return (words >= 2 and bool(terms)) or words >= 5
 
 
+# Greetings and acknowledgements, one after another ("Thanks, perfect!", "ok, got it").
 _ACKNOWLEDGEMENT = re.compile(
-    r"\W*(?:thanks|thank you|thx|ok(?:ay)?|great|perfect|nice|cool|awesome|good|looks good|lgtm|hi|hello|hey"
-    r"|yes|yep|sure|got it|sounds good)\b",
+    r"(?:\W*(?:thanks|thank you|thx|ok(?:ay)?|great|perfect|nice|cool|awesome|excellent|lgtm|yes|yep|sure|got it"
+    r"|(?:looks|sounds) (?:good|great|fine)|good(?: (?:morning|afternoon|evening|job|work))?|hi|hello|hey|there"
+    r"|continue|go on)\b)+",
     re.IGNORECASE,
 )
 

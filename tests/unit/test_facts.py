@@ -225,6 +225,11 @@ def test_constraints_are_the_users_rules_preferences_and_corrections() -> None:
         "Please answer in Russian from now on.",
         "No, use the csv module instead of string joins.",
     ]
+    # A rule word in emphasis is one once the emphasis is read away.
+    assert constraints("Do **not** modify the tests. Always run __ruff__ first.") == [
+        "Do not modify the tests.",
+        "Always run ruff first.",
+    ]
 
 
 def test_pasted_listings_are_not_the_users_words() -> None:
@@ -268,6 +273,7 @@ def test_identifiers_are_what_a_model_cannot_guess() -> None:
         ("Отмените заказ «ORD-5521», пожалуйста.", ["ORD-5521"]),
         ("Bitte storniere die Bestellung „ORD-5521“.", ["ORD-5521"]),
         ("Cancel order 📦ORD-5521 please, and ✅QX42LM too.", ["ORD-5521", "QX42LM"]),
+        ("Done ✔\ufe0fORD-5521, watch ⚠\ufe0fQX42LM", ["ORD-5521", "QX42LM"]),  # (with the emoji's variation selector)
     ],
 )
 def test_identifiers_glued_to_punctuation_or_cjk_text_are_found(text: str, found: list[str]) -> None:
@@ -602,10 +608,15 @@ def test_a_short_request_that_names_its_subject_is_the_task_and_an_acknowledgeme
     ]
     facts = gather((), to_core_list(messages), range(4), ())
     assert [f.text for f in facts if f.kind == "task"] == [first]
-    # Opening with an acknowledgement, a long message is none either; the request after it is.
-    later = [HumanMessage("Thanks, that looks good to me now!", id="h0"), *messages]
-    facts = gather((), to_core_list(later), range(5), ())
-    assert [f.text for f in facts if f.kind == "task"] == [first]
+    # Greetings and acknowledgements are none, long or short; the request after them is.
+    for opening in ("Thanks, that looks good to me now!", "Good morning!", "Sounds great", "ok continue"):
+        later = [HumanMessage(opening, id="h0"), *messages]
+        facts = gather((), to_core_list(later), range(5), ())
+        assert [f.text for f in facts if f.kind == "task"] == [first], opening
+    # What follows an acknowledgement may state it.
+    sure = [HumanMessage("Sure, now add a retry to the fetcher.", id="h0"), *messages]
+    facts = gather((), to_core_list(sure), range(5), ())
+    assert [f.text for f in facts if f.kind == "task"] == ["Sure, now add a retry to the fetcher."]
 
 
 @pytest.mark.parametrize(("booking", "card"), [("code", "card"), ("booking", "payment")])
