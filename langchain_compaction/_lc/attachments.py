@@ -83,7 +83,8 @@ def _document_text(block: dict[str, Any], kind: str, source: dict[str, Any], med
     if kind == "text-plain" or (kind == "file" and block.get("source_type") == "text"):
         # (LangChain's older plain-text file keeps its text under "text", or
         # "url" as langchain-core reads it: ChatAnthropic sends it as a text document.)
-        text = next((t for t in (block.get("text"), block.get("url")) if isinstance(t, str)), None)
+        older = block.get("url") if kind == "file" else None  # (a text-plain block's url is a link)
+        text = next((t for t in (block.get("text"), older) if isinstance(t, str)), None)
         if text is not None:
             return text
         data = _decoded(block.get("base64"))

@@ -96,6 +96,13 @@ def test_a_document_that_holds_text_is_shown_and_counted_by_its_text() -> None:
     assert message_body(to_core(HumanMessage([blocks[0]]))).startswith("(block) [document: a.txt, text/plain]\n")
 
 
+def test_a_plain_text_block_given_by_link_is_an_attachment_not_its_link_as_text() -> None:
+    message = to_core(HumanMessage([{"type": "text-plain", "url": "https://example.com/policy.txt"}]))
+    assert not message_body(message).startswith("(block) [document")
+    assert "https://example.com/policy.txt" in message_body(message)  # the link, to refer to later
+    assert estimate_message(message) > 1_000  # counted as an attachment, not as 21 tokens of link
+
+
 def test_a_pdf_is_counted_by_its_pages() -> None:
     pages = b"".join(b"%d 0 obj << /Type /Page /Parent 2 0 R >> endobj " % i for i in range(3, 15))
     pdf = b"%PDF-1.7 1 0 obj << /Type /Catalog >> 2 0 obj << /Type /Pages /Count 12 >> " + pages
