@@ -89,6 +89,8 @@ def _anthropic_block(block: object) -> bool:
     if not isinstance(block, dict):
         return False
     kind = block.get("type")
+    if not isinstance(kind, str):
+        return False  # (a list or a dict there is no block type: the format is found by other means, or refused)
     return kind in _ANTHROPIC_BLOCKS or (kind == "image" and isinstance(block.get("source"), dict))
 
 

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage, messages_to_dict
 
@@ -149,6 +149,7 @@ json_values = st.recursive(
 
 @settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(json_values)
+@example({"content": [{"role": None, "type": []}], "role": None})  # (a block "type" that is a list: found once)
 def test_any_json_gives_a_clean_error_or_a_conversation(value):
     try:
         parse_conversation(json.dumps(value))
