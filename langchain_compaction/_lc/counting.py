@@ -197,20 +197,18 @@ class TokenCountCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def forget(self, ids: Iterable[str | None], *, read: Any = None) -> None:
-        """Drop the messages ``ids`` names (a compaction took them out: counted again if they come back).
+    def forget(self, ids: Iterable[str | None]) -> None:
+        """Drop the messages ``ids`` names: a compaction took them out (counted again if they come back).
 
-        Their core forms, thousands of objects, are no longer held. ``read``:
-        a conversation whose previous read goes too (one without a thread is
-        known by its opening, which a compaction changes).
+        Their core forms, thousands of objects, are no longer held for a
+        lookup by id. (A conversation's previous read keeps its own until its
+        next read: the same messages compacted again are not read again.)
         """
         with self._lock:
             for key in filter(None, ids):
                 if (entry := self._entries.pop(key, None)) is not None:
                     self._held -= entry[1]
                     self._cores.pop(key, None)
-        if read is not None:
-            self._last.pop(read)
 
     def _previous(self, key: Any) -> _Read:
         return self._last.get(key) or _NOTHING

@@ -360,8 +360,6 @@ class Turn(Compactor):
         # off the event loop on the async path.
         result, output = yield self.work(self.finish, job, report, record)
         self.tried.pop(key)
-        # (Without a thread the conversation is known by its opening, which the summary changed: its last read goes.)
-        self.cache.forget((), read=key if place.conversation.thread is None else None)
         return replace(result, parts={**result.parts, **parts}), output
 
     def _commit(
