@@ -222,11 +222,10 @@ class _Tracker:
             return
         # (The reading's facts are clean lines already, shared by every
         # conversation that holds the text, and compared once.)
-        for kind, text in said.rules:
-            self._keep(Fact(kind, text))
-        for value in said.identifiers:
-            fact = Fact("identifier", value)
-            self._put(("identifier", compared(fact)), fact)
+        for kind, text, norm in said.rules:
+            self._keep(_compared_as(Fact(kind, text), norm))
+        for text, norm in said.identifiers:
+            self._put(("identifier", norm), _compared_as(Fact("identifier", text), norm))
         self.terms.update(said.terms)  # (each word once a message: ``task_terms`` is a set)
         if said.request is None:
             return
@@ -322,6 +321,12 @@ class _Tracker:
         terms = sorted((n, t) for t, n in self.terms.items() if n >= 2)[-TERMS_KEPT:]
         found += [Fact("term", text, key=text, detail=str(count)) for count, text in reversed(terms)]
         return found
+
+
+def _compared_as(fact: Fact, norm: str) -> Fact:
+    """``fact`` knowing its compared form already (``core.extract.compared``: read once, with the message)."""
+    object.__setattr__(fact, "known_norm", norm)
+    return fact
 
 
 def gather(

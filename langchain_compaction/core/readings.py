@@ -54,9 +54,9 @@ class UserSays:
 
     Attributes:
         revoked: The subjects of the rules it takes back.
-        rules: Its rules, preferences and corrections, each with its kind: ``constraint``,
-            or ``rule`` for a pasted document's middle ones (``own_rule``).
-        identifiers: Its ids, amounts, paths and URLs, all of them
+        rules: Its rules, preferences and corrections, each with its kind (``constraint``,
+            or ``rule`` for a pasted document's middle ones: ``own_rule``) and its compared form.
+        identifiers: Its ids, amounts, paths and URLs, each with its compared form, all of them
             (twenty booking codes are twenty facts), and its first
             ``CODE_NAMES_PER_MESSAGE`` code names (dozens are a paste, a
             prompt or a listing: the summary's to carry).
@@ -67,8 +67,8 @@ class UserSays:
     """
 
     revoked: tuple[frozenset[str], ...]
-    rules: tuple[tuple[FactKind, str], ...]
-    identifiers: tuple[str, ...]
+    rules: tuple[tuple[FactKind, str, str], ...]
+    identifiers: tuple[tuple[str, str], ...]
     terms: tuple[str, ...]
     request: tuple[str, str] | None
     task: str
@@ -92,7 +92,7 @@ def said_in(message: Message) -> UserSays:
 def _read(text: str) -> UserSays:
     prose, words = prose_and_own_words(text)
     values = (one_line(value) for value in identifiers_in(prose, max_code_names=CODE_NAMES_PER_MESSAGE))
-    found = tuple(value for value in values if value)
+    found = tuple((value, normalize(value)) for value in values if value)
     rules = rules_in(words)
     request = clip(words)
     if not request or feedback(words) or request.startswith("/"):
@@ -102,7 +102,7 @@ def _read(text: str) -> UserSays:
     return UserSays(
         revoked=tuple(revoked_subjects(text)),
         rules=tuple(
-            ("constraint" if own_rule(text, n, len(rules)) else "rule", line)
+            ("constraint" if own_rule(text, n, len(rules)) else "rule", line, normalize(line))
             for n, rule in enumerate(rules)
             if (line := one_line(rule))
         ),

@@ -567,7 +567,7 @@ def test_a_message_keeps_its_reading_and_a_tool_result_is_read_by_its_calls_kind
     user, result = to_core_list([HumanMessage("Never use sudo on db-7.", id="h1"), ToolMessage("ok", tool_call_id="c")])
     said = said_in(user)
     assert said_in(user) is said
-    assert said.rules == (("constraint", "Never use sudo on db-7."),)
+    assert said.rules == (("constraint", "Never use sudo on db-7.", "never use sudo on db-7."),)
     forget()  # the text's reading is gone; the message still holds its own
     assert said_in(user) is said
     # A file's content mentions an error without reporting one; a command's output reports it anywhere.
