@@ -419,7 +419,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         except ContextOverflowError as error:
             logger.warning("the model rejected the context as too long (%s); compacting and retrying once", error)
             self._learn_limit(error)
-            compacted = yield from self._compaction(compacted or messages, place, "force")
+            compacted = yield from self._compaction(compacted or messages, place, "overflow")
             if compacted is None:
                 raise  # nothing left to summarize: the overflow stands
             # A second overflow is thrown in here and propagates.

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("langchain_compaction")
 _T = TypeVar("_T")
 
-Trigger = Literal["auto", "force"]
+Trigger = Literal["auto", "force", "overflow"]
 """``auto``: only when the trigger rule says so; ``force``: now."""
 
 Output = tuple[CompactionResult, list[BaseMessage]]
@@ -201,8 +201,8 @@ class Compactor:
                     if clearing is not None:
                         return Job(messages, core, counts, None, None, clearing)
         keep, repeated = self._keep(core, counts, trigger, options) if keep is None else (keep, False)
-        most = options.budget.most_kept  # (a tool exchange in progress larger than this is summarized whole)
-        plan = plan_compaction(core, counts, keep, force=trigger == "force", protect=self._protected, most=most)
+        most = 0 if trigger == "overflow" else options.budget.most_kept  # (an exchange over it goes whole)
+        plan = plan_compaction(core, counts, keep, force=trigger != "auto", protect=self._protected, most=most)
         if plan is None:
             return None
         shape = layout(core, plan, options)

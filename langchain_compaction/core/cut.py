@@ -191,6 +191,18 @@ def _too_few(counts: Sequence[int], start: int, cut: int, credit: int, most: int
     return cut - start + credit < MIN_SUMMARIZED and (most is None or sum(counts[start:cut]) <= most)
 
 
+def whole_if_over(
+    messages: Sequence[Message], counts: Sequence[int], cut: int, most: int, flags: Sequence[bool]
+) -> int:
+    """``cut``, or the end when it keeps only the tool exchange in progress, all answered, and that is over ``most``.
+
+    (``plan_compaction`` asks again with what the pinned messages written back take from ``most``.)
+    """
+    if cut >= len(messages) or not _in_progress(messages) or any(flags[cut + 1 : len(messages)]):
+        return cut
+    return _whole_exchange(messages, counts, cut, most)
+
+
 def _whole_exchange(messages: Sequence[Message], counts: Sequence[int], cut: int, most: int | None) -> int:
     """``cut``, or the end when what it keeps (the tool exchange in progress) is larger than ``most``.
 

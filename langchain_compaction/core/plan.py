@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
 
-from langchain_compaction.core.cut import find_cut, forced_cut, valid_boundaries
+from langchain_compaction.core.cut import find_cut, forced_cut, valid_boundaries, whole_if_over
 from langchain_compaction.core.types import Message, Scanned
 
 
@@ -165,7 +165,7 @@ def plan_compaction(
     if cut <= region_start:
         return None
     inside = [i for i in range(region_start, cut) if messages[i].is_summary]
-    pinned, over = protect(messages, counts, region_start, cut) if protect is not None else ((), 0)
+    cut, pinned, over = _protected(messages, counts, (region_start, cut), protect, most=most, flags=flags)
     if pinned and len(pinned) + len(inside) >= cut - region_start:
         return None  # everything before the cut is pinned: nothing to summarize
     return Plan(
@@ -178,6 +178,31 @@ def plan_compaction(
         pinned=pinned,
         pinned_over_cap=over,
     )
+
+
+def _protected(
+    messages: Sequence[Message],
+    counts: Sequence[int],
+    region: tuple[int, int],
+    protect: Protect | None,
+    *,
+    most: int | None,
+    flags: Sequence[bool],
+) -> tuple[int, tuple[int, ...], int]:
+    """The cut, what may not be cut before it (pinned) and how many were left out for a cap.
+
+    Written back after the summary, the pinned messages take from what the
+    kept tool exchange in progress may hold: past that, it goes whole.
+    """
+    start, cut = region
+    if protect is None:
+        return cut, (), 0
+    pinned, over = protect(messages, counts, start, cut)
+    if most is not None and pinned:
+        whole = whole_if_over(messages, counts, cut, most - sum(counts[i] for i in pinned), flags)
+        if whole != cut:
+            return (whole, *protect(messages, counts, start, whole))
+    return cut, pinned, over
 
 
 def narrowed(plan: Plan, until: int) -> Plan:

@@ -437,6 +437,101 @@ async def test_a_tool_output_larger_than_the_window_is_summarized_and_the_agent_
     assert not any(getattr(m, "tool_calls", None) for m in state)
 
 
+@tool
+def write_todos(todos: list[str]) -> str:
+    """Write the todo list."""
+    return "Updated todo list to " + repr(todos)
+
+
+@tool
+def read_short_log(path: str) -> str:
+    """Read a log file."""
+    return "ERROR something failed at /srv/x.py:10\n" * 1_075  # about 11,900 tokens
+
+
+def test_an_overflow_with_a_kept_exchange_and_pinned_messages_summarizes_the_exchange_whole() -> None:
+    # The exchange alone fits what a request may hold past the summary; with the
+    # pinned to-do list written back beside it, the request does not. The model
+    # refuses it, and the retry takes the exchange into the summary.
+    window = 16_000
+    todos = [f"step {i}: check the service number {i} and its configuration thoroughly" for i in range(52)]
+    script = iter(
+        [
+            AIMessage(
+                "", tool_calls=[{"name": "write_todos", "args": {"todos": todos}, "id": "t1", "type": "tool_call"}]
+            ),
+            AIMessage("Planned."),
+            AIMessage(
+                "",
+                tool_calls=[{"name": "read_short_log", "args": {"path": "app.log"}, "id": "c1", "type": "tool_call"}],
+            ),
+            AIMessage("The log shows one error."),
+        ]
+    )
+    model = ToolCallingFakeModel(messages=script, overflow_above=window)
+    summary = "## Goal\n- read logs\n\n## Critical Context\n" + "- the server at host alpha failed\n" * 180
+    middleware = CompactionMiddleware(lambda prompt: summary, CompactionOptions(context_window=window))
+    agent = create_agent(
+        model, tools=[write_todos, read_short_log], middleware=[middleware], checkpointer=InMemorySaver()
+    )
+    history = [
+        HumanMessage(f"q{i} " + "word " * 300) if i % 2 == 0 else AIMessage(f"a{i} " + "word " * 300) for i in range(16)
+    ]
+    agent.invoke({"messages": [*history, HumanMessage("plan the work")]}, config())
+    out = agent.invoke({"messages": [HumanMessage("read the log please")]}, config())
+    assert out["messages"][-1].content == "The log shows one error."
+    last = model.requests[-1]
+    assert estimate_message_tokens(last) <= window
+    assert_valid_anthropic_request(last, ends_with_user=True)
+    assert any("write_todos" in str(getattr(m, "tool_calls", "")) for m in last)  # the pinned list is still there
+    assert all(estimate_message_tokens(r) <= window for r in model.requests)  # no request was refused
+
+
+@tool
+def read_long_log(path: str) -> str:
+    """Read a log file."""
+    return "ERROR something failed at /srv/x.py:10\n" * 1_200  # about 13,300 tokens
+
+
+def test_an_overflow_after_a_kept_exchange_retries_with_the_exchange_in_the_summary() -> None:
+    # The exchange fits what a request may hold past the summary's budget, but
+    # the checked facts of a session full of them take the summary past it: the
+    # model refuses the request, and the retry takes the exchange into the summary.
+    window = 16_000
+    call = {"name": "read_long_log", "args": {"path": "app.log"}, "id": "c1", "type": "tool_call"}
+    model = ToolCallingFakeModel(
+        messages=iter([AIMessage("", tool_calls=[call]), AIMessage("The log shows one error.")]),
+        overflow_above=window,
+    )
+    summary = "## Goal\n- fix the services\n\n## Critical Context\n" + "- the server at host alpha failed\n" * 150
+    options = CompactionOptions(context_window=window, reserve_tokens=500)
+    agent = create_agent(
+        model,
+        tools=[read_long_log],
+        middleware=[CompactionMiddleware(lambda p: summary, options)],
+        checkpointer=InMemorySaver(),
+    )
+    history: list[BaseMessage] = []
+    for i in range(30):
+        history.append(
+            HumanMessage(
+                f"Ticket OPS-{1000 + i}: never restart svc-{i}-blue on host-{i}.corp; do not modify "
+                f"src/svc_{i}/config_{i}.yaml; use branch fix/ops-{1000 + i}. " + "word " * 100
+            )
+        )
+        history.append(
+            AIMessage(
+                f"Edited src/svc_{i}/handler_{i}.py. Error: KeyError 'shard_{i}' in "
+                f"src/svc_{i}/db_{i}.py line {i + 10}. " + "word " * 100
+            )
+        )
+    out = agent.invoke({"messages": [*history, HumanMessage("read the log please")]}, config())
+    assert out["messages"][-1].content == "The log shows one error."
+    last = model.requests[-1]
+    assert estimate_message_tokens(last) <= window
+    assert_valid_anthropic_request(last, ends_with_user=True)
+
+
 # -- summarizer failure -----------------------------------------------------------------------
 
 FAIL_OPTIONS = CompactionOptions(context_window=2000, reserve_tokens=500, keep_recent_tokens=400)
