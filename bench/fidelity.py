@@ -231,14 +231,15 @@ def replay(messages: list[BaseMessage], truth: Truth, system: Any, *, stop: int 
     scores = Scores()
     state: list[BaseMessage] = []
     order = {m.id: i for i, m in enumerate(messages)}
-    for message in messages:
+    for replayed, message in enumerate(messages):
         if isinstance(message, AIMessage) and state:
             state, compacted = system.step(state)
             if compacted:
                 scores.compactions += 1
                 context = system.seen if isinstance(system, LangMemPeer) else state
                 if scores.compactions in CHECKPOINTS:
-                    scores.at[scores.compactions] = _score(context, truth, order, len(state))
+                    # (``replayed``: with nothing verbatim left, every message so far was compacted.)
+                    scores.at[scores.compactions] = _score(context, truth, order, replayed)
                 summary = next((str(m.content) for m in context if is_summary_message(m)), "")
                 scores.pending += summary.count("no result yet")
                 if stop is not None and scores.compactions >= stop:
