@@ -195,7 +195,7 @@ def _convert(item: dict[str, Any], actual: Format, where: str) -> list[BaseMessa
 def _parses(line: str) -> bool:
     try:
         json.loads(line)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # (JSONDecodeError is a ValueError)
         return False
     return True
 
@@ -224,7 +224,14 @@ def _json_lines(text: str, name: str) -> list[tuple[object, str]]:
             raise ConversationFileError("the JSON is nested too deeply to be a message", where=where) from deep
         except json.JSONDecodeError as exc:
             raise ConversationFileError(f"invalid JSON at column {exc.colno}: {exc.msg}", where=where) from exc
+        except ValueError as exc:
+            raise ConversationFileError(_unreadable(exc), where=where) from exc
     return items
+
+
+def _unreadable(error: ValueError) -> str:
+    """What a JSON document that parses but cannot be read says (a number of more digits than Python converts)."""
+    return f"a value cannot be read ({str(error).split(':', 1)[0]}); a number that long is no message field: remove it"
 
 
 def _items(text: str, name: str) -> tuple[list[tuple[object, str]], object, bool, dict[str, Any]]:
@@ -243,6 +250,8 @@ def _items(text: str, name: str) -> tuple[list[tuple[object, str]], object, bool
             msg = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
             raise ConversationFileError(msg, where=name) from exc
         return _json_lines(text, name), None, True, {}
+    except ValueError as exc:
+        raise ConversationFileError(_unreadable(exc), where=name) from exc
     system: object = None
     request: dict[str, Any] = {}
     if isinstance(document, dict) and isinstance(document.get("messages"), list):

@@ -112,7 +112,14 @@ def test_compact_shows_progress_when_chunked(capsys, ponyc):
 
 @pytest.mark.parametrize(
     ("content", "needle"),
-    [("{bad", "invalid JSON at line 1"), ('[{"role": "user"', "invalid JSON"), ("[3]", "message 1")],
+    [
+        ("{bad", "invalid JSON at line 1"),
+        ('[{"role": "user"', "invalid JSON"),
+        ("[3]", "message 1"),
+        # A number of more digits than Python reads (a ValueError that is no JSONDecodeError), whole file or a line.
+        ('[{"role": "user", "content": "hi", "n": ' + "9" * 5_000 + "}]", "a number that long"),
+        ('{"role": "user", "content": "a"}\n{"role": "user", "n": ' + "9" * 5_000 + "}", "line 2: a value cannot"),
+    ],
 )
 def test_bad_file_gives_one_line_and_exit_2(tmp_path, capsys, content, needle):
     path = tmp_path / "bad.json"
