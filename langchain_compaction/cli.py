@@ -137,7 +137,8 @@ def _model(args: argparse.Namespace) -> Any:
     try:
         return init_chat_model(args.model)
     except Exception as exc:
-        raise ConfigurationError("--model", args.model, f"{exc}; use provider:model, e.g. anthropic:...") from exc
+        first = str(exc).strip().split("\n", 1)[0]  # (LangChain's own message goes on with every provider it knows)
+        raise ConfigurationError("--model", args.model, f"{first} Use provider:model, e.g. anthropic:...") from exc
 
 
 def _inspect_report(

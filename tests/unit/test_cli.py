@@ -147,6 +147,12 @@ def test_missing_file_and_bad_options_exit_2(capsys, ponyc):
     assert "cannot read the file" in capsys.readouterr().err
     assert run("inspect", ponyc, "--keep-recent-tokens", "-5")[0] == 2
     assert "keep_recent_tokens=-5" in capsys.readouterr().err
+    # A model LangChain cannot place: one line (its own message lists every provider it knows).
+    assert run("compact", ponyc, "--model", "nonsense", "--force", "-o", "/dev/null")[0] == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--model='nonsense'" in err
+    assert "provider:model" in err
 
 
 def test_console_entry_points_run():
