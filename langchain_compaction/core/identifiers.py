@@ -23,6 +23,7 @@ _TOKEN = re.compile(
     r"""
       [\w.+-]+@[\w-]+(?:\.[\w-]+)+                         # e-mail addresses
     | [\w.~@/-]*/[\w.@/-]+                                 # paths (checked by _is_path)
+    | [A-Za-z]:[\\/][\w.~@$\\/-]+                          # Windows paths (C:\Users\..., C:/...)
     | [\w-]+\.(?:py|pyi|js|ts|tsx|jsx|json|ya?ml|toml|md|txt|csv|c|h|cc|cpp|hpp|go|rs|java|kt|rb|php|sh|sql
         |html|css|cfg|ini|lock|xml|ipynb|env|pony|swift|scala|lua|vue|scss|proto|tf|gradle
         |pdf|docx?|xlsx?|pptx?|odt|ods|rtf|tsv|parquet|avro|pkl|npy|npz|h5|db|sqlite3?|log|bak|dat

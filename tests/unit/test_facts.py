@@ -274,6 +274,11 @@ def test_identifiers_are_what_a_model_cannot_guess() -> None:
         ("Bitte storniere die Bestellung „ORD-5521“.", ["ORD-5521"]),
         ("Cancel order 📦ORD-5521 please, and ✅QX42LM too.", ["ORD-5521", "QX42LM"]),
         ("Done ✔\ufe0fORD-5521, watch ⚠\ufe0fQX42LM", ["ORD-5521", "QX42LM"]),  # (with the emoji's variation selector)
+        # Windows paths, with either separator.
+        (
+            "It crashes in C:\\Users\\bob\\app\\main.py; see D:/logs/run.log",
+            ["C:\\Users\\bob\\app\\main.py", "D:/logs/run.log"],
+        ),
     ],
 )
 def test_identifiers_glued_to_punctuation_or_cjk_text_are_found(text: str, found: list[str]) -> None:
