@@ -479,13 +479,13 @@ def _thread_flow(
         hint = "builder.compile(checkpointer=...)" if hasattr(graph, "compile") else "one with a checkpointer"
         raise ConfigurationError("graph", graph, f"pass the compiled graph, {hint}")
     name, compactor = _locate(graph, node, model, options)
-    snapshot = yield from idle_thread(graph, config)
+    snapshot, failed = yield from idle_thread(graph, config)
     summarizer = None if model is None else as_summarizer(model)
     # Outside a run, the graph's store is the one the node would see inside it.
     flow = compactor._flow(snapshot.values, _named(config), instructions, summarizer, store=graph.store)
     result, update = yield from flow
     if result is not None or isinstance(update, Command):
-        yield from write_as_node(graph, config, update, name)
+        yield from write_as_node(graph, config, update, name, resume=failed)
     return result
 
 

@@ -101,14 +101,21 @@ def other_messages_key(state: Any, key: str) -> str | None:
 # -- compact_thread's reading and writing of a checkpointed thread ------------------------
 
 
-def idle_thread(graph: Any, config: Any) -> Flow[Any]:
-    """The state of the thread ``config`` names, which must be idle (else the error that says why)."""
+def idle_thread(graph: Any, config: Any) -> Flow[tuple[Any, bool]]:
+    """The state of the thread ``config`` names, idle or stopped by an error (else the error that says why).
+
+    Returns:
+        The thread's state, and whether a step failed there (a model that
+        refused a request too long for it): a thread to compact and resume.
+    """
     if not isinstance(config, dict) or thread_of(config) is None:
         raise ConfigurationError(
             "config", config, "name the checkpointed thread to compact: {'configurable': {'thread_id': ...}}"
         )
     snapshot = yield twin(graph.get_state, graph.aget_state, config)
-    if snapshot.next:
+    tasks = getattr(snapshot, "tasks", ())
+    failed = bool(tasks) and all(t.error is not None and not t.interrupts for t in tasks)
+    if snapshot.next and not failed:
         # Written as the node's update, the compaction would make what runs next follow the node's edges:
         # a run paused at an interrupt (a tool call awaiting approval) would lose its pause, and the call its result.
         raise ConfigurationError(
@@ -117,17 +124,18 @@ def idle_thread(graph: Any, config: Any) -> Flow[Any]:
             f"the thread is paused mid-run (next: {', '.join(snapshot.next)}, an interrupt or interrupt_before); "
             "resume it and compact once the run has ended, or let the graph's CompactionNode compact on its turn",
         )
-    return snapshot
+    return snapshot, failed
 
 
-def write_as_node(graph: Any, config: Any, update: Any, node: str | None) -> Flow[None]:
+def write_as_node(graph: Any, config: Any, update: Any, node: str | None, *, resume: bool = False) -> Flow[None]:
     """Write ``update`` to the thread as ``node``'s own, the thread left idle whatever edge leaves the node.
 
     The steps that would follow the node are cleared: a static edge to the
     agent would otherwise have it answer again. (A command to a parent graph
-    is written as it is.)
+    is written as it is; with ``resume``, a thread a failed step stopped, the
+    node's edges set what runs when it is resumed: the failed step again.)
     """
-    if isinstance(update, Command):
+    if isinstance(update, Command) or resume:
         yield twin(graph.update_state, graph.aupdate_state, config, update, as_node=node)
         return
     steps = [[StateUpdate(update, node)], [StateUpdate(None, END)]]

@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from conftest import as_state, assert_compacted, assert_valid_anthropic_request, compaction_graph, split_compacted
 from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.exceptions import ContextOverflowError
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
     AIMessage,
@@ -670,6 +671,37 @@ def test_compact_thread_refuses_a_thread_paused_mid_run_and_one_it_cannot_name()
     assert compact_thread(graph, config) is not None  # once the run has ended
     with pytest.raises(ConfigurationError, match="thread_id"):
         compact_thread(graph, {"configurable": {"thread": "paused"}})
+
+
+def test_compact_thread_rescues_a_thread_a_failed_step_stopped_and_the_run_resumes() -> None:
+    # The model refused the request as too long: the run stopped at the model
+    # with the error (no interrupt). Compacted, the thread resumes there.
+    refused = []
+
+    def model(state: CompactionState) -> dict[str, Any]:
+        if estimate_message_tokens(state["messages"]) > 3_000:
+            refused.append(True)
+            raise ContextOverflowError("prompt is too long")
+        return {"messages": [AIMessage("Answered.")]}
+
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- answer", CompactionOptions()))
+    builder.add_node("model", model)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "model")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = thread("refused")
+    history = [HumanMessage(f"q{i} " * 300) if i % 2 == 0 else AIMessage(f"a{i} " * 300) for i in range(12)]
+    with pytest.raises(ContextOverflowError):
+        graph.invoke({"messages": [*history, HumanMessage("and now?")]}, config)
+    assert graph.get_state(config).next == ("model",)
+    result = compact_thread(graph, config)
+    assert result is not None
+    assert graph.get_state(config).next == ("model",)  # the failed step runs again on resume
+    out = graph.invoke(None, config)
+    assert out["messages"][-1].content == "Answered."
+    assert is_summary_message(out["messages"][0])
+    assert out["messages"][-2].content == "and now?"
 
 
 def test_compact_thread_with_nothing_to_compact_writes_nothing() -> None:
