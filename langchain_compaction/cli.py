@@ -214,8 +214,9 @@ def _print_inspect(
         f"keep {kept['messages']} (~{kept['tokens']:,} tokens)",
         file=out,
     )
-    first = message_body(core[cut]).strip().splitlines()
-    print(style.dim(f"first kept: [{messages[cut].type}] {(first[0] if first else '')[:100]}"), file=out)
+    first = message_body(core[cut]).strip().splitlines() if cut < len(core) else ["(none: a tool exchange goes whole)"]
+    kind = f"[{messages[cut].type}] " if cut < len(core) else ""
+    print(style.dim(f"first kept: {kind}{(first[0] if first else '')[:100]}"), file=out)
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:

@@ -261,6 +261,19 @@ def test_inspect_and_compact_agree_on_a_first_message_larger_than_the_window(tmp
     assert report["summarized"]["messages"] == result["messages_removed"] == 1
 
 
+def test_inspect_shows_a_cut_that_takes_a_tool_exchange_whole(tmp_path):
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage, messages_to_dict
+
+    call = {"name": "read_log", "args": {"path": "app.log"}, "id": "c1", "type": "tool_call"}
+    messages = [HumanMessage("q " * 200), AIMessage("a " * 200), HumanMessage("read the log")]
+    messages += [AIMessage("", tool_calls=[call]), ToolMessage("ERROR x\n" * 30_000, tool_call_id="c1")]
+    path = tmp_path / "whole.json"
+    path.write_text(json.dumps(messages_to_dict(messages)))
+    code, text = run("inspect", str(path), "--context-window", "16000")
+    assert code == 0
+    assert "first kept: (none: a tool exchange goes whole)" in text
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="/dev/stdout is POSIX")
 def test_output_to_dev_stdout_into_a_pipe_writes_the_conversation(ponyc):
     command = [sys.executable, "-m", "langchain_compaction", "compact", ponyc, "-o", "/dev/stdout", "--json"]
