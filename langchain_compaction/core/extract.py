@@ -282,10 +282,15 @@ def prose_and_own_words(text: str) -> tuple[str, str]:
     return words, _QUOTED.sub("", own) if ">" in own else own
 
 
-def _may_revoke(text: str) -> bool:
-    """Whether ``text`` holds a revocation word (a plain substring scan: ``_REVOKE`` reads only those that do)."""
+def holds_any(text: str, words: Sequence[str]) -> bool:
+    """Whether ``text``, lower-cased, holds one of ``words``: a substring scan sparing a pattern that needs one."""
     low = text.lower()
-    return any(word in low for word in _REVOKE_WORDS)
+    return any(word in low for word in words)
+
+
+def _may_revoke(text: str) -> bool:
+    """Whether ``text`` holds a revocation word (``_REVOKE`` reads only those that do)."""
+    return holds_any(text, _REVOKE_WORDS)
 
 
 def revoked_subjects(text: str) -> list[frozenset[str]]:
@@ -404,12 +409,6 @@ def own_rule(text: str, index: int, count: int) -> bool:
     return not document or index < RULES_PER_MESSAGE or index == count - 1
 
 
-def _holds(sentence: str, words: tuple[str, ...]) -> bool:
-    """Whether ``sentence`` holds one of ``words`` (lower-case: a plain substring scan)."""
-    low = sentence.lower()
-    return any(word in low for word in words)
-
-
 def constraints(text: str) -> list[str]:
     """The user's rules, preferences and corrections in ``text``, one sentence each.
 
@@ -432,7 +431,7 @@ def rules_in(words: str) -> list[str]:
     revoking = emphasis or _may_revoke(words)
     for raw in sentences(words):
         sentence = (_EMPHASIS.sub(r"\2", raw) if "**" in raw or "__" in raw else raw).strip(" -*+\t")
-        rule = (held and _holds(sentence, held) and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)
+        rule = (held and holds_any(sentence, held) and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)
         if not (8 <= len(sentence) <= 400 and rule):
             continue
         # Taking a rule back is not a rule, but what follows a "but" in the
@@ -489,11 +488,10 @@ def feedback(text: str) -> bool:
         (True, False)
     """
     first = next((line for line in text.splitlines() if line.strip()), "")
-    low = first.lower()
-    return any(word in low for word in _FEEDBACK_WORDS) and _FEEDBACK.match(first) is not None
+    return holds_any(first, _FEEDBACK_WORDS) and _FEEDBACK.match(first) is not None
 
 
-# Every feedback line holds one of these (lowercased): a cheap test before the regex.
+# Every feedback line holds one of these (lowercased: ``holds_any``).
 _FEEDBACK_WORDS = (
     *("traceback", "error", "exception", "failed", "fatal:", "panic:", "expected to be", "must be one of"),
     *("not a valid", "invalid ", "missing ", "unknown ", "tool call failed"),

@@ -38,8 +38,9 @@ _TOKEN = re.compile(
 )
 _CURRENCY_CODES = "EUR|USD|GBP|JPY|CHF|CAD|AUD|NZD|CNY|HKD|SGD|INR|SEK|NOK|DKK|PLN|CZK|HUF|BRL|MXN|ZAR|TRY|KRW|AED"
 _CURRENCY_SIGNS = "€£¥₹₩"
-_CURRENCY_WORDS = ("euro", "dollar", "pound", "yen")
-_CURRENCY = rf"(?:(?:{_CURRENCY_CODES})\b|[{_CURRENCY_SIGNS}]|(?:euros?|dollars?|pounds?|yen)\b)"
+_CURRENCY_NAMES = "euros?|dollars?|pounds?|yen"
+_CURRENCY_WORDS = tuple(name.removesuffix("s?") for name in _CURRENCY_NAMES.split("|"))  # ("euro", ...)
+_CURRENCY = rf"(?:(?:{_CURRENCY_CODES})\b|[{_CURRENCY_SIGNS}]|(?:{_CURRENCY_NAMES})\b)"
 # Every amount names its currency: a scan for the codes and signs (branches
 # that each start with a capital or a sign, which the engine skips to) and
 # substring scans for the words spare ``_AMOUNT``, tried at every position,

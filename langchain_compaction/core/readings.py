@@ -22,6 +22,7 @@ from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.extract import (
     clip,
     feedback,
+    holds_any,
     normalize,
     one_line,
     own_rule,
@@ -209,8 +210,7 @@ def error_lines(text: str) -> list[str]:
         >>> error_lines("Traceback (most recent call last):\\n    raise ValueError(x)\\nValueError: bad offset 14")
         ['ValueError: bad offset 14']
     """
-    low = text.lower()
-    if not any(word in low for word in _ERROR_WORDS):
+    if not holds_any(text, _ERROR_WORDS):
         return []  # the common case, found by plain substring scans
     return [line for line in _error_lines(text) if line and not _NOT_AN_ERROR.match(line)]
 
