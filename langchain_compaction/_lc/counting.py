@@ -206,9 +206,14 @@ class TokenCountCache:
         """
         with self._lock:
             for key in filter(None, ids):
-                if (entry := self._entries.pop(key, None)) is not None:
-                    self._held -= entry[1]
-                    self._cores.pop(key, None)
+                self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        """Drop what is kept of message ``key`` (under the lock)."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._held -= entry[1]
+            self._cores.pop(key, None)
 
     def _previous(self, key: Any) -> _Read:
         return self._last.get(key) or _NOTHING
@@ -392,8 +397,7 @@ class TokenCountCache:
                 for stale in list(entries):
                     if len(entries) <= keep_entries and self._held <= keep_held:
                         break
-                    self._held -= entries.pop(stale)[1]
-                    cores.pop(stale, None)
+                    self._drop(stale)
 
 
 def counting(options: CompactionOptions, function: Callable[..., _T], *args: Any) -> Call[_T]:

@@ -198,7 +198,14 @@ def whole_if_over(
 
     (``plan_compaction`` asks again with what the pinned messages written back take from ``most``.)
     """
-    if cut >= len(messages) or not _in_progress(messages) or any(flags[cut + 1 : len(messages)]):
+    if cut >= len(messages) or any(flags[cut + 1 : len(messages)]):
+        return cut
+    return _whole_in_progress(messages, counts, cut, most)
+
+
+def _whole_in_progress(messages: Sequence[Message], counts: Sequence[int] | None, cut: int, most: int | None) -> int:
+    """``_whole_exchange`` when ``messages`` end inside a tool exchange (and ``counts`` are given); else ``cut``."""
+    if counts is None or not _in_progress(messages):
         return cut
     return _whole_exchange(messages, counts, cut, most)
 
@@ -262,13 +269,11 @@ def forced_cut(
             # A thinking loop in progress that could only be kept whole goes whole: as small as it gets.
             if opening is not None and cut <= opening:
                 return len(messages)
-            in_progress = counts is not None and _in_progress(messages)
-            return _whole_exchange(messages, counts, cut, most) if counts is not None and in_progress else cut
+            return _whole_in_progress(messages, counts, cut, most)
     if opening is not None and len(messages) >= lowest:
         return len(messages)
     # An exchange that opens the region (after one summarized whole) has no boundary past its start.
-    whole = _whole_exchange(messages, counts, start, most) if counts is not None and _in_progress(messages) else 0
-    return whole if whole == len(messages) else 0
+    return len(messages) if _whole_in_progress(messages, counts, start, most) == len(messages) else 0
 
 
 def _in_progress(messages: Sequence[Message]) -> bool:
