@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import operator
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from langchain_core.messages import BaseMessage
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.types import Command
 
-from langchain_compaction._lc.convert import canonical, prefix_digest
+from langchain_compaction._lc.convert import canonical, content_size, prefix_digest
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.errors import ConfigurationError
@@ -132,18 +133,34 @@ def opening(messages: Sequence[BaseMessage]) -> str:
     Each is taken by its type, id and content: a key for what a process
     remembers (checked against the record before use), made on every turn of
     a run without a thread, so it does not read a summary's whole mark as
-    ``fingerprint`` does (a summary's id is new with each compaction).
+    ``fingerprint`` does (a summary's id is new with each compaction). The
+    same message objects, their contents the same size (``content_size``, as
+    the token cache tells an edit), give the digest made last time: a turn
+    does not hash a long summary again.
     """
     lead = 0
     while lead < len(messages) and messages[lead].type == "system":
         lead += 1
+    head = tuple(messages[: lead + 2])
+    sizes = tuple(map(content_size, head))
+    ids = tuple(map(id, head))
+    known = _OPENINGS.get(ids)
+    # (The entry holds the objects, so their ids cannot be reused meanwhile.)
+    if known is not None and known[1] == sizes and all(map(operator.is_, known[0], head)):
+        return known[2]
     digest = hashlib.blake2b(digest_size=12)
-    for message in messages[: lead + 2]:
+    for message in head:
         content = message.content
         body = content if type(content) is str else canonical(content)
         digest.update(f"{message.type}\x00{message.id}\x00{len(body)}\x00".encode("utf-8", "surrogatepass"))
         digest.update(body.encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()
+    value = digest.hexdigest()
+    _OPENINGS.put(ids, (head, sizes, value))
+    return value
+
+
+_OPENINGS: Bounded[tuple[tuple[BaseMessage, ...], tuple[int, ...], str]] = Bounded(64)
+"""The openings digested last (as many as the token cache remembers conversations), by their messages' ids."""
 
 
 # -- where a compaction is written ----------------------------------------------------------

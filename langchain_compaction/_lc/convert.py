@@ -68,6 +68,28 @@ def json_text(value: Any, *, sort_keys: bool = True) -> str:
         return str(value)
 
 
+def content_size(message: object) -> int:
+    """A message's content size, as it is counted (a content replaced in place later differs).
+
+    Text: its length. Blocks: their number, and the length of each one's
+    text (an image or a file: its data's).
+    """
+    content = getattr(message, "content", None)
+    if isinstance(content, str):
+        return len(content)
+    if not isinstance(content, list):
+        return -1
+    size = len(content)
+    for block in content:
+        if isinstance(block, str):
+            size += len(block)
+        elif isinstance(block, dict):
+            for field in ("text", "thinking", "reasoning", "data", "base64", "content", "input", "args"):
+                value = block.get(field)
+                size += len(value) if isinstance(value, (str, bytes, list, dict)) else 0
+    return size
+
+
 def canonical(value: Any) -> str:
     """``value`` as key-sorted JSON: the same text for the same value, whatever the order of its keys."""
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)

@@ -29,6 +29,7 @@ from typing import Any, TypeVar, cast
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
 from langchain_compaction._lc.convert import (
+    content_size,
     fingerprint,
     is_bridge_message,
     is_langchain_summary,
@@ -52,7 +53,7 @@ _MAX_HELD_TOKENS = 8_000_000
 LAST_CALLS_REMEMBERED = 64
 """Conversations whose last counted history a ``TokenCountCache`` keeps, most recent first."""
 _Read = tuple[list[BaseMessage], list[int], Scanned, list[int]]
-"""A conversation's previous read: its messages, their counts, core forms and sizes as counted (``_size``)."""
+"""A conversation's previous read: its messages, their counts, core forms and sizes as counted (``content_size``)."""
 _NOTHING: _Read = ([], [], Scanned(), [])
 
 
@@ -64,28 +65,6 @@ def _leading(flags: Iterable[bool]) -> int:
     """How many of ``flags`` are true before the first false one."""
     same = list(flags)
     return same.index(False) if False in same else len(same)
-
-
-def _size(message: object) -> int:
-    """A message's content size, as it is counted (a content replaced in place later differs).
-
-    Text: its length. Blocks: their number, and the length of each one's
-    text (an image or a file: its data's).
-    """
-    content = getattr(message, "content", None)
-    if isinstance(content, str):
-        return len(content)
-    if not isinstance(content, list):
-        return -1
-    size = len(content)
-    for block in content:
-        if isinstance(block, str):
-            size += len(block)
-        elif isinstance(block, dict):
-            for field in ("text", "thinking", "reasoning", "data", "base64", "content", "input", "args"):
-                value = block.get(field)
-                size += len(value) if isinstance(value, (str, bytes, list, dict)) else 0
-    return size
 
 
 def _same_fields(a: BaseMessage, b: BaseMessage) -> bool:
@@ -279,7 +258,7 @@ class TokenCountCache:
         """
         end = min(len(messages), len(last))  # (``sizes`` may run on: a later read grows it)
         count = start + _leading(map(_same_fields, messages[start:end], last[start:end]))
-        count = start + _leading(map(operator.eq, map(_size, messages[start:count]), sizes[start:count]))
+        count = start + _leading(map(operator.eq, map(content_size, messages[start:count]), sizes[start:count]))
         entries = self._entries
         for index in range(max(start, count - _FINGERPRINTED_COPIES), count):
             message = messages[index]
@@ -343,7 +322,7 @@ class TokenCountCache:
         read knows its own length and never reads past it), so a turn costs
         what it adds.
         """
-        new = list(map(_size, messages[reused:]))
+        new = list(map(content_size, messages[reused:]))
         with self._lock:
             if reused == len(sizes) and sizes is not _NOTHING[3]:
                 sizes.extend(new)

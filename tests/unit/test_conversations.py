@@ -103,3 +103,21 @@ def test_thread_id_with_nul_archive_can_be_recalled() -> None:
     except Exception as error:
         pytest.fail(f"recall raised {type(error).__module__}.{type(error).__name__}: {error}")
     assert "old0 word" in str(state["messages"][-1].content), str(state["messages"][-1].content)[:200]
+
+
+def test_a_conversation_without_a_thread_is_known_by_how_it_opens_and_an_edit_makes_it_another() -> None:
+    """The same opening read anew (a checkpoint's copies) is the same conversation; one edited in place is not."""
+    from langchain_core.messages import SystemMessage
+
+    from langchain_compaction._lc.conversation import conversation_of
+
+    history: list[BaseMessage] = [SystemMessage("You are terse."), *long_history(6, 10)]
+    key = conversation_of({}, history).key
+    assert conversation_of({}, [m.model_copy() for m in history]).key == key
+    assert conversation_of({}, [*history, HumanMessage("more", id="late")]).key == key  # grown: the same
+    history[1].content = str(history[1].content) + " and one more sentence"  # edited in place, the same object
+    assert conversation_of({}, history).key != key
+    history[1].content = history[1].content.replace("and one more sentence", "and two more sentences")
+    edited = conversation_of({}, history).key
+    assert edited != key
+    assert conversation_of({}, [m.model_copy() for m in history]).key == edited
