@@ -101,8 +101,21 @@ def render_section(facts: Sequence[Fact]) -> str:
         of_kind = [f for f in facts if f.kind == kind]
         if of_kind:
             lines.append(f"{TITLES[kind]}:")
-            lines += [line_of(f) for f in of_kind]
+            lines += _calls_by_tool(of_kind) if kind == "done_call" else [line_of(f) for f in of_kind]
     return "\n".join(lines)
+
+
+def _calls_by_tool(calls: Sequence[Fact]) -> list[str]:
+    """The calls already made, one line a tool (in the order each tool was first met): its name is said once.
+
+    An agent that ran thirty commands needs the commands; ``Bash`` thirty
+    times over is what a small window cannot spare.
+    """
+    by_tool: dict[str, list[str]] = {}
+    for fact in calls:
+        by_tool.setdefault(fact.detail, []).append(_code(fact.text))
+    lines = [f"- {_code(tool)}: {', '.join(items)}" for tool, items in by_tool.items() if tool]
+    return lines + [f"- {item}" for item in by_tool.get("", [])]
 
 
 _RE_READ: frozenset[FactKind] = frozenset(
@@ -134,6 +147,8 @@ def facts_in_section(text: str) -> list[Fact]:
             kind = titles[line]
         elif not line.startswith("- "):
             break  # the section has ended (another heading, the archive's line)
+        elif kind == "done_call":
+            found += _calls_read_back(line[2:])
         elif kind in _RE_READ:
             found.append(_read_back(kind, line[2:]))
     return found
@@ -183,10 +198,15 @@ def _library_heading(text: str) -> int:
     return at
 
 
+def _calls_read_back(item: str) -> list[Fact]:
+    """The calls one line of ``_calls_by_tool`` lists (an inline code span holds no backtick: the split is exact)."""
+    if not (item.startswith("`") and "`: `" in item):
+        return [_read_back("done_call", item)]
+    tool, _, arguments = item[1:-1].partition("`: `")
+    return [Fact("done_call", argument, f"{tool}\x00{argument}", tool) for argument in arguments.split("`, `")]
+
+
 def _read_back(kind: FactKind, item: str) -> Fact:
-    if kind == "done_call" and item.startswith("`") and "`: `" in item:
-        tool, _, argument = item[1:-1].partition("`: `")
-        return Fact(kind, argument, f"{tool}\x00{argument}", tool)
     inner = item[1:-1] if len(item) >= 2 and item[0] == item[-1] and item[0] in '`"' else item
     if kind == "task":
         return Fact(kind, inner, "task")
@@ -228,13 +248,13 @@ def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[
     chosen: dict[int, Fact] = {}
     shown = ""
     used = estimate_tokens(f"{SECTION_HEADING}\n{SECTION_NOTE}")
-    titled: set[FactKind] = set()
+    titled: set[str] = set()  # the kinds, and the tools of the calls, whose titles are paid
     rounds, least = _rounds(missing, budget)
     cheapest = min(least[f.kind] for f in missing) if missing else 0
     spent: dict[FactKind | None, int] = {}
     lines: dict[int, str] = {}  # rendered once a fact is looked at (most never are: the section fills first)
     costs: dict[int, int] = {}
-    title_costs = {kind: estimate_tokens(TITLES[kind]) + 2 for kind in PRIORITY}
+    title_costs: dict[str, int] = {kind: estimate_tokens(TITLES[kind]) + 2 for kind in PRIORITY}
     for round_kind, candidates, cap in rounds:
         if round_kind is not None and (
             not candidates or used + least[round_kind] > budget or spent.get(round_kind, 0) + least[round_kind] > cap
@@ -243,7 +263,8 @@ def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[
         for fact in candidates:
             if id(fact) in chosen:
                 continue
-            title = 0 if fact.kind in titled else title_costs[fact.kind]  # paid once
+            head = _head(fact)  # paid once, as its kind's title is
+            title = sum(title_costs.setdefault(t, estimate_tokens(t)) for t in (fact.kind, head) if t not in titled)
             # No character costs less than a quarter token, and a fact's line
             # holds its text: a fact that cannot fit by that bound is passed
             # before anything costlier is done (once the section is nearly
@@ -251,18 +272,18 @@ def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[
             had = spent.get(fact.kind, 0)
             if used + len(fact.text) // 4 + 1 + title > budget or had + len(fact.text) // 4 > cap:
                 continue
-            line = lines.get(id(fact)) or lines.setdefault(id(fact), line_of(fact))
+            line = lines.get(id(fact)) or lines.setdefault(id(fact), f", {_code(fact.text)}" if head else line_of(fact))
             if used + len(line) // 4 + 1 + title > budget or had + len(line) // 4 > cap:
                 continue
             if norm[id(fact)] in shown:
                 continue  # already in the section (a path inside a constraint)
             if id(fact) not in costs:  # a fact over its kind's cap this round is priced once, not every round
-                costs[id(fact)] = estimate_tokens(line) + 1
+                costs[id(fact)] = estimate_tokens(line) + (not head)  # (a line break, or the comma in it)
             cost = costs[id(fact)] + title
             if used + cost > budget or had + cost > cap:
                 continue
             chosen[id(fact)] = fact
-            titled.add(fact.kind)
+            titled.update((fact.kind, head))
             used += cost
             spent[fact.kind] = had + cost
             shown += "\n" + normalize(line)
@@ -272,6 +293,11 @@ def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[
             ):
                 break
     return _in_order(list(chosen.values()), missing, budget)
+
+
+def _head(fact: Fact) -> str:
+    """What a call's line says once for all the calls of its tool (``_calls_by_tool``); "" for any other fact."""
+    return f"- {_code(fact.detail)}: " if fact.kind == "done_call" and fact.detail else ""
 
 
 def _rounds(

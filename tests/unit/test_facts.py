@@ -35,6 +35,7 @@ from langchain_compaction.core.facts import (
 from langchain_compaction.core.layout import body_mark, compose_summary, summary_body
 from langchain_compaction.core.readings import agent_names, error_in, forget, kept, said_in, user_says
 from langchain_compaction.core.redact import redact_secrets
+from langchain_compaction.core.section import facts_in_section, fitting, render_section
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact
 from langchain_compaction.features import CheckedFacts, Pins
@@ -775,3 +776,32 @@ def test_chat_memory_in_memory_store_too() -> None:
     for start in range(1, 41, 2):
         history.add_messages(long_session(20)[start : start + 2])
     assert_carried(history.messages)
+
+
+def test_the_calls_already_made_name_their_tool_once_and_read_back_whole() -> None:
+    # A small window cannot spare the tool's name on every line: one line a
+    # tool, and a summary whose mark was lost still gives every call back.
+    calls = [
+        Fact("done_call", "ls -la src", "Bash\x00ls -la src", "Bash"),
+        Fact("done_call", "sales_q3", "search\x00sales_q3", "search"),
+        Fact("done_call", "grep -n `x`, y", "Bash\x00grep -n `x`, y", "Bash"),
+        Fact("done_call", "make", "make", ""),
+    ]
+    section = render_section(calls)
+    assert section.splitlines()[3:] == [
+        "- `Bash`: `ls -la src`, `grep -n 'x', y`",
+        "- `search`: `sales_q3`",
+        "- `make`",
+    ]
+    assert [(f.text, f.detail) for f in facts_in_section(section)] == [
+        ("ls -la src", "Bash"),
+        ("grep -n 'x', y", "Bash"),
+        ("sales_q3", "search"),
+        ("make", ""),
+    ]
+    # The section's budget is priced as it is shown (the tool's name once):
+    # filled to within about one call's cost, never over.
+    missing = [Fact("done_call", f"pytest tests/test_{n:02}.py", f"Bash\x00{n}", "Bash") for n in range(40)]
+    chosen = fitting(missing, {id(f): normalize(f.text) for f in missing}, 200)
+    one_call = estimate_tokens(", `pytest tests/test_00.py`")
+    assert 200 - 2 * one_call < estimate_tokens(render_section(chosen)) <= 200
