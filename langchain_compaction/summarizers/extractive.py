@@ -163,6 +163,12 @@ def _reported(source: str, line: str) -> str:
     return _clip(f"{source} reported: {quoted(line)}", _CONTEXT_CHARS)
 
 
+def _reads_file(call: ToolCall) -> bool:
+    """Whether ``call`` reads a file (its result is the file's content)."""
+    use = read_call(call).use
+    return use is not None and use[0] == "read"
+
+
 def _resolve(summary: Checkpoint, clean: CallReading, failures: Unresolved[set[str]]) -> None:
     """A clean call: the earlier failures it resolves (checked facts' rule, ``Unresolved``) leave."""
     gone = set().union(*failures.resolve(clean.program, clean.target))
@@ -243,8 +249,8 @@ class ExtractiveSummarizer:
             m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id
         }
         # A result that does not name its tool is its call's (one name for its lines wherever they are said).
-        callers: dict[str | None, str] = {
-            c.id: c.name for m in messages if m.role == "assistant" for c in m.tool_calls if c.id
+        callers: dict[str | None, ToolCall] = {
+            c.id: c for m in messages if m.role == "assistant" for c in m.tool_calls if c.id
         }
         failures: Unresolved[set[str]] = Unresolved()  # each failed call's lines, by program and target
         requests: list[str] = []
@@ -277,7 +283,7 @@ class ExtractiveSummarizer:
         message: Message,
         results: dict[str | None, Message],
         failures: Unresolved[set[str]],
-        callers: dict[str | None, str],
+        callers: dict[str | None, ToolCall],
     ) -> bool:
         """Add what ``message`` tells to ``summary``; whether it is a user request."""
         breathe()  # called per message: on the library's worker thread, let the event loop in
@@ -295,8 +301,11 @@ class ExtractiveSummarizer:
         elif message.role == "tool":
             # Tool output is long and noisy: take its paths, URLs and error
             # lines, not every identifier in it.
-            source = message.name or callers.get(message.tool_call_id) or "a tool"
-            self._add_context(summary, text, from_user=False, identifiers=False, source=source)
+            caller = callers.get(message.tool_call_id)
+            source = message.name or (caller.name if caller else "") or "a tool"
+            # A file read's result is the file: a line of it that says "error" is code, not a failure.
+            read = caller is not None and _reads_file(caller)
+            self._add_context(summary, text, from_user=False, identifiers=False, source=source, errors=not read)
         elif message.role == "system" and text.strip():
             summary.add("Critical Context", _clip(f"System note: {_first_line(text)}", _CONTEXT_CHARS))
         return False
@@ -369,7 +378,9 @@ class ExtractiveSummarizer:
             shown = {_reported(source, e) for e in error_lines(result.text)[-_ERRORS_SHOWN:]}
             failures.add(reading.program, reading.target, {blocked, reported, *shown})
         else:
-            outcome = _first_line(result.text)  # what a tool wrote: quoted, as its failures are
+            # What a tool wrote: quoted, as its failures are. A file read's
+            # first line is the file's, not an outcome: the path says it all.
+            outcome = "" if _reads_file(call) else _first_line(result.text)
             summary.add("Done", _clip(f"{label} → {quoted(outcome)}" if outcome else label))
             _resolve(summary, reading, failures)
         for key in ("command", "cmd"):
@@ -381,12 +392,20 @@ class ExtractiveSummarizer:
                 summary.add("Critical Context", _clip(f"command: {value}", _CONTEXT_CHARS))
 
     def _add_context(
-        self, summary: Checkpoint, text: str, *, from_user: bool, identifiers: bool = True, source: str = ""
+        self,
+        summary: Checkpoint,
+        text: str,
+        *,
+        from_user: bool,
+        identifiers: bool = True,
+        source: str = "",
+        errors: bool = True,
     ) -> None:
         # Error lines first: with the per-message cap they must not be crowded
         # out by paths. A tool's are quoted, with the tool's name.
-        errors = [_reported(source, e) if source else e for e in error_lines(text)[-_ERRORS_SHOWN:]]
-        facts = errors + _context_facts(text, from_user=from_user, identifiers=identifiers)
+        found = error_lines(text)[-_ERRORS_SHOWN:] if errors else []
+        errors_found = [_reported(source, e) if source else e for e in found]
+        facts = errors_found + _context_facts(text, from_user=from_user, identifiers=identifiers)
         taken = 0
         seen: set[str] = set()
         for raw in facts:
@@ -394,7 +413,7 @@ class ExtractiveSummarizer:
             if len(fact) < 3 or fact in seen:
                 continue
             seen.add(fact)
-            summary.add("Critical Context", _clip(fact, _CONTEXT_CHARS), precious=from_user or raw in errors)
+            summary.add("Critical Context", _clip(fact, _CONTEXT_CHARS), precious=from_user or raw in errors_found)
             taken += 1
             if taken >= self.max_context_items:
                 break

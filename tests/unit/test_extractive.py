@@ -390,3 +390,20 @@ def test_custom_instructions_outlive_the_users_own_rules_when_room_is_short() ->
         to_core_list(messages), instructions="keep file paths"
     )
     assert "Compaction instructions: keep file paths" in summary
+
+
+def test_a_file_read_is_the_files_content_not_an_error_report() -> None:
+    # A line of a file that says "error" is code: it is not what the tool
+    # reported, and the file's first line is no outcome of reading it.
+    messages = [
+        HumanMessage("Look at src/store.ts."),
+        AIMessage("", tool_calls=[{"name": "Read", "args": {"file_path": "src/store.ts"}, "id": "r1"}]),
+        ToolMessage("1→import { x } from 'y';\n2→  error: state.error,\n3→  Error: boom", tool_call_id="r1"),
+        AIMessage("", tool_calls=[{"name": "bash", "args": {"command": "npm test"}, "id": "b1"}]),
+        ToolMessage("ran 3 suites\nError: boom in store.test.ts", tool_call_id="b1"),
+    ]
+    summary = ExtractiveSummarizer().summarize_messages(to_core_list(messages))
+    assert "state.error" not in summary
+    assert "import" not in summary
+    assert "Read(file_path=src/store.ts)" in summary
+    assert 'bash reported: "Error: boom in store.test.ts"' in summary
