@@ -17,6 +17,7 @@ Three things every adapter needs and none computes on its own:
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,8 @@ BODY_KEY = "body_chars"
 """Key in a summary's mark: how many characters of its content are the header and the summarizer's text."""
 WRITTEN_KEY = "content_chars"
 """Key in a summary's mark: how many characters its content had as written (longer: someone added to it)."""
+ADDED_KEY = "added_lines"
+"""Key in a summary's mark: a short digest of each line the library added under the summary (``line_digest``)."""
 
 # How the library begins what it adds under a summary (its checked facts and
 # the archive's note); read only in summaries without ``BODY_KEY`` (0.2's).
@@ -143,9 +146,24 @@ def compose_summary(summary: str, sections: Sequence[str] = ()) -> tuple[str, in
     return "\n\n".join([head, *added]), len(head)
 
 
-def body_mark(content: str, body: int) -> dict[str, int]:
-    """The keys of a summary's mark that say where its parts are (``compose_summary``'s content and body)."""
-    return {BODY_KEY: body, WRITTEN_KEY: len(content)}
+def body_mark(content: str, body: int) -> dict[str, Any]:
+    """The keys of a summary's mark that say where its parts are (``compose_summary``'s content and body).
+
+    Besides the two lengths, each line the library added is recorded by a
+    short digest: an edit that shortens or lengthens the library's sections
+    (a fact line deleted, a line written among them) still tells the
+    library's lines from the user's.
+    """
+    return {BODY_KEY: body, WRITTEN_KEY: len(content), ADDED_KEY: sorted(_digests(content[body:]))}
+
+
+def line_digest(line: str) -> str:
+    """A short digest of one line, as ``ADDED_KEY`` records it (its surrounding whitespace aside)."""
+    return hashlib.blake2b(line.strip().encode("utf-8", "surrogatepass"), digest_size=5).hexdigest()
+
+
+def _digests(text: str) -> set[str]:
+    return {line_digest(line) for line in text.splitlines() if line.strip()}
 
 
 def summary_body(content: str, mark: Mapping[str, Any] | None = None) -> str:
@@ -164,31 +182,57 @@ def summary_body(content: str, mark: Mapping[str, Any] | None = None) -> str:
     Returns:
         What ``compose_summary`` was given as ``summary``, with what was added to it since.
     """
-    body_chars, written = (mark or {}).get(BODY_KEY), (mark or {}).get(WRITTEN_KEY)
-    added = ""
-    if isinstance(body_chars, int) and isinstance(written, int) and len(content) != written:
-        # Edited since: the library's sections are found by their heading nearest to where they were.
-        starts = [i for start in _ADDED_IN_0_2 for i in _all(content, "\n\n" + start)]
-        if not starts:
-            return _unheaded(content)  # (its sections edited away: all of it is the summary's)
-        at = min(starts, key=lambda i: abs(i - body_chars))
-        content, added = content[:at], content[at + written - body_chars :].strip()
-    elif isinstance(body_chars, int) and 0 < body_chars <= len(content):
-        content = content[:body_chars]
-    body = _unheaded(content)
-    if not isinstance(body_chars, int):
+    mark = mark or {}
+    body_chars, written = mark.get(BODY_KEY), mark.get(WRITTEN_KEY)
+    if not isinstance(body_chars, int):  # (0.2's: the sections found by how they begin)
+        body = _unheaded(content)
         found = [i for i in (body.find(start) for start in _ADDED_IN_0_2) if i >= 0]
-        body = body[: min(found)].rstrip() if found else body
+        return body[: min(found)].rstrip() if found else body
+    if not isinstance(written, int):
+        written = len(content)  # (a mark from before edits were looked for: taken as unedited)
+    tail = content[body_chars:]
+    if len(content) == written and body_chars > 0 and (ADDED_KEY not in mark or not _theirs(tail, mark, 0)):
+        return _unheaded(content[:body_chars])  # as written (the lines under it, each the library's)
+    # Edited: its sections found by their heading nearest to where they were written.
+    starts = [i for start in _ADDED_IN_0_2 for i in _all(content, "\n\n" + start)]
+    if not starts:
+        return _unheaded(content)  # (its sections edited away: all of it is the summary's)
+    at = min(starts, key=lambda i: abs(i - body_chars))
+    added = _theirs(content[at:], mark, written - body_chars)
+    body = _unheaded(content[:at])
     return f"{body}\n\n{added}" if added else body
 
 
+def _theirs(tail: str, mark: Mapping[str, Any], length: int) -> str:
+    """What someone wrote into ``tail`` (the library's sections as they stand now), in order.
+
+    With the digests of the library's lines (``ADDED_KEY``), every other line
+    is theirs, wherever it stands; a mark without them (0.3's first summaries)
+    knows only the sections' ``length`` as written, and takes what follows it.
+    """
+    recorded = mark.get(ADDED_KEY)
+    if not isinstance(recorded, list):
+        return tail[length:].strip()
+    ours = set(recorded)
+    return "\n".join(line for line in tail.splitlines() if line.strip() and line_digest(line) not in ours).strip()
+
+
 def _unheaded(content: str) -> str:
-    """``content`` without the header and notice a summary message opens with."""
+    """``content`` without the header and notice a summary message opens with.
+
+    A note someone wrote above the header stays, before the summary: the
+    header is the library's wherever it stands (a summarizer shown it would
+    copy it, and the next summary would carry it twice).
+    """
     body = content.strip()
+    at = body.find(prompts.SUMMARY_HEADER)
+    note = ""
+    if at > 0 and body[at - 1] == "\n":
+        note, body = body[:at].strip(), body[at:]
     for line in (prompts.SUMMARY_HEADER, prompts.SUMMARY_NOTICE, prompts.LANGCHAIN_SUMMARY_PREFIX):
         if body.startswith(line):
             body = body[len(line) :].lstrip()
-    return body
+    return f"{note}\n\n{body}" if note and body else note or body
 
 
 def _all(text: str, part: str) -> list[int]:

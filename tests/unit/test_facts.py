@@ -32,7 +32,8 @@ from langchain_compaction.core.facts import (
     identifiers,
     normalize,
 )
-from langchain_compaction.core.layout import body_mark, compose_summary, summary_body
+from langchain_compaction.core.layout import ADDED_KEY, body_mark, compose_summary, summary_body
+from langchain_compaction.core.prompts import SUMMARY_HEADER
 from langchain_compaction.core.readings import agent_names, error_in, forget, kept, said_in, user_says
 from langchain_compaction.core.redact import redact_secrets
 from langchain_compaction.core.section import facts_in_section, fitting, render_section
@@ -735,6 +736,35 @@ def test_what_someone_adds_to_a_summary_is_the_summarys_and_the_librarys_section
     # Without sections, all of it is the summary's.
     bare, body = compose_summary("## Goal\n- ship")
     assert summary_body(bare + "\n- and test", body_mark(bare, body)) == "## Goal\n- ship\n- and test"
+
+
+def test_an_edit_inside_the_librarys_sections_keeps_what_the_user_wrote_and_no_torn_line() -> None:
+    section = "## Checked facts\n(checked against the conversation)\n- Never push to main.\n- Use the staging DB."
+    content, body = compose_summary("## Goal\n- ship the parser", [section])
+    mark = body_mark(content, body)
+    note = "## Notes\n- Budget: 500 EUR, agreed with finance."
+    # A fact line deleted and a note appended: the note whole, nothing of the facts.
+    shorter = content.replace("\n- Use the staging DB.", "") + "\n\n" + note
+    assert summary_body(shorter, mark) == "## Goal\n- ship the parser\n\n" + note
+    # A line written among the facts is the user's, kept whole (the facts' lines are not).
+    among = content.replace("- Never push to main.", "- Never push to main.\n- Ask Dana before a release.")
+    assert summary_body(among, mark) == "## Goal\n- ship the parser\n\n- Ask Dana before a release."
+    # An edit that keeps the length is seen too.
+    same = content.replace("- Use the staging DB.", "- Use the testing DB.")
+    assert len(same) == len(content)
+    assert summary_body(same, mark) == "## Goal\n- ship the parser\n\n- Use the testing DB."
+    # A summary written before the lines were recorded is read by length, as it was.
+    old = {k: v for k, v in mark.items() if k != ADDED_KEY}
+    assert summary_body(content, old) == "## Goal\n- ship the parser"
+
+
+def test_a_note_written_above_the_summarys_header_stays_and_the_header_is_not_copied() -> None:
+    content, body = compose_summary("## Goal\n- ship the parser", ["## Checked facts\n(checked)\n- Never push."])
+    noted = "NOTE (user): the demo moved to Friday.\n" + content
+    for mark in (body_mark(content, body), None):
+        read = summary_body(noted, mark)
+        assert read.startswith("NOTE (user): the demo moved to Friday.\n\n## Goal\n- ship the parser")
+        assert SUMMARY_HEADER not in read
 
 
 def test_a_line_appended_to_the_summary_in_the_checkpoint_reaches_the_next_summary() -> None:
