@@ -13,6 +13,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
 from langgraph.constants import END
+from langgraph.errors import InvalidUpdateError
 from langgraph.types import Command, StateUpdate
 
 from langchain_compaction._lc.conversation import thread_of
@@ -114,7 +115,18 @@ def idle_thread(graph: Any, config: Any) -> Flow[tuple[Any, bool]]:
         )
     snapshot = yield twin(graph.get_state, graph.aget_state, config)
     tasks = getattr(snapshot, "tasks", ())
-    failed = bool(tasks) and all(t.error is not None and not t.interrupts for t in tasks)
+    errors = [t for t in tasks if t.error is not None]
+    failed = bool(tasks) and len(errors) == len(tasks) and not any(t.interrupts for t in tasks)
+    if errors and not failed and not any(t.interrupts for t in tasks):
+        # Compacted, the thread would start the step anew: what its other
+        # tasks returned (kept in the checkpoint until it resumes) would be lost.
+        raise ConfigurationError(
+            "config",
+            thread_of(config),
+            f"a step of the thread's last run failed ({errors[0].name}: {errors[0].error!r}) while other tasks of "
+            "the same step finished, and their results wait in the checkpoint for the run to resume: resume it "
+            "(graph.invoke(None, config)) and compact once the run has ended",
+        )
     if snapshot.next and not failed:
         # Written as the node's update, the compaction would make what runs next follow the node's edges:
         # a run paused at an interrupt (a tool call awaiting approval) would lose its pause, and the call its result.
@@ -133,10 +145,26 @@ def write_as_node(graph: Any, config: Any, update: Any, node: str | None, *, res
     The steps that would follow the node are cleared: a static edge to the
     agent would otherwise have it answer again. (A command to a parent graph
     is written as it is; with ``resume``, a thread a failed step stopped, the
-    node's edges set what runs when it is resumed: the failed step again.)
+    update is written as the node that ran last, whose edges set what runs
+    when it is resumed: the failed step again.)
     """
-    if isinstance(update, Command) or resume:
+    if isinstance(update, Command):
         yield twin(graph.update_state, graph.aupdate_state, config, update, as_node=node)
+        return
+    if resume:
+        # Written as the node that ran last (the one whose edges started the
+        # failed step), the step is the one to run again on resume; written as
+        # the compaction node, its own edges would run instead (the model before the tool it called).
+        try:
+            yield twin(graph.update_state, graph.aupdate_state, config, update, as_node=None)
+        except InvalidUpdateError as error:
+            raise ConfigurationError(
+                "config",
+                thread_of(config),
+                "the step that failed followed several nodes at once, so a compaction written now could not "
+                f"leave it to run again ({error}): resume the run first (graph.invoke(None, config)) and compact "
+                "once it has ended",
+            ) from error
         return
     steps = [[StateUpdate(update, node)], [StateUpdate(None, END)]]
     yield twin(graph.bulk_update_state, graph.abulk_update_state, config, steps)

@@ -31,6 +31,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.types import Send
 from pydantic import Field
 
 from langchain_compaction import CompactionError, CompactionOptions
@@ -702,6 +703,92 @@ def test_compact_thread_rescues_a_thread_a_failed_step_stopped_and_the_run_resum
     assert out["messages"][-1].content == "Answered."
     assert is_summary_message(out["messages"][0])
     assert out["messages"][-2].content == "and now?"
+
+
+def test_compact_thread_on_a_thread_a_failed_tool_stopped_resumes_at_the_tool_not_the_model() -> None:
+    # compact -> model -> tools -> compact: the tool raised. Written as the
+    # compaction node's update, the model would run next, its call unanswered.
+    down = [True]
+    seen: list[list[BaseMessage]] = []
+
+    def model(state: CompactionState) -> dict[str, Any]:
+        seen.append(list(state["messages"]))
+        if isinstance(state["messages"][-1], HumanMessage) and "build" in str(state["messages"][-1].content):
+            call = {"name": "bash", "args": {"cmd": "make"}, "id": f"c{len(state['messages'])}", "type": "tool_call"}
+            return {"messages": [AIMessage("", tool_calls=[call])]}
+        return {"messages": [AIMessage("answer " * 60)]}
+
+    def tools(state: CompactionState) -> dict[str, Any]:
+        if down[0]:
+            raise RuntimeError("tool service down")
+        calls = state["messages"][-1].tool_calls
+        return {"messages": [ToolMessage("built", tool_call_id=c["id"]) for c in calls]}
+
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- build", CompactionOptions(context_window=4_000)))
+    builder.add_node("model", model)
+    builder.add_node("tools", tools)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "model")
+    builder.add_conditional_edges("model", lambda s: "tools" if s["messages"][-1].tool_calls else END)
+    builder.add_edge("tools", "compact")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = thread("tool-down")
+    for turn in range(8):
+        graph.invoke({"messages": [HumanMessage(f"question {turn} " + "filler " * 40)]}, config)
+    with pytest.raises(RuntimeError, match="tool service down"):
+        graph.invoke({"messages": [HumanMessage("please run the build")]}, config)
+    assert graph.get_state(config).next == ("tools",)
+    assert compact_thread(graph, config) is not None
+    assert graph.get_state(config).next == ("tools",)  # the failed step runs again on resume
+    down[0] = False
+    calls = len(seen)
+    out = graph.invoke(None, config)
+    assert isinstance(out["messages"][-2], ToolMessage)  # the tool ran first, then the model answered
+    for request in seen[calls:]:
+        assert_valid_anthropic_request(request)
+
+
+def test_compact_thread_refuses_a_step_that_failed_beside_finished_tasks_and_says_why() -> None:
+    # A fan-out of three Send workers, one failed: the two results wait in the
+    # checkpoint for the run to resume; a compaction would start the step anew.
+    class State(CompactionState, total=False):
+        results: Annotated[list[int], operator.add]
+
+    down = [True]
+
+    def worker(state: dict[str, Any]) -> dict[str, Any]:
+        if down[0] and state["item"] == 2:
+            raise RuntimeError("worker 2 down")
+        return {"results": [state["item"]]}
+
+    builder = StateGraph(State)
+    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- fan out", CompactionOptions(context_window=4_000)))
+    builder.add_node("model", lambda s: {"messages": [AIMessage("answer " * 60)]})
+    builder.add_node("worker", worker)
+    builder.add_node("join", lambda s: {"messages": [AIMessage(f"joined {sorted(s.get('results', []))}")]})
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "model")
+    builder.add_conditional_edges("model", lambda s: [Send("worker", {"item": i}) for i in range(3)], ["worker"])
+    builder.add_edge("worker", "join")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = thread("fan-out")
+    down[0] = False
+    for turn in range(6):
+        graph.invoke({"messages": [HumanMessage(f"question {turn} " + "filler " * 40)]}, config)
+    done = len(graph.get_state(config).values["results"])
+    down[0] = True
+    with pytest.raises(RuntimeError, match="worker 2 down"):
+        graph.invoke({"messages": [HumanMessage("again " + "filler " * 40)]}, config)
+    before = graph.get_state(config)
+    with pytest.raises(
+        ConfigurationError, match=r"failed \(worker: .*worker 2 down.*other tasks of the same step finished"
+    ):
+        compact_thread(graph, config)
+    assert graph.get_state(config).values == before.values
+    down[0] = False
+    out = graph.invoke(None, config)
+    assert sorted(out["results"][done:]) == [0, 1, 2]  # the two kept, the failed one run again
 
 
 def test_compact_thread_with_nothing_to_compact_writes_nothing() -> None:
