@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import BaseMessage, RemoveMessage
@@ -31,6 +30,8 @@ from langgraph.types import Command
 
 from langchain_compaction._lc.commands import (
     COMPACT_COMMAND,
+    Ask,
+    asked,
     idle_thread,
     other_messages_key,
     parse_compact_command,
@@ -82,16 +83,6 @@ class CompactionState(MessagesState, total=False):
 
     compaction: CompactionRecord
     """The last compaction's figures (plain JSON data, safe in any checkpointer)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Ask:
-    """What one run of the node was asked: which messages, and how to compact them."""
-
-    messages: list[BaseMessage]
-    instructions: str = ""
-    forced: bool = False
-    command: BaseMessage | None = None
 
 
 class CompactionNode(Runnable[Any, Any], Adapter):
@@ -221,21 +212,16 @@ class CompactionNode(Runnable[Any, Any], Adapter):
 
     # -- the run, as one flow for both paths ----------------------------------------
 
-    def _ask(self, state: Any, manual: str | None) -> _Ask | None:
+    def _ask(self, state: Any, manual: str | None) -> Ask | None:
         """What this run must do; ``None`` when automatic compaction is off and nothing forces one."""
         messages = read_messages(state, self.messages_key)
         if not messages:
             self._say_other_key(state)
-        if manual is not None:
-            return _Ask(messages, manual, forced=True)
-        if self.enable_compact_command and messages:
-            parsed = parse_compact_command(messages[-1])
-            if parsed is not None:
-                return _Ask(messages[:-1], parsed, forced=True, command=messages[-1])
-        if self.options.budget.threshold is None:
+        ask = asked(messages, manual, commands=self.enable_compact_command)
+        if self.options.budget.threshold is None and not (ask.forced or ask.stale):
             self._say_no_window(len(messages))
             return None  # automatic compaction is off: do not even count
-        return _Ask(messages)
+        return ask
 
     def _say_other_key(self, state: Any) -> None:
         """Say once that the state keeps its messages under another key than ``messages_key``."""
@@ -268,8 +254,9 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         ask = self._ask(state, manual)
         if ask is None:
             return None, {}
-        held = [*ask.messages, ask.command] if ask.command else ask.messages  # (as the parent holds it)
-        own, conversation, parent = yield from self._delivery.conversation(config, held, self.messages_key)
+        own, conversation, parent = yield from self._delivery.conversation(
+            config, ask.held or ask.messages, self.messages_key
+        )
         self._delivery.too_deep(config)  # said on the first turn at that depth, before any compaction
         place = Place(conversation, store if store is not None else current_store(), config)
         trigger: Trigger = "force" if ask.forced else "auto"
@@ -281,8 +268,8 @@ class CompactionNode(Runnable[Any, Any], Adapter):
             update[self.messages_key] = replacement(outcome.messages)
             if outcome.result is not None and self.result_key is not None:
                 update[self.result_key] = outcome.result.to_dict()
-        elif ask.command is not None and ask.command.id is not None:
-            update[self.messages_key] = [RemoveMessage(id=ask.command.id)]
+        elif gone := [m.id for m in (ask.command, *ask.stale) if m is not None and m.id is not None]:
+            update[self.messages_key] = [RemoveMessage(id=i) for i in gone]
         if not update or parent is None:
             return outcome.result, update
         sent = None if outcome.messages is None else (own, outcome.messages)

@@ -9,6 +9,7 @@ message is the previous reply, not a question).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
@@ -50,6 +51,50 @@ def parse_compact_command(message: object) -> str | None:
     if rest and not rest[0].isspace():
         return None  # "/compactify" is not the command
     return rest.strip()
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What one run of the node was asked: which messages, and how to compact them."""
+
+    messages: list[BaseMessage]
+    instructions: str = ""
+    forced: bool = False
+    command: BaseMessage | None = None
+    stale: tuple[BaseMessage, ...] = ()  # a failed command's, taken out (``stale_commands``)
+    held: list[BaseMessage] | None = None  # the messages as the state holds them, when not ``messages``
+
+
+def asked(messages: list[BaseMessage], manual: str | None, *, commands: bool) -> Ask:
+    """What a run over ``messages`` is asked (``manual`` forces one; with ``commands``, a final ``/compact`` does)."""
+    if manual is not None:
+        return Ask(messages, manual, forced=True)
+    if not commands or not messages:
+        return Ask(messages)
+    parsed = parse_compact_command(messages[-1])
+    if parsed is not None:
+        return Ask(messages[:-1], parsed, forced=True, command=messages[-1], held=messages)
+    stale = stale_commands(messages)
+    if not stale:
+        return Ask(messages)
+    return Ask([m for m in messages if not any(m is s for s in stale)], stale=tuple(stale), held=messages)
+
+
+def stale_commands(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """The ``/compact`` commands among the newest human messages, before the last one.
+
+    A command whose compaction failed stays in the thread (its run raised),
+    and the user's next message follows it: taken out then, it never reaches
+    the model. Only the trailing human messages are looked at (a turn's cost
+    does not grow with the history).
+    """
+    found = []
+    index = len(messages) - 2
+    while index >= 0 and isinstance(messages[index], HumanMessage):
+        if parse_compact_command(messages[index]) is not None:
+            found.append(messages[index])
+        index -= 1
+    return found
 
 
 def route_after_compaction(state: Any, *, goto: str = "model", messages_key: str = "messages") -> str:

@@ -852,6 +852,41 @@ def test_compact_command_with_nothing_to_compact_only_removes_itself() -> None:
     assert not model.seen
 
 
+def test_a_compact_command_whose_summary_failed_never_reaches_the_model_on_the_next_turn() -> None:
+    # The command's run raised; the user's next message follows it in the thread.
+    down = [False]
+    seen: list[list[str]] = []
+
+    def summarize(prompt: str) -> str:
+        if down[0]:
+            raise TimeoutError("summary service down")
+        return "## Goal\n- go on"
+
+    builder = StateGraph(CompactionState)
+    node = CompactionNode(summarize, CompactionOptions(context_window=8_000), enable_compact_command=True)
+    builder.add_node("compact", node)
+    builder.add_node(
+        "model", lambda s: seen.append([str(m.content) for m in s["messages"]]) or {"messages": [AIMessage("ok")]}
+    )
+    builder.add_edge(START, "compact")
+    builder.add_conditional_edges("compact", route_after_compaction, ["model", END])
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = thread("cmd-failed")
+    for turn in range(4):
+        graph.invoke({"messages": [HumanMessage(f"question {turn} " + "filler " * 20)]}, config)
+    down[0] = True
+    with pytest.raises(SummarizationError):
+        graph.invoke({"messages": [HumanMessage("/compact keep the plan")]}, config)
+    down[0] = False
+    seen.clear()
+    graph.invoke({"messages": [HumanMessage("next question")]}, config)
+    assert seen
+    assert not any(text.startswith("/compact") for request in seen for text in request)
+    messages = graph.get_state(config).values["messages"]
+    assert not any(parse_compact_command(m) is not None for m in messages)
+    assert messages[-2].content == "next question"
+
+
 def test_compact_command_is_plain_text_when_disabled() -> None:
     graph, summarizer, model = _idle_agent(enable=False)
     graph.invoke({"messages": [HumanMessage("/compact please")]}, thread("off"))
