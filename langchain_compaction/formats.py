@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from langchain_core.messages import (
@@ -61,8 +61,9 @@ class Conversation:
     format: Format
     jsonl: bool = False
     originals: tuple[tuple[int, object], ...] = ()
-    request: dict[str, Any] = field(default_factory=dict)
-    """The other fields of a file that holds a whole request (``model``, ``tools``...), written back with it."""
+    request: dict[str, Any] | None = None
+    """For a file that holds an object with its messages under ``messages`` (a whole request), its other
+    fields (``model``, ``tools``...; maybe none), written back with it; ``None`` for a list of messages."""
 
 
 def _shape(item: object, where: str) -> Format:
@@ -234,7 +235,7 @@ def _unreadable(error: ValueError) -> str:
     return f"a value cannot be read ({str(error).split(':', 1)[0]}); a number that long is no message field: remove it"
 
 
-def _items(text: str, name: str) -> tuple[list[tuple[object, str]], object, bool, dict[str, Any]]:
+def _items(text: str, name: str) -> tuple[list[tuple[object, str]], object, bool, dict[str, Any] | None]:
     """The file's messages, each with where it is; its top-level system; whether it is JSON Lines; a request's fields.
 
     A file may hold a whole request (``{"model": ..., "tools": ..., "messages": [...]}``): its other
@@ -249,17 +250,17 @@ def _items(text: str, name: str) -> tuple[list[tuple[object, str]], object, bool
         if "\n" not in stripped or not _parses(stripped.splitlines()[0]):
             msg = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
             raise ConversationFileError(msg, where=name) from exc
-        return _json_lines(text, name), None, True, {}
+        return _json_lines(text, name), None, True, None
     except ValueError as exc:
         raise ConversationFileError(_unreadable(exc), where=name) from exc
     system: object = None
-    request: dict[str, Any] = {}
+    request: dict[str, Any] | None = None
     if isinstance(document, dict) and isinstance(document.get("messages"), list):
         system = document.get("system")
         request = {k: v for k, v in document.items() if k not in ("messages", "system")}
         document = document["messages"]
     if isinstance(document, dict) and ("role" in document or "type" in document):
-        return [(document, f"{name}: line 1")], None, True, {}  # JSON Lines of one message
+        return [(document, f"{name}: line 1")], None, True, None  # JSON Lines of one message
     if not isinstance(document, list):
         msg = f'expected a JSON list of messages (or {{"messages": [...]}}), found {type(document).__name__}'
         raise ConversationFileError(msg, where=name)
@@ -405,8 +406,8 @@ def dump_conversation(
     """
     items: Any
     items = messages_to_dict(list(messages)) if shape == "langchain" else _written(messages, shape, read)
-    if read is not None and read.request and not jsonl:
-        # A whole request (model, tools, ...): written back whole, its messages compacted.
+    if read is not None and read.request is not None and not jsonl:
+        # A whole request (model, tools, ...; or just its messages): written back as an object, its messages compacted.
         items = {**read.request, **(items if isinstance(items, dict) else {"messages": items})}
     if jsonl:
         if isinstance(items, dict):  # JSON Lines has no place for a top-level system

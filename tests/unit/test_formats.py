@@ -259,3 +259,16 @@ def test_a_file_holding_a_whole_request_is_written_back_whole() -> None:
         k: body[k] for k in ("model", "temperature", "tools")
     }
     assert len(written["messages"]) < len(messages)
+
+
+def test_a_file_holding_only_its_messages_in_an_object_is_written_back_as_that_object() -> None:
+    """``{"messages": [...]}`` stays an object: a script reading ``out["messages"]`` reads it either way."""
+    from langchain_compaction import ExtractiveSummarizer, compact
+
+    messages = [{"role": "user", "content": "Fix src/a.py " * 50}, {"role": "assistant", "content": "ok " * 50}] * 5
+    for body in ({"messages": messages}, messages):
+        conversation = parse_conversation(json.dumps(body))
+        _, compacted = compact(ExtractiveSummarizer(), conversation.messages)
+        written = json.loads(dump_conversation(compacted, conversation.format, read=conversation))
+        assert isinstance(written, type(body))
+        assert 0 < len(written["messages"] if isinstance(written, dict) else written) < len(messages)
