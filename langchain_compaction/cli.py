@@ -38,8 +38,7 @@ if TYPE_CHECKING:
 
     from langchain_compaction.formats import Conversation
 
-# LangChain is imported only by the commands that read or write a
-# conversation, so ``--help`` and argument errors load no framework.
+# LangChain is imported only by commands that read or write a conversation: ``--help`` loads none.
 
 
 class _Style:
@@ -88,8 +87,10 @@ class _Progress:
 
     def _show(self, request: SummaryRequest) -> None:
         if not self.quiet and request.chunk_count > 1:
-            end = "\n" if request.chunk_index + 1 == request.chunk_count else ""
-            print(f"\rsummarizing chunk {request.chunk_index + 1}/{request.chunk_count}", end=end, file=self.stream)
+            # On a terminal each step overwrites the last; in a log or a pipe each has its own line.
+            step, live = f"summarizing chunk {request.chunk_index + 1}/{request.chunk_count}", self.stream.isatty()
+            last = request.chunk_index + 1 == request.chunk_count
+            print(f"\r{step}" if live else step, end="\n" if last or not live else "", file=self.stream)
             self.stream.flush()
 
     def summarize(self, request: SummaryRequest) -> str | SummaryReply:

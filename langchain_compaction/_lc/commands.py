@@ -158,7 +158,17 @@ def idle_thread(graph: Any, config: Any) -> Flow[tuple[Any, bool]]:
         raise ConfigurationError(
             "config", config, "name the checkpointed thread to compact: {'configurable': {'thread_id': ...}}"
         )
-    snapshot = yield twin(graph.get_state, graph.aget_state, config)
+    try:
+        snapshot = yield twin(graph.get_state, graph.aget_state, config)
+    except ValueError as error:
+        if "checkpointer" not in str(error):
+            raise
+        raise ConfigurationError(
+            "graph",
+            graph,
+            f"it has no checkpointer to read the thread from ({error}): compile it with one, "
+            "builder.compile(checkpointer=InMemorySaver()); a subgraph's thread is compacted through its parent",
+        ) from error
     tasks = getattr(snapshot, "tasks", ())
     errors = [t for t in tasks if t.error is not None]
     failed = bool(tasks) and len(errors) == len(tasks) and not any(t.interrupts for t in tasks)

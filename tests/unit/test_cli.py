@@ -107,7 +107,12 @@ def test_compact_json_with_instructions(tmp_path, ponyc):
 def test_compact_shows_progress_when_chunked(capsys, ponyc):
     code, _ = run("compact", ponyc, "--keep-recent-tokens", "2000", "--summary-input-tokens", "3000", "-o", "/dev/null")
     assert code == 0
-    assert "summarizing chunk" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # Not a terminal: each step on its own line, none overwritten.
+    steps = [line for line in err.splitlines() if line.startswith("summarizing chunk")]
+    assert len(steps) > 1
+    assert "\r" not in err
+    assert steps[-1].split()[-1].split("/")[0] == steps[-1].split("/")[-1]
 
 
 @pytest.mark.parametrize(

@@ -791,6 +791,14 @@ def test_compact_thread_refuses_a_step_that_failed_beside_finished_tasks_and_say
     assert sorted(out["results"][done:]) == [0, 1, 2]  # the two kept, the failed one run again
 
 
+def test_compact_thread_on_a_graph_without_a_checkpointer_says_to_compile_it_with_one() -> None:
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- x", CompactionOptions()))
+    builder.add_edge(START, "compact")
+    with pytest.raises(ConfigurationError, match=r"no checkpointer.*compile it with one"):
+        compact_thread(builder.compile(), thread("none"))
+
+
 def test_compact_thread_with_nothing_to_compact_writes_nothing() -> None:
     graph, _summarizer, _ = _idle_agent()
     config = thread("tiny")
