@@ -248,13 +248,15 @@ def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[
     chosen: dict[int, Fact] = {}
     shown = ""
     used = estimate_tokens(f"{SECTION_HEADING}\n{SECTION_NOTE}")
-    titled: set[str] = set()  # the kinds, and the tools of the calls, whose titles are paid
+    titled: set[str] = {""}  # the kinds, and the tools of the calls, whose titles are paid ("": no title)
     rounds, least = _rounds(missing, budget)
     cheapest = min(least[f.kind] for f in missing) if missing else 0
     spent: dict[FactKind | None, int] = {}
     lines: dict[int, str] = {}  # rendered once a fact is looked at (most never are: the section fills first)
+    heads = {id(f): _head(f) for f in missing}
     costs: dict[int, int] = {}
     title_costs: dict[str, int] = {kind: estimate_tokens(TITLES[kind]) + 2 for kind in PRIORITY}
+    title_costs.update({head: estimate_tokens(head) for head in set(heads.values())})
     for round_kind, candidates, cap in rounds:
         if round_kind is not None and (
             not candidates or used + least[round_kind] > budget or spent.get(round_kind, 0) + least[round_kind] > cap
@@ -263,8 +265,9 @@ def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[
         for fact in candidates:
             if id(fact) in chosen:
                 continue
-            head = _head(fact)  # paid once, as its kind's title is
-            title = sum(title_costs.setdefault(t, estimate_tokens(t)) for t in (fact.kind, head) if t not in titled)
+            head = heads[id(fact)]  # (paid once, as its kind's title is)
+            title = 0 if fact.kind in titled else title_costs[fact.kind]
+            title += 0 if head in titled else title_costs[head]
             # No character costs less than a quarter token, and a fact's line
             # holds its text: a fact that cannot fit by that bound is passed
             # before anything costlier is done (once the section is nearly
