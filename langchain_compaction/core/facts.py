@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from langchain_compaction.core.calls import CallReading, Unresolved, command_target, read_call, written_files
 from langchain_compaction.core.effects import breathe
@@ -180,7 +180,7 @@ class _Tracker:
             other_kind: FactKind = "rule" if fact.kind == "constraint" else "constraint"
             other = (other_kind, key[1])
             if self.facts.pop(other, None) is not None and fact.kind == "rule":
-                fact, key = replace(fact, kind="constraint"), other
+                fact, key = Fact("constraint", fact.text, fact.key, fact.detail), other
         self._put(key, fact)
         if fact.kind in ("request", "earlier"):
             order = self.requests if fact.kind == "request" else self.earlier
@@ -250,7 +250,7 @@ class _Tracker:
             previous = self.facts[key]
             short = clip(previous.text, _SHORT_REQUEST_CHARS)
             if short is not previous.text:
-                self.facts[key] = replace(previous, text=short)
+                self.facts[key] = Fact(previous.kind, short, previous.key, previous.detail)
         self.requests = requests[cut:]
         self._keep(request)
 
@@ -265,7 +265,7 @@ class _Tracker:
                 if not text:
                     del self.facts[key]
                 elif text != fact.text:
-                    self.facts[key] = replace(fact, text=text)
+                    self.facts[key] = Fact(fact.kind, text, fact.key, fact.detail)
 
     def _call(self, call: ToolCall, *, record: bool) -> None:
         reading = read_call(call)
