@@ -101,11 +101,23 @@ def session_key(inner: BaseChatMessageHistory) -> Hashable:
         return ("object", id(inner))
     table = getattr(inner, "_table_name", None) or getattr(getattr(inner, "sql_model_class", None), "__tablename__", "")
     engine = getattr(inner, "engine", None) or getattr(inner, "async_engine", None)
-    where = str(getattr(engine, "url", "")) if engine is not None else ""
+    where = _database(getattr(engine, "url", "")) if engine is not None else ""
     connection = getattr(inner, "_connection", None) or getattr(inner, "_aconnection", None)
     if connection is not None:
         where = str(getattr(getattr(connection, "info", None), "dsn", ""))
     return (type(inner).__qualname__, str(session), str(table), where)
+
+
+def _database(url: object) -> str:
+    """Where an engine's URL keeps its data: a SQLite file by its absolute path, whatever the driver.
+
+    ``sqlite:///chat.db``, ``sqlite:////srv/chat.db`` and ``sqlite+aiosqlite:///chat.db`` are one file:
+    a sync and an async wrapper over it, or two that name it differently, share one lock.
+    """
+    database = str(getattr(url, "database", None) or "")
+    if str(getattr(url, "drivername", "")).startswith("sqlite") and database not in ("", ":memory:"):
+        return str(url) if database.startswith("file:") else f"sqlite:{Path(database).resolve()}"
+    return str(url)
 
 
 # -- the calls every store answers --------------------------------------------------

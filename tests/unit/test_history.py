@@ -1465,3 +1465,22 @@ async def test_a_lock_that_cannot_be_taken_is_a_store_error_and_nothing_is_writt
     with pytest.raises(StoreError, match="no message was lost"):
         await history.aadd_messages([HumanMessage("hello")])
     assert inner.messages == []
+
+
+def test_wrappers_over_one_sqlite_file_named_differently_share_one_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative and an absolute URL, a sync and an async driver: one file, one lock, one compaction at a time."""
+    from langchain_community.chat_message_histories import SQLChatMessageHistory
+
+    from langchain_compaction.history.session import session_state
+
+    monkeypatch.chdir(tmp_path)
+    named = [
+        SQLChatMessageHistory("s", connection="sqlite:///chat.db"),
+        SQLChatMessageHistory("s", connection=f"sqlite:///{tmp_path / 'chat.db'}"),
+        SQLChatMessageHistory("s", connection="sqlite+aiosqlite:///chat.db", async_mode=True),
+    ]
+    assert len({id(session_state(store)) for store in named}) == 1
+    other = SQLChatMessageHistory("s", connection=f"sqlite:///{tmp_path / 'other.db'}")
+    assert session_state(other) is not session_state(named[0])
