@@ -84,11 +84,13 @@ from typing import Any, NamedTuple  # noqa: E402
 from langchain_core.messages import ChatMessage, HumanMessage, SystemMessage  # noqa: E402
 
 from langchain_compaction._lc.convert import (  # noqa: E402
+    BRIDGE_REQUEST_INTRO,
     BRIDGE_TEXT,
     SUMMARY_MARK,
     is_bridge_message,
     is_summary_message,
 )
+from langchain_compaction.core.layout import BRIDGE_REQUEST_CHARS  # noqa: E402
 
 
 def is_user_turn(message: BaseMessage) -> bool:
@@ -101,11 +103,16 @@ def is_user_turn(message: BaseMessage) -> bool:
 
 
 def assert_bridge(message: BaseMessage) -> None:
-    """``message`` is a well-formed bridge: a marked user turn with the fixed text."""
+    """``message`` is a well-formed bridge: a marked user turn with the fixed text, and the request it repeats."""
     assert isinstance(message, HumanMessage)
     assert is_bridge_message(message)
-    assert message.content == BRIDGE_TEXT
-    assert message.additional_kwargs == {SUMMARY_MARK: {"kind": "bridge", "version": 1}}
+    mark = message.additional_kwargs[SUMMARY_MARK]
+    request = mark.get("request", "")
+    assert set(message.additional_kwargs) == {SUMMARY_MARK}
+    assert {k: v for k, v in mark.items() if k != "request"} == {"kind": "bridge", "version": 1}
+    assert message.content == (f"{BRIDGE_TEXT}\n\n{BRIDGE_REQUEST_INTRO}\n{request}" if request else BRIDGE_TEXT)
+    assert "\n" not in request
+    assert len(request) <= BRIDGE_REQUEST_CHARS
     assert isinstance(message.id, str)
     assert message.id.startswith("compaction-bridge-")
 

@@ -359,7 +359,7 @@ class Compactor:
         mark.update(record)
         written: list[BaseMessage] = [summary_message(content, mark, summary_id(record))]
         if shape.bridge:
-            written.append(bridge_message())
+            written.append(bridge_message(shape.request))
         output = [*(original[i] for i in shape.head), *written, *(original[i] for i in shape.kept)]
         self.cache.forget(original[i].id for i in set(range(plan.start, plan.cut)).difference(shape.kept))
         written_tokens = sum(count_messages(written, [to_core(m) for m in written], self.options))

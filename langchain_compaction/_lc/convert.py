@@ -30,6 +30,7 @@ from langchain_core.messages import (
 
 from langchain_compaction._lc.attachments import ATTACHMENT_BLOCKS, attachment_part
 from langchain_compaction.core.effects import breathe
+from langchain_compaction.core.layout import BRIDGE_REQUEST_KEY
 from langchain_compaction.core.prompts import LANGCHAIN_SUMMARY_PREFIX, SUMMARY_HEADER
 from langchain_compaction.core.record import ANCHOR_KEY, KEPT_BEFORE_KEY, KEPT_FROM_KEY
 from langchain_compaction.core.tokens import estimate_tokens
@@ -218,6 +219,8 @@ def is_summary_message(message: BaseMessage) -> bool:
 
 BRIDGE_TEXT = "(The conversation continues here; the summary above covers what came before.)"
 """Content of the user turn put after the summary when the kept part starts otherwise."""
+BRIDGE_REQUEST_INTRO = "The request being worked on, in the user's words:"
+"""What introduces the user's request in a bridge that repeats it."""
 
 
 def is_bridge_message(message: BaseMessage) -> bool:
@@ -356,9 +359,7 @@ def _convert(message: BaseMessage) -> Message:
         if is_bridge_message(message):
             # Part of the previous compaction's output: replaced, never summarized.
             mark = message.additional_kwargs[SUMMARY_MARK]
-            return Message(
-                "user", (Part("text", BRIDGE_TEXT),), is_summary=True, label="bridge", id=message.id, mark=mark
-            )
+            return Message("user", _parts(message.content), is_summary=True, label="bridge", id=message.id, mark=mark)
         if is_langchain_summary(message):
             # Users migrate from LangChain's middleware: its summary is updated, not read as the user's goal.
             label = "langchain summary"
@@ -387,17 +388,22 @@ def to_core_list(messages: Sequence[object]) -> list[Message]:
     return [to_core(m, i) for i, m in enumerate(message_list(messages))]
 
 
-def bridge_message() -> HumanMessage:
+def bridge_message(request: str = "") -> HumanMessage:
     """The user turn that follows a summary when the kept part starts otherwise.
 
     Anthropic's Messages API rejects a conversation whose first turn is not
     the user's (the summary itself goes into the system prompt), and an agent
-    compacted mid-loop keeps an assistant tool call first.
+    compacted mid-loop keeps an assistant tool call first. With ``request``
+    (``core.layout.open_request``), the turn repeats the user's request the
+    loop works on, and its mark carries it to the next bridge.
     """
+    mark: dict[str, Any] = {"kind": "bridge", "version": 1}
+    if request:
+        mark[BRIDGE_REQUEST_KEY] = request
     return HumanMessage(
-        content=BRIDGE_TEXT,
+        content=f"{BRIDGE_TEXT}\n\n{BRIDGE_REQUEST_INTRO}\n{request}" if request else BRIDGE_TEXT,
         id=f"compaction-bridge-{uuid.uuid4().hex}",
-        additional_kwargs={SUMMARY_MARK: {"kind": "bridge", "version": 1}},
+        additional_kwargs={SUMMARY_MARK: mark},
     )
 
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_compaction.core import prompts
-from langchain_compaction.core.extract import normalize
+from langchain_compaction.core.extract import clip, normalize
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Layout, Plan
 from langchain_compaction.core.result import CompactionResult
@@ -260,7 +260,36 @@ def layout(messages: Sequence[Message], plan: Plan, options: CompactionOptions) 
     # user's (or that has none): an agent compacted mid-loop keeps its tool
     # call first, or nothing (a thinking loop summarized whole).
     bridge = options.ensure_user_turn and (not kept or messages[kept[0]].role != "user")
-    return Layout(plan.keep_head, bridge, kept)
+    return Layout(plan.keep_head, bridge, kept, open_request(messages, kept, plan.cut) if bridge else "")
+
+
+BRIDGE_REQUEST_KEY = "request"
+"""Key in a bridge's mark: the user's request it repeats (carried to the next bridge while the loop runs)."""
+BRIDGE_REQUEST_CHARS = 1_000
+"""The most characters of the user's request a bridge repeats."""
+
+
+def open_request(messages: Sequence[Message], kept: Sequence[int], cut: int) -> str:
+    """The user's request a tool loop still works on, when a compaction takes it into the summary ("" if none).
+
+    The loop still runs when the conversation ends with a tool's result and
+    no user turn is kept: the request is the last user turn before the cut,
+    or what the bridge of an earlier compaction repeated. Repeated in the
+    bridge, the model sees what was asked, and so does a middleware that reads
+    the last user message (LangChain's ``LLMToolSelectorMiddleware`` picks the
+    tools by it), not a line about the summary.
+    """
+    if not messages or messages[-1].role != "tool" or any(messages[i].role == "user" for i in kept):
+        return ""
+    for index in range(cut - 1, -1, -1):
+        message = messages[index]
+        if message.role != "user":
+            continue
+        if message.label == "bridge":
+            carried = message.mark.get(BRIDGE_REQUEST_KEY)
+            return carried if isinstance(carried, str) else ""
+        return "" if message.is_summary else clip(message.text, BRIDGE_REQUEST_CHARS)
+    return ""
 
 
 def compaction_result(

@@ -23,13 +23,17 @@ class Layout:
 
     Attributes:
         head: Leading system messages (and summaries) kept, in order.
-        bridge: Whether a one-line user turn follows ``head``.
+        bridge: Whether a user turn of the library's follows ``head``.
         kept: Messages kept after it, in order.
+        request: What the bridge repeats of the user's request a tool loop
+            still works on, when the compaction took it into the summary
+            (``core.layout.open_request``); "" for the one-line bridge.
     """
 
     head: tuple[int, ...]
     bridge: bool
     kept: tuple[int, ...]
+    request: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from conftest import assert_compacted, is_user_turn, split_compacted
+from conftest import assert_compacted, assert_valid_anthropic_request, is_user_turn, split_compacted
 from helpers_turns import RequestRecorder, chat, words
 from langchain_anthropic import ChatAnthropic
 from langchain_core.callbacks import BaseCallbackHandler
@@ -45,6 +45,7 @@ from langchain_compaction import (
     should_compact,
 )
 from langchain_compaction._lc.convert import (
+    BRIDGE_REQUEST_INTRO,
     BRIDGE_TEXT,
     SUMMARY_MARK,
     is_bridge_message,
@@ -52,7 +53,7 @@ from langchain_compaction._lc.convert import (
     summary_message,
 )
 from langchain_compaction.core import prompts
-from langchain_compaction.core.layout import compose_summary
+from langchain_compaction.core.layout import BRIDGE_REQUEST_CHARS, compose_summary
 from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import (
     ConfigurationError,
@@ -1235,12 +1236,14 @@ async def test_mid_loop_compaction_puts_a_bridge_before_the_kept_tool_call(mode:
     assert out[3] is messages[4]
     assert out[3].tool_calls  # type: ignore[attr-defined]
     assert out[4] is messages[5]
-    assert out[2].content == BRIDGE_TEXT
+    # The loop still runs (a tool's result is last): the bridge repeats the request it works on.
+    asked = f"{BRIDGE_TEXT}\n\n{BRIDGE_REQUEST_INTRO}\nFind and fix the failing test."
+    assert out[2].content == asked
     # The request Anthropic gets starts with the user's turn, the summary in ``system``.
     payload = anthropic_payload(out)
     turns = payload["messages"]
     assert turns[0]["role"] == "user"
-    assert turns[0]["content"] == BRIDGE_TEXT
+    assert turns[0]["content"] == asked
     assert turns[1]["role"] == "assistant"
     assert turns[1]["content"][0]["type"] == "tool_use"
     assert turns[2]["role"] == "user"
@@ -1421,7 +1424,39 @@ def test_the_bridge_text_is_in_the_compacted_size() -> None:
     assert result is not None
     bridge = split_compacted(out).bridge
     assert bridge is not None
-    assert estimate_message_tokens([bridge]) == estimate_message_tokens([HumanMessage(BRIDGE_TEXT)])
+    assert estimate_message_tokens([bridge]) == estimate_message_tokens([HumanMessage(str(bridge.content))])
+    assert result.compacted_tokens == estimate_message_tokens(out)
+
+
+def test_a_bridge_repeats_the_request_while_the_loop_runs_and_only_then() -> None:
+    # A long loop on one request, compacted again and again: each bridge
+    # repeats the request (carried in its mark once the request itself is
+    # summarized), clipped; a loop that has answered gets the one-line bridge.
+    request = "Find the flaky test in tests/test_io.py and make it deterministic. " + "Context. " * 200
+    messages: list[BaseMessage] = [SystemMessage("You are a coding agent.", id="sys"), HumanMessage(request, id="h")]
+    options = CompactionOptions(keep_recent_tokens=300)
+    bridges = []
+    for step in range(12):
+        call = {"name": "bash", "args": {"cmd": f"pytest -k t{step}"}, "id": f"c{step}"}
+        messages += [AIMessage("", id=f"a{step}", tool_calls=[call])]
+        messages += [ToolMessage("1 failed, 2 passed\n" * 40, tool_call_id=f"c{step}", id=f"t{step}")]
+        result, messages = compact(Recorder(), messages, options)
+        if result is not None:  # (nothing new enough to summarize: no compaction)
+            bridge = split_compacted(messages).bridge
+            assert bridge is not None
+            bridges.append(bridge)
+    assert len({b.id for b in bridges}) == len(bridges) > 5  # each compaction wrote its own
+    for bridge in bridges:
+        text = str(bridge.content)
+        assert text.startswith(f"{BRIDGE_TEXT}\n\n{BRIDGE_REQUEST_INTRO}\nFind the flaky test in tests/test_io.py")
+        assert len(text) < len(BRIDGE_TEXT) + len(BRIDGE_REQUEST_INTRO) + BRIDGE_REQUEST_CHARS + 3
+    assert_valid_anthropic_request(messages)
+    # Answered: the next compaction of this conversation has no loop running.
+    answered = [*messages, AIMessage("Fixed: the test seeds its random generator now.", id="done")]
+    result, out = compact(Recorder(), answered, CompactionOptions(keep_recent_tokens=20))
+    assert result is not None
+    last = split_compacted(out).bridge
+    assert last is None or last.content == BRIDGE_TEXT
 
 
 def _parallel_reads() -> list[BaseMessage]:

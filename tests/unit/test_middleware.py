@@ -1067,3 +1067,57 @@ async def test_astream_events_leaves_the_summary_out_when_its_tag_is_excluded() 
     shown = await streamed(exclude_tags=[SUMMARY_TAG])
     assert "reply 0" in shown
     assert "SECRET" not in shown
+
+
+def test_langchains_tool_selector_picks_tools_for_the_users_request_after_a_mid_loop_compaction() -> None:
+    """``LLMToolSelectorMiddleware`` reads the last user message: after a mid-loop compaction it is the request."""
+    from langchain.agents.middleware import LLMToolSelectorMiddleware
+    from langchain_core.runnables import RunnableLambda
+
+    from langchain_compaction import ExtractiveSummarizer
+
+    @tool
+    def weather(city: str) -> str:
+        """Get the weather for a city."""
+        return f"weather in {city}: " + "sunny and warm " * 80
+
+    @tool
+    def stocks(ticker: str) -> str:
+        """Get a stock price."""
+        return "price 100"
+
+    class Looping(BaseChatModel):
+        calls: int = 0
+
+        @property
+        def _llm_type(self) -> str:
+            return "looping"
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+            self.calls += 1
+            call = {"name": "weather", "args": {"city": f"city{self.calls}"}, "id": f"w{self.calls}"}
+            reply = AIMessage("", tool_calls=[call]) if self.calls < 12 else AIMessage("final report " * 40)
+            return ChatResult(generations=[ChatGeneration(message=reply)])
+
+    asked: list[str] = []
+
+    class Selector(Looping):
+        def with_structured_output(self, schema: Any, **kwargs: Any) -> Any:
+            return RunnableLambda(lambda msgs: asked.append(str(msgs[-1].content)) or {"tools": ["weather"]})
+
+    question = "What is the weather in all twelve of my cities? Please report on each one in detail."
+    compaction = CompactionMiddleware(ExtractiveSummarizer(), CompactionOptions(context_window=3_000))
+    agent = create_agent(
+        Looping(),
+        tools=[weather, stocks],
+        system_prompt="You are helpful.",
+        middleware=[LLMToolSelectorMiddleware(model=Selector(), max_tools=1), compaction],
+        checkpointer=InMemorySaver(),
+    )
+    out = agent.invoke({"messages": [HumanMessage(question)]}, cfg("selector"))
+    assert any(is_summary_message(m) for m in out["messages"])  # compacted mid-loop
+    assert len(asked) == 12
+    assert all(question in query for query in asked)
