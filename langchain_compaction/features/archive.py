@@ -214,7 +214,7 @@ class Archive(Feature):
         found: list[Item | None] = yield twin(store.batch, store.abatch, [GetOp(namespace, k) for k in keys])
         ttl = _ttl(self, store)
         puts = [
-            PutOp(namespace, key, self._value(position, message, sid, number), index=self._index(), ttl=ttl)
+            PutOp(namespace, key, self._value(position, message, sid, number), index=self._index(store), ttl=ttl)
             for key, existing, (position, message) in zip(keys, found, commit.removed)
             if existing is None  # archived by an earlier try of this very compaction: exactly once
         ]
@@ -234,8 +234,18 @@ class Archive(Feature):
                 yield twin(store.batch, store.abatch, [PutOp(namespace, i.key, None) for i in stale])
         return len(puts)
 
-    def _index(self) -> list[str] | Literal[False]:
-        return ["text"] if self.index else False
+    def _index(self, store: BaseStore) -> list[str] | Literal[False]:
+        if not self.index:
+            return False
+        if getattr(store, "index_config", True) is None and id(store) not in _UNINDEXED:
+            # (Said once a store: LangGraph's stores keep their index config there, None without one.)
+            _UNINDEXED.add(id(store))
+            logger.warning(
+                "Archive(index=True): the store was created without an index config, so archived messages "
+                "are found by their words only; create it with one, e.g. InMemoryStore(index={'dims': ..., "
+                "'embed': ...}), for semantic recall"
+            )
+        return ["text"]
 
     def _value(self, position: int, message: Any, sid: str, number: int) -> dict[str, Any]:
         value: dict[str, Any] = {
@@ -288,6 +298,10 @@ def archived_message(value: Mapping[str, Any]) -> BaseMessage:
     if data is None:
         data = json.loads(value["message_json"])
     return messages_from_dict([data])[0]
+
+
+_UNINDEXED: set[int] = set()
+"""The stores ``Archive(index=True)`` said have no index config (by id: said once each)."""
 
 
 def _ttl(archive: Archive, store: BaseStore) -> float | None:

@@ -495,6 +495,22 @@ def test_with_an_indexed_store_the_tool_also_finds_messages_by_meaning() -> None
     assert all(item.value.get("text") for item in store.search(("compaction_archive", "t"), limit=5))
 
 
+def test_an_indexed_archive_over_a_store_without_an_index_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="langchain_compaction")
+    plain = graph_session(InMemoryStore(), InMemorySaver(), "t", archive=Archive(index=True))
+    for number in range(60):
+        plain.turn(number)
+    said = [r for r in caplog.records if "without an index config" in r.getMessage()]
+    assert len(said) == 1
+    assert "No archived message matches" in plain.recall(plain.graph.store, query="reservation")
+    caplog.clear()
+    store = InMemoryStore(index={"dims": 3, "embed": _meaning, "fields": ["text"]})
+    indexed = graph_session(store, InMemorySaver(), "t", archive=Archive(index=True))
+    for number in range(60):
+        indexed.turn(number)
+    assert not [r for r in caplog.records if "without an index config" in r.getMessage()]
+
+
 def test_positions_stay_true_when_a_compaction_keeps_a_pinned_exchange() -> None:
     """The kept part has a gap (the pinned todo list, then the recent messages): positions must follow the truth."""
     from archive_sessions import GraphSession
