@@ -72,6 +72,11 @@ class DriverReport:
 # Qwen3 thinking) write their reasoning inline before the answer; one cut off
 # before it closed left no answer at all.
 _REASONING = re.compile(r"\A\s*<(think|thinking|reasoning)>(?:.*?</\1>|.*\Z)\s*", re.DOTALL | re.IGNORECASE)
+# Others (DeepSeek-R1's newer template, QwQ, Qwen3 thinking) put the opening
+# tag in the prompt: their reply is the reasoning, a closing tag, the answer.
+_UNOPENED_REASONING = re.compile(
+    r"\A(?:(?!<(?:think|thinking|reasoning)>).)*?</(?:think|thinking|reasoning)>\s*", re.DOTALL | re.IGNORECASE
+)
 
 
 def _reply(value: object, request: SummaryRequest) -> SummaryReply:
@@ -85,7 +90,7 @@ def _reply(value: object, request: SummaryRequest) -> SummaryReply:
             chunk_index=request.chunk_index,
             chunk_count=request.chunk_count,
         )
-    reply = replace(reply, text=_REASONING.sub("", reply.text, count=1))
+    reply = replace(reply, text=_UNOPENED_REASONING.sub("", _REASONING.sub("", reply.text, count=1), count=1))
     if not reply.text.strip() and request.prefix and request.attempt == 0:
         # Asked over the agent's own request (tools bound), a model may answer
         # with a tool call and no text: the flow asks again from the transcript.

@@ -159,9 +159,16 @@ def test_reasoning_written_inline_before_the_answer_is_left_out(words: int) -> N
         messages += [HumanMessage(f"step {i}: edit src/mod{i}.py " * 15), AIMessage(f"done {i} " * 40)]
     reasoning = "Okay, the user wants a summary. Let me go through the steps. " * words
     answer = "## Goal\n- edit the modules\n\n## Next Steps\n1. continue with src/mod29.py"
-    model = FakeListChatModel(responses=[f"<think>\n{reasoning}\n</think>\n\n{answer}"] * 3)
-    result, out = compact(model, messages, CompactionOptions(context_window=24_000))
+    # As a template that opens the tag in the prompt leaves it too: the reasoning, a closing tag, the answer.
+    for reply in (f"<think>\n{reasoning}\n</think>\n\n{answer}", f"{reasoning}\n</think>\n\n{answer}"):
+        model = FakeListChatModel(responses=[reply] * 3)
+        result, out = compact(model, messages, CompactionOptions(context_window=24_000))
+        assert result is not None
+        assert "## Goal\n- edit the modules" in result.summary
+        assert "think>" not in str(out[0].content)
+        assert "Let me go through" not in str(out[0].content)
+    # A tag met later, in the answer's own text, is the answer's.
+    quoted = f"{answer}\n- the parser reads <think>...</think> blocks"
+    result, _ = compact(FakeListChatModel(responses=[quoted] * 3), messages, CompactionOptions(context_window=24_000))
     assert result is not None
-    assert "## Goal\n- edit the modules" in result.summary
-    assert "<think>" not in str(out[0].content)
-    assert "Let me go through" not in str(out[0].content)
+    assert "reads <think>...</think> blocks" in result.summary
