@@ -105,7 +105,7 @@ def well_formed(summary: str) -> str:
             continue
         kept.append(line.rstrip())
     if fences.open:
-        kept.append(fences.open)
+        kept.append(fences.closing)
     return "\n".join(kept).strip()
 
 

@@ -157,7 +157,7 @@ def facts_in_section(text: str) -> list[Fact]:
 # A fence line: three or more backticks or tildes (indented too: in a list
 # item). A block closes only at a fence of its own character, at least as
 # long, alone on its line (CommonMark's rule: "```" inside a "~~~" block is text).
-_FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
+_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})(.*)$")
 
 
 class Fences:
@@ -165,19 +165,24 @@ class Fences:
 
     Attributes:
         open: The fence of the block the last line left open ("" outside one).
+        closing: The line that closes it where it was opened: the fence, indented
+            as its opening line (a block in a list item is closed inside the item;
+            a fence at the margin there would end the item and open a block).
     """
 
     def __init__(self) -> None:
         self.open = ""
+        self.closing = ""
 
     def step(self, line: str) -> bool:
         """Whether ``line`` is code: a fence line, or a line inside a block."""
         found = _FENCE.match(line)
-        if found and not self.open:
-            self.open = found.group(1)
+        # (After backticks, an info string with a backtick makes the line inline code: "```make``` fails".)
+        if found and not self.open and not (found.group(2)[0] == "`" and "`" in found.group(3)):
+            self.open, self.closing = found.group(2), found.group(1) + found.group(2)
             return True
-        if found and found.group(1).startswith(self.open) and not found.group(2).strip():
-            self.open = ""  # (its own character, at least as long: it starts with the opening fence)
+        if found and self.open and found.group(2).startswith(self.open) and not found.group(3).strip():
+            self.open = self.closing = ""  # (its own character, at least as long: it starts with the opening fence)
             return True
         return bool(self.open)
 

@@ -628,14 +628,29 @@ def test_a_pasted_block_or_forwarded_mail_states_no_rule(pasted: str) -> None:
 
 @pytest.mark.parametrize(
     ("reply", "fence"),
-    [("## Goal\n- x\n~~~\ncode", "~~~"), ("## Goal\n- x\n````md\n```\ninner\n```", "````")],
-    ids=["tilde", "longer fence holding a shorter one"],
+    [
+        ("## Goal\n- x\n~~~\ncode", "~~~"),
+        ("## Goal\n- x\n````md\n```\ninner\n```", "````"),
+        # In a list item the block is closed inside the item: a fence at the margin would end it and open one.
+        ("## Next Steps\n1. run the tests:\n   ```bash\n   make test", "   ```"),
+    ],
+    ids=["tilde", "longer fence holding a shorter one", "in a list item"],
 )
 def test_a_fence_the_summarizer_left_open_is_closed_with_its_own_kind(reply: str, fence: str) -> None:
     text = _compacted([HumanMessage("Never edit tests/fixtures.json.", id="r")], lambda prompt: reply)
     body, _, facts = text.partition(SECTION_HEADING)
     assert facts  # the library's section is there, after the summary
     assert body.rstrip().endswith("\n" + fence)
+
+
+def test_inline_code_at_a_line_start_opens_no_block_to_close() -> None:
+    # "```make``` fails" is inline code (an info string after backticks may hold none):
+    # a fence appended for it would open a block around the library's section.
+    reply = "## Goal\n- fix the build\n```make test``` still fails\n## Next Steps\n- rerun"
+    text = _compacted([HumanMessage("Never edit tests/fixtures.json.", id="r")], lambda prompt: reply)
+    body, _, facts = text.partition(SECTION_HEADING)
+    assert facts
+    assert body.rstrip().endswith("- rerun")
 
 
 def test_the_summarizer_cannot_write_the_library_s_section_heading() -> None:
