@@ -49,6 +49,13 @@ def _reply(output: object, *, covers_prefix: bool = False) -> str | SummaryReply
     # no summary, whatever it says first ("Let me look that up."): no text.
     text = str(output.text) if isinstance(output, BaseMessage) else output
     if isinstance(output, AIMessage) and output.tool_calls:
+        if not covers_prefix:  # (over the agent's own request the engine asks again, from the transcript)
+            names = ", ".join(sorted({str(call.get("name")) for call in output.tool_calls}))
+            raise SummarizationError(
+                f"compaction summarisation failed: the summarizer model answered with a tool call ({names}), not a "
+                "summary; pass a model without tools bound (the agent's model before .bind_tools(...)), or "
+                "fallback=ExtractiveSummarizer()"
+            )
         text = ""
     if isinstance(output, AIMessage) and _cut_short(output):
         logger.warning(
@@ -88,7 +95,11 @@ def _refusal(output: BaseMessage | str) -> str:
         return "stop_reason=refusal"
     if meta.get("finish_reason") == "content_filter":
         return "finish_reason=content_filter"
-    return "a refusal" if output.additional_kwargs.get("refusal") else ""
+    if output.additional_kwargs.get("refusal"):
+        return "a refusal"
+    # (OpenAI's Responses API: a content block of its own.)
+    blocks = output.content if isinstance(output.content, list) else []
+    return "a refusal" if any(isinstance(b, dict) and b.get("type") == "refusal" for b in blocks) else ""
 
 
 def uses_prefix(request: SummaryRequest) -> bool:

@@ -552,10 +552,13 @@ def test_timed_out_sync_summary_calls_do_not_pile_up_threads() -> None:
     assert leaked <= 4, f"{leaked} summary threads are still alive after 8 timed-out calls"
 
 
+_RESPONSES_REFUSAL = AIMessage(content=[{"type": "refusal", "refusal": "I can't help with that."}])
+
+
 @pytest.mark.parametrize(
     "metadata",
-    [{"stop_reason": "refusal"}, {"finish_reason": "content_filter"}],
-    ids=["anthropic refusal", "openai content filter"],
+    [{"stop_reason": "refusal"}, {"finish_reason": "content_filter"}, {}],
+    ids=["anthropic refusal", "openai content filter", "openai responses refusal block"],
 )
 def test_a_chat_model_that_declines_writes_no_summary(metadata: dict[str, str]) -> None:
     """A refusal's text ("I can't help with that") is no summary: an error, or the fallback writes it."""
@@ -567,7 +570,7 @@ def test_a_chat_model_that_declines_writes_no_summary(metadata: dict[str, str]) 
         ]
 
     def declining() -> GenericFakeChatModel:
-        reply = AIMessage("I can't help with that.", response_metadata=metadata)
+        reply = AIMessage("I can't help with that.", response_metadata=metadata) if metadata else _RESPONSES_REFUSAL
         return GenericFakeChatModel(messages=itertools.repeat(reply))
 
     options = CompactionOptions(context_window=4_000)
@@ -577,6 +580,22 @@ def test_a_chat_model_that_declines_writes_no_summary(metadata: dict[str, str]) 
     assert result is not None
     assert result.fallback_used
     assert "can't help" not in result.summary
+
+
+def test_a_summarizer_that_answers_with_a_tool_call_is_named_as_such() -> None:
+    """The agent's model passed with its tools bound calls a tool: an error that says so, or the fallback."""
+    messages = [HumanMessage(f"question {i} " * 40, id=f"q{i}") for i in range(30)]
+    call = {"name": "search", "args": {"query": "x"}, "id": "c1", "type": "tool_call"}
+
+    def tool_calling() -> GenericFakeChatModel:
+        return GenericFakeChatModel(messages=itertools.repeat(AIMessage("Let me look.", tool_calls=[call])))
+
+    options = CompactionOptions(context_window=4_000)
+    with pytest.raises(SummarizationError, match=r"answered with a tool call \(search\).*without tools bound"):
+        compact(tool_calling(), messages, options)
+    result, _ = compact(tool_calling(), messages, options, fallback=ExtractiveSummarizer())
+    assert result is not None
+    assert result.fallback_used
 
 
 def test_summary_calls_within_their_deadline_take_no_abandoned_slot() -> None:
