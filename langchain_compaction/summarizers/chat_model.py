@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -127,12 +127,38 @@ _TIMEOUT_KEYWORD_MODULES = ("langchain_anthropic", "langchain_openai")
 
 
 def _client_timeout(model: Runnable[Any, Any], request: SummaryRequest) -> dict[str, Any]:
-    """``{"timeout": seconds}`` when ``model``'s client is known to take it per call, else nothing."""
+    """``{"timeout": seconds}`` when every client ``model`` may call is known to take it per call, else nothing."""
     if request.timeout is None:
         return {}
-    bound = getattr(model, "bound", model)  # a model with tools bound is a RunnableBinding
-    module = type(bound).__module__
-    return {"timeout": request.timeout} if module.startswith(_TIMEOUT_KEYWORD_MODULES) else {}
+    clients = list(_clients(model))
+    known = bool(clients) and all(type(c).__module__.startswith(_TIMEOUT_KEYWORD_MODULES) for c in clients)
+    return {"timeout": request.timeout} if known else {}
+
+
+def _clients(model: Any, depth: int = 0) -> Iterator[object]:
+    """The chat models a Runnable calls.
+
+    Through ``.bind`` and ``with_retry`` (``bound``), ``with_fallbacks``
+    (``runnable`` and ``fallbacks``) and ``init_chat_model``'s configurable
+    model (the one its default config names).
+    """
+    if depth > 8:  # (a wrapper of wrappers this deep: nothing known)
+        yield model
+        return
+    if hasattr(model, "fallbacks") and hasattr(model, "runnable"):
+        for inner in (model.runnable, *model.fallbacks):
+            yield from _clients(inner, depth + 1)
+    elif hasattr(model, "bound"):
+        yield from _clients(model.bound, depth + 1)
+    elif callable(getattr(model, "_model", None)) and hasattr(model, "_default_config"):
+        try:
+            default = model._model()  # (the model its default config names: built, not called)
+        except Exception:  # a configurable model with no default: its client is not known
+            yield model
+        else:
+            yield from _clients(default, depth + 1)
+    else:
+        yield model
 
 
 _EXECUTOR_AGENERATE = frozenset({"BaseChatModel._agenerate", "SimpleChatModel._agenerate"})

@@ -757,3 +757,30 @@ def test_a_summary_error_is_chained_to_what_the_model_raised_not_to_itself() -> 
     with pytest.raises(SummarizationError) as raised:
         compact(failing, long_history(), CompactionOptions(context_window=3_000))
     assert isinstance(raised.value.__cause__, Broken)
+
+
+def test_the_timeout_reaches_the_client_through_the_wrappers_users_pass() -> None:
+    """``with_fallbacks``, ``with_retry``, ``bind`` and ``init_chat_model``'s configurable model: each client gets it."""
+    from langchain.chat_models import init_chat_model
+    from langchain_anthropic import ChatAnthropic
+
+    from langchain_compaction.core.types import SummaryRequest
+    from langchain_compaction.summarizers.chat_model import _client_timeout
+
+    request = SummaryRequest("system", "prompt", (), timeout=2.5)
+    claude = ChatAnthropic(model="claude-haiku-4-5", api_key="x")  # type: ignore[call-arg]
+    other = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")  # type: ignore[call-arg]
+    configurable = init_chat_model(
+        "claude-haiku-4-5", model_provider="anthropic", api_key="x", configurable_fields="any"
+    )
+    for model in (
+        claude,
+        claude.bind(temperature=0),
+        claude.with_retry(),
+        claude.with_fallbacks([other]),
+        configurable,
+    ):
+        assert _client_timeout(model, request) == {"timeout": 2.5}, model
+    # A client not known to take it per call, anywhere in the chain: not passed (it would be refused).
+    fake = GenericFakeChatModel(messages=iter([AIMessage("x")]))
+    assert _client_timeout(claude.with_fallbacks([fake]), request) == {}
