@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
-from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from langgraph.constants import TAG_NOSTREAM
 
 from langchain_compaction.core.engine import Summarizer, blocking_summary
@@ -165,6 +165,17 @@ _EXECUTOR_AGENERATE = frozenset({"BaseChatModel._agenerate", "SimpleChatModel._a
 """LangChain's own async paths that run the sync one on asyncio's default executor."""
 
 
+def _blocking(client: object) -> bool:
+    """Whether LangChain's ``ainvoke`` of ``client`` runs it on asyncio's default executor (no async path of its own).
+
+    A chat model without an ``_agenerate`` of its own, and a ``RunnableLambda``
+    of a plain function (``afunc`` unset).
+    """
+    if isinstance(client, BaseChatModel):
+        return type(client)._agenerate.__qualname__ in _EXECUTOR_AGENERATE
+    return isinstance(client, RunnableLambda) and getattr(client, "afunc", None) is None
+
+
 def _per_call(model: Runnable[Any, Any], request: SummaryRequest, aligned: bool) -> dict[str, Any]:
     """The keywords of one summary call: the client's timeout, and a cache read for an aligned Claude request.
 
@@ -245,8 +256,7 @@ class ChatModelSummarizer:
         messages, aligned = self._input(request)
         model = self._model(request, aligned)
         keywords = _per_call(model, request, aligned)
-        bound = getattr(model, "bound", model)
-        if isinstance(bound, BaseChatModel) and type(bound)._agenerate.__qualname__ in _EXECUTOR_AGENERATE:
+        if any(map(_blocking, _clients(model))):
             call = functools.partial(model.invoke, messages, config=_config(request), **keywords)
             output = await blocking_summary(request, call)
         else:

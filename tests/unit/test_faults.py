@@ -673,13 +673,14 @@ def test_cache_writes_langchain_anthropic_reports_by_lifetime_are_counted() -> N
     assert result.summarizer_billed_input_tokens == 50
 
 
-@pytest.mark.parametrize("kind", ["BaseChatModel", "SimpleChatModel"])
+@pytest.mark.parametrize("kind", ["BaseChatModel", "SimpleChatModel", "with_fallbacks", "RunnableLambda"])
 def test_a_sync_only_chat_model_that_hangs_is_abandoned_on_time_under_asyncio_run(kind: str) -> None:
     """A chat model with no async path of its own (``_generate``, or ``SimpleChatModel``'s ``_call``) is called
     on a thread of the library's, not asyncio's executor, which ``asyncio.run`` waits for."""
     from langchain_core.language_models import SimpleChatModel
     from langchain_core.language_models.chat_models import BaseChatModel
     from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.runnables import RunnableLambda
 
     release = threading.Event()
 
@@ -701,7 +702,16 @@ def test_a_sync_only_chat_model_that_hangs_is_abandoned_on_time_under_asyncio_ru
             release.wait(30)
             return "## Goal\n- x"
 
-    model = HungGenerate() if kind == "BaseChatModel" else HungCall()
+    def hung(messages: Any) -> str:
+        release.wait(30)
+        return "## Goal\n- x"
+
+    model: Any = {
+        "BaseChatModel": HungGenerate(),
+        "SimpleChatModel": HungCall(),
+        "with_fallbacks": HungGenerate().with_fallbacks([HungCall()]),
+        "RunnableLambda": RunnableLambda(hung),
+    }[kind]
 
     async def main() -> None:
         with pytest.raises(SummaryTimeoutError):
