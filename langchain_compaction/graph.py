@@ -10,7 +10,7 @@ summary when the kept messages start otherwise (an agent compacted mid-loop
 keeps its tool call first); the next compaction replaces it with the summary.
 
 Like every adapter it has no compaction logic of its own: it reads the state,
-hands the messages to the shared pipeline (``_lc.pipeline.Compactor``) and
+hands the messages to the shared turn (``_lc.turn.Turn``) and
 builds the state update. ``compact_thread`` and the opt-in ``/compact`` command
 force a compaction through the same run.
 """

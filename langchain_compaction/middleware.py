@@ -49,7 +49,7 @@ rest. Tool schemas are estimated once per tool, the system prompt once per
 Every hook is a line over one flow (``core.effects``): a generator that yields
 each step (count, prepare, summarize, call the model) in its sync and async
 form, driven by ``drive`` or ``adrive``. The compaction itself is the shared
-pipeline's (``_lc.pipeline.Compactor``): there is no compaction logic here.
+turn's (``_lc.turn.Turn``, over ``_lc.compactor.Compactor``): there is no compaction logic here.
 
 Put ``CompactionMiddleware`` last in ``middleware=[...]``: it is then the
 innermost ``wrap_model_call``, so it sees the system prompt and tools that

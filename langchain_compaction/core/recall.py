@@ -102,6 +102,9 @@ def select(items: Iterable[Archived], lookup: Lookup) -> list[Archived]:
     return found[:limit]
 
 
+_LEFT_OUT_ROOM = len("\n\n... 1000000 more match(es) left out for size; narrow the look-up.")
+
+
 def render(found: Sequence[Archived], *, max_chars: int, redactor: Redactor | None = None) -> str:
     """``found`` as text for a model, within ``max_chars``, each message headed by its position, role and id.
 
@@ -117,7 +120,8 @@ def render(found: Sequence[Archived], *, max_chars: int, redactor: Redactor | No
         if redactor is not None:
             body = apply_redactor(redactor, body)
         head = f"[#{item.position} {role_label(item.message)} id={item.key}]"
-        room = max_chars - used - len(head) - 1
+        # (Room is kept for the line that counts what is left out, when more follow.)
+        room = max_chars - used - len(head) - 1 - (_LEFT_OUT_ROOM if shown + 1 < len(found) else 0)
         if room < 40:
             pieces.append(f"... {len(found) - shown} more match(es) left out for size; narrow the look-up.")
             break

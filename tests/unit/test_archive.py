@@ -511,6 +511,16 @@ def test_an_indexed_archive_over_a_store_without_an_index_says_so_once(caplog: p
     assert not [r for r in caplog.records if "without an index config" in r.getMessage()]
 
 
+def test_a_recall_that_matches_more_than_fits_stays_within_its_characters() -> None:
+    """The line that counts what was left out fits in the 4,000 characters too."""
+    session = graph_session(InMemoryStore(), InMemorySaver(), "t")
+    for number in range(60):
+        session.turn(number)
+    found = session.recall(session.graph.store, query="figures", limit=50)
+    assert "left out for size" in found
+    assert len(found) <= 4_000
+
+
 def test_positions_stay_true_when_a_compaction_keeps_a_pinned_exchange() -> None:
     """The kept part has a gap (the pinned todo list, then the recent messages): positions must follow the truth."""
     from archive_sessions import GraphSession
