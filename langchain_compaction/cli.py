@@ -1,7 +1,6 @@
 """The ``langchain-compaction`` command line: demo, inspect, compact.
 
-``demo`` replays the six real agent transcripts bundled beside the project as
-one long session and compacts it offline whenever it outgrows the window.
+``demo`` replays a real agent run shipped in the package, compacting it offline.
 ``inspect`` shows where a conversation's tokens go and where the cut falls.
 ``compact`` writes the compacted conversation in the input's format.
 
@@ -252,11 +251,12 @@ def _writable(path: str | None) -> None:
     """Check the output path before any work is done: one clear line, not a traceback afterwards."""
     if not path:
         return
-    target = Path(path)
+    target = Path(os.path.realpath(path))  # (a link is written where it points)
     if target.is_dir():
         raise ConfigurationError("--output", path, "it is a directory; name a file")
     if not target.parent.is_dir():
-        raise ConfigurationError("--output", path, f"the folder {str(target.parent)!r} does not exist; create it first")
+        what = "is a file, not a folder" if target.parent.exists() else "does not exist; create it first"
+        raise ConfigurationError("--output", path, f"the folder {str(target.parent)!r} {what}")
     if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise ConfigurationError("--output", path, "it cannot be written (permission denied)")
 

@@ -232,6 +232,15 @@ def test_compact_checks_the_output_path_before_any_work(tmp_path, capsys, ponyc)
     assert "does not exist" in err
     assert "summarizing" not in err
     assert out == ""
+    # A link to a folder that is not there, and a "folder" that is a file: said before any work too.
+    (tmp_path / "link.json").symlink_to(tmp_path / "gone" / "out.json")
+    (tmp_path / "notes.txt").write_text("x")
+    for target, said in ((tmp_path / "link.json", "does not exist"), (tmp_path / "notes.txt" / "out.json", "a file")):
+        code, out = run("compact", ponyc, "-o", str(target))
+        err = capsys.readouterr().err.strip()
+        assert code == 2
+        assert said in err
+        assert "summarizing" not in err
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="file-size limits are POSIX")
