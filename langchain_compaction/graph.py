@@ -32,6 +32,7 @@ from langchain_compaction._lc.commands import (
     COMPACT_COMMAND,
     Ask,
     asked,
+    check_reducer,
     idle_thread,
     other_messages_key,
     parse_compact_command,
@@ -254,6 +255,7 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         ask = self._ask(state, manual)
         if ask is None:
             return None, {}
+        check_reducer(ask.held or ask.messages, config)
         own, conversation, parent = yield from self._delivery.conversation(
             config, ask.held or ask.messages, self.messages_key
         )

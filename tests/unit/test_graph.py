@@ -1137,11 +1137,10 @@ def test_a_messages_key_without_add_messages_is_named_as_the_cause() -> None:
 
     with pytest.raises(InvalidMessagesError, match="does not use the add_messages reducer"):
         turns()
-    # Nothing was lost on the way: every question asked is still in the state.
+    # Refused on the first turn, before anything was written or the model saw the list: nothing lost.
     held = graph.get_state(config).values["messages"]
-    asked = {str(m.content).split()[0] for m in held if isinstance(m, HumanMessage) and str(m.content).startswith("q")}
-    assert asked == {f"q{turn}" for turn in range(len(asked))}
-    assert len(asked) > 10
+    assert all(isinstance(m, BaseMessage) for m in held)
+    assert [str(m.content).split()[0] for m in held] == ["q0"]
 
 
 class _History(TypedDict):
