@@ -73,9 +73,12 @@ class DriverReport:
 # before it closed left no answer at all.
 _REASONING = re.compile(r"\A\s*<(think|thinking|reasoning)>(?:.*?</\1>|.*\Z)\s*", re.DOTALL | re.IGNORECASE)
 # Others (DeepSeek-R1's newer template, QwQ, Qwen3 thinking) put the opening
-# tag in the prompt: their reply is the reasoning, a closing tag, the answer.
+# tag in the prompt: their reply is the reasoning, a closing tag on a line of
+# its own, the answer. (A tag mentioned in a line of text, or after the
+# answer's first heading, is the answer's.)
 _UNOPENED_REASONING = re.compile(
-    r"\A(?:(?!<(?:think|thinking|reasoning)>).)*?</(?:think|thinking|reasoning)>\s*", re.DOTALL | re.IGNORECASE
+    r"\A(?:(?!<(?:think|thinking|reasoning)>|^#).)*?^[ \t]*</(?:think|thinking|reasoning)>[ \t]*$\s*",
+    re.DOTALL | re.IGNORECASE | re.MULTILINE,
 )
 
 

@@ -167,8 +167,14 @@ def test_reasoning_written_inline_before_the_answer_is_left_out(words: int) -> N
         assert "## Goal\n- edit the modules" in result.summary
         assert "think>" not in str(out[0].content)
         assert "Let me go through" not in str(out[0].content)
-    # A tag met later, in the answer's own text, is the answer's.
-    quoted = f"{answer}\n- the parser reads <think>...</think> blocks"
-    result, _ = compact(FakeListChatModel(responses=[quoted] * 3), messages, CompactionOptions(context_window=24_000))
-    assert result is not None
-    assert "reads <think>...</think> blocks" in result.summary
+    # A tag met later, in the answer's own text, is the answer's: mentioned in a line, or after its first heading.
+    for text in (
+        f"{answer}\n- the parser reads <think>...</think> blocks",
+        f"{answer}\n- Qwen3 replies end their reasoning with </think> and no opener",
+        f"{answer}\n\n## Critical Context\n```\n</think>\n```",
+    ):
+        model = FakeListChatModel(responses=[text] * 3)
+        result, _ = compact(model, messages, CompactionOptions(context_window=24_000))
+        assert result is not None
+        assert result.summary.startswith("## Goal\n- edit the modules")
+        assert "think>" in result.summary
