@@ -126,16 +126,20 @@ def route_after_compaction(state: Any, *, goto: str = "model", messages_key: str
     return END
 
 
+CONFIG_KEY_SEND = "__pregel_send"
+"""Where LangGraph gives every task of a run its writer (no public name for it): set only inside a graph run."""
+
+
 def check_reducer(messages: list[BaseMessage], config: Any) -> None:
     """Refuse, before anything is written, a graph state whose message list is not an ``add_messages`` list.
 
-    That reducer gives every message an id; in a graph run (LangGraph's
-    ``__pregel_send`` in the config) a newest message without one says the list
+    That reducer gives every message an id; in a graph run (``CONFIG_KEY_SEND``
+    in the config) a newest message without one says the list
     is another reducer's (``operator.add``, the tutorials') or none, which
     would append a compaction's update to it instead of applying it.
     """
     configurable = (config or {}).get("configurable") or {}
-    if messages and messages[-1].id is None and "__pregel_send" in configurable:
+    if messages and messages[-1].id is None and CONFIG_KEY_SEND in configurable:
         msg = (
             "the state's messages key does not use the add_messages reducer (its newest message has no id, which "
             "add_messages gives every message), so a compaction would be appended to it, not applied; declare it "

@@ -26,6 +26,7 @@ from langchain_compaction.core import prompts
 from langchain_compaction.core.extract import clip, normalize
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Layout, Plan
+from langchain_compaction.core.redact import apply_redactor
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.section import SECTION_HEADING, SECTION_NOTE, Fences
 from langchain_compaction.core.types import Message
@@ -260,7 +261,10 @@ def layout(messages: Sequence[Message], plan: Plan, options: CompactionOptions) 
     # user's (or that has none): an agent compacted mid-loop keeps its tool
     # call first, or nothing (a thinking loop summarized whole).
     bridge = options.ensure_user_turn and (not kept or messages[kept[0]].role != "user")
-    return Layout(plan.keep_head, bridge, kept, open_request(messages, kept, plan.cut) if bridge else "")
+    request = open_request(messages, kept, plan.cut) if bridge else ""
+    if request and options.redact is not None:  # (what the bridge repeats goes through redact= like the summary)
+        request = clip(apply_redactor(options.redact, request), BRIDGE_REQUEST_CHARS)
+    return Layout(plan.keep_head, bridge, kept, request)
 
 
 BRIDGE_REQUEST_KEY = "request"

@@ -102,7 +102,8 @@ def select(items: Iterable[Archived], lookup: Lookup) -> list[Archived]:
     return found[:limit]
 
 
-_LEFT_OUT_ROOM = len("\n\n... 1000000 more match(es) left out for size; narrow the look-up.")
+_LEFT_OUT = "... {} more match(es) left out for size; narrow the look-up."
+_LEFT_OUT_ROOM = len("\n\n" + _LEFT_OUT.format(10**6))
 
 
 def render(found: Sequence[Archived], *, max_chars: int, redactor: Redactor | None = None) -> str:
@@ -123,7 +124,7 @@ def render(found: Sequence[Archived], *, max_chars: int, redactor: Redactor | No
         # (Room is kept for the line that counts what is left out, when more follow.)
         room = max_chars - used - len(head) - 1 - (_LEFT_OUT_ROOM if shown + 1 < len(found) else 0)
         if room < 40:
-            pieces.append(f"... {len(found) - shown} more match(es) left out for size; narrow the look-up.")
+            pieces.append(_LEFT_OUT.format(len(found) - shown))
             break
         if len(body) > room:
             body = body[: room - 30] + " ... [cut for size]"

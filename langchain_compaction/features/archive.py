@@ -27,10 +27,12 @@ compaction number is not past the record's.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
 import re
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -237,9 +239,8 @@ class Archive(Feature):
     def _index(self, store: BaseStore) -> list[str] | Literal[False]:
         if not self.index:
             return False
-        if getattr(store, "index_config", True) is None and id(store) not in _UNINDEXED:
+        if getattr(store, "index_config", True) is None and _first_time(store):
             # (Said once a store: LangGraph's stores keep their index config there, None without one.)
-            _UNINDEXED.add(id(store))
             logger.warning(
                 "Archive(index=True): the store was created without an index config, so archived messages "
                 "are found by their words only; create it with one, e.g. InMemoryStore(index={'dims': ..., "
@@ -300,8 +301,17 @@ def archived_message(value: Mapping[str, Any]) -> BaseMessage:
     return messages_from_dict([data])[0]
 
 
-_UNINDEXED: set[int] = set()
-"""The stores ``Archive(index=True)`` said have no index config (by id: said once each)."""
+_UNINDEXED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The stores ``Archive(index=True)`` said have no index config (held weakly: a store gone is forgotten)."""
+
+
+def _first_time(store: Any) -> bool:
+    """Whether ``store`` is not in ``_UNINDEXED`` yet (now it is); a store that cannot be held weakly: always."""
+    if store in _UNINDEXED:
+        return False
+    with contextlib.suppress(TypeError):
+        _UNINDEXED.add(store)
+    return True
 
 
 def _ttl(archive: Archive, store: BaseStore) -> float | None:

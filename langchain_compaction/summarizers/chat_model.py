@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnableWithFallbacks
 from langgraph.constants import TAG_NOSTREAM
 
 from langchain_compaction.core.engine import Summarizer, blocking_summary
@@ -145,7 +145,7 @@ def _clients(model: Any, depth: int = 0) -> Iterator[object]:
     if depth > 8:  # (a wrapper of wrappers this deep: nothing known)
         yield model
         return
-    if hasattr(model, "fallbacks") and hasattr(model, "runnable"):
+    if isinstance(model, RunnableWithFallbacks):
         for inner in (model.runnable, *model.fallbacks):
             yield from _clients(inner, depth + 1)
     elif hasattr(model, "bound"):

@@ -504,6 +504,16 @@ def test_an_indexed_archive_over_a_store_without_an_index_says_so_once(caplog: p
     assert len(said) == 1
     assert "No archived message matches" in plain.recall(plain.graph.store, query="reservation")
     caplog.clear()
+    del plain
+    # Another store, made after the first is gone (it may take the same address): said for it too.
+    for _ in range(3):
+        caplog.clear()
+        again = graph_session(InMemoryStore(), InMemorySaver(), "t", archive=Archive(index=True))
+        for number in range(60):
+            again.turn(number)
+        assert len([r for r in caplog.records if "without an index config" in r.getMessage()]) == 1
+        del again
+    caplog.clear()
     store = InMemoryStore(index={"dims": 3, "embed": _meaning, "fields": ["text"]})
     indexed = graph_session(store, InMemorySaver(), "t", archive=Archive(index=True))
     for number in range(60):

@@ -456,3 +456,23 @@ def test_a_password_said_in_prose_or_given_to_a_registry_login_is_masked(said: s
     masked = redact_secrets(said)
     assert secret not in masked
     assert "[REDACTED]" in masked
+
+
+def test_the_bridge_that_repeats_the_request_repeats_it_redacted() -> None:
+    """A mid-loop compaction's bridge repeats the user's request: through ``redact=`` like the summary."""
+    key = "sk-proj-" + "Q7x2" * 10
+    messages: list[BaseMessage] = [
+        SystemMessage("You are a coding agent.", id="sys"),
+        HumanMessage(f"Deploy with OPENAI_API_KEY={key} and check the logs.", id="h1"),
+    ]
+    for step in range(6):
+        call = {"name": "bash", "args": {"cmd": f"deploy --step {step}"}, "id": f"c{step}"}
+        messages += [AIMessage("", id=f"a{step}", tool_calls=[call])]
+        messages += [ToolMessage("deployed\n" * 40, tool_call_id=f"c{step}", id=f"t{step}")]
+    options = CompactionOptions(keep_recent_tokens=200, redact=redact_secrets)
+    result, out = compact(ExtractiveSummarizer(), messages, options)
+    assert result is not None
+    bridge = next(m for m in out if isinstance(m, HumanMessage))
+    assert "Deploy with OPENAI_API_KEY=" in str(bridge.content)  # the request is repeated ...
+    assert key not in str(bridge.content)  # ... redacted
+    assert key not in str(bridge.additional_kwargs)
