@@ -131,9 +131,9 @@ async def _aread(store: BaseChatMessageHistory) -> list[BaseMessage]:
     return list(await store.aget_messages())
 
 
-def read(store: BaseChatMessageHistory, kind: Strategy = "journal") -> Call[list[BaseMessage]]:
-    """Read every message of ``store`` (a ``kind`` store the way that kind allows)."""
-    if kind == "file":
+def read(store: BaseChatMessageHistory, kind: Strategy | None = None) -> Call[list[BaseMessage]]:
+    """Read every message of ``store`` (a ``kind`` store the way that kind allows; by default, its own kind)."""
+    if (kind or strategy(store)) == "file":
         return blocking(_file_read, store)
     return twin(_read, _aread, store)
 
@@ -151,7 +151,13 @@ def size(store: BaseChatMessageHistory) -> Call[int]:
         return twin(_sql_size, _sql_asize, store)
     if kind == "postgres":
         return twin(_pg_size, _pg_asize, store)
+    if kind == "file":
+        return blocking(_file_length, store)
     return twin(_length, _alength, store)
+
+
+def _file_length(store: Any) -> int:
+    return len(_file_read(store))
 
 
 def _length(store: BaseChatMessageHistory) -> int:
@@ -203,9 +209,14 @@ async def _pg_asize(store: Any) -> int:
         return int(row[0])
 
 
-def append(store: BaseChatMessageHistory, messages: Sequence[BaseMessage], kind: Strategy = "journal") -> Call[None]:
-    """Append ``messages`` to ``store``: its own method, or, for a file, an atomic replace."""
-    if kind == "file":
+def append(store: BaseChatMessageHistory, messages: Sequence[BaseMessage], kind: Strategy | None = None) -> Call[None]:
+    """Append ``messages`` to ``store``: its own method, or, for a file, an atomic replace.
+
+    The kind is the store's own by default: an archive or a journal in a file
+    is appended to atomically too (the stock class truncates the file and
+    writes it again, so a process killed meanwhile left it empty).
+    """
+    if (kind or strategy(store)) == "file":
         # FileChatMessageHistory appends by truncating and rewriting the file
         # in place, so a reader in another process can find it half written.
         return blocking(_file_append, store, list(messages))

@@ -83,10 +83,15 @@ READER = textwrap.dedent(
     while not os.path.exists(stop) or reads < 50:
         # RunnableWithMessageHistory's pattern: a wrapper per call, reading first.
         history = CompactingChatMessageHistory(
-            FileChatMessageHistory(where), lambda p: "unused", CompactionOptions(context_window=3000), lock=FileLock(lock_path)
+            FileChatMessageHistory(where),
+            lambda p: "unused",
+            CompactionOptions(context_window=3000),
+            archive=FileChatMessageHistory(where + ".archive"),
+            lock=FileLock(lock_path),
         )
         try:
             history.messages
+            history.recall("p0", limit=3)  # the archive, read while another process appends to it
         except Exception as exc:
             failed.append(f"{type(exc).__name__}: {exc}")
         reads += 1
