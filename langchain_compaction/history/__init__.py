@@ -80,7 +80,7 @@ from langchain_compaction.features import Feature
 from langchain_compaction.features.prepare import PrepareAhead
 from langchain_compaction.features.recall import recall_from
 from langchain_compaction.history import stores
-from langchain_compaction.history.journal import JOURNAL_MARK, Commit, archive_memo
+from langchain_compaction.history.journal import JOURNAL_MARK, Commit, archive_memo, archived_tail
 from langchain_compaction.history.locks import (
     CompactionLock,
     FileLock,
@@ -413,7 +413,11 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
         if archive is None:
             return None
         existing: int = yield from self._io(stores.size(archive), "archive:size", archive)
-        batch = commit.originals[commit.already_archived(existing, self._state.archive_memo) :]
+        done = commit.already_archived(existing, self._state.archive_memo)
+        if not done and existing and commit.previous_total is None and self._state.archive_memo is None:
+            stored = yield from self._io(stores.read(archive), "archive:read", archive)  # (a session's first)
+            done = archived_tail(stored, commit.originals)
+        batch = commit.originals[done:]
         if batch:
             yield from self._io(stores.append(archive, batch), "archive:add_messages", archive)
         self._state.archive_memo = archive_memo(commit.originals)

@@ -196,6 +196,19 @@ def archive_counter(message: BaseMessage) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def archived_tail(stored: Sequence[BaseMessage], originals: Sequence[BaseMessage]) -> int:
+    """How many of ``originals``, from the first, already end the archive ``stored`` (the most that do).
+
+    A first compaction records no archive length to retry by: a process that
+    died between its archive write and its rewrite left them there, and the
+    next writer's compaction holds the same messages.
+    """
+    most = min(len(stored), len(originals))
+    tail = [fingerprint(m) for m in stored[len(stored) - most :]]
+    head = [fingerprint(m) for m in originals[:most]]
+    return next((k for k in range(most, 0, -1) if tail[most - k :] == head[:k]), 0)
+
+
 def archive_memo(messages: Sequence[BaseMessage]) -> tuple[str, ...]:
     """What the process remembers of an archived batch (for a retry without a counter)."""
     return tuple(fingerprint(m) for m in messages)

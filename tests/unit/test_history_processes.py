@@ -280,3 +280,50 @@ def test_a_process_forked_while_a_thread_compacts_a_session_can_compact_its_own_
     command = [sys.executable, str(script)]
     done = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.strip() == "compacted", done.stdout + done.stderr[-2000:]
+
+
+DIES_AFTER_ARCHIVING = textwrap.dedent(
+    """
+    import os, sys, warnings
+    warnings.simplefilter("ignore")
+    from langchain_community.chat_message_histories import SQLChatMessageHistory
+    from langchain_core.messages import HumanMessage
+    from langchain_compaction import CompactingChatMessageHistory, CompactionOptions
+
+    class DiesAfterItsWrite(SQLChatMessageHistory):
+        # The process is killed right after the archive write, before the session is rewritten.
+        def add_messages(self, messages):
+            super().add_messages(messages)
+            os._exit(9)
+
+    url, archive_class, first, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    archive_type = DiesAfterItsWrite if archive_class == "dies" else SQLChatMessageHistory
+    history = CompactingChatMessageHistory(
+        SQLChatMessageHistory(session_id="s", connection=url),
+        lambda prompt: "## Goal\\n- go on",
+        CompactionOptions(context_window=3000, reserve_tokens=1000, keep_recent_tokens=600),
+        archive=archive_type(session_id="s-archive", connection=url),
+    )
+    for i in range(first, first + count):
+        history.add_messages([HumanMessage(f"m{i} " + "words " * 60, id=f"m{i}")])
+    """
+)
+
+
+def test_a_process_killed_between_its_first_archive_write_and_the_rewrite_archives_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'chat.db'}"
+    first = _spawn(DIES_AFTER_ARCHIVING, url, "dies", "0", "40")
+    first.communicate(timeout=120)
+    assert first.returncode == 9  # it died in its first compaction, after the archive write
+    assert SQLChatMessageHistory(session_id="s-archive", connection=url).messages  # which landed
+    second = _spawn(DIES_AFTER_ARCHIVING, url, "plain", "40", "40")
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err[-2000:]
+    stored = SQLChatMessageHistory(session_id="s", connection=url).messages
+    archived = SQLChatMessageHistory(session_id="s-archive", connection=url).messages
+    # The killed process stored its messages up to the one whose add compacted (it never sent the rest).
+    held = {str(m.content).split(" ")[0] for m in [*stored, *archived] if MARK not in m.additional_kwargs}
+    last = max(i for i in range(40) if f"m{i}" in held)
+    _exactly_once(stored, archived, [f"m{i}" for i in [*range(last + 1), *range(40, 80)]])
