@@ -271,7 +271,7 @@ class Compactor:
         cut = job.plan.cut
         base = {
             KEPT_FROM_KEY: job.messages[cut].id if cut < len(job.messages) else None,
-            KEPT_BEFORE_KEY: [job.messages[i].id for i in job.kept if i < cut and job.messages[i].id],
+            KEPT_BEFORE_KEY: [job.messages[i].id for i in job.kept if job.plan.start <= i < cut and job.messages[i].id],
         }
         return removed, cleared, stamp(job.core, job.kept, removed, base, namespace, retry=retry)
 

@@ -74,6 +74,18 @@ def _ints(value: object) -> list[int]:
     return [p for p in value if isinstance(p, int) and not isinstance(p, bool)] if isinstance(value, list) else []
 
 
+def _carried(mark: Mapping[str, Any]) -> dict[str, int]:
+    """The positions a summary recorded for the messages from before its cut it wrote back, by id.
+
+    By id, not in order: a summary written before the leading system
+    messages were left out of ``kept_before`` recorded theirs too, and the
+    first message after it took the system prompt's position.
+    """
+    ids = [i for i in mark.get(KEPT_BEFORE_KEY) or () if isinstance(i, str)]
+    found = _ints(mark.get(KEPT_POSITIONS_KEY))
+    return dict(zip(ids, found, strict=True)) if len(ids) == len(found) else {}
+
+
 def numbering(messages: Sequence[Message]) -> Numbering:
     """Number ``messages`` from the record their newest summary carries.
 
@@ -84,22 +96,22 @@ def numbering(messages: Sequence[Message]) -> Numbering:
     positions: list[int | None] = []
     counter = number = 0
     lineage: tuple[str, ...] = ()
-    carried: list[int] = []
+    carried: dict[str, int] = {}
     for message in messages:
         if written_here(message):
             mark = message.mark
             position = mark.get(POSITION_KEY)
             if isinstance(position, int) and position >= counter:
                 counter = position
-                carried = _ints(mark.get(KEPT_POSITIONS_KEY))
+                carried = _carried(mark)
                 ids = mark.get(LINEAGE_KEY)
                 lineage = tuple(i for i in ids if isinstance(i, str)) if isinstance(ids, list) else lineage
             found = mark.get(NUMBER_KEY)
             if isinstance(found, int):
                 number = max(number, found)
             positions.append(None)
-        elif carried:
-            positions.append(carried.pop(0))
+        elif message.id in carried:
+            positions.append(carried.pop(message.id))
         else:
             positions.append(counter)
             counter += 1

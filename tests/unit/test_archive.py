@@ -53,7 +53,7 @@ from langchain_compaction.archive import Archive, recall_tool
 from langchain_compaction.core.effects import drive
 from langchain_compaction.core.layout import summary_body
 from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
-from langchain_compaction.features import Commit, default_features
+from langchain_compaction.features import Commit, Pins, default_features
 from langchain_compaction.features.archive import archived_message
 from langchain_compaction.graph import CompactionState, acompact_thread, compact_thread
 
@@ -1240,3 +1240,67 @@ def test_recall_tool_refuses_what_it_cannot_use(argument: str, value: Any) -> No
     # Each raised from deep inside, or was taken (a name providers refuse; "" renamed silently).
     with pytest.raises(ConfigurationError, match=f"{argument}="):
         recall_tool(**{argument: value})
+
+
+def _tool_loop_archive(features: list[Any], turns: int, *, todos_every: int = 0) -> tuple[list[str], Any, Any]:
+    """An agent's tool loop after a system prompt, through a node with ``features``: the ids sent, the graph, its store."""
+    from langchain_core.messages import SystemMessage
+    from langgraph.graph import MessagesState
+
+    from langchain_compaction import ExtractiveSummarizer
+
+    node = CompactionNode(ExtractiveSummarizer(), CompactionOptions(context_window=4_000), features=features)
+    reply: dict[str, AIMessage] = {}
+    builder = StateGraph(MessagesState)
+    builder.add_node("compact", node)
+    builder.add_node("agent", lambda state: {"messages": [reply["ai"]]})
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    store = InMemoryStore()
+    graph = builder.compile(checkpointer=InMemorySaver(), store=store)
+    sent: list[str] = []
+    inputs: list[BaseMessage] = [
+        SystemMessage("You are a coding agent.", id="sys"),
+        HumanMessage("Fix the parser bug in src/parse.py please.", id="h0"),
+    ]
+    for n in range(turns):
+        todo = todos_every and n % todos_every == 3
+        name, args = ("write_todos", {"todos": [f"step {n} item {k}" for k in range(4)]}) if todo else ("bash", {})
+        call = {
+            "name": name,
+            "args": args or {"command": f"grep -rn token{n} src/"},
+            "id": f"c{n}",
+            "type": "tool_call",
+        }
+        reply["ai"] = AIMessage(f"Working on step {n}. " * 8, id=f"a{n}", tool_calls=[call])
+        graph.invoke({"messages": inputs}, {"configurable": {"thread_id": "loop"}})
+        sent += [m.id for m in inputs if m.id] + [f"a{n}"]
+        output = f"src/parse.py:{n}: token{n} = read() # output line " * 30
+        inputs = [ToolMessage(output, tool_call_id=f"c{n}", id=f"t{n}")]
+    return sent, graph, store
+
+
+def _archived_items(store: Any) -> list[Any]:
+    return [
+        item for ns in store.list_namespaces(prefix=("compaction_archive",)) for item in store.search(ns, limit=10_000)
+    ]
+
+
+def test_archived_messages_keep_their_positions_after_a_system_prompt_and_a_bridge() -> None:
+    """The summary no longer lists the leading system prompt as kept from before its cut (the next compaction gave
+    its position to the first message after the summary, and every later one was one too low)."""
+    sent, _, store = _tool_loop_archive([Archive()], 30)
+    where = {message_id: position for position, message_id in enumerate(sent)}
+    items = _archived_items(store)
+    assert len(items) > 20
+    for item in items:
+        assert int(item.value["position"]) == where[item.value["message"]["data"]["id"]]
+
+
+def test_a_pinned_exchange_a_newer_call_replaces_is_archived_whole() -> None:
+    """Both messages of the old pinned exchange, each at its own position: one key each, none dropped."""
+    sent, graph, store = _tool_loop_archive([Pins(tools=("write_todos",)), Archive()], 60, todos_every=10)
+    in_state = {m.id for m in graph.get_state({"configurable": {"thread_id": "loop"}}).values["messages"]}
+    archived = Counter(item.value["message"]["data"]["id"] for item in _archived_items(store))
+    assert [i for i in sent if i not in in_state and archived[i] == 0] == []
+    assert [i for i, n in archived.items() if n > 1] == []
