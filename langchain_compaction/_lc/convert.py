@@ -24,6 +24,7 @@ from langchain_core.messages import (
     ChatMessage,
     FunctionMessage,
     HumanMessage,
+    RemoveMessage,
     SystemMessage,
     ToolMessage,
 )
@@ -337,6 +338,12 @@ def to_core(message: object, index: int = 0) -> Message:
             f"messages[{index}] is a {type(message).__name__}, not a LangChain message; "
             "pass BaseMessage objects (langchain_core.messages.convert_to_messages converts "
             "dicts, tuples and strings)"
+        )
+        raise InvalidMessagesError(msg, index=index)
+    if isinstance(message, RemoveMessage):
+        msg = (
+            f"messages[{index}] is a RemoveMessage: an instruction to the add_messages reducer, not a message of the "
+            "conversation; apply it first (langgraph.graph.message.add_messages(messages, [...])), then compact"
         )
         raise InvalidMessagesError(msg, index=index)
     core = _convert(message)

@@ -1,10 +1,8 @@
 """Compaction options, validated at construction, and the budgets derived from them.
 
-``CompactionOptions`` holds the budgets and the prompts (twelve fields). What a
-feature needs (checked facts, pins, clearing, summaries prepared ahead, the
-archive, cache-aligned requests, required sections) is that feature's own
-options (``langchain_compaction.features``); the keywords that set them here in
-0.2 still work for one release, with a ``DeprecationWarning``.
+``CompactionOptions`` holds the budgets and the prompts (twelve fields); what a
+feature needs is that feature's own options (``langchain_compaction.features``).
+The 0.2 keywords that set features here work for one release, with a warning.
 
 Every budget is derived from the options in one place, ``CompactionOptions.budget``
 (``derive_budget``); nothing else computes one. The rule, for a window ``W``:
@@ -21,9 +19,9 @@ Every budget is derived from the options in one place, ``CompactionOptions.budge
 
 A feature derives its own budget from these (the checked-facts section from
 the summary's, pins from the keep, the preparation mark from the threshold).
-A value the user sets is kept as set (``None`` means derived); a set
-combination that leaves no room raises ``ConfigurationError`` at construction.
-With the window unknown (0) automatic compaction is off and pi's defaults apply.
+A value set is kept (``None``: derived); a set combination that leaves no room
+raises ``ConfigurationError``. With the window unknown (0) automatic compaction
+is off and pi's defaults apply.
 """
 
 from __future__ import annotations
@@ -153,8 +151,6 @@ def check_callable(name: str, value: object, advice: str) -> None:
         raise ConfigurationError(name, value, advice)
 
 
-# The 0.2 keywords that now belong to a feature: each maps to the feature that
-# owns it (``langchain_compaction.features.from_legacy`` builds it).
 LEGACY_KEYWORDS: dict[str, str] = {
     "check_facts": "CheckedFacts (pass features without it to turn checking off)",
     "pin_tools": "Pins(tools=...)",
@@ -167,7 +163,10 @@ LEGACY_KEYWORDS: dict[str, str] = {
     "summary_mode": "CacheAligned() (for 'cache_aligned')",
     "require_sections": "RequireSections()",
 }
-"""Keywords of ``CompactionOptions`` 0.2 that moved to a feature, and where they went."""
+"""Keywords of ``CompactionOptions`` 0.2 that moved to a feature, and where (``features.from_legacy`` builds it)."""
+
+
+_LEGACY_FLAGS = frozenset({"check_facts", "clear_tool_outputs"})  # (the ones that were on/off switches)
 
 
 def _legacy_values(given: dict[str, Any]) -> dict[str, Any]:
@@ -180,8 +179,10 @@ def _legacy_values(given: dict[str, Any]) -> dict[str, Any]:
             f"CompactionOptions({name}=...) is deprecated and will be removed in 0.4; pass the feature to the "
             f"adapter instead: features=[..., {LEGACY_KEYWORDS[name]}] (from langchain_compaction.features)",
             DeprecationWarning,
-            stacklevel=4,
+            stacklevel=3,  # (the caller of CompactionOptions(...): its __init__ calls this)
         )
+        if name in _LEGACY_FLAGS or (name == "require_sections" and isinstance(value, str)):
+            check_flag(name, value)  # ("false" would turn clearing on: a cleared output is gone from the state)
         out[name] = value
     return out
 
@@ -332,12 +333,12 @@ class CompactionOptions:
         self._check()
 
     def _check(self) -> None:
-        self._check_budgets()
-        for name in ("summary_input_tokens", "summary_max_tokens"):
+        for name in ("summary_input_tokens", "summary_max_tokens"):  # (before the budgets add them up)
             value = getattr(self, name)
             if value is not None:
                 minimum = 1000 if name == "summary_input_tokens" else 64
                 check_int(name, value, minimum=minimum, advice=f"at least {minimum}, or None to derive it")
+        self._check_budgets()
         for name in ("summary_prompt", "update_prompt", "system_prompt"):
             _check_text(name, getattr(self, name))
         check_callable(
@@ -405,8 +406,7 @@ class CompactionOptions:
         if fixed <= 0:
             return self
         copy = self.with_window(self.context_window)
-        # ``budget`` is a cached property: the copy's is the one for its fixed part.
-        copy.__dict__["budget"] = derive_budget(self, fixed)
+        copy.__dict__["budget"] = derive_budget(self, fixed)  # (``budget`` is cached: the copy's is for its part)
         return copy
 
     def _fields(self) -> dict[str, Any]:

@@ -133,8 +133,13 @@ class Archive(Feature):
         ):
             raise ConfigurationError("max_messages", self.max_messages, "pass a positive number, or None for all")
         ttl = self.ttl_minutes
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0):
-            raise ConfigurationError("ttl_minutes", self.ttl_minutes, "pass minutes (more than 0), or None")
+        # (Finite, and at most ten years: a store converts it to an integer time, which NaN and infinity are not.)
+        if ttl is not None and (
+            isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= _MAX_TTL_MINUTES
+        ):
+            raise ConfigurationError(
+                "ttl_minutes", self.ttl_minutes, f"pass minutes (more than 0, at most {_MAX_TTL_MINUTES:,}), or None"
+            )
         if self.on_error not in ("raise", "warn"):
             raise ConfigurationError("on_error", self.on_error, "pass 'raise' or 'warn'")
         check_tool_name("tool", self.tool)
@@ -300,6 +305,9 @@ def archived_message(value: Mapping[str, Any]) -> BaseMessage:
         data = json.loads(value["message_json"])
     return messages_from_dict([data])[0]
 
+
+_MAX_TTL_MINUTES = 10 * 366 * 24 * 60
+"""The longest ``ttl_minutes``: ten years."""
 
 _UNINDEXED: weakref.WeakSet[Any] = weakref.WeakSet()
 """The stores ``Archive(index=True)`` said have no index config (held weakly: a store gone is forgotten)."""

@@ -229,6 +229,52 @@ def test_the_0_2_keywords_keep_working_for_one_release(options: dict, adapter: d
     assert holds(node.features)  # type: ignore[operator]
 
 
+def test_a_0_2_keyword_warns_at_the_callers_line_and_a_switch_must_be_a_bool() -> None:
+    import warnings
+
+    from langchain_compaction import CompactionOptions
+    from langchain_compaction.errors import ConfigurationError
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        CompactionOptions(check_facts=False)
+    assert [w.filename for w in caught] == [__file__]  # (shown by Python's default filter: the user's own line)
+    # "false" is a true value: it would have turned clearing on, and a cleared output is gone from the state.
+    for keyword in ({"clear_tool_outputs": "false"}, {"check_facts": "no"}, {"require_sections": "no"}):
+        with pytest.warns(DeprecationWarning, match="deprecated"), pytest.raises(ConfigurationError, match="True or"):
+            CompactionOptions(**keyword)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["4000", [1], b"1"])
+def test_a_summary_budget_of_the_wrong_type_is_named_with_a_window_set(value: object) -> None:
+    from langchain_compaction import CompactionOptions
+    from langchain_compaction.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="summary_max_tokens"):
+        CompactionOptions(context_window=100_000, summary_max_tokens=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ttl", [float("nan"), float("inf"), 1e300, 0, -1])
+def test_an_archive_ttl_that_no_store_can_keep_is_refused(ttl: float) -> None:
+    from langchain_compaction.errors import ConfigurationError
+    from langchain_compaction.features import Archive
+
+    with pytest.raises(ConfigurationError, match="ttl_minutes"):
+        Archive(ttl_minutes=ttl)
+
+
+def test_a_remove_message_given_as_part_of_a_conversation_is_refused() -> None:
+    from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+    from langgraph.graph.message import REMOVE_ALL_MESSAGES
+
+    from langchain_compaction import ExtractiveSummarizer, compact
+    from langchain_compaction.errors import InvalidMessagesError
+
+    messages = [HumanMessage("q " * 300), AIMessage("a " * 300), RemoveMessage(id=REMOVE_ALL_MESSAGES)]
+    with pytest.raises(InvalidMessagesError, match=r"messages\[2\] is a RemoveMessage.*add_messages"):
+        compact(ExtractiveSummarizer(), messages)
+
+
 def test_options_given_0_2_keywords_survive_pickling_and_copying_and_compare_by_them() -> None:
     import copy
     import pickle
