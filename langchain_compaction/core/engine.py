@@ -234,8 +234,8 @@ class _Driver:
             if self.fallback is None or self.used_fallback:
                 raise InvalidSummaryError(
                     f"compaction summarisation failed: the summary was rejected twice ({request.problem}); "
-                    "the messages were left unchanged. Pass fallback=ExtractiveSummarizer(), or relax "
-                    "summary_max_tokens / require_sections",
+                    "the messages were left unchanged. Pass a fallback summarizer (fallback=ExtractiveSummarizer()), "
+                    "or relax summary_max_tokens / RequireSections(headings=...)",
                     chunk_index=request.chunk_index,
                     chunk_count=request.chunk_count,
                 )

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from langchain_compaction.core import prompts
 from langchain_compaction.core.options import check_names
+from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features.base import Feature
 
 
@@ -32,8 +33,9 @@ class RequireSections(Feature):
     headings: tuple[str, ...] = prompts.CHECKPOINT_SECTIONS
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self,
-            "headings",
-            check_names("headings", self.headings, "a tuple of section headings, e.g. ('## Goal', '## Next Steps')"),
-        )
+        advice = "a tuple of section headings, e.g. ('## Goal', '## Next Steps')"
+        headings = check_names("headings", self.headings, advice)
+        # (A heading with no word in it, "" or "##", is in no summary: every one would be rejected.)
+        if not headings or not all(any(c.isalnum() for c in heading) for heading in headings):
+            raise ConfigurationError("headings", self.headings, f"pass {advice}, each with a word in it")
+        object.__setattr__(self, "headings", headings)

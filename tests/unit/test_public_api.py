@@ -379,3 +379,13 @@ def test_a_decorated_summarizer_taking_the_prompt_alone_is_accepted() -> None:
         return "## Goal\n- x"
 
     CompactionNode(summarize)
+
+
+@pytest.mark.parametrize("headings", [("",), ("##",), ("   ",), ()])
+def test_required_headings_with_no_word_are_refused_at_construction(headings: tuple[str, ...]) -> None:
+    """Such a heading is in no summary: every summary would have been rejected, the thread never compacted."""
+    from langchain_compaction.errors import ConfigurationError
+    from langchain_compaction.features import RequireSections
+
+    with pytest.raises(ConfigurationError, match="headings"):
+        RequireSections(headings=headings)
