@@ -24,6 +24,7 @@ module and its line in ``langchain_compaction.features``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -95,6 +96,11 @@ class Commit:
     cleared: Sequence[tuple[int, str]] = ()
 
 
+def _made(kind: type[Feature], given: dict[str, Any]) -> Feature:
+    """A feature of ``kind`` made with ``given`` (``Feature.__reduce__``: how copies and unpickled ones are made)."""
+    return kind(**given)
+
+
 class Feature:
     """A part of the compaction; subclasses override the seams they plug into.
 
@@ -103,6 +109,12 @@ class Feature:
     """
 
     name: ClassVar[str] = ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copied and pickled as made: by the options it was given (what it holds at run time starts afresh)."""
+        fields: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(self) if dataclasses.is_dataclass(self) else ()
+        given = {f.name: getattr(self, f.name) for f in fields if f.init}
+        return (_made, (type(self), given))
 
     def bind(self, options: CompactionOptions) -> Feature:
         """This feature checked against ``options`` (raises ``ConfigurationError`` when it cannot work)."""

@@ -389,3 +389,37 @@ def test_required_headings_with_no_word_are_refused_at_construction(headings: tu
 
     with pytest.raises(ConfigurationError, match="headings"):
         RequireSections(headings=headings)
+
+
+def test_every_feature_copies_and_pickles_as_it_was_made() -> None:
+    """A feature holding locks and caches at run time (PrepareAhead, CacheAligned) is copied by its options."""
+    import copy
+    import pickle
+
+    from langchain_compaction import CompactionNode
+    from langchain_compaction.features import (
+        Archive,
+        CacheAligned,
+        CheckedFacts,
+        ClearToolOutputs,
+        Pins,
+        PrepareAhead,
+        RequireSections,
+    )
+
+    made = [
+        CheckedFacts(max_tokens=300),
+        Pins(tools=("plan",)),
+        ClearToolOutputs(keep_tool_uses=2),
+        PrepareAhead(at=0.6, wait=1.5, in_store=True),
+        Archive(max_messages=50),
+        CacheAligned(),
+        RequireSections(headings=("## Goal",)),
+    ]
+    for feature in made:
+        for twin in (copy.deepcopy(feature), pickle.loads(pickle.dumps(feature)), copy.copy(feature)):
+            assert type(twin) is type(feature)
+            assert twin == feature
+    # A copied feature works in a node of its own (its run-time state is its own).
+    node = CompactionNode(lambda prompt: "## Goal\n- x", features=[copy.deepcopy(PrepareAhead(at=0.6))])
+    assert [type(f).__name__ for f in node.features][-1] == "PrepareAhead"
