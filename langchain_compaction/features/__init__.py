@@ -82,21 +82,27 @@ def default_features() -> list[Feature]:
     return [CheckedFacts(), Pins()]
 
 
+def _as_typed(kind: Any, names: Mapping[str, str], legacy: Mapping[str, Any]) -> Feature:
+    """``kind`` made from the 0.2 keywords ``names`` maps to its fields; an invalid one is named as it was typed."""
+    try:
+        return kind(**{new: legacy[old] for old, new in names.items() if old in legacy})  # type: ignore[no-any-return]
+    except ConfigurationError as error:
+        typed = next((old for old, new in names.items() if new == error.field), error.field)
+        advice = str(error).split(" is invalid: ", 1)[-1]
+        raise ConfigurationError(typed, error.value, advice) from error
+
+
 def from_legacy(legacy: Mapping[str, Any], adapter: Mapping[str, Any]) -> list[Feature]:
     """The features the deprecated 0.2 keywords ask for (``CompactionOptions`` and adapter keywords)."""
     features: list[Feature] = []
     if legacy.get("check_facts", True) is not False:
         features.append(CheckedFacts())
-    pins: dict[str, Any] = {}
-    if "pin_tools" in legacy:
-        pins["tools"] = legacy["pin_tools"]
-    if legacy.get("pinned_max_tokens") is not None:
-        pins["max_tokens"] = legacy["pinned_max_tokens"]
-    features.append(Pins(**pins))
+    pinning = {"pin_tools": "tools", "pinned_max_tokens": "max_tokens"}
+    features.append(_as_typed(Pins, pinning, {k: v for k, v in legacy.items() if k in pinning and v is not None}))
     if legacy.get("clear_tool_outputs"):
         clearing = {"keep_tool_uses": "keep_tool_uses", "clear_exclude_tools": "exclude_tools"}
         clearing["clear_min_tokens"] = "min_tokens"
-        features.append(ClearToolOutputs(**{new: legacy[old] for old, new in clearing.items() if old in legacy}))
+        features.append(_as_typed(ClearToolOutputs, clearing, legacy))
     if legacy.get("prepare_at") is not None:
         features.append(PrepareAhead(at=legacy["prepare_at"], **adapter.get("prepare", {})))
     mode = legacy.get("summary_mode", "transcript")

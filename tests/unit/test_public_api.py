@@ -423,3 +423,14 @@ def test_every_feature_copies_and_pickles_as_it_was_made() -> None:
     # A copied feature works in a node of its own (its run-time state is its own).
     node = CompactionNode(lambda prompt: "## Goal\n- x", features=[copy.deepcopy(PrepareAhead(at=0.6))])
     assert [type(f).__name__ for f in node.features][-1] == "PrepareAhead"
+
+
+def test_an_invalid_0_2_feature_keyword_is_named_as_it_was_typed() -> None:
+    from langchain_compaction import CompactionNode, CompactionOptions
+    from langchain_compaction.errors import ConfigurationError
+
+    for keyword, named in (({"pin_tools": "write_todos"}, "pin_tools"), ({"pinned_max_tokens": -5}, "pinned_max")):
+        with pytest.warns(DeprecationWarning, match="deprecated"):
+            options = CompactionOptions(**keyword)  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError, match=rf"^{named}"):
+            CompactionNode(lambda prompt: "## Goal\n- x", options)
