@@ -110,8 +110,12 @@ def _reply(value: object, request: SummaryRequest) -> SummaryReply:
 
 def _wrap(exc: Exception, request: SummaryRequest) -> SummarizationError:
     """A summarizer's own exception as the library's error (one of the library's is re-raised as it is)."""
+    # (A summarizer with an async path only, called from sync code: say which calls to use.)
+    advice = (
+        "; it has no sync path: use acompact / ainvoke / aadd_messages" if isinstance(exc, NotImplementedError) else ""
+    )
     return SummarizationError(
-        f"compaction summarisation failed: {type(exc).__name__}: {exc}",
+        f"compaction summarisation failed: {type(exc).__name__}: {exc}{advice}",
         chunk_index=request.chunk_index,
         chunk_count=request.chunk_count,
     )

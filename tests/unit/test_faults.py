@@ -794,3 +794,27 @@ def test_the_timeout_reaches_the_client_through_the_wrappers_users_pass() -> Non
     # A client not known to take it per call, anywhere in the chain: not passed (it would be refused).
     fake = GenericFakeChatModel(messages=iter([AIMessage("x")]))
     assert _client_timeout(claude.with_fallbacks([fake]), request) == {}
+
+
+def test_a_summarizer_with_an_async_path_only_called_from_sync_code_says_which_calls_to_use() -> None:
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    class AsyncOnly(BaseChatModel):
+        @property
+        def _llm_type(self) -> str:
+            return "async-only"
+
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+            raise NotImplementedError("sync not supported")
+
+        async def _agenerate(
+            self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any
+        ) -> ChatResult:
+            return ChatResult(generations=[ChatGeneration(message=AIMessage("## Goal\n- x"))])
+
+    options = CompactionOptions(context_window=4_000)
+    with pytest.raises(SummarizationError, match="no sync path: use acompact"):
+        compact(AsyncOnly(), long_history(), options)
+    result, _ = asyncio.run(acompact(AsyncOnly(), long_history(), options))
+    assert result is not None
