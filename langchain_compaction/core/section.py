@@ -84,7 +84,7 @@ def line_of(fact: Fact) -> str:
         source = f"{_code(tool)} ({_code(command)})" if command and command != tool else _code(tool or "a tool")
         return f"- {source} reported: {quoted(fact.text)}"
     if fact.kind == "done_call":
-        return f"- {_code(fact.detail)}: {_code(fact.text)}" if fact.detail else f"- {_code(fact.text)}"
+        return (_head(fact) or "- ") + _code(fact.text)
     if fact.kind in ("constraint", "rule", "task", "request", "earlier"):
         return f"- {quoted(fact.text)}"
     if fact.kind in ("modified_file", "read_file", "identifier", "name"):
@@ -111,11 +111,11 @@ def _calls_by_tool(calls: Sequence[Fact]) -> list[str]:
     An agent that ran thirty commands needs the commands; ``Bash`` thirty
     times over is what a small window cannot spare.
     """
-    by_tool: dict[str, list[str]] = {}
+    by_tool: dict[str, list[Fact]] = {}
     for fact in calls:
-        by_tool.setdefault(fact.detail, []).append(_code(fact.text))
-    lines = [f"- {_code(tool)}: {', '.join(items)}" for tool, items in by_tool.items() if tool]
-    return lines + [f"- {item}" for item in by_tool.get("", [])]
+        by_tool.setdefault(fact.detail, []).append(fact)
+    lines = [_head(group[0]) + ", ".join(_code(f.text) for f in group) for tool, group in by_tool.items() if tool]
+    return lines + [line_of(f) for f in by_tool.get("", [])]
 
 
 _RE_READ: frozenset[FactKind] = frozenset(
