@@ -32,6 +32,7 @@ from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.types import Command
 
 from langchain_compaction._lc.convert import canonical, content_size, prefix_digest
+from langchain_compaction._lc.counting import LAST_CALLS_REMEMBERED
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.errors import ConfigurationError
@@ -159,7 +160,7 @@ def opening(messages: Sequence[BaseMessage]) -> str:
     return value
 
 
-_OPENINGS: Bounded[tuple[tuple[BaseMessage, ...], tuple[int, ...], str]] = Bounded(64)
+_OPENINGS: Bounded[tuple[tuple[BaseMessage, ...], tuple[int, ...], str]] = Bounded(LAST_CALLS_REMEMBERED)
 """The openings digested last (as many as the token cache remembers conversations), by their messages' ids."""
 
 
