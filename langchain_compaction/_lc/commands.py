@@ -193,8 +193,9 @@ def idle_thread(graph: Any, config: Any) -> Flow[tuple[Any, bool]]:
         ) from error
     tasks = getattr(snapshot, "tasks", ())
     errors = [t for t in tasks if t.error is not None]
-    failed = bool(tasks) and len(errors) == len(tasks) and not any(t.interrupts for t in tasks)
-    if errors and not failed and not any(t.interrupts for t in tasks):
+    interrupted = any(t.interrupts for t in tasks)
+    failed = bool(tasks) and len(errors) == len(tasks) and not interrupted
+    if errors and not failed and not interrupted:
         # Compacted, the thread would start the step anew: what its other
         # tasks returned (kept in the checkpoint until it resumes) would be lost.
         raise ConfigurationError(
