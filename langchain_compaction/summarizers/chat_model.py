@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -126,11 +126,16 @@ def _config(request: SummaryRequest) -> RunnableConfig:
 _TIMEOUT_KEYWORD_MODULES = ("langchain_anthropic", "langchain_openai")
 
 
-def _client_timeout(model: Runnable[Any, Any], request: SummaryRequest) -> dict[str, Any]:
-    """``{"timeout": seconds}`` when every client ``model`` may call is known to take it per call, else nothing."""
+def _client_timeout(
+    model: Runnable[Any, Any], request: SummaryRequest, clients: Sequence[object] | None = None
+) -> dict[str, Any]:
+    """``{"timeout": seconds}`` when every client ``model`` may call is known to take it per call, else nothing.
+
+    ``clients``: ``_clients(model)``, when the caller has them already.
+    """
     if request.timeout is None:
         return {}
-    clients = list(_clients(model))
+    clients = list(_clients(model)) if clients is None else clients
     known = bool(clients) and all(type(c).__module__.startswith(_TIMEOUT_KEYWORD_MODULES) for c in clients)
     return {"timeout": request.timeout} if known else {}
 
@@ -176,14 +181,16 @@ def _blocking(client: object) -> bool:
     return isinstance(client, RunnableLambda) and getattr(client, "afunc", None) is None
 
 
-def _per_call(model: Runnable[Any, Any], request: SummaryRequest, aligned: bool) -> dict[str, Any]:
+def _per_call(
+    model: Runnable[Any, Any], request: SummaryRequest, aligned: bool, clients: Sequence[object] | None = None
+) -> dict[str, Any]:
     """The keywords of one summary call: the client's timeout, and a cache read for an aligned Claude request.
 
     Claude's prompt cache is read only by a request that asks for it: a
     cache-aligned request to the direct API (``ChatAnthropic``) carries a
     breakpoint, and the cache finds the agent's own cached prefix before it.
     """
-    keywords = _client_timeout(model, request)
+    keywords = _client_timeout(model, request, clients)
     bound = getattr(model, "bound", model)
     if aligned and getattr(bound, "_llm_type", None) == "anthropic-chat":
         keywords["cache_control"] = {"type": "ephemeral"}
@@ -255,8 +262,9 @@ class ChatModelSummarizer:
         """
         messages, aligned = self._input(request)
         model = self._model(request, aligned)
-        keywords = _per_call(model, request, aligned)
-        if any(map(_blocking, _clients(model))):
+        clients = tuple(_clients(model))  # (once: a configurable model builds its default to tell)
+        keywords = _per_call(model, request, aligned, clients)
+        if any(map(_blocking, clients)):
             call = functools.partial(model.invoke, messages, config=_config(request), **keywords)
             output = await blocking_summary(request, call)
         else:
