@@ -17,7 +17,7 @@ from langgraph.constants import END
 from langgraph.errors import InvalidUpdateError
 from langgraph.types import Command, StateUpdate
 
-from langchain_compaction._lc.conversation import thread_of
+from langchain_compaction._lc.conversation import CONFIG_KEY_SEND, thread_of
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
 
@@ -124,10 +124,6 @@ def route_after_compaction(state: Any, *, goto: str = "model", messages_key: str
     if messages and isinstance(messages[-1], (HumanMessage, ToolMessage)):
         return goto
     return END
-
-
-CONFIG_KEY_SEND = "__pregel_send"
-"""Where LangGraph gives every task of a run its writer (no public name for it): set only inside a graph run."""
 
 
 def check_reducer(messages: list[BaseMessage], config: Any) -> None:

@@ -184,6 +184,8 @@ _CHECKPOINT_WAIT = 2.0
 _CHECKPOINT_POLL = 0.01
 CONFIG_KEY_DURABILITY = "__pregel_durability"
 """Where LangGraph tells a task its run's durability (``"sync"``, ``"async"``, ``"exit"``)."""
+CONFIG_KEY_SEND = "__pregel_send"
+"""Where LangGraph gives every task of a run its writer (no public name for it): set only inside a graph run."""
 
 
 def _pulled(checkpoint: Mapping[str, Any], node: str) -> bool:
