@@ -114,6 +114,16 @@ def _read(text: str) -> UserSays:
     )
 
 
+def states_a_task(request: str) -> bool:
+    """Whether ``request`` states a task (``_states_a_task``): "do that" and "thanks!" do not.
+
+    Example:
+        >>> states_a_task("do that"), states_a_task("add a legend to the chart")
+        (False, True)
+    """
+    return _states_a_task(request, task_terms(request)) and not feedback(request)
+
+
 def _states_a_task(request: str, terms: set[str]) -> bool:
     """Whether a request states a task, not a greeting or an acknowledgement.
 

@@ -835,3 +835,22 @@ def test_the_calls_already_made_name_their_tool_once_and_read_back_whole() -> No
     chosen = fitting(missing, {id(f): normalize(f.text) for f in missing}, 200)
     one_call = estimate_tokens(", `pytest tests/test_00.py`")
     assert 200 - 2 * one_call < estimate_tokens(render_section(chosen)) <= 200
+
+
+def test_an_older_request_that_states_no_task_is_not_kept_as_an_earlier_request() -> None:
+    """ "do that" says nothing once its context is compacted; "add a bar chart ..." says what the task grew into."""
+    said = [
+        "Add another bar chart which plots the total lines by release.",
+        "do that",
+        "Can we hide the legends?",
+        "ok",
+        "Make the charts 20% less tall.",
+        "Now color the bars by author.",
+    ]
+    messages = [
+        m for n, text in enumerate(said) for m in (HumanMessage(text, id=f"h{n}"), AIMessage("Done.", id=f"a{n}"))
+    ]
+    facts = gather((), to_core_list(messages), range(len(messages)), ())
+    earlier = [f.text for f in facts if f.kind == "earlier"]
+    assert earlier == ["Add another bar chart which plots the total lines by release.", "Can we hide the legends?"]
+    assert [f.text for f in facts if f.kind == "request"][-1] == "Now color the bars by author."
