@@ -88,7 +88,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from langchain_compaction._lc.conversation import Delivery, Nesting, conversation_of
+from langchain_compaction._lc.conversation import Delivery, Nesting, conversation_of, namespace_of
 from langchain_compaction._lc.convert import to_core
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, count_messages, counting
 from langchain_compaction._lc.events import COMPACTION_EVENT, replacement
@@ -395,8 +395,8 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         messages: list[BaseMessage] = list(request.messages)
         config = _current_config()
         # A compaction made here is written to this graph's own state (a model
-        # call cannot command the parent graph).
-        conversation = conversation_of(config, messages)
+        # call cannot command the parent graph), but filed with the parent's.
+        conversation = self._delivery.filed_under(conversation_of(config, messages))
         preamble = Preamble(system, tuple(request.tools), overhead)
         aligned: CacheAligned | None = self._turn.feature(CacheAligned)
         if aligned is not None:
@@ -404,7 +404,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         # One level down under nested="parent", what is made here lands
         # mid-history in the parent: only a request that would not fit is
         # compacted here; the next before_model compacts where it can write.
-        deferred = self._delivery.nested == "parent" and bool(conversation.namespace)
+        deferred = self._delivery.nested == "parent" and bool(namespace_of(config))
         place = Place(
             conversation,
             getattr(getattr(request, "runtime", None), "store", None),
@@ -424,7 +424,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
                 raise  # nothing left to summarize: the overflow stands
             # A second overflow is thrown in here and propagates.
             response = yield twin(handler, handler, self._with_messages(request, compacted))
-        if compacted is not None and self._delivery.nested == "parent" and conversation.namespace:
+        if compacted is not None and deferred:
             self._delivery.unreachable("during the model call")
         return self._response(request, response, compacted, overhead)
 

@@ -316,6 +316,7 @@ class Delivery:
         self._sent: Bounded[tuple[int, str]] = Bounded(CONVERSATIONS_REMEMBERED)
         self._own: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)
         self._holds: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)  # per parent task (its checkpoint_ns)
+        self._filed: Bounded[Conversation] = Bounded(CONVERSATIONS_REMEMBERED)  # the parent's, where it holds it
         # The parent's state as this task was given it (``to_parent`` carries up what the run changed), held
         # from the read of the parent's checkpoint to the compaction of the same node call.
         self._given: Bounded[dict[str, Any]] = Bounded(_GIVEN_REMEMBERED)
@@ -331,6 +332,7 @@ class Delivery:
         conversation at all (``_parent_holds``).
         """
         own = conversation_of(config, messages)
+        self._filed.pop(own.key)
         parent = parent_node(config) if self.nested == "parent" else None
         if parent is None or parent == TOO_DEEP or own.thread is None:
             return own, own, None
@@ -357,7 +359,18 @@ class Delivery:
             )
         if self._own.get(own.key):
             return own, own, None
+        self._filed.put(own.key, own.up())
         return own, own.up(), parent
+
+    def filed_under(self, own: Conversation) -> Conversation:
+        """The conversation ``conversation`` last filed this run's under (its own when not asked yet).
+
+        A compaction made where it cannot be sent up (a model call one level
+        down) still belongs to the conversation the parent holds: it is
+        archived, counted and retried there, as the compactions sent up are,
+        so a message is archived once and recalled where the others are.
+        """
+        return self._filed.get(own.key) or own
 
     def _parent_holds(self, config: Any, messages: Sequence[BaseMessage], key: str, node: str) -> Flow[bool]:
         """Whether the parent graph's state holds this run's conversation, read from its checkpoint.

@@ -458,18 +458,23 @@ class Turn(Compactor):
         kept = [where[id(m)] for m in combined if id(m) in where]
         removed, cleared = taken_out(core, kept)
         summary_at = next(i for i, m in enumerate(combined) if id(m) not in where)
+        first_kept = next((where[id(m)] for m in combined[summary_at + 1 :] if id(m) in where), len(core))
         # Prepared mid-loop, it may have taken a thinking loop whole, and the replies since would open it.
-        if not kept_start_fits(
-            core, next((where[id(m)] for m in combined[summary_at + 1 :] if id(m) in where), len(core))
-        ):
+        if not kept_start_fits(core, first_kept):
             return None  # compacted on the spot instead
         summary = combined[summary_at]
-        record = stamp(core, kept, removed, summary.additional_kwargs[SUMMARY_MARK], place.conversation.namespace)
+        # (A try on the spot whose summary failed archived what this takes out first: its id is kept.)
+        key = place.conversation.key
+        # It keeps what came after its base too: the first of that is the first it kept.
+        first_id = messages[first_kept].id if first_kept < len(messages) else None
+        mark = {**summary.additional_kwargs[SUMMARY_MARK], KEPT_FROM_KEY: first_id}
+        record = stamp(core, kept, removed, mark, place.conversation.namespace, retry=self.tried.get(key))
         parts = yield from self._commit(
             messages, core, removed=removed, record=record, place=place, size=sum(counts), cleared_out=cleared
         )
         if parts is None:
             return None
+        self.tried.pop(key)
         combined[summary_at] = summary.model_copy(
             update={"id": summary_id(record), "additional_kwargs": {**summary.additional_kwargs, SUMMARY_MARK: record}}
         )

@@ -261,6 +261,8 @@ def reordered(messages: Sequence[Message], ensure_user_turn: bool = True) -> Lay
     The newest summary was written as an update of every earlier one, and its
     mark says which message it kept first: what lies before that message
     (after the application's leading system messages) is covered, and goes.
+    One that kept nothing covers the messages up to the last it was written
+    after (``Message.written_after``).
     When the mark is missing (a summary written by 0.1.0, or by another
     compactor), nothing is dropped: every summary moves to the front and every
     other message stays, in order. Bridges are replaced by one where needed.
@@ -277,9 +279,12 @@ def reordered(messages: Sequence[Message], ensure_user_turn: bool = True) -> Lay
     summaries = [i for i, m in enumerate(messages) if m.carries_summary]
     rest = [i for i in range(lead, len(messages)) if not messages[i].is_summary]
     newest = summaries[-1]
-    covered_until = next(
-        (i for i in range(newest) if messages[newest].kept_from and messages[i].id == messages[newest].kept_from), None
-    )
+    summary = messages[newest]
+    covered_until = next((i for i in range(newest) if summary.kept_from and messages[i].id == summary.kept_from), None)
+    if covered_until is None and summary.kept_from is None and summary.written_after is not None:
+        # It kept nothing after its cut: it covers all it was written after.
+        after = next((i for i in range(newest) if messages[i].id == summary.written_after), None)
+        covered_until = None if after is None else after + 1
     if covered_until is None:
         head += summaries
     else:

@@ -306,6 +306,16 @@ def test_what_a_misplaced_summary_covers_is_dropped_and_the_rest_kept_in_order()
     shape = reordered(to_core_list(unmarked))
     assert [unmarked[i].id for i in shape.head] == ["p", "s1"]
     assert [unmarked[i].id for i in shape.kept] == ["h0", "a0", "h2", "a2", "r"]
+    # One that kept nothing after its cut covers all it was written after (its anchor), and no more.
+    whole = summary.model_copy(
+        update={
+            "additional_kwargs": {"langchain_compaction": {"kind": "summary", "version": 1, "last_message_id": "a2"}}
+        }
+    )
+    ended = [*messages[:5], whole, *messages[6:]]
+    shape = reordered(to_core_list(ended))
+    assert [ended[i].id for i in shape.head] == ["p", "s1"]
+    assert [ended[i].id for i in shape.kept] == ["r"]
 
 
 # -- a sub-agent invoked inside a parent's node function ---------------------------------------------
@@ -391,13 +401,69 @@ def test_an_agent_one_level_down_with_archive_and_preparation_archives_each_mess
     for turn, message_id in enumerate(sent):
         graph.invoke({"messages": [HumanMessage(f"H{turn:04d} user says {turn} " * 10, id=message_id)]}, config)
     state = [m.id for m in graph.get_state(config).values["messages"]]
+    # (Every namespace of the thread: the model call once filed its compactions under the agent's.)
     archived = [
         messages_from_dict([item.value["message"]])[0].id
-        for item in store.search(("compaction_archive", "P"), limit=10_000)
+        for namespace in store.list_namespaces(prefix=("compaction_archive",))
+        for item in store.search(namespace, limit=10_000)
     ]
     assert archived, "the window should have compacted"
     for message_id in sent:
         assert state.count(message_id) + archived.count(message_id) == 1, message_id
+
+
+def test_an_agent_one_level_down_that_compacts_on_an_overflow_files_with_its_parent() -> None:
+    """The provider's limit turns out below the window: the overflow retry's compaction is archived once, where recall looks.
+
+    The model call compacts into the agent's own state (it cannot command the
+    parent); it filed under the agent's namespace, and the next
+    ``before_model`` filed the same messages again under the parent's, where
+    recall then missed the first ones.
+    """
+    from langchain_core.exceptions import ContextOverflowError
+    from langchain_core.messages import messages_from_dict
+    from langgraph.store.memory import InMemoryStore
+
+    from langchain_compaction.features import Archive, default_features
+    from langchain_compaction.features.recall import recall_tool
+
+    limit = [10**9]
+
+    class Limited(ToolCallingFake):
+        def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
+            if sum(len(str(m.content)) for m in messages) > limit[0]:
+                raise ContextOverflowError("prompt is too long")
+            return super()._generate(messages, *args, **kwargs)
+
+    middleware = CompactionMiddleware(
+        short_summary, CompactionOptions(context_window=8_000), features=[*default_features(), Archive()]
+    )
+    replies = (AIMessage(f"reply {n} " * 30, id=f"a{n}") for n in itertools.count())
+    agent = create_agent(Limited(messages=replies), middleware=[middleware], name="agent")
+    parent = StateGraph(MessagesState)
+    parent.add_node("agent", agent)
+    parent.add_edge(START, "agent")
+    parent.add_edge("agent", END)
+    store = InMemoryStore()
+    graph = parent.compile(checkpointer=InMemorySaver(), store=store)
+    sent = [f"h{turn}" for turn in range(80)]
+    for turn, message_id in enumerate(sent):
+        limit[0] = 10**9 if turn < 45 else 22_000
+        graph.invoke({"messages": [HumanMessage(f"H{turn:04d} says " + "word " * 60, id=message_id)]}, cfg("O"))
+    state = graph.get_state(cfg("O")).values["messages"]
+    ids = [m.id for m in state]
+    archived = [
+        messages_from_dict([item.value["message"]])[0].id
+        for namespace in store.list_namespaces(prefix=("compaction_archive",))
+        for item in store.search(namespace, limit=10_000)
+    ]
+    assert {"h0", "h50"} <= set(archived), "both kinds of compaction should have run"
+    assert [m for m in sent if ids.count(m) + archived.count(m) != 1] == []
+    runtime = type("Runtime", (), {})()
+    runtime.store, runtime.state = store, {"messages": state}
+    runtime.config = {"configurable": {"thread_id": "O", "checkpoint_ns": "agent:x|tools:y"}}
+    recall = recall_tool(Archive())
+    assert [m for m in sent if m not in ids and f"H{int(m[1:]):04d}" not in recall.func(ids=[m], runtime=runtime)] == []
 
 
 @pytest.mark.parametrize("kind", ["node", "middleware"])
