@@ -23,8 +23,8 @@ What counts as a fact (the rules were chosen on the real transcripts in
   and its last: kept and revoked as constraints are, but last in line for room;
 - task: the user's first substantive request (the task statement), kept for good;
 - request: the user's newest requests in the compacted part (``REQUESTS_KEPT``);
-- earlier: the requests before those that state a task (not "do that"),
-  shortened (``EARLIER_KEPT``), last in line;
+- earlier: the requests before those that ask for something of their own
+  (not "do that"), shortened (``EARLIER_KEPT``), last in line;
 - identifier: what the user gave that a model cannot guess: ids and codes
   that mix letters and digits, amounts, dates, versions, long numbers, file
   paths, URLs and e-mail addresses;
@@ -75,7 +75,14 @@ from langchain_compaction.core.extract import (
     without_revoked,
 )
 from langchain_compaction.core.identifiers import identifiers
-from langchain_compaction.core.readings import UserSays, agent_names, error_line, failure_in, said_in, states_a_task
+from langchain_compaction.core.readings import (
+    UserSays,
+    agent_names,
+    error_line,
+    failure_in,
+    said_in,
+    says_nothing_alone,
+)
 from langchain_compaction.core.section import (
     PRIORITY,
     SECTION_HEADING,
@@ -240,10 +247,10 @@ class _Tracker:
         cut = max(len(requests) - (REQUESTS_KEPT - 1), 0)
         for key in requests[:cut]:
             # Older requests stay, shortened and last in line: they say what
-            # the task grew into ("... per quarter"). One that states no task
-            # ("do that", "yes please") says nothing once its context is gone.
+            # the task grew into ("... per quarter"). One that asks for nothing
+            # of its own ("do that", "yes please") says nothing once its context is gone.
             older = self.facts.pop(key)
-            if states_a_task(older.text):
+            if not says_nothing_alone(older.text):
                 self.add(Fact("earlier", clip(older.text, _SHORT_REQUEST_CHARS), key=key[1]))
         self.earlier = [key for key in self.earlier if key in self.facts]
         for key in self.earlier[: max(len(self.earlier) - EARLIER_KEPT, 0)]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from langchain_compaction.core.cut import find_cut, forced_cut, valid_boundaries, whole_if_over
+from langchain_compaction.core.record import KEPT_NOTHING_KEY
 from langchain_compaction.core.types import Message, Scanned
 
 
@@ -261,8 +262,8 @@ def reordered(messages: Sequence[Message], ensure_user_turn: bool = True) -> Lay
     The newest summary was written as an update of every earlier one, and its
     mark says which message it kept first: what lies before that message
     (after the application's leading system messages) is covered, and goes.
-    One that kept nothing covers the messages up to the last it was written
-    after (``Message.written_after``).
+    One whose record says it kept nothing (``KEPT_NOTHING_KEY``) covers the
+    messages up to the last it was written after (``Message.written_after``).
     When the mark is missing (a summary written by 0.1.0, or by another
     compactor), nothing is dropped: every summary moves to the front and every
     other message stays, in order. Bridges are replaced by one where needed.
@@ -281,7 +282,7 @@ def reordered(messages: Sequence[Message], ensure_user_turn: bool = True) -> Lay
     newest = summaries[-1]
     summary = messages[newest]
     covered_until = next((i for i in range(newest) if summary.kept_from and messages[i].id == summary.kept_from), None)
-    if covered_until is None and summary.kept_from is None and summary.written_after is not None:
+    if covered_until is None and summary.mark.get(KEPT_NOTHING_KEY) is True and summary.written_after is not None:
         # It kept nothing after its cut: it covers all it was written after.
         after = next((i for i in range(newest) if messages[i].id == summary.written_after), None)
         covered_until = None if after is None else after + 1

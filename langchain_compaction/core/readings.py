@@ -114,14 +114,66 @@ def _read(text: str) -> UserSays:
     )
 
 
-def states_a_task(request: str) -> bool:
-    """Whether ``request`` states a task (``_states_a_task``): "do that" and "thanks!" do not.
+def says_nothing_alone(request: str) -> bool:
+    """Whether ``request`` asks for nothing once its context is gone: "do that", "ok, go ahead", "yes please".
+
+    Every word of it is a go-ahead, an acknowledgement or a pointer back
+    (``_GO_AHEAD``); a request with one word of its own ("Fix the tests",
+    "Also in CSV", "Now for Q3") says something.
 
     Example:
-        >>> states_a_task("do that"), states_a_task("add a legend to the chart")
-        (False, True)
+        >>> says_nothing_alone("ok, do that"), says_nothing_alone("Fix the tests")
+        (True, False)
     """
-    return _states_a_task(request, task_terms(request)) and not feedback(request)
+    words = _WORD.findall(request.lower())
+    return bool(words) and all(word in _GO_AHEAD for word in words)
+
+
+_WORD = re.compile(r"\w+")
+_GO_AHEAD = frozenset(
+    [
+        "do",
+        "it",
+        "that",
+        "this",
+        "so",
+        "same",
+        "go",
+        "ahead",
+        "yes",
+        "yep",
+        "yeah",
+        "ok",
+        "okay",
+        "sure",
+        "please",
+        "pls",
+        "thanks",
+        "thank",
+        "you",
+        "thx",
+        "continue",
+        "proceed",
+        "again",
+        "fine",
+        "right",
+        "now",
+        "then",
+        "sounds",
+        "looks",
+        "good",
+        "great",
+        "perfect",
+        "cool",
+        "nice",
+        "lgtm",
+        "agreed",
+        "and",
+        "keep",
+        "going",
+        "on",
+    ]
+)
 
 
 def _states_a_task(request: str, terms: set[str]) -> bool:

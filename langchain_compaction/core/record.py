@@ -46,6 +46,8 @@ POSITION_KEY = "position"
 NUMBER_KEY = "compaction"
 LINEAGE_KEY = "lineage"
 NAMESPACE_KEY = "namespace"
+KEPT_NOTHING_KEY = "kept_nothing"
+"""Written ``True`` when a compaction kept no message after what it covers: it covers all it was written after."""
 
 
 def written_here(message: Message) -> bool:
@@ -191,4 +193,8 @@ def stamp(
     )
     if out[ANCHOR_KEY] is None:
         del out[ANCHOR_KEY]
+    # (Said outright: a missing kept_from is also a summary of 0.1, or a kept message without an id.)
+    last = max(removed, default=-1)
+    if not any(i > last for i in kept):
+        out[KEPT_NOTHING_KEY] = True
     return out

@@ -837,13 +837,14 @@ def test_the_calls_already_made_name_their_tool_once_and_read_back_whole() -> No
     assert 200 - 2 * one_call < estimate_tokens(render_section(chosen)) <= 200
 
 
-def test_an_older_request_that_states_no_task_is_not_kept_as_an_earlier_request() -> None:
-    """ "do that" says nothing once its context is compacted; "add a bar chart ..." says what the task grew into."""
+def test_an_older_request_that_asks_for_nothing_of_its_own_is_not_kept_as_an_earlier_request() -> None:
+    """ "do that" says nothing once its context is compacted; "Sort by date" says what the task grew into."""
     said = [
         "Add another bar chart which plots the total lines by release.",
         "do that",
         "Can we hide the legends?",
-        "ok",
+        "ok, go ahead",
+        "Sort by date",
         "Make the charts 20% less tall.",
         "Now color the bars by author.",
     ]
@@ -852,5 +853,9 @@ def test_an_older_request_that_states_no_task_is_not_kept_as_an_earlier_request(
     ]
     facts = gather((), to_core_list(messages), range(len(messages)), ())
     earlier = [f.text for f in facts if f.kind == "earlier"]
-    assert earlier == ["Add another bar chart which plots the total lines by release.", "Can we hide the legends?"]
+    assert earlier == [
+        "Add another bar chart which plots the total lines by release.",
+        "Can we hide the legends?",
+        "Sort by date",
+    ]
     assert [f.text for f in facts if f.kind == "request"][-1] == "Now color the bars by author."

@@ -306,16 +306,15 @@ def test_what_a_misplaced_summary_covers_is_dropped_and_the_rest_kept_in_order()
     shape = reordered(to_core_list(unmarked))
     assert [unmarked[i].id for i in shape.head] == ["p", "s1"]
     assert [unmarked[i].id for i in shape.kept] == ["h0", "a0", "h2", "a2", "r"]
-    # One that kept nothing after its cut covers all it was written after (its anchor), and no more.
-    whole = summary.model_copy(
-        update={
-            "additional_kwargs": {"langchain_compaction": {"kind": "summary", "version": 1, "last_message_id": "a2"}}
-        }
-    )
-    ended = [*messages[:5], whole, *messages[6:]]
-    shape = reordered(to_core_list(ended))
-    assert [ended[i].id for i in shape.head] == ["p", "s1"]
-    assert [ended[i].id for i in shape.kept] == ["r"]
+    # One whose record says it kept nothing covers all it was written after (its anchor), and no more;
+    # one of 0.1.0 (an anchor, no kept_from) covers nothing: what it kept verbatim sat after its anchor.
+    mark = {"kind": "summary", "version": 1, "last_message_id": "a2"}
+    for extra, kept in (({"kept_nothing": True}, ["r"]), ({}, ["h0", "a0", "h2", "a2", "r"])):
+        whole = summary.model_copy(update={"additional_kwargs": {"langchain_compaction": {**mark, **extra}}})
+        ended = [*messages[:5], whole, *messages[6:]]
+        shape = reordered(to_core_list(ended))
+        assert [ended[i].id for i in shape.head] == ["p", "s1"]
+        assert [ended[i].id for i in shape.kept] == kept
 
 
 # -- a sub-agent invoked inside a parent's node function ---------------------------------------------
