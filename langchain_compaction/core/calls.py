@@ -43,6 +43,10 @@ _REPORT_CHARS = 2_000
 """How far into a result the report may be (past it is the file's content)."""
 
 
+_QUOTED = re.compile(r"\"[^\"]*\"|'[^']*'")
+_CHAIN = re.compile(r"&&|\|\||;")
+
+
 def command_target(command: str) -> tuple[str, str]:
     """A command's program and what it ran on, flags aside: ``("pytest", "tests/test_a.py")``.
 
@@ -55,8 +59,15 @@ def command_target(command: str) -> tuple[str, str]:
         ('pytest', 'tests/test_a.py')
         >>> command_target("make build")
         ('make', 'build')
+        >>> command_target('pytest tests/test_a.py 2>&1 | grep -E "FAIL|Error" | tail -20')
+        ('pytest', 'tests/test_a.py')
     """
-    segment = re.split(r"&&|\|\||;|\|", command)[-1].split()
+    # The chain's last command, and of its pipeline the first (``pytest ... | tail -20`` ran pytest); a
+    # separator inside quotes (``grep -E "FAIL|Error"``) separates nothing.
+    bare = _QUOTED.sub(lambda quoted: "x" * len(quoted.group()), command)
+    start = max((separator.end() for separator in _CHAIN.finditer(bare)), default=0)
+    pipe = bare.find("|", start)
+    segment = command[start : pipe if pipe >= 0 else len(command)].split()
     words = [w for w in segment if "=" not in w or w.startswith("-")]
     while words and (words[0] in _RUNNERS or _INTERPRETERS.match(words[0].rsplit("/", 1)[-1])):
         words = words[2:] if words[0].rsplit("/", 1)[-1].startswith("python") and words[1:2] == ["-m"] else words[1:]

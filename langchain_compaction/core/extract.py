@@ -25,7 +25,8 @@ MAX_KEY_CHARS = 160
 
 # A user's rule or preference, or a correction of the agent.
 _CONSTRAINT = re.compile(
-    r"\b(?:never|always|don'?t|do not|must|mustn'?t|only|avoid|make sure|should(?:n'?t| not)|no longer|"
+    r"\b(?:never|always|don['\u2019]?t|do not|must|mustn['\u2019]?t|only|avoid|make sure|"
+    r"should(?:n['\u2019]?t| not)|no longer|"
     r"instead of|keep|prefer|not allowed|forbidden|from now on|going forward|"
     r"please (?:answer|reply|respond|write|use|call|name)|"
     # "never" and "always" in the languages users most often write to agents in; only the
@@ -36,31 +37,19 @@ _CONSTRAINT = re.compile(
     re.IGNORECASE,
 )
 _CONSTRAINT_WORDS = (
-    "never",
-    "always",
-    "don",
-    "do not",
-    "must",
-    "only",
-    "avoid",
-    "make sure",
-    "should",
-    "no longer",
-    "instead of",
-    "keep",
-    "prefer",
-    "not allowed",
-    "forbidden",
-    "from now on",
-    "going forward",
-    "please",
+    *("never", "always", "don", "do not", "must", "only", "avoid", "make sure", "should", "no longer"),
+    *("instead of", "keep", "prefer", "not allowed", "forbidden", "from now on", "going forward", "please"),
     *("nunca", "siempre", "jamás", "jamais", "toujours", "niemals", "immer", "никогда", "всегда", "нельзя"),
     *("أبدا", "دائما", "不要", "永远", "总是", "必须", "禁止", "别再", "絶対", "しないで", "必ず", "절대", "항상"),
 )
 # Where a sentence turns to a new point: what a revocation's subject stops at.
 # (A run of spaces is entered at its start only: tried from each of its
 # spaces, it was rescanned from each, quadratic in a padded line.)
-_CONTRAST = re.compile(r",?(?<!\s)\s+(?:but|however|though|yet)\s+|;\s*", re.IGNORECASE)
+_CONTRAST = re.compile(
+    r",?(?<!\s)\s+(?:but|however|though|yet|(?:as|so) long as|provided(?: that)?)\s+"
+    r"|,\s+just\s+|(?<!\s)\s+[-\u2013\u2014]+\s+|;\s*",
+    re.IGNORECASE,
+)
 _CORRECTION = re.compile(r"^(?:no\b[,.!]?|actually\b|wait\b|sorry\b|i meant\b|correction\b|that'?s wrong\b)", re.I)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])|\n+")
 # The same ends in ASCII text, found from the mark rather than looked back to
@@ -104,38 +93,29 @@ _REVOKE = re.compile(
     r"(?:rule|policy|instruction|requirement|guideline|preference)s?\b"
     r"|\b(?P<f>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:rule|policy|requirement|preference)s?\s+no longer appl(?:y|ies)\b"
     # Permissions: "it's okay to ...", "feel free to ...", "you're allowed to ...", "you no longer need to ...".
-    r"|\b(?:it'?s|it is) (?:ok|okay|fine|alright|allowed) (?:now |again )?to (?P<g>[^.;!?\n]+)"
+    r"|\b(?:it['\u2019]?s|it is) (?:ok|okay|fine|alright|allowed) (?:now |again )?to (?P<g>[^.;!?\n]+)"
     r"|\bfeel free to (?P<h>[^.;!?\n]+)"
-    r"|\byou(?:'re| are) (?:now |again )?allowed to (?P<i>[^.;!?\n]+)"
-    r"|\byou (?:no longer (?:need|have) to|don'?t (?:need|have) to (?=[^.;!?\n]{0,120}\bany ?more\b))(?P<j>[^.;!?\n]+)"
+    r"|\byou(?:['\u2019]re| are) (?:now |again )?allowed to (?P<i>[^.;!?\n]+)"
+    r"|\byou (?:no longer (?:need|have) to|don['\u2019]?t (?:need|have) to (?=[^.;!?\n]{0,120}\bany ?more\b))"
+    r"(?P<j>[^.;!?\n]+)"
     # (A subject of at most 80 characters: unbounded, each "never mind" read on to the sentence's end.)
     r"|\bnever ?mind\s+(?:about\s+)?(?:the\s+|my\s+)?(?P<b>[^.;!?,\n]{1,80}?)\s+(?:rule|thing|instruction|part)\b"
     # (Subjects start and end with a non-space: a run of spaces around one is
     # read one way, not split every way between the subject and the spaces.)
-    r"|(?:^|[.;!?,]\s*)(?P<c>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
+    # ("The tests are fine now" reports on the work; "tabs are fine now" permits them.)
+    r"|(?:^|[.;!?,]\s*)(?!(?:the|this|that|it|everything|all)\b)"
+    r"(?P<c>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
     r"(?:\s+(?:now|again|after all|with me))?\b"
     # ("You can forget the X rule" is the forgetting above, not a permission to forget.)
-    r"|\byou (?:may|can) (?:now |again |go ahead and )?(?!(?:forget|ignore|disregard|scratch|drop)\b)(?P<d>[^.;!?\n]+)",
+    # ("You may never ...", "You can only ..." lay a rule down.)
+    r"|\byou (?:may|can) (?:now |again |go ahead and )?"
+    r"(?!(?:forget|ignore|disregard|scratch|drop|never|not|only|no longer|no)\b)(?P<d>[^.;!?\n]+)",
     re.IGNORECASE,
 )
 # Every revocation holds one of these (lowercased): a cheap test before the regex.
 _REVOKE_WORDS = (
-    "forget",
-    "ignore",
-    "disregard",
-    "scratch",
-    "drop",
-    "mind",
-    " fine",
-    " ok",
-    "allowed",
-    "acceptable",
-    "you may",
-    "you can",
-    "free to",
-    "no longer",
-    "anymore",
-    "any more",
+    *("forget", "ignore", "disregard", "scratch", "drop", "mind", " fine", " ok", "allowed", "acceptable"),
+    *("you may", "you can", "free to", "no longer", "anymore", "any more"),
 )
 _STOP_WORDS = frozenset(
     {
@@ -330,9 +310,17 @@ def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
         True
         >>> revokes(revoked_subjects("You can run the tests now."), "Never run the migrations in production.")
         False
+        >>> revokes(revoked_subjects("Feel free to refactor."), "It's okay to refactor, just don't touch the API.")
+        False
     """
-    words = subject_words(rule)
+    words = subject_words(_ruling(rule))
     return any(subject and all(_named(word, words) for word in subject) for subject in subjects)
+
+
+def _ruling(rule: str) -> str:
+    """The part of ``rule`` that lays it down: a permission it opens with ("It's okay to refactor, just ...") is not."""
+    clauses = _CONTRAST.split(rule)
+    return " ".join(clauses[1:]) if len(clauses) > 1 and _REVOKE.search(clauses[0]) else rule
 
 
 # What turns a word into another form of itself ("run" -> "running", "test" -> "tested").

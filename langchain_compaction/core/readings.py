@@ -216,18 +216,22 @@ def _words(text: str) -> int:
 # or an exit status only that something did.
 # (No pattern starts with a repeated class: each text position is tried once.)
 _SPECIFIC_ERROR = r"(?:Error|Exception)(?:\b|\w*:)|\berror(?:\[\w+\])?:|\bfatal:|\bpanic:"
+# (A count of none is a clean run's tally: "0 failed", "Failed: 0". Go's test runner says FAIL, npm ERR! or error.)
 _ERROR = re.compile(
-    rf"{_SPECIFIC_ERROR}|\bERROR\b|\b(?:FAILED|[Ff]ailed)\b|command not found|No such file or directory"
-    r"|[Pp]ermission denied|exit (?:code|status) [1-9]"
+    rf"{_SPECIFIC_ERROR}|\bERROR\b|(?<!\b0 )\b(?:FAILED|[Ff]ailed)\b(?!:?\s*0\b)|command not found"
+    r"|No such file or directory|[Pp]ermission denied|exit (?:code|status) [1-9]|^(?:--- )?FAIL\b"
+    r"|\bnpm (?:ERR!|error)\s",
+    re.MULTILINE,
 )
 _SPECIFIC = re.compile(_SPECIFIC_ERROR)
 # Every error line holds one of these (lowercased): a cheap test before the regex.
 _ERROR_WORDS = (
     "error",
+    "err!",
     "exception",
     "fatal:",
     "panic:",
-    "failed",
+    "fail",
     "not found",
     "no such file",
     "exit code",

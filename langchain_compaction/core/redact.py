@@ -117,7 +117,11 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         r"\1[REDACTED]",
     ),
     (
-        re.compile(rf"(?i)({_SECRET_NAME}\\?[\"']?\s*[:=]\s*\\?[\"']?)(?!\[REDACTED)([^\s\"'\\,;&]{{4,}})"),
+        # (An "&" ends the value only where a query string's next name= follows: "Xk9&mQ2" is one password.)
+        re.compile(
+            rf"(?i)({_SECRET_NAME}\\?[\"']?\s*[:=]\s*\\?[\"']?)(?!\[REDACTED)"
+            r"((?:[^\s\"'\\,;&]|&(?![\w.-]+=)){4,})"
+        ),
         r"\1[REDACTED]",
     ),
 )

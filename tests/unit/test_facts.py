@@ -859,3 +859,24 @@ def test_an_older_request_that_asks_for_nothing_of_its_own_is_not_kept_as_an_ear
         "Sort by date",
     ]
     assert [f.text for f in facts if f.kind == "request"][-1] == "Now color the bars by author."
+
+
+@pytest.mark.parametrize(
+    ("output", "error"),
+    [
+        ("running 3 tests\ntest result: ok. 3 passed; 0 failed; 0 ignored", ""),  # cargo test, clean
+        ("Passed!  - Failed:     0, Passed:     3, Skipped:     0", ""),  # dotnet test, clean
+        ("Tests: 1 passed, 0 failed, 1 total", ""),
+        (
+            "--- FAIL: TestParse (0.00s)\n    parse_test.go:12: got 1\nFAIL\texample.com/p\t0.01s",
+            "FAIL example.com/p 0.01s",
+        ),
+        ('npm ERR! Missing script: "lint"', 'npm ERR! Missing script: "lint"'),
+        ('npm error Missing script: "lint"', 'npm error Missing script: "lint"'),
+        ("2 failed, 1 passed in 0.3s", "2 failed, 1 passed in 0.3s"),
+    ],
+)
+def test_a_runs_tally_of_none_failed_is_no_error_and_go_and_npm_failures_are(output: str, error: str) -> None:
+    from langchain_compaction.core.readings import error_line
+
+    assert error_line(output) == error

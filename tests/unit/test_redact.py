@@ -116,6 +116,9 @@ CASES += [
     ("mysql -p in a tool call", f'{{"command": "mysql -uroot -p{CLI_PASSWORD} app"}}', CLI_PASSWORD, "-p[REDACTED]"),
     ("a long name", f"MY_APP_PROD_EU_WEST_1_DB_PASSWORD={PG}", PG, "PASSWORD=[REDACTED]"),
     ("url password, host with a port", f"redis://:{SLASHED}@localhost:6379", SLASHED, "redis://:[REDACTED]@"),
+    # (An "&" in a generated password is part of it; only a query string's "&name=" ends a value.)
+    ("password with &", "DB_PASSWORD=Xk9&mQ2&zR7pL\nDB_USER=app", "Xk9&mQ2&zR7pL", "DB_PASSWORD=[REDACTED]\nDB_USER"),
+    ("password with & and a tail", "set SMTP_PASSWORD=Tr0ub4dor&3x\n", "Tr0ub4dor&3x", "SMTP_PASSWORD=[REDACTED]\n"),
 ]
 SECRETS = [secret for _, _, secret, _ in CASES]
 

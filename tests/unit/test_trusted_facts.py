@@ -787,3 +787,48 @@ def test_a_fenced_copy_of_the_section_in_the_summarizers_text_is_not_read_back_a
     _, second = compact(lambda prompt: "## Goal\n- help with the report", read, CompactionOptions(context_window=4_000))
     assert "Never email the CFO" in text_of(second)
     assert "DE00 9999" not in text_of(second)
+
+
+# -- rules as users type them (found by an exploratory probe) ---------------------------------------
+
+
+def _rules(*said: str) -> list[str]:
+    """The constraints and rules checked facts keep from ``said`` (user turns, each answered)."""
+    from langchain_compaction._lc.convert import to_core_list
+    from langchain_compaction.core.facts import gather
+
+    messages: list[BaseMessage] = []
+    for n, text in enumerate(said):
+        messages += [HumanMessage(text, id=f"h{n}"), AIMessage("Understood.", id=f"a{n}")]
+    core = to_core_list(messages)
+    return [f.text for f in gather((), core, range(len(core)), ()) if f.kind in ("constraint", "rule")]
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        "Don\u2019t touch the migrations folder.",  # (a typographic apostrophe: what autocorrect writes)
+        "You shouldn\u2019t bump any dependency.",
+        "You may never push to main.",
+        "You can only edit files under src/.",
+        "You can only use pnpm, not npm.",
+        "It's okay to refactor, just don't touch the public API.",
+        "Feel free to refactor - never touch the database schema.",
+        "You can use any library, as long as you never add a GPL one.",
+    ],
+)
+def test_a_rule_typed_as_users_type_it_is_kept(rule: str) -> None:
+    assert _rules("Fix the flaky login test.", rule, "thanks, carry on") == [rule]
+
+
+def test_a_permission_revokes_no_rule_it_only_opens() -> None:
+    """ "Feel free to refactor" takes back no rule whose permission part names refactoring; a status report none."""
+    kept = _rules(
+        "It's okay to refactor, just don't touch the public API.",
+        "Never modify the tests.",
+        "Feel free to refactor the parser.",
+        "Great, the tests are fine now.",
+    )
+    assert kept == ["It's okay to refactor, just don't touch the public API.", "Never modify the tests."]
+    # A "you may" / "is fine" about the rule's own subject still takes it back.
+    assert _rules("You can never use tabs here.", "Tabs are fine now.") == []
