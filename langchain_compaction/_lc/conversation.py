@@ -402,6 +402,8 @@ class Delivery:
         values = channels.get(key)
         if exact and (not _pulled(checkpoint, node) or _beside(checkpoint, node)):
             holds = False  # no edge runs the node this step (a task sent with Send), or others run beside it
+        elif key not in checkpoint.get("channel_versions", {}):
+            holds = False  # the parent never had the key: the subgraph's messages are its own (messages_key=...)
         elif not isinstance(values, list) or not values:
             return True
         else:

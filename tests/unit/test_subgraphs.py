@@ -12,19 +12,20 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
-from typing import Annotated, Any, NotRequired
+from typing import Annotated, Any, NotRequired, TypedDict
 
 import pytest
 from helpers_turns import ToolCallingFake, cfg, short_summary, words
 from langchain.agents import create_agent
 from langchain_anthropic import ChatAnthropic
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.errors import GraphRecursionError
 from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.types import Send
 
 from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions
@@ -804,3 +805,67 @@ def test_compact_command_in_a_subgraph_compacts_its_parent() -> None:
     assert all(m.id != "cmd" for m in state)
     graph.invoke({"messages": [HumanMessage("question 11")]}, cfg("command"))
     assert not any(text.startswith("/compact") for request in seen for text in request)
+
+
+class _Worker(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    inner: Annotated[list[AnyMessage], add_messages]
+
+
+class _Face(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def test_a_subgraph_with_a_key_the_parent_lacks_compacts_its_own_state() -> None:
+    """A worker keeps its conversation under ``inner`` (the parent has no such key), with a checkpointer of its own.
+
+    The parent's checkpoint has no ``inner`` at all: the compaction was sent up
+    anyway, the parent dropped it and ran the worker again from its start, whose
+    first node then added the user's task a second time, and the worker's
+    messages were archived under the parent's conversation.
+    """
+    import re
+
+    from langgraph.store.memory import InMemoryStore
+
+    from langchain_compaction.features import Archive, default_features
+
+    requests: list[list[BaseMessage]] = []
+
+    def ingest(state: _Worker) -> dict[str, Any]:
+        return {"inner": [HumanMessage(state["messages"][-1].content)]}
+
+    def model(state: _Worker) -> dict[str, Any]:
+        requests.append(list(state["inner"]))
+        task = re.findall(r"M\d{4}", str(state["inner"][-1].content))
+        return {"inner": [AIMessage(f"worker did {task} " + "work " * 80)], "messages": [AIMessage(f"done {task}")]}
+
+    node = CompactionNode(
+        short_summary,
+        CompactionOptions(context_window=3_000, reserve_tokens=500, keep_recent_tokens=800),
+        messages_key="inner",
+        features=[*default_features(), Archive()],
+    )
+    worker = StateGraph(_Worker, input_schema=_Face, output_schema=_Face)
+    worker.add_node("ingest", ingest)
+    worker.add_node("compact", node)
+    worker.add_node("model", model)
+    worker.add_edge(START, "ingest")
+    worker.add_edge("ingest", "compact")
+    worker.add_edge("compact", "model")
+    worker.add_edge("model", END)
+    parent = StateGraph(MessagesState)
+    parent.add_node("worker", worker.compile(checkpointer=True))
+    parent.add_edge(START, "worker")
+    parent.add_edge("worker", END)
+    store = InMemoryStore()
+    graph = parent.compile(checkpointer=InMemorySaver(), store=store)
+    for n in range(30):
+        graph.invoke({"messages": [HumanMessage(f"M{n:04d} task " + "do " * 60)]}, cfg("t"))
+    assert any(is_summary_message(m) for m in requests[-1]), "the worker should have compacted"
+    for request in requests:
+        said = [str(m.content) for m in request if isinstance(m, HumanMessage)]
+        assert len(said) == len(set(said)), "a user turn went to the worker's model twice"
+    namespaces = {tuple(ns) for ns in store.list_namespaces(prefix=("compaction_archive",))}
+    assert namespaces, "the worker should have archived"
+    assert ("compaction_archive", "t") not in namespaces
