@@ -45,14 +45,24 @@ _REPORT_CHARS = 2_000
 
 _QUOTED = re.compile(r"\"[^\"]*\"|'[^']*'")
 _CHAIN = re.compile(r"&&|\|\||;")
+_PIPE = re.compile(r"(?<!\|)\|(?!\|)")
+# What runs another command given in quotes ("bash -c '...'", "ssh host '...'"): the work is inside.
+_WRAPPERS = frozenset({"bash", "sh", "zsh", "ssh", "docker", "podman", "kubectl", "su"})
+# What only feeds a pipeline its input ("cat in.txt | python solve.py" ran solve.py).
+_FEEDERS = frozenset({"cat", "echo", "printf", "yes", "seq"})
+# A redirection ("2>&1", ">out.log", "2>/dev/null"): no argument; a bare one takes the next word.
+_REDIRECT = re.compile(r"^(?:\d|&)?(?:>>?|<)")
 
 
 def command_target(command: str) -> tuple[str, str]:
     """A command's program and what it ran on, flags aside: ``("pytest", "tests/test_a.py")``.
 
+    The command is the chain's last (``cd repo && pytest``), and of a pipeline
+    the first that does more than feed it (``pytest | tail``, ``cat in | python
+    solve.py``); one a shell or ``ssh`` runs from quotes is read inside them.
     The target is the first argument that names a path (``a/b``, ``x.py``,
     ``tests/t.py::test_x`` without the ``::`` part), else the first plain
-    argument; ``python -m pytest`` is ``pytest``.
+    argument; ``python -m pytest`` is ``pytest``; redirections are no arguments.
 
     Example:
         >>> command_target("cd repo && python -m pytest -q tests/test_a.py::test_x -k boom")
@@ -61,16 +71,26 @@ def command_target(command: str) -> tuple[str, str]:
         ('make', 'build')
         >>> command_target('pytest tests/test_a.py 2>&1 | grep -E "FAIL|Error" | tail -20')
         ('pytest', 'tests/test_a.py')
+        >>> command_target('bash -c "cd /repo && make test"'), command_target("cat in.txt | python solve.py")
+        (('make', 'test'), ('solve.py', ''))
+        >>> command_target("python -m pytest -q 2>&1 | tail -20")
+        ('pytest', '')
     """
-    # The chain's last command, and of its pipeline the first (``pytest ... | tail -20`` ran pytest); a
-    # separator inside quotes (``grep -E "FAIL|Error"``) separates nothing.
+    # (Separators inside quotes separate nothing: ``grep -E "FAIL|Error"``.)
     bare = _QUOTED.sub(lambda quoted: "x" * len(quoted.group()), command)
     start = max((separator.end() for separator in _CHAIN.finditer(bare)), default=0)
-    pipe = bare.find("|", start)
-    segment = command[start : pipe if pipe >= 0 else len(command)].split()
-    words = [w for w in segment if "=" not in w or w.startswith("-")]
-    while words and (words[0] in _RUNNERS or _INTERPRETERS.match(words[0].rsplit("/", 1)[-1])):
-        words = words[2:] if words[0].rsplit("/", 1)[-1].startswith("python") and words[1:2] == ["-m"] else words[1:]
+    stages = [(m.start(), m.end()) for m in _PIPE.finditer(bare, start)]
+    bounds = list(zip([start] + [e for _, e in stages], [s for s, _ in stages] + [len(command)], strict=True))
+    words: list[str] = []
+    for low, high in bounds:
+        raw = command[low:high].split()
+        if next((w.rsplit("/", 1)[-1] for w in raw if w not in _RUNNERS), "") in _WRAPPERS:
+            inner = _QUOTED.findall(command[low:high])
+            if inner:
+                return command_target(inner[-1][1:-1])
+        words = _arguments(raw)
+        if words and words[0].rsplit("/", 1)[-1] not in _FEEDERS:
+            break
     if not words:
         return "", ""
     program = words[0].rsplit("/", 1)[-1]
@@ -78,6 +98,22 @@ def command_target(command: str) -> tuple[str, str]:
     pathlike = [w for w in plain if "/" in w or "." in w]
     target = (pathlike or plain or [""])[0].split("::", 1)[0]
     return program, target
+
+
+def _arguments(segment: list[str]) -> list[str]:
+    """A command's words past its runners (``sudo``, ``python -m``), without settings and redirections."""
+    words: list[str] = []
+    skip = False
+    for word in segment:
+        if skip:
+            skip = False
+        elif _REDIRECT.match(word):
+            skip = _REDIRECT.sub("", word).lstrip("&") == ""  # ("> out.log": the file is the next word)
+        elif "=" not in word or word.startswith("-"):
+            words.append(word)
+    while words and (words[0] in _RUNNERS or _INTERPRETERS.match(words[0].rsplit("/", 1)[-1])):
+        words = words[2:] if words[0].rsplit("/", 1)[-1].startswith("python") and words[1:2] == ["-m"] else words[1:]
+    return words
 
 
 def call_arguments(call: ToolCall) -> dict[str, object]:

@@ -45,9 +45,13 @@ _CONSTRAINT_WORDS = (
 # Where a sentence turns to a new point: what a revocation's subject stops at.
 # (A run of spaces is entered at its start only: tried from each of its
 # spaces, it was rescanned from each, quadratic in a padded line.)
-_CONTRAST = re.compile(
-    r",?(?<!\s)\s+(?:but|however|though|yet|(?:as|so) long as|provided(?: that)?)\s+"
-    r"|,\s+just\s+|(?<!\s)\s+[-\u2013\u2014]+\s+|;\s*",
+_CONTRAST = re.compile(r",?(?<!\s)\s+(?:but|however|though|yet)\s+|;\s*", re.IGNORECASE)
+# Where a sentence may add a rule to what it allows ("It's okay to refactor, just don't touch
+# the API", "... as long as you never add a GPL one"): a condition or an aside, which only
+# narrows a permission (it does not end its subject: "you can push - to your branch, that is").
+_CLAUSE = re.compile(
+    rf"{_CONTRAST.pattern}|,?(?<!\s)\s+(?:(?:as|so) long as|provided(?: that)?)\s+|,\s+just\s+"
+    r"|(?<!\s)\s+[-\u2013\u2014]+\s+",
     re.IGNORECASE,
 )
 _CORRECTION = re.compile(r"^(?:no\b[,.!]?|actually\b|wait\b|sorry\b|i meant\b|correction\b|that'?s wrong\b)", re.I)
@@ -102,14 +106,17 @@ _REVOKE = re.compile(
     r"|\bnever ?mind\s+(?:about\s+)?(?:the\s+|my\s+)?(?P<b>[^.;!?,\n]{1,80}?)\s+(?:rule|thing|instruction|part)\b"
     # (Subjects start and end with a non-space: a run of spaces around one is
     # read one way, not split every way between the subject and the spaces.)
-    # ("The tests are fine now" reports on the work; "tabs are fine now" permits them.)
-    r"|(?:^|[.;!?,]\s*)(?!(?:the|this|that|it|everything|all)\b)"
-    r"(?P<c>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
+    r"|(?:^|[.;!?,]\s*)(?P<c>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
     r"(?:\s+(?:now|again|after all|with me))?\b"
     # ("You can forget the X rule" is the forgetting above, not a permission to forget.)
     # ("You may never ...", "You can only ..." lay a rule down.)
     r"|\byou (?:may|can) (?:now |again |go ahead and )?"
     r"(?!(?:forget|ignore|disregard|scratch|drop|never|not|only|no longer|no)\b)(?P<d>[^.;!?\n]+)",
+    re.IGNORECASE,
+)
+# A sentence that opens with praise or thanks, up to where it goes on: what follows is a report.
+_PRAISE = re.compile(
+    r"(?:^|[.!?]\s+)\W*(?:great|good|nice|perfect|cool|awesome|excellent|thanks|thank you|ok|okay|yay|phew)\W*$",
     re.IGNORECASE,
 )
 # Every revocation holds one of these (lowercased): a cheap test before the regex.
@@ -285,7 +292,10 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
     if not _may_revoke(text):
         return []  # the common case, found by plain substring scans
     found = []
-    for match in _REVOKE.finditer(own_words(text)):
+    said = own_words(text)
+    for match in _REVOKE.finditer(said):
+        if match.group("c") and _PRAISE.search(said, 0, match.start()):
+            continue  # "Great, the tests are fine now" reports on the work; "tabs are fine now" permits them
         # The subject ends where a new rule starts ("tabs are fine, but never in Makefiles",
         # "forget what I said about the window seat, give me an aisle").
         subject = _CONTRAST.split(next(group for group in match.groups() if group), 1)[0].split(",", 1)[0]
@@ -319,7 +329,7 @@ def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
 
 def _ruling(rule: str) -> str:
     """The part of ``rule`` that lays it down: a permission it opens with ("It's okay to refactor, just ...") is not."""
-    clauses = _CONTRAST.split(rule)
+    clauses = _CLAUSE.split(rule)
     return " ".join(clauses[1:]) if len(clauses) > 1 and _REVOKE.search(clauses[0]) else rule
 
 
@@ -426,7 +436,7 @@ def rules_in(words: str) -> list[str]:
         # same sentence may be one: "Tabs are fine now, but never in Makefiles."
         # (kept whole: the new rule is read with what it narrows).
         if not (revoking and _may_revoke(sentence) and _REVOKE.search(sentence)) or any(
-            _CONSTRAINT.search(clause) and not _REVOKE.search(clause) for clause in _CONTRAST.split(sentence)[1:]
+            _CONSTRAINT.search(clause) and not _REVOKE.search(clause) for clause in _CLAUSE.split(sentence)[1:]
         ):
             found.append(clip(sentence))
     return found

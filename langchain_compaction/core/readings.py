@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.extract import (
+    MAX_FACT_CHARS,
     clip,
     feedback,
     holds_any,
@@ -216,11 +217,12 @@ def _words(text: str) -> int:
 # or an exit status only that something did.
 # (No pattern starts with a repeated class: each text position is tried once.)
 _SPECIFIC_ERROR = r"(?:Error|Exception)(?:\b|\w*:)|\berror(?:\[\w+\])?:|\bfatal:|\bpanic:"
-# (A count of none is a clean run's tally: "0 failed", "Failed: 0". Go's test runner says FAIL, npm ERR! or error.)
+# (A tally of none is a clean run's: "3 passed; 0 failed", "Failed:     0, Passed: 3". Go's test runner
+# says "--- FAIL: TestX", "FAIL<tab>package" or FAIL alone; npm says "npm ERR!" or "npm error".)
 _ERROR = re.compile(
-    rf"{_SPECIFIC_ERROR}|\bERROR\b|(?<!\b0 )\b(?:FAILED|[Ff]ailed)\b(?!:?\s*0\b)|command not found"
-    r"|No such file or directory|[Pp]ermission denied|exit (?:code|status) [1-9]|^(?:--- )?FAIL\b"
-    r"|\bnpm (?:ERR!|error)\s",
+    rf"{_SPECIFIC_ERROR}|\bERROR\b|(?<!; 0 )(?<!, 0 )\b(?:FAILED|[Ff]ailed)\b(?!:\s+0(?:,|\s*$))"
+    r"|command not found|No such file or directory|[Pp]ermission denied|exit (?:code|status) [1-9]"
+    r"|^--- FAIL: \w|^FAIL(?:\t\S|$)|\bnpm (?:ERR!|error)\s",
     re.MULTILINE,
 )
 _SPECIFIC = re.compile(_SPECIFIC_ERROR)
@@ -240,7 +242,7 @@ _ERROR_WORDS = (
 )
 # Lines that name an error without reporting one: a traceback's banner, code
 # that raises, a diff's changed line.
-_NOT_AN_ERROR = re.compile(r"Traceback \(most recent call last\)|[+-]|\s*(?:raise|throw|except|catch)\b")
+_NOT_AN_ERROR = re.compile(r"Traceback \(most recent call last\)|[+-](?!-- FAIL: )|\s*(?:raise|throw|except|catch)\b")
 
 
 # Line breaks other than "\n" that ``str.splitlines`` also splits at.
@@ -291,7 +293,16 @@ def error_line(text: str) -> str:
     lines = error_lines(text)
     # A summary line ("1 failed, 2 passed") says less than the exception above it.
     specific = [line for line in lines if _SPECIFIC.search(line)]
-    return clip((specific or lines or [""])[-1])
+    line = (specific or lines or [""])[-1]
+    found = _ERROR.search(line) if len(line) > MAX_FACT_CHARS else None
+    if found is not None and found.start() > _ERROR_LEAD:
+        # A long line (one-line JSON) is shown from just before what reports the error, not from its start.
+        line = "..." + line[found.start() - _ERROR_LEAD :]
+    return clip(line)
+
+
+_ERROR_LEAD = 60
+"""How much of a long line is shown before what reports its error."""
 
 
 def error_in(message: Message, *, whole: bool) -> str:

@@ -117,10 +117,11 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         r"\1[REDACTED]",
     ),
     (
-        # (An "&" ends the value only where a query string's next name= follows: "Xk9&mQ2" is one password.)
+        # (An "&" is part of a value ("Xk9&mQ2" is one password) but where a query string's next name=, an
+        # escaped "&amp;" or a shell's "&&" follows.)
         re.compile(
             rf"(?i)({_SECRET_NAME}\\?[\"']?\s*[:=]\s*\\?[\"']?)(?!\[REDACTED)"
-            r"((?:[^\s\"'\\,;&]|&(?![\w.-]+=)){4,})"
+            r"((?:[^\s\"'\\,;&]|&(?![\w.-]+=|amp;|&)){4,})"
         ),
         r"\1[REDACTED]",
     ),

@@ -874,9 +874,25 @@ def test_an_older_request_that_asks_for_nothing_of_its_own_is_not_kept_as_an_ear
         ('npm ERR! Missing script: "lint"', 'npm ERR! Missing script: "lint"'),
         ('npm error Missing script: "lint"', 'npm error Missing script: "lint"'),
         ("2 failed, 1 passed in 0.3s", "2 failed, 1 passed in 0.3s"),
+        ("Job 0 failed", "Job 0 failed"),
+        ("Upgrade to 2.0 failed", "Upgrade to 2.0 failed"),
+        ("Upload failed: 0 bytes written", "Upload failed: 0 bytes written"),
+        ("FAIL: 0", ""),
+        ("PASS    test_a\nFAIL    test_b (known, xfail)", ""),
+        ("--- FAIL: TestParse (0.00s)", "--- FAIL: TestParse (0.00s)"),
     ],
 )
 def test_a_runs_tally_of_none_failed_is_no_error_and_go_and_npm_failures_are(output: str, error: str) -> None:
     from langchain_compaction.core.readings import error_line
 
     assert error_line(output) == error
+
+
+def test_a_long_one_line_output_is_shown_from_its_error_not_its_start() -> None:
+    """One-line JSON whose error comes last: the fact shows the error, not 240 characters of data."""
+    from langchain_compaction.core.readings import error_line
+
+    output = json.dumps({"data": [{"id": i} for i in range(60)], "error": {"message": "RateLimitError: quota hit"}})
+    line = error_line(output)
+    assert "RateLimitError: quota hit" in line
+    assert line.startswith("...")

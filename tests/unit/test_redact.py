@@ -119,6 +119,7 @@ CASES += [
     # (An "&" in a generated password is part of it; only a query string's "&name=" ends a value.)
     ("password with &", "DB_PASSWORD=Xk9&mQ2&zR7pL\nDB_USER=app", "Xk9&mQ2&zR7pL", "DB_PASSWORD=[REDACTED]\nDB_USER"),
     ("password with & and a tail", "set SMTP_PASSWORD=Tr0ub4dor&3x\n", "Tr0ub4dor&3x", "SMTP_PASSWORD=[REDACTED]\n"),
+    ("a token before &&", "export API_TOKEN=abcd1234&&make build", "abcd1234", "API_TOKEN=[REDACTED]&&make build"),
 ]
 SECRETS = [secret for _, _, secret, _ in CASES]
 

@@ -832,3 +832,16 @@ def test_a_permission_revokes_no_rule_it_only_opens() -> None:
     assert kept == ["It's okay to refactor, just don't touch the public API.", "Never modify the tests."]
     # A "you may" / "is fine" about the rule's own subject still takes it back.
     assert _rules("You can never use tabs here.", "Tabs are fine now.") == []
+    assert _rules("Never leave print statements in.", "The print statements are fine now.") == []
+
+
+@pytest.mark.parametrize(
+    "narrowing",
+    [
+        "You can push to main provided the CI is green.",
+        "You can push to main as long as the CI is green.",
+        "Feel free to push - to your feature branch, that is.",
+    ],
+)
+def test_a_permission_on_a_condition_or_narrowed_takes_back_no_rule(narrowing: str) -> None:
+    assert _rules("Never push to main.", narrowing) == ["Never push to main."]
