@@ -71,8 +71,18 @@ class _Preparation:
     done: threading.Event = field(default_factory=threading.Event)
     value: PreparedSummary | None = None
     task: asyncio.Task[None] | None = None
+    # A turn stopped waiting for it (it is counted when it finishes); its event loop closed under it.
+    abandoned: bool = False
+    counted: bool = False
+    closed: bool = False
 
 
+_SETTLING = threading.Lock()
+"""Held while an abandoned preparation is counted: by the turn that left it, or by the run as it finishes."""
+
+
+_UNSTORED: weakref.WeakSet[Bounded[_Preparation]] = weakref.WeakSet()
+"""The features with ``in_store=True`` that said they ran without a store (by their preparations)."""
 _CACHES: weakref.WeakSet[Bounded[_Preparation]] = weakref.WeakSet()
 """Every live feature's preparations, for a forked child to drop those still running."""
 
@@ -222,6 +232,14 @@ class PrepareAhead(Feature):
             before = self._spent.get(conversation.key) or (0, 0)
             self._spent.put(conversation.key, (before[0] + calls, before[1] + sent))
 
+    def _settle(self, conversation: Conversation, claim: _Preparation) -> None:
+        """Count an abandoned preparation once it has finished (asked by the turn that left it, and by its run)."""
+        with _SETTLING:
+            if claim.counted or not claim.abandoned or not claim.done.is_set() or claim.value is None:
+                return
+            claim.counted = True
+        self._discard(conversation, claim.value)
+
     def running(self, conversation: Conversation) -> bool:
         """Whether a preparation of this conversation is under way in this process."""
         claim = self._cache.get(conversation.key)
@@ -240,6 +258,12 @@ class PrepareAhead(Feature):
         A running preparation of the conversation is left to finish; a stored
         one that another worker made for these messages is adopted instead.
         """
+        if self.in_store and store is None and self._cache not in _UNSTORED:
+            _UNSTORED.add(self._cache)  # (said once per feature)
+            logger.warning(
+                "PrepareAhead(in_store=True) runs on a graph without a LangGraph store, so its preparations are "
+                "kept in this process only; compile(store=...) (or create_agent(store=...)) to share them"
+            )
         claim = self._claim(conversation, messages, base)
         if claim is None:
             return False
@@ -268,9 +292,11 @@ class PrepareAhead(Feature):
         """
         started = time.monotonic()
         claim = self._cache.get(conversation.key)
+        # One running is left to finish; one whose event loop closed under it stays: this conversation is
+        # not prepared ahead again (``_claim``).
+        if claim is not None and (claim.closed or (not wait and not claim.done.is_set())):
+            return None, 0.0, (0, 0)  # (what discarded ones cost waits for the compaction that reports it)
         if claim is not None and not claim.done.is_set():
-            if not wait:
-                return None, 0.0, (0, 0)
             yield twin(_wait, _await, claim, self.wait)
         found = None
         if claim is not None:
@@ -279,6 +305,8 @@ class PrepareAhead(Feature):
                 logger.warning(
                     "the summary being prepared was not ready within %.1f s; compacting on the spot", self.wait
                 )
+                claim.abandoned = True
+                self._settle(conversation, claim)  # (what it sends is reported by a later compaction)
             elif claim.value is not None and claim.value.matches(messages):
                 found = claim.value
             elif claim.value is not None:
@@ -305,12 +333,13 @@ class PrepareAhead(Feature):
 
         One per conversation until the threshold takes it: a running one is
         left to finish, a finished one waits to be applied (or, given as
-        ``base``, is built on), and a failed one is not retried every turn,
-        unless the conversation was compacted since it started.
+        ``base``, is built on), a failed one is not retried every turn,
+        unless the conversation was compacted since it started, and one whose
+        event loop closed under it is not retried at all.
         """
         origin = opening(messages)
         current = self._cache.get(conversation.key)
-        if current is not None and not (current.done.is_set() and current.value is base):
+        if current is not None and (current.closed or not (current.done.is_set() and current.value is base)):
             return None
         if current is not None and base is None and current.origin == origin:
             return None  # it failed (or another process holds the lease): the threshold compacts as usual
@@ -359,6 +388,7 @@ class PrepareAhead(Feature):
                 _failed(exc)
             finally:
                 claim.done.set()
+                self._settle(run.conversation, claim)
 
         threading.Thread(target=work, name="langchain-compaction-prepare", daemon=True).start()
         return True
@@ -375,12 +405,18 @@ class PrepareAhead(Feature):
                         if held:
                             claim.value = await adrive(self._prepare(run))
             except asyncio.CancelledError:
-                logger.info("a summary being prepared was cancelled (its event loop closed); the threshold compacts")
+                claim.closed = True
+                logger.warning(
+                    "a summary being prepared was cancelled: its event loop closed before it finished (asyncio.run "
+                    "per turn?), so this conversation is no longer prepared ahead in this process and the threshold "
+                    "compacts on the spot; run its turns on one event loop to prepare ahead"
+                )
                 raise
             except Exception as exc:  # never surfaces in a turn
                 _failed(exc)
             finally:
                 claim.done.set()
+                self._settle(run.conversation, claim)
 
         run.claim.task = asyncio.get_running_loop().create_task(work())
         return True
