@@ -414,9 +414,10 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
             return None
         existing: int = yield from self._io(stores.size(archive), "archive:size", archive)
         done = commit.already_archived(existing, self._state.archive_memo)
-        if not done and existing and commit.previous_total is None and self._state.archive_memo is None:
-            stored = yield from self._io(stores.read(archive), "archive:read", archive)  # (a session's first)
-            done = archived_tail(stored, commit.originals)
+        grown = commit.previous_total is not None and existing > commit.previous_total
+        if grown or (not done and existing and commit.previous_total is None and self._state.archive_memo is None):
+            stored = yield from self._io(stores.read(archive), "archive:read", archive)  # (``archived_tail``)
+            done = archived_tail(stored, commit.originals, counted=done)
         batch = commit.originals[done:]
         if batch:
             yield from self._io(stores.append(archive, batch), "archive:add_messages", archive)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ JOURNAL_MARK = "langchain_compaction_journal"
 """Key in ``additional_kwargs`` of the journal's marker message."""
 
 _JOURNAL_VERSION = 2
+
+logger = logging.getLogger("langchain_compaction")
+_SAID_SHARED: list[bool] = []
+"""Whether this process said an archive looks shared by sessions (said once)."""
 
 
 def _digest(messages: Sequence[BaseMessage], version: int = _JOURNAL_VERSION) -> str:
@@ -196,17 +201,27 @@ def archive_counter(message: BaseMessage) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def archived_tail(stored: Sequence[BaseMessage], originals: Sequence[BaseMessage]) -> int:
+def archived_tail(stored: Sequence[BaseMessage], originals: Sequence[BaseMessage], *, counted: int = 0) -> int:
     """How many of ``originals``, from the first, already end the archive ``stored`` (the most that do).
 
     A first compaction records no archive length to retry by: a process that
     died between its archive write and its rewrite left them there, and the
-    next writer's compaction holds the same messages.
+    next writer's compaction holds the same messages. An archive that grew
+    since the last compaction is read too, not counted: the growth (``counted``
+    messages, by length) may be another session's, which would be skipped.
     """
     most = min(len(stored), len(originals))
     tail = [fingerprint(m) for m in stored[len(stored) - most :]]
     head = [fingerprint(m) for m in originals[:most]]
-    return next((k for k in range(most, 0, -1) if tail[most - k :] == head[:k]), 0)
+    found = next((k for k in range(most, 0, -1) if tail[most - k :] == head[:k]), 0)
+    if found < counted and not _SAID_SHARED:
+        _SAID_SHARED.append(True)  # (once a process: each session's wrapper may hold its own archive object)
+        logger.warning(
+            "the archive holds messages this session did not write since its last compaction: it looks shared "
+            "with another session, whose messages recall would return too; give each session an archive of its "
+            "own (its originals are archived all the same)"
+        )
+    return found
 
 
 def archive_memo(messages: Sequence[BaseMessage]) -> tuple[str, ...]:

@@ -1484,3 +1484,30 @@ def test_wrappers_over_one_sqlite_file_named_differently_share_one_session(
     assert len({id(session_state(store)) for store in named}) == 1
     other = SQLChatMessageHistory("s", connection=f"sqlite:///{tmp_path / 'other.db'}")
     assert session_state(other) is not session_state(named[0])
+
+
+def test_sessions_sharing_one_archive_lose_nothing_and_are_told(caplog: pytest.LogCaptureFixture) -> None:
+    """A ``RunnableWithMessageHistory`` factory passing every session one archive: the count was another's growth.
+
+    The archive length each summary recorded said what a failed attempt had
+    archived; another session's appends looked like it, and originals were
+    skipped: in neither the store nor the archive.
+    """
+    from langchain_compaction import ExtractiveSummarizer
+    from langchain_compaction.history import journal
+
+    journal._SAID_SHARED.clear()
+    archive = InMemoryChatMessageHistory()
+    stores = {user: InMemoryChatMessageHistory() for user in ("alice", "bob")}
+    options = CompactionOptions(context_window=2_000, reserve_tokens=500, keep_recent_tokens=300)
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for i in range(40):
+            for user, store in stores.items():
+                history = CompactingChatMessageHistory(store, ExtractiveSummarizer(), options, archive=archive)
+                history.add_messages([HumanMessage(f"{user} question {i} " * 8), AIMessage(f"{user} answer {i} " * 8)])
+    archived = [str(m.content) for m in archive.messages]
+    for user, store in stores.items():
+        kept = [str(m.content) for m in store.messages if not is_summary_message(m)]
+        said = [text for i in range(40) for text in (f"{user} question {i} " * 8, f"{user} answer {i} " * 8)]
+        assert [t for t in said if t not in archived and t not in kept] == [], user
+    assert sum("looks shared with another session" in r.getMessage() for r in caplog.records) == 1
