@@ -5,7 +5,7 @@
 ``compact`` writes the compacted conversation in the input's format.
 
 Exit status: 0 on success, 2 for a bad file or bad arguments (one line on
-stderr says what and where), 1 when the summarizer fails.
+stderr says what and where), 1 when the summarizer fails, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -17,18 +17,18 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from langchain_compaction import __version__
 from langchain_compaction._lc.advice import no_room
+from langchain_compaction._terminal import Progress, Style, table
 from langchain_compaction.core.context import needs_compaction
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import leading_block, plan_compaction
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.transcript import message_body
-from langchain_compaction.core.types import Message, SummaryReply, SummaryRequest
+from langchain_compaction.core.types import Message
 from langchain_compaction.errors import CompactionError, ConfigurationError, ConversationFileError
 from langchain_compaction.summarizers.extractive import ExtractiveSummarizer
 
@@ -38,69 +38,6 @@ if TYPE_CHECKING:
     from langchain_compaction.formats import Conversation
 
 # LangChain is imported only by commands that read or write a conversation: ``--help`` loads none.
-
-
-class _Style:
-    """ANSI colours when the stream is a terminal and NO_COLOR is unset."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.on = stream.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
-
-    def __call__(self, text: str, code: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if self.on else text
-
-    def bold(self, text: str) -> str:
-        return self(text, "1")
-
-    def dim(self, text: str) -> str:
-        return self(text, "2")
-
-    def green(self, text: str) -> str:
-        return self(text, "32")
-
-    def yellow(self, text: str) -> str:
-        return self(text, "33")
-
-
-def _table(rows: Sequence[Sequence[str]], header: Sequence[str], style: _Style) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([style.bold(line(header)), rule, *(line(r) for r in rows)])
-
-
-@dataclass
-class _Progress:
-    """Wraps a summarizer to show progress on stderr while chunks run."""
-
-    inner: Any
-    stream: TextIO
-    quiet: bool
-
-    @property
-    def name(self) -> str:
-        return str(self.inner.name)
-
-    def _show(self, request: SummaryRequest) -> None:
-        if not self.quiet and request.chunk_count > 1:
-            # On a terminal each step overwrites the last; in a log or a pipe each has its own line.
-            step, live = f"summarizing chunk {request.chunk_index + 1}/{request.chunk_count}", self.stream.isatty()
-            last = request.chunk_index + 1 == request.chunk_count
-            print(f"\r{step}" if live else step, end="\n" if last or not live else "", file=self.stream)
-            self.stream.flush()
-
-    def summarize(self, request: SummaryRequest) -> str | SummaryReply:
-        self._show(request)
-        reply: str | SummaryReply = self.inner.summarize(request)
-        return reply
-
-    async def asummarize(self, request: SummaryRequest) -> str | SummaryReply:
-        self._show(request)
-        reply: str | SummaryReply = await self.inner.asummarize(request)
-        return reply
 
 
 def _options(args: argparse.Namespace) -> CompactionOptions:
@@ -190,11 +127,11 @@ def _inspect_report(
 def _print_inspect(
     report: dict[str, Any], messages: list[BaseMessage], core: list[Message], args: argparse.Namespace, out: TextIO
 ) -> None:
-    style = _Style(out)
+    style = Style(out)
     total, by_type, number = report["tokens"], report["tokens_by_type"], report["count_by_type"]
     print(style.bold(f"{args.file}: {report['messages']} messages, ~{total:,} tokens ({report['format']})"), file=out)
     rows = [[t, str(number[t]), f"{by_type[t]:,}", f"{by_type[t] / max(total, 1):.0%}"] for t in sorted(by_type)]
-    print(_table(rows, ["type", "messages", "tokens", "share"], style), file=out)
+    print(table(rows, ["type", "messages", "tokens", "share"], style), file=out)
     if report["threshold"] is not None:
         verdict = style.yellow("would compact") if report["over_threshold"] else style.green("fits")
         reserve = args.context_window - report["threshold"]
@@ -234,7 +171,7 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _print_result(result: CompactionResult, out: TextIO, style: _Style) -> None:
+def _print_result(result: CompactionResult, out: TextIO, style: Style) -> None:
     rows = [
         ["messages removed", str(result.messages_removed)],
         ["messages kept", str(result.messages_kept)],
@@ -244,7 +181,7 @@ def _print_result(result: CompactionResult, out: TextIO, style: _Style) -> None:
         ["summarizer calls", str(result.summarizer_calls)],
         ["summarizer input tokens", f"{result.summarizer_input_tokens:,}"],
     ]
-    print(_table(rows, ["compaction", "value"], style), file=out)
+    print(table(rows, ["compaction", "value"], style), file=out)
 
 
 def _writable(path: str | None) -> None:
@@ -322,7 +259,7 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
     _writable(args.output)
     messages, conversation = _read(args.file)
     options = _options(args)
-    summarizer = _Progress(as_summarizer(_model(args)), sys.stderr, args.json)
+    summarizer = Progress(as_summarizer(_model(args)), sys.stderr, args.json)
     # With a window, compact only when over it (as the adapters do); without
     # one, or with --force, compact now.
     if args.context_window and not args.force:
@@ -347,7 +284,7 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
     report = out if args.output else sys.stderr
     print(happened, file=report)  # once: what happened, then the figures if anything did
     if result is not None:
-        _print_result(result, report, _Style(report))
+        _print_result(result, report, Style(report))
     if args.output:
         print(f"wrote {len(compacted)} messages to {args.output}", file=out)
     else:
@@ -491,9 +428,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return 1
     except BrokenPipeError:
         # The reader went away (``... | head``): stop quietly, as Unix tools do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:  # (Ctrl-C: one line and the shell's status, as Unix tools do)
+        print("langchain-compaction: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

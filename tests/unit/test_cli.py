@@ -112,7 +112,8 @@ def test_compact_shows_progress_when_chunked(capsys, ponyc):
     steps = [line for line in err.splitlines() if line.startswith("summarizing chunk")]
     assert len(steps) > 1
     assert "\r" not in err
-    assert steps[-1].split()[-1].split("/")[0] == steps[-1].split("/")[-1]
+    # The count is what is planned ("of about"); the last step's number is the last count said.
+    assert steps[-1].split()[2] == steps[-1].split()[-1]
 
 
 @pytest.mark.parametrize(
@@ -528,3 +529,25 @@ def test_inspect_does_not_blame_a_long_system_prompt_on_the_newest_messages(tmp_
     assert code == 0
     assert "fits" in text
     assert "must stay whole" not in text
+
+
+def test_ctrl_c_during_a_long_compaction_says_one_line_and_exits_130(tmp_path: Path, capsys, ponyc) -> None:
+    """An interrupted run ends as Unix tools end: one line on stderr, status 130, no traceback, nothing written."""
+    import _thread
+    import threading
+
+    messages = json.loads(Path(ponyc).read_text())
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(messages * 120))  # (seconds of work: the interrupt comes at 0.5 s)
+    output = tmp_path / "out.json"
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        code, _ = run("compact", str(big), "--context-window", "8000", "-o", str(output))
+    finally:
+        timer.cancel()
+    err = capsys.readouterr().err
+    assert code == 130
+    assert err.strip().splitlines()[-1] == "langchain-compaction: interrupted"
+    assert "Traceback" not in err
+    assert not output.exists()
