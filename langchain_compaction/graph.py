@@ -34,6 +34,7 @@ from langchain_compaction._lc.commands import (
     asked,
     check_reducer,
     idle_thread,
+    onto_current,
     other_messages_key,
     parse_compact_command,
     read_messages,
@@ -474,6 +475,9 @@ def _thread_flow(
     flow = compactor._flow(snapshot.values, _named(config), instructions, summarizer, store=graph.store)
     result, update = yield from flow
     if result is not None or isinstance(update, Command):
+        update = yield from onto_current(
+            graph, config, snapshot, update, getattr(compactor, "messages_key", "messages")
+        )
         yield from write_as_node(graph, config, update, name, resume=failed)
     return result
 

@@ -19,7 +19,7 @@ from langgraph.types import Command, StateUpdate
 
 from langchain_compaction._lc.conversation import CONFIG_KEY_SEND, thread_of
 from langchain_compaction.core.effects import Flow, twin
-from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
+from langchain_compaction.errors import CompactionError, ConfigurationError, InvalidMessagesError
 
 COMPACT_COMMAND = "/compact"
 """The chat command that forces a compaction when ``enable_compact_command`` is set."""
@@ -211,6 +211,31 @@ def idle_thread(graph: Any, config: Any) -> Flow[tuple[Any, bool]]:
             "resume it and compact once the run has ended, or let the graph's CompactionNode compact on its turn",
         )
     return snapshot, failed
+
+
+def onto_current(graph: Any, config: Any, read: Any, update: Any, key: str) -> Flow[Any]:
+    """``update``, made from the thread as ``read`` found it, for the thread as it is now (read again).
+
+    Another process may serve the thread while the summary is made: the
+    messages its turns added come after the ones the compaction covers, and
+    are kept after its own. A thread compacted, edited or running meanwhile
+    is not written over: the error says to compact it again.
+    """
+    now = yield twin(graph.get_state, graph.aget_state, config)
+    if _checkpoint(now) == _checkpoint(read) or not isinstance(update, dict) or key not in update:
+        return update
+    before, after = read.values.get(key) or [], now.values.get(key) or []
+    if now.next or [m.id for m in after[: len(before)]] != [m.id for m in before]:
+        raise CompactionError(
+            f"thread {thread_of(config)!r} changed while its summary was made (a run started, or another writer "
+            "compacted or edited its messages), so the compaction was not written and the thread is as that "
+            "writer left it; compact it again once it is idle"
+        )
+    return {**update, key: [*update[key], *after[len(before) :]]}
+
+
+def _checkpoint(snapshot: Any) -> object:
+    return (getattr(snapshot, "config", None) or {}).get("configurable", {}).get("checkpoint_id")
 
 
 def write_as_node(graph: Any, config: Any, update: Any, node: str | None, *, resume: bool = False) -> Flow[None]:

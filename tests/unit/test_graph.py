@@ -629,6 +629,51 @@ def test_compact_thread_forces_a_compaction_with_instructions() -> None:
     assert is_summary_message(model.seen[-1][1])
 
 
+def test_compact_thread_keeps_a_turn_another_worker_answered_while_its_summary_was_made() -> None:
+    """The summary call takes seconds, and another process answers the thread meanwhile: its turn stays.
+
+    The compaction was written over the thread as it had read it: the turn
+    answered meanwhile was in neither the state nor the archive.
+    """
+    graph, _, _ = _idle_agent()
+    config = thread("raced")
+    for said in ("look up x", "and y", "and z"):
+        graph.invoke({"messages": [HumanMessage(said)]}, config)
+
+    def summarize_while_a_worker_answers(prompt: str) -> str:
+        if not answered:
+            answered.append(graph.invoke({"messages": [HumanMessage("late turn", id="late")]}, config))
+        return "## Goal\n- look things up"
+
+    answered: list[Any] = []
+    result = compact_thread(graph, config, model=summarize_while_a_worker_answers)
+    assert result is not None
+    assert answered
+    messages = graph.get_state(config).values["messages"]
+    assert len(summaries(messages)) == 1
+    assert "late" in [m.id for m in messages]
+    assert messages[-1].id == answered[0]["messages"][-1].id  # (the late turn's reply, last)
+
+
+def test_compact_thread_refuses_to_write_over_a_thread_another_writer_compacted_meanwhile() -> None:
+    graph, _, _ = _idle_agent()
+    config = thread("compacted-twice")
+    for said in ("look up x", "and y", "and z"):
+        graph.invoke({"messages": [HumanMessage(said)]}, config)
+
+    def summarize_while_another_compacts(prompt: str) -> str:
+        if not inner:
+            inner.append(compact_thread(graph, config, model=lambda p: "## Goal\n- the other one"))
+        return "## Goal\n- this one"
+
+    inner: list[Any] = []
+    with pytest.raises(CompactionError, match="compact it again once it is idle"):
+        compact_thread(graph, config, model=summarize_while_another_compacts)
+    messages = graph.get_state(config).values["messages"]
+    assert len(summaries(messages)) == 1
+    assert "the other one" in str(summaries(messages)[0].content)
+
+
 def test_compact_thread_refuses_a_thread_paused_mid_run_and_one_it_cannot_name() -> None:
     """A thread paused at an interrupt keeps its pause: compacting it would drop the pending tool call's turn."""
     from langgraph.types import Command, interrupt
