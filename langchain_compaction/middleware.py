@@ -89,11 +89,11 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from langchain_compaction._lc.conversation import Delivery, Nesting, conversation_of, namespace_of
-from langchain_compaction._lc.convert import to_core
+from langchain_compaction._lc.convert import to_core, to_core_list
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, count_messages, counting
 from langchain_compaction._lc.events import COMPACTION_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
-from langchain_compaction._lc.overhead import ToolSchemas
+from langchain_compaction._lc.overhead import ToolSchemas, added_messages, held_as_sent
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.options import CompactionOptions
@@ -390,7 +390,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
     def _call_flow(self, request: ModelRequest[Any], handler: Callable[..., Any]) -> Flow[_CallResult]:
         self._check_model(request.model)
         self._learn_window(request.model)
-        overhead = yield counting(self.options, self._overhead, request)  # the system prompt and tools
+        overhead, beside = yield counting(self.options, self._overhead, request)  # the system prompt and tools
         system = () if request.system_message is None else (request.system_message,)
         messages: list[BaseMessage] = list(request.messages)
         config = _current_config()
@@ -426,7 +426,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
             response = yield twin(handler, handler, self._with_messages(request, compacted))
         if compacted is not None and deferred:
             self._delivery.unreachable("during the model call")
-        return self._response(request, response, compacted, overhead)
+        return self._response(request, response, compacted, beside)
 
     @staticmethod
     def _with_messages(request: ModelRequest[Any], messages: list[BaseMessage] | None) -> ModelRequest[Any]:
@@ -445,7 +445,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
         update: dict[str, Any] = {}
         state_messages = list(request.state.get("messages") or [])
-        if compacted is not None and [m.id for m in request.messages] == [m.id for m in state_messages]:
+        if compacted is not None and held_as_sent(request.messages, state_messages, compacted):
             # Write back the state's own objects: a transient edit that an
             # outer middleware made to a message stays out of the state. A
             # message the compaction itself rewrote (a cleared tool output) is
@@ -453,7 +453,9 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
             # When the request is not the state's list (an outer middleware
             # added or left out messages), nothing is written: before_model
             # compacts the state itself on the next call, the overhead being
-            # recorded now.
+            # recorded now. So is a list an outer middleware edited for this call
+            # (ContextEditingMiddleware's cleared tool outputs): its summary
+            # was made from the edits, and the state's originals must not go.
             by_id = {m.id: m for m in state_messages}
             sent = {id(m) for m in request.messages}
             kept = [by_id.get(m.id, m) if m.id and id(m) in sent else m for m in compacted]
@@ -466,8 +468,13 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
             return response
         return ExtendedModelResponse(model_response=response, command=Command(update=update))
 
-    def _overhead(self, request: ModelRequest[Any]) -> int:
-        """Tokens of the request's system prompt and tool schemas."""
+    def _overhead(self, request: ModelRequest[Any]) -> tuple[int, int]:
+        """Tokens of the request's system prompt and tools, and of those plus the messages the state does not hold.
+
+        A message an outer middleware adds for the call only (retrieved context)
+        is paid on every call: ``before_model`` leaves room for it in the state
+        (the second figure is what it records).
+        """
         system = request.system_message
         total = 0
         if system is not None:
@@ -476,8 +483,11 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
             # object each time, and a dynamic prompt is a new object.
             last = self._system_tokens
             if last is not None and last[0] is system:
-                total = last[1]
+                total += last[1]
             else:
-                total = count_messages([system], [to_core(system)], self.options)[0]
-                self._system_tokens = (system, total)
-        return total + self._tool_tokens.tokens(request.tools)
+                tokens = count_messages([system], [to_core(system)], self.options)[0]
+                self._system_tokens = (system, tokens)
+                total += tokens
+        total += self._tool_tokens.tokens(request.tools)
+        added = added_messages(request.messages, request.state.get("messages") or [])
+        return total, total + (sum(count_messages(added, to_core_list(added), self.options)) if added else 0)

@@ -1,7 +1,9 @@
-"""What a model request carries besides its messages, counted: the tool schemas (``ToolSchemas``).
+"""What a model request carries besides the state's messages: the tool schemas (``ToolSchemas``), messages added.
 
 The middleware adds them, with the system prompt, to the size the trigger
-compares with the threshold.
+compares with the threshold; a message an outer middleware adds to one call
+(``added_messages``) counts too, and one it edited (``held_as_sent``) keeps
+the request's compaction out of the state.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from langchain_core.messages import BaseMessage
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
@@ -51,3 +54,19 @@ class ToolSchemas:
             self._known.put(key, (tool, tokens))
             total += tokens
         return total
+
+
+def held_as_sent(sent: Sequence[BaseMessage], held: Sequence[BaseMessage], compacted: Sequence[BaseMessage]) -> bool:
+    """Whether a request is the state's messages, those it takes out as the state holds them (the summary saw those)."""
+    if [m.id for m in sent] != [m.id for m in held]:
+        return False
+    kept = {m.id for m in compacted}
+    return all(a is b or a.id in kept or a.content == b.content for a, b in zip(sent, held, strict=True))
+
+
+def added_messages(sent: Sequence[BaseMessage], held: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """The messages of a request (``sent``) the state does not hold (``held``): an outer middleware's, for one call."""
+    if len(sent) <= len(held) and (not sent or (sent[0].id == held[0].id and sent[-1].id == held[-1].id)):
+        return []  # (every call: the common case is told without building the state's ids)
+    ids = {m.id for m in held}
+    return [m for m in sent if m.id is None or m.id not in ids]

@@ -1,0 +1,132 @@
+"""CompactionMiddleware under middleware that edit or add to the request for one call (found by an exploratory probe).
+
+``ContextEditingMiddleware`` clears old tool outputs in the request only; a
+``@wrap_model_call`` adds retrieved context to it. The compaction made for such
+a request describes the edits, not the state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from typing import Any
+
+from langchain.agents import create_agent
+from langchain.agents.middleware import ClearToolUsesEdit, ContextEditingMiddleware, wrap_model_call
+from langchain_core.exceptions import ContextOverflowError
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from pydantic import Field
+
+from langchain_compaction import CompactionMiddleware, CompactionOptions
+from langchain_compaction.tokens import estimate_message_tokens
+
+FILL = "the quarterly report figures and the outlook section need another careful pass today "
+MARK = re.compile(r"M\d{4}")
+
+
+class Agent(BaseChatModel):
+    """Calls ``search`` after a user turn and answers after its result; over ``limit`` tokens it says so."""
+
+    n: int = 0
+    limit: int = 10**9
+    issued: list[str] = Field(default_factory=list)
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Agent:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        size = estimate_message_tokens(messages)
+        if size > self.limit:
+            raise ContextOverflowError(f"prompt is too long: {size} tokens > {self.limit} maximum")
+        self.n += 1
+        if isinstance(messages[-1], ToolMessage):
+            message = AIMessage(f"answer {self.mark()}: " + FILL * 2)
+        else:
+            call = {"name": "search", "args": {"query": f"q{self.n}"}, "id": f"c{self.n}", "type": "tool_call"}
+            message = AIMessage("", tool_calls=[call])
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def mark(self) -> str:
+        self.issued.append(f"M{len(self.issued) + 1:04d}")
+        return self.issued[-1]
+
+
+def test_an_overflow_under_context_editing_loses_no_tool_output() -> None:
+    """The window is learned from the provider's error: the compaction made of the cleared copies stays out of the state."""
+    model = Agent(limit=4_000)
+
+    @tool
+    def search(query: str) -> str:
+        """Search the notes."""
+        return f"result {model.mark()} for {query}: " + FILL * 5
+
+    def echo(prompt: str) -> str:
+        return "## Goal\n- keep going\n\n## Critical Context\n- " + " ".join(sorted(set(MARK.findall(prompt))))
+
+    agent = create_agent(
+        model,
+        [search],
+        system_prompt="You are helpful.",
+        middleware=[
+            ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=2000, keep=2)]),
+            CompactionMiddleware(echo, CompactionOptions()),
+        ],
+        checkpointer=InMemorySaver(),
+    )
+    config = {"configurable": {"thread_id": "t"}}
+    for turn in range(40):
+        agent.invoke({"messages": [HumanMessage(f"question {turn} {model.mark()}: " + FILL * 2)]}, config)
+    state = json.dumps([m.model_dump() for m in agent.get_state(config).values["messages"]], default=str)
+    assert [m for m in model.issued if m not in state] == []
+
+
+def test_context_added_for_each_call_is_made_room_for_in_the_state_not_summarized_every_call() -> None:
+    """The state alone fits; with the added context the request does not: ``before_model`` leaves room for it."""
+    model = Agent()
+    calls = itertools.count()
+
+    @tool
+    def search(query: str) -> str:
+        """Search the notes."""
+        return f"result for {query}: " + FILL * 5
+
+    def summarizer(prompt: str) -> str:
+        return f"## Goal\n- answer the questions (summary {next(calls)})"
+
+    docs = "retrieved context: " + "the design doc says the API is versioned and stable " * 60
+
+    @wrap_model_call
+    def inject(request: Any, handler: Any) -> Any:
+        return handler(request.override(messages=[SystemMessage(docs), *request.messages]))
+
+    options = CompactionOptions(context_window=4_000, reserve_tokens=400, keep_recent_tokens=700)
+    agent = create_agent(
+        model,
+        [search],
+        system_prompt="You are helpful.",
+        middleware=[inject, CompactionMiddleware(summarizer, options)],
+        checkpointer=InMemorySaver(),
+    )
+    config = {"configurable": {"thread_id": "t"}}
+    for turn in range(50):
+        agent.invoke({"messages": [HumanMessage(f"question {turn}: " + FILL * 2)]}, config)
+    written = len(
+        {
+            str(m.content)
+            for snap in agent.get_state_history(config)
+            for m in snap.values.get("messages", [])[:1]
+            if isinstance(m, SystemMessage)
+        }
+    )
+    made = next(calls)
+    assert written >= 3
+    assert made <= written + 2, f"{made} summaries made for {written} written"
