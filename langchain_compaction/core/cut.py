@@ -218,20 +218,27 @@ def _whole_exchange(messages: Sequence[Message], counts: Sequence[int], cut: int
     """
     if most is None or sum(counts[cut:]) <= most:
         return cut
-    calls = {c.id for m in messages[cut:] for c in m.tool_calls}
-    return len(messages) if calls <= {m.tool_call_id for m in messages[cut:] if m.role == "tool"} else cut
+    return len(messages) if _answered(messages[cut:]) else cut
 
 
 def _whole_loop(messages: Sequence[Message], counts: Sequence[int], cut: int, room: int) -> int:
     """``cut``, or the end when it keeps a tool loop in progress (opened with Claude's thinking) larger than ``room``.
 
     Such a loop cannot be cut inside (``thinking_loop_opening``): kept whole,
-    it could outgrow the window itself, so past ``room`` it is summarized whole.
+    it could outgrow the window itself, so past ``room`` it is summarized whole,
+    once its calls are all answered (as ``_whole_exchange``: a result still to
+    come would follow the summary without its call).
     """
     opening = thinking_loop_opening(messages)
-    if opening is None or cut > opening or sum(counts[opening:]) <= room:
+    if opening is None or cut > opening or sum(counts[opening:]) <= room or not _answered(messages[opening:]):
         return cut
     return len(messages)
+
+
+def _answered(messages: Sequence[Message]) -> bool:
+    """Whether every tool call in ``messages`` has its result among them."""
+    calls = {c.id for m in messages for c in m.tool_calls}
+    return calls <= {m.tool_call_id for m in messages if m.role == "tool"}
 
 
 def forced_cut(
@@ -266,11 +273,12 @@ def forced_cut(
     opening = thinking_loop_opening(messages)
     for cut in range(len(messages) - 1, lowest - 1, -1):
         if flags[cut]:
-            # A thinking loop in progress that could only be kept whole goes whole: as small as it gets.
+            # A thinking loop in progress that could only be kept whole goes whole: as small as it gets
+            # (once its calls are all answered: a result still to come would follow the summary alone).
             if opening is not None and cut <= opening:
-                return len(messages)
+                return len(messages) if _answered(messages[opening:]) else cut
             return _whole_in_progress(messages, counts, cut, most)
-    if opening is not None and len(messages) >= lowest:
+    if opening is not None and len(messages) >= lowest and _answered(messages[opening:]):
         return len(messages)
     # An exchange that opens the region (after one summarized whole) has no boundary past its start.
     return len(messages) if _whole_in_progress(messages, counts, start, most) == len(messages) else 0

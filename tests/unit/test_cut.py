@@ -486,3 +486,24 @@ def test_claudes_thinking_in_langchains_v1_blocks_is_claudes_thinking() -> None:
     # Gemini writes its thoughts as unsigned ``thinking`` blocks: not Claude's, so no loop rule.
     gemini = [HumanMessage("go"), AIMessage([{"type": "thinking", "thinking": "plan"}], tool_calls=[call])]
     assert thinking_loop_opening(to_core_list([*gemini, ToolMessage("ok", tool_call_id="c1")])) is None
+
+
+def _thinking_loop_with_a_result_to_come() -> list[BaseMessage]:
+    """A Claude tool loop opened with signed thinking whose last reply made two calls; one result is in."""
+    messages: list[BaseMessage] = [HumanMessage("fix the bug " * 40, id="h0")]
+    for k in range(4):
+        content: list[Any] = [{"type": "thinking", "thinking": "plan " * 30, "signature": "SIG=="}] if k == 0 else []
+        calls = [{"id": f"c{k}_{j}", "name": "bash", "args": {"command": f"cat f{k}_{j}.py"}} for j in range(2)]
+        content += [{"type": "tool_use", "id": c["id"], "name": "bash", "input": c["args"]} for c in calls]
+        messages.append(AIMessage(content, tool_calls=calls, id=f"a{k}"))
+        messages += [ToolMessage("output " * 200, tool_call_id=f"c{k}_{j}", id=f"t{k}_{j}") for j in range(2)]
+    return messages[:-1]  # (chat memory stores results one at a time: the last is still to come)
+
+
+def test_a_thinking_loop_with_a_result_to_come_is_never_summarized_whole() -> None:
+    """Summarized whole, the loop's pending call would go and its result arrive after the summary alone."""
+    core = to_core_list(_thinking_loop_with_a_result_to_come())
+    counts = [estimate_message_tokens([m]) for m in _thinking_loop_with_a_result_to_come()]
+    assert thinking_loop_opening(core) == 1
+    assert find_cut(core, counts, 200, most=300) < len(core)
+    assert forced_cut(core, counts=counts, most=300) < len(core)
