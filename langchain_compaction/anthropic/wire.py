@@ -52,12 +52,17 @@ def _text_of(content: Any) -> str:
 # --- the own converter ----------------------------------------------------------
 
 
-def _image_source(block: Mapping[str, Any]) -> dict[str, Any] | None:
+def _image_source(block: Mapping[str, Any], media_type: str = "image/png") -> dict[str, Any] | None:
+    """The API's ``source`` of an image (or a file's, given its default type): each of LangChain's block forms."""
     source = block.get("source")
     if isinstance(source, dict):
         return dict(source)
-    if isinstance(block.get("base64"), str):
-        return {"type": "base64", "media_type": block.get("mime_type") or "image/png", "data": block["base64"]}
+    # (LangChain's standard block holds "base64"; its v0.3 form, "source_type" and "data".)
+    data = block.get("base64")
+    if data is None and block.get("source_type") == "base64":
+        data = block.get("data")
+    if isinstance(data, str):
+        return {"type": "base64", "media_type": block.get("mime_type") or media_type, "data": data}
     url = block.get("url")
     if block.get("type") == "image_url":
         image_url = block.get("image_url")
@@ -82,6 +87,8 @@ def _api_block(block: Any, skip_tool_use: frozenset[str]) -> dict[str, Any] | No
     if kind in ("image", "image_url"):
         source = _image_source(block)
         return None if source is None else {"type": "image", "source": source}
+    if kind == "file" and (source := _image_source(block, "application/pdf")) is not None:
+        return {"type": "document", "source": source}  # (as ChatAnthropic sends a PDF: counted as one, not as text)
     if kind in ("thinking", "redacted_thinking"):
         keep = ("type", "thinking", "signature") if kind == "thinking" else ("type", "data")
         return {k: v for k, v in block.items() if k in keep}

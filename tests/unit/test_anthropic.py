@@ -945,3 +945,15 @@ def test_a_summarizer_timeout_that_is_not_a_finite_positive_number_is_refused(ap
     # Infinity and NaN were taken, and every call then failed as "Anthropic API unreachable".
     with pytest.raises(ConfigurationError, match="timeout="):
         AnthropicSummarizer(MODEL, client=make_client(api), timeout=timeout)
+
+
+def test_a_pdf_file_block_and_a_v03_image_block_go_as_chat_anthropic_sends_them() -> None:
+    """A PDF counted as its base64 text was tens of thousands of tokens; a v0.3 image was left out, uncounted."""
+    from langchain_core.messages import HumanMessage
+
+    pdf = {"type": "file", "base64": "JVBERi0xLjQK" * 200, "mime_type": "application/pdf"}
+    image = {"type": "image", "source_type": "base64", "data": "iVBORw0KGgo=", "mime_type": "image/png"}
+    content = wire.to_api(HumanMessage([{"type": "text", "text": "read these"}, pdf, image]))[0]["content"]
+    assert [b["type"] for b in content] == ["text", "document", "image"]
+    assert content[1]["source"] == {"type": "base64", "media_type": "application/pdf", "data": pdf["base64"]}
+    assert content[2]["source"] == {"type": "base64", "media_type": "image/png", "data": image["data"]}
