@@ -116,6 +116,37 @@ def _arguments(segment: list[str]) -> list[str]:
     return words
 
 
+# What a harness answers for a call that did not run as the model wrote it: LangChain's
+# HumanInTheLoopMiddleware (a rejection; an edit's note naming the call that ran instead) and
+# ToolCallLimitMiddleware (a call past the limit, and the others of its batch).
+_NOT_RUN = re.compile(
+    r"(?:User rejected the tool call\b|Tool call limit exceeded\b|Execution stopped before this tool call could run\b)"
+)
+_RAN_INSTEAD = re.compile(r"Executed instead: (\S+) with arguments (?=\{)")
+
+
+def ran_as(call: ToolCall, result: str) -> ToolCall | None:
+    """The call that ran, as its result tells: ``call``; the one a reviewer put instead; ``None`` if none ran.
+
+    Example:
+        >>> call = ToolCall("c1", "deploy", '{"target": "prod"}')
+        >>> ran_as(call, "User rejected the tool call for `deploy` with reason: no") is None
+        True
+        >>> ran_as(call, 'Note: ... Executed instead: deploy with arguments {"target": "staging"}.').arguments
+        '{"target": "staging"}'
+    """
+    if _NOT_RUN.match(result):
+        return None
+    instead = _RAN_INSTEAD.search(result, 0, 4_000)
+    if instead is None:
+        return call
+    try:
+        arguments, _ = json.JSONDecoder().raw_decode(result, instead.end())
+    except ValueError:
+        return call
+    return ToolCall(call.id, instead.group(1), json.dumps(arguments))
+
+
 def call_arguments(call: ToolCall) -> dict[str, object]:
     """A tool call's arguments as a dict (empty when they are not a JSON object)."""
     try:

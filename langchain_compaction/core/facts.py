@@ -61,7 +61,14 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from langchain_compaction.core.calls import CallReading, Unresolved, command_target, read_call, written_files
+from langchain_compaction.core.calls import (
+    CallReading,
+    Unresolved,
+    command_target,
+    ran_as,
+    read_call,
+    written_files,
+)
 from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.extract import (
     DOCUMENT_CHARS,
@@ -305,6 +312,13 @@ class _Tracker:
         if found is None:
             return
         call, reading = found
+        ran = ran_as(call, message.text) if record else call
+        if ran is not call:
+            # A reviewer rejected or replaced it, or a limit stopped it: it is no call already made.
+            self.facts.pop(("done_call", f"{call.name}\x00{reading.key}"), None)
+            if ran is not None:
+                self._call(ran, record=True)
+            return
         # Keyed by the program (or tool) and what it ran on: a later clean run
         # of the same program on a target that holds it, or a later successful
         # call of the same tool on the same target, resolves it.

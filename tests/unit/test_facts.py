@@ -896,3 +896,23 @@ def test_a_long_one_line_output_is_shown_from_its_error_not_its_start() -> None:
     line = error_line(output)
     assert "RateLimitError: quota hit" in line
     assert line.startswith("...")
+
+
+def test_a_call_a_reviewer_rejected_or_replaced_is_no_call_already_made() -> None:
+    """HumanInTheLoopMiddleware keeps the model's call in its message; only the result says what ran, if anything."""
+    note = (
+        "Note: a human reviewer replaced this tool call before it ran. Executed instead: deploy with arguments "
+        '{"target": "staging-2"}.\n\nTool response:\ndeployed'
+    )
+    messages = [HumanMessage("ship it", id="h0")]
+    for n, result in enumerate(
+        ["User rejected the tool call for `deploy` with reason: not to production", note, "deployed"], start=1
+    ):
+        call = {"name": "deploy", "args": {"target": f"prod-{n}"}, "id": f"c{n}", "type": "tool_call"}
+        messages += [
+            AIMessage("", tool_calls=[call], id=f"a{n}"),
+            ToolMessage(result, tool_call_id=f"c{n}", id=f"t{n}"),
+        ]
+    core = to_core_list(messages)
+    made = [f.text for f in gather((), core, range(len(core)), ()) if f.kind == "done_call"]
+    assert made == ["staging-2", "prod-3"]
