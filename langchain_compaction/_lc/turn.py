@@ -465,8 +465,11 @@ class Turn(Compactor):
         summary = combined[summary_at]
         # (A try on the spot whose summary failed archived what this takes out first: its id is kept.)
         key = place.conversation.key
-        # It keeps what came after its base too: the first of that is the first it kept.
-        first_id = messages[first_kept].id if first_kept < len(messages) else None
+        # It keeps what came after its base too: the first of that is the first it kept (not a pinned
+        # message written back from before its cut, one it took out messages after).
+        last = max(removed, default=-1)
+        after = (where[id(m)] for m in combined[summary_at + 1 :] if id(m) in where)
+        first_id = next((messages[i].id for i in after if not (core[i].pinned and i < last)), None)
         mark = {**summary.additional_kwargs[SUMMARY_MARK], KEPT_FROM_KEY: first_id}
         record = stamp(core, kept, removed, mark, place.conversation.namespace, retry=self.tried.get(key))
         parts = yield from self._commit(

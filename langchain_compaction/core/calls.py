@@ -48,6 +48,11 @@ _CHAIN = re.compile(r"&&|\|\||;")
 _PIPE = re.compile(r"(?<!\|)\|(?!\|)")
 # What runs another command given in quotes ("bash -c '...'", "ssh host '...'"): the work is inside.
 _WRAPPERS = frozenset({"bash", "sh", "zsh", "ssh", "docker", "podman", "kubectl", "su"})
+# The quoted command such a wrapper runs: a shell's "-c", or ssh's last word ("docker run -e "X=1" img pytest"
+# runs pytest, "psql -c "select 1"" runs psql).
+_INNER = re.compile(
+    r"""(?:^|[\s/])(?:bash|sh|zsh|su)(?:\s+-\w+)*?\s+-[A-Za-z]*c\s+("[^"]*"|'[^']*')|^\s*ssh\s.*?\s("[^"]*"|'[^']*')\s*$"""
+)
 # What only feeds a pipeline its input ("cat in.txt | python solve.py" ran solve.py).
 _FEEDERS = frozenset({"cat", "echo", "printf", "yes", "seq"})
 # A redirection ("2>&1", ">out.log", "2>/dev/null"): no argument; a bare one takes the next word.
@@ -73,8 +78,8 @@ def command_target(command: str) -> tuple[str, str]:
         ('pytest', 'tests/test_a.py')
         >>> command_target('bash -c "cd /repo && make test"'), command_target("cat in.txt | python solve.py")
         (('make', 'test'), ('solve.py', ''))
-        >>> command_target("python -m pytest -q 2>&1 | tail -20")
-        ('pytest', '')
+        >>> command_target("python -m pytest -q 2>&1 | tail -20"), command_target('docker run -e "K=1" img pytest t.py')
+        (('pytest', ''), ('docker', 't.py'))
     """
     # (Separators inside quotes separate nothing: ``grep -E "FAIL|Error"``.)
     bare = _QUOTED.sub(lambda quoted: "x" * len(quoted.group()), command)
@@ -85,9 +90,9 @@ def command_target(command: str) -> tuple[str, str]:
     for low, high in bounds:
         raw = command[low:high].split()
         if next((w.rsplit("/", 1)[-1] for w in raw if w not in _RUNNERS), "") in _WRAPPERS:
-            inner = _QUOTED.findall(command[low:high])
+            inner = _INNER.search(command[low:high])
             if inner:
-                return command_target(inner[-1][1:-1])
+                return command_target((inner.group(1) or inner.group(2))[1:-1])
         words = _arguments(raw)
         if words and words[0].rsplit("/", 1)[-1] not in _FEEDERS:
             break

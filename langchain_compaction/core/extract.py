@@ -114,9 +114,9 @@ _REVOKE = re.compile(
     r"(?!(?:forget|ignore|disregard|scratch|drop|never|not|only|no longer|no)\b)(?P<d>[^.;!?\n]+)",
     re.IGNORECASE,
 )
-# A sentence that opens with praise or thanks, up to where it goes on: what follows is a report.
+# A sentence that opens with praise, up to where it goes on: what follows is a report ("OK, tabs are fine" concedes).
 _PRAISE = re.compile(
-    r"(?:^|[.!?]\s+)\W*(?:great|good|nice|perfect|cool|awesome|excellent|thanks|thank you|ok|okay|yay|phew)\W*$",
+    r"(?:^|[.!?]\s+)\W*(?:great|good|nice|perfect|cool|awesome|excellent|yay|phew)\W*$",
     re.IGNORECASE,
 )
 # Every revocation holds one of these (lowercased): a cheap test before the regex.

@@ -164,6 +164,8 @@ class _Tracker:
 
     facts: dict[tuple[FactKind, str], Fact] = field(default_factory=dict)
     calls: dict[str, tuple[ToolCall, CallReading]] = field(default_factory=dict)
+    # The fact each call was first to state, by call id: what a rejection of that call takes back.
+    first_said: dict[str, tuple[FactKind, str]] = field(default_factory=dict)
     last_opened: str | None = None
     requests: list[tuple[FactKind, str]] = field(default_factory=list)
     earlier: list[tuple[FactKind, str]] = field(default_factory=list)
@@ -288,6 +290,13 @@ class _Tracker:
         reading = read_call(call)
         if call.id:
             self.calls[call.id] = (call, reading)
+        before = len(self.facts)
+        self._made(call, reading, record=record)
+        if call.id and len(self.facts) > before:
+            self.first_said[call.id] = next(reversed(self.facts))
+
+    def _made(self, call: ToolCall, reading: CallReading, *, record: bool) -> None:
+        """The facts a call states: the file it read or wrote, or itself, made with its key argument."""
         use = reading.file_use(self.last_opened)
         if use is not None:
             kind, path = use
@@ -314,11 +323,15 @@ class _Tracker:
         call, reading = found
         ran = ran_as(call, message.text) if record else call
         if ran is not call:
-            # A reviewer rejected or replaced it, or a limit stopped it: it is no call already made.
-            self.facts.pop(("done_call", f"{call.name}\x00{reading.key}"), None)
-            if ran is not None:
-                self._call(ran, record=True)
-            return
+            # A reviewer rejected or replaced it, or a limit stopped it: what it alone said goes (the same
+            # call made earlier stays), and the call that ran instead is read, its failure too.
+            said = self.first_said.pop(call.id or "", None)
+            if said is not None:
+                self.facts.pop(said, None)
+            if ran is None:
+                return
+            self._call(ran, record=True)
+            call, reading = ran, read_call(ran)
         # Keyed by the program (or tool) and what it ran on: a later clean run
         # of the same program on a target that holds it, or a later successful
         # call of the same tool on the same target, resolves it.

@@ -163,6 +163,13 @@ def resolve(
         refused = _REFUSED[where].get(kind)
         if refused is not None:
             raise ConfigurationError("features", feature, f"{kind.__name__} cannot be used here: {refused}")
+        if where == "history" and isinstance(feature, PrepareAhead) and feature.in_store:
+            raise ConfigurationError(
+                "in_store",
+                True,
+                "chat memory has no LangGraph store to keep preparations in: pass PrepareAhead(in_store=False) "
+                "(processes sharing a session take turns by its lock=)",
+            )
     return tuple(feature.bind(options) for feature in chosen)
 
 

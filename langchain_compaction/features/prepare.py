@@ -292,10 +292,11 @@ class PrepareAhead(Feature):
         """
         started = time.monotonic()
         claim = self._cache.get(conversation.key)
-        # One running is left to finish; one whose event loop closed under it stays: this conversation is
-        # not prepared ahead again (``_claim``).
-        if claim is not None and (claim.closed or (not wait and not claim.done.is_set())):
-            return None, 0.0, (0, 0)  # (what discarded ones cost waits for the compaction that reports it)
+        if claim is not None and not wait and not claim.done.is_set():
+            return None, 0.0, (0, 0)  # left to finish (what discarded ones cost waits for the compaction reporting it)
+        if claim is not None and claim.closed:
+            # It stays, so this conversation is not prepared ahead here again (``_claim``); the store is still read.
+            claim = None
         if claim is not None and not claim.done.is_set():
             yield twin(_wait, _await, claim, self.wait)
         found = None

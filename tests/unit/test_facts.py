@@ -916,3 +916,32 @@ def test_a_call_a_reviewer_rejected_or_replaced_is_no_call_already_made() -> Non
     core = to_core_list(messages)
     made = [f.text for f in gather((), core, range(len(core)), ()) if f.kind == "done_call"]
     assert made == ["staging-2", "prod-3"]
+
+
+def test_a_rejected_repeat_keeps_the_call_made_before_and_a_replacement_s_failure_is_an_error() -> None:
+    """Rejecting a repeat of a deploy that ran takes back nothing; a rejected write names no modified file."""
+    call = {"name": "deploy", "args": {"target": "prod-eu"}, "type": "tool_call"}
+    write = {"name": "write_file", "args": {"path": "config/prod.yaml", "content": "x"}, "type": "tool_call"}
+    note = (
+        "Note: a human reviewer replaced this tool call before it ran. Executed instead: bash with arguments "
+        '{"command": "pytest tests/a.py"}.\n\nTool response:\nFAILED tests/a.py::test_x - AssertionError: boom'
+    )
+    pytest_call = {"name": "bash", "args": {"command": "pytest tests/b.py"}, "type": "tool_call"}
+    messages: list[BaseMessage] = [HumanMessage("ship it", id="h0")]
+    for n, (proposed, result) in enumerate(
+        [
+            (call, "deployed"),
+            (call, "User rejected the tool call for `deploy` with reason: once is enough"),
+            (write, "User rejected the tool call for `write_file` with reason: no"),
+            (pytest_call, note),
+        ]
+    ):
+        messages += [
+            AIMessage("", tool_calls=[{**proposed, "id": f"c{n}"}], id=f"a{n}"),
+            ToolMessage(result, tool_call_id=f"c{n}", id=f"t{n}"),
+        ]
+    core = to_core_list(messages)
+    facts = gather((), core, range(len(core)), ())
+    assert [f.text for f in facts if f.kind == "done_call"] == ["prod-eu", "pytest tests/a.py"]
+    assert [f.text for f in facts if f.kind == "modified_file"] == []
+    assert [f.text for f in facts if f.kind == "error"] == ["FAILED tests/a.py::test_x - AssertionError: boom"]

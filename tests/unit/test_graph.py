@@ -655,6 +655,22 @@ def test_compact_thread_keeps_a_turn_another_worker_answered_while_its_summary_w
     assert messages[-1].id == answered[0]["messages"][-1].id  # (the late turn's reply, last)
 
 
+def test_compact_thread_refuses_to_write_over_a_message_edited_in_place_meanwhile() -> None:
+    graph, _, _ = _idle_agent()
+    config = thread("edited")
+    for said in ("look up x", "and y", "and z"):
+        graph.invoke({"messages": [HumanMessage(said)]}, config)
+    last = graph.get_state(config).values["messages"][-1]
+
+    def summarize_while_someone_edits(prompt: str) -> str:
+        graph.update_state(config, {"messages": [last.model_copy(update={"content": "edited meanwhile"})]})
+        return "## Goal\n- look things up"
+
+    with pytest.raises(CompactionError, match="compact it again once it is idle"):
+        compact_thread(graph, config, model=summarize_while_someone_edits)
+    assert graph.get_state(config).values["messages"][-1].content == "edited meanwhile"
+
+
 def test_compact_thread_refuses_to_write_over_a_thread_another_writer_compacted_meanwhile() -> None:
     graph, _, _ = _idle_agent()
     config = thread("compacted-twice")

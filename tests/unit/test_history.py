@@ -1511,3 +1511,16 @@ def test_sessions_sharing_one_archive_lose_nothing_and_are_told(caplog: pytest.L
         said = [text for i in range(40) for text in (f"{user} question {i} " * 8, f"{user} answer {i} " * 8)]
         assert [t for t in said if t not in archived and t not in kept] == [], user
     assert sum("looks shared with another session" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_chat_memory_refuses_preparations_kept_in_a_store_it_does_not_have() -> None:
+    from langchain_compaction import ExtractiveSummarizer
+    from langchain_compaction.features import PrepareAhead
+
+    with pytest.raises(ConfigurationError, match=r"PrepareAhead\(in_store=False\)"):
+        CompactingChatMessageHistory(
+            InMemoryChatMessageHistory(),
+            ExtractiveSummarizer(),
+            CompactionOptions(context_window=4_000),
+            features=[PrepareAhead(in_store=True)],
+        )

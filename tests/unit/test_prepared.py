@@ -951,3 +951,43 @@ def test_a_conversation_reads_only_its_own_stored_preparations_not_a_sub_agents_
     assert found is None
     assert discarded == (0, 0)
     assert store.search(below), "the sub-agent's preparation stays"
+
+
+def test_a_prepared_summary_applied_with_a_pin_records_the_first_message_it_kept_not_the_pin() -> None:
+    """The pin, written back from before the cut, came first after the summary and was recorded as kept_from.
+
+    Its position then renumbered every kept message from the pin's, and a
+    summary put back in place would have taken the wrong span as covered.
+    """
+    from langchain_compaction.features import CheckedFacts, Pins
+
+    options = CompactionOptions(
+        context_window=4_000, reserve_tokens=500, keep_recent_tokens=400, summary_input_tokens=50_000
+    )
+    summarizer = Recorder()
+    history = CompactingChatMessageHistory(
+        InMemoryChatMessageHistory(),
+        summarizer,
+        options,
+        archive=InMemoryChatMessageHistory(),
+        features=[CheckedFacts(), Pins(), PrepareAhead(at=0.7)],
+    )
+    history.add_messages(
+        [HumanMessage("PIN: always use tabs", id="pin", additional_kwargs={"compaction_pin": True}), AIMessage("ok")]
+    )
+    summary = None
+    for n in range(80):
+        history.add_messages([HumanMessage(words(f"q{n}"), id=f"h{n}"), AIMessage(words("a"), id=f"a{n}")])
+        summary = next((m for m in history.messages if is_summary_message(m)), None)
+        if summary is not None:
+            break
+        deadline = time.monotonic() + 5
+        while any(t.name == "langchain-compaction-prepare" for t in threading.enumerate()):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert summary is not None
+    assert "langchain-compaction-prepare" in summarizer.threads  # (a prepared summary was applied)
+    stored = history.messages
+    after = [m.id for m in stored[stored.index(summary) + 1 :] if not is_compaction_message(m)]
+    assert after[0] == "pin"
+    assert summary.additional_kwargs[SUMMARY_MARK]["kept_from"] == after[1]

@@ -833,6 +833,7 @@ def test_a_permission_revokes_no_rule_it_only_opens() -> None:
     # A "you may" / "is fine" about the rule's own subject still takes it back.
     assert _rules("You can never use tabs here.", "Tabs are fine now.") == []
     assert _rules("Never leave print statements in.", "The print statements are fine now.") == []
+    assert _rules("Never use tabs.", "OK, tabs are fine now.") == []  # (conceding: no report on the work)
 
 
 @pytest.mark.parametrize(
