@@ -114,9 +114,11 @@ _REVOKE = re.compile(
     r"(?!(?:forget|ignore|disregard|scratch|drop|never|not|only|no longer|no)\b)(?P<d>[^.;!?\n]+)",
     re.IGNORECASE,
 )
-# A sentence that opens with praise, up to where it goes on: what follows is a report ("OK, tabs are fine" concedes).
+# A sentence that opens with praise or thanks, up to where it goes on: what follows is a report ("Thanks, the
+# build is OK now"); "OK, tabs are fine" concedes.
 _PRAISE = re.compile(
-    r"(?:^|[.!?]\s+)\W*(?:great|good|nice|perfect|cool|awesome|excellent|yay|phew)\W*$",
+    r"(?:^|[.!?]\s+)\W*(?:great|good|nice|perfect|cool|awesome|excellent|thanks|thank you|yay|phew|looks good"
+    r"|lgtm|well done)\W*$",
     re.IGNORECASE,
 )
 # Every revocation holds one of these (lowercased): a cheap test before the regex.

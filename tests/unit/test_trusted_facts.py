@@ -834,6 +834,9 @@ def test_a_permission_revokes_no_rule_it_only_opens() -> None:
     assert _rules("You can never use tabs here.", "Tabs are fine now.") == []
     assert _rules("Never leave print statements in.", "The print statements are fine now.") == []
     assert _rules("Never use tabs.", "OK, tabs are fine now.") == []  # (conceding: no report on the work)
+    assert _rules("Don't change the build config.", "Thanks, the build config is fine now.") == [
+        "Don't change the build config."
+    ]
 
 
 @pytest.mark.parametrize(
