@@ -262,15 +262,18 @@ class AnthropicSummarizer:
             )
             return None
         params: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": messages}
-        # The prompt cache is read only by a request that asks for it: a
-        # breakpoint (on the last block), and the cache finds the agent's own
-        # cached prefix before it.
-        params["cache_control"] = {"type": "ephemeral"}
         if system is not None:
             params["system"] = system
         tools = wire.convert_tools(request.prefix_tools) if request.prefix_tools else self.tools
         if tools:
             params["tools"] = tools
+        # The prompt cache is read only by a request that asks for it: a
+        # breakpoint (on the last block), and the cache finds the agent's own
+        # cached prefix before it. The API takes four at most: a prefix that
+        # carries four of the agent's is read at those.
+        contents = (m.get("content") for m in messages)
+        if wire.cache_breakpoints(params.get("system"), params.get("tools") or (), contents) < wire.MOST_BREAKPOINTS:
+            params["cache_control"] = {"type": "ephemeral"}
         return params
 
     def _params(self, request: SummaryRequest) -> tuple[dict[str, Any], bool]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, FunctionMessage, SystemMessage, ToolMessage
@@ -243,3 +243,25 @@ def chat_anthropic_format(messages: Sequence[BaseMessage], model: str) -> tuple[
         warning = "langchain-anthropic could not format the cache-aligned prefix (%r); using the built-in converter"
         logger.warning(warning, exc)
         return _own_format(messages)
+
+
+MOST_BREAKPOINTS = 4
+"""The most blocks with ``cache_control`` the Messages API takes in one request (a top-level one included)."""
+
+
+def cache_breakpoints(system: Any, tools: Iterable[Any], contents: Iterable[Any]) -> int:
+    """How many blocks carry ``cache_control``: of a system prompt, tools, and message contents (tool results' too).
+
+    The API's dicts and LangChain's content blocks have the same shape here.
+
+    Example:
+        >>> cache_breakpoints([{"type": "text", "text": "s", "cache_control": {}}], [], ["hi", [{"type": "text"}]])
+        1
+    """
+    blocks: list[Any] = [*(system if isinstance(system, list) else ()), *tools]
+    for content in contents:
+        for block in content if isinstance(content, list) else ():
+            blocks.append(block)
+            inner = block.get("content") if isinstance(block, dict) and block.get("type") == "tool_result" else None
+            blocks += inner if isinstance(inner, list) else ()
+    return sum(isinstance(block, dict) and "cache_control" in block for block in blocks)

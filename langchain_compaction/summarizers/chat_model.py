@@ -193,7 +193,12 @@ def _per_call(
     keywords = _client_timeout(model, request, clients)
     bound = getattr(model, "bound", model)
     if aligned and getattr(bound, "_llm_type", None) == "anthropic-chat":
-        keywords["cache_control"] = {"type": "ephemeral"}
+        from langchain_compaction.anthropic.wire import MOST_BREAKPOINTS, cache_breakpoints
+
+        # (Four at most in a request: a prefix that carries four of the agent's is read at those.)
+        contents = (getattr(m, "content", None) for m in request.prefix)
+        if cache_breakpoints((), request.prefix_tools, contents) < MOST_BREAKPOINTS:
+            keywords["cache_control"] = {"type": "ephemeral"}
     return keywords
 
 

@@ -221,6 +221,36 @@ def test_a_cache_aligned_request_through_chat_anthropic_asks_for_a_cache_read():
     assert payloads[-1]["cache_control"] == {"type": "ephemeral"}
 
 
+def _marked_four_times() -> list[BaseMessage]:
+    """The conversation with the agent's own four cache breakpoints on its first four human turns."""
+    messages = conversation()
+    for n in range(4):
+        index = 1 + 4 * n
+        text = str(messages[index].content)
+        block = {"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}
+        messages[index] = messages[index].model_copy(update={"content": [block]})
+    return messages
+
+
+def test_a_prefix_carrying_four_breakpoints_gets_no_fifth_the_api_would_refuse():
+    """The API takes four blocks with cache_control; a top-level one on top of the agent's four made five."""
+    bodies: list[dict] = []
+    summarizer = AnthropicSummarizer("claude-haiku-4-5", client=anthropic_client(bodies))
+    result, _ = compact(summarizer, _marked_four_times(), OPTIONS, features=ALIGNED)
+    assert result is not None
+    assert "cache_control" not in bodies[-1]
+    assert json.dumps(bodies[-1]["messages"]).count('"cache_control"') == 4
+    payloads: list[dict] = []
+
+    class RecordingClaude(ChatAnthropic):
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+            payloads.append(self._get_request_payload(messages, stop=stop, **kwargs))
+            return ChatResult(generations=[ChatGeneration(message=AIMessage(REPLY))])
+
+    compact(RecordingClaude(model="claude-haiku-4-5", api_key="x"), _marked_four_times(), OPTIONS, features=ALIGNED)
+    assert "cache_control" not in payloads[-1]
+
+
 def test_anthropic_summarizer_falls_back_to_the_transcript_for_a_prefix_the_api_would_refuse():
     # Regression: the prefix was sent without the validity step, so a tool
     # result whose call is gone (here the first call, dropped by an earlier
