@@ -18,6 +18,7 @@ from langgraph.errors import InvalidUpdateError
 from langgraph.types import Command, StateUpdate
 
 from langchain_compaction._lc.conversation import CONFIG_KEY_SEND, thread_of
+from langchain_compaction._lc.convert import starts_with
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.errors import CompactionError, ConfigurationError, InvalidMessagesError
 
@@ -225,7 +226,7 @@ def onto_current(graph: Any, config: Any, read: Any, update: Any, key: str) -> F
     if _checkpoint(now) == _checkpoint(read) or not isinstance(update, dict) or key not in update:
         return update
     before, after = read.values.get(key) or [], now.values.get(key) or []
-    if now.next or [(m.id, m.content) for m in after[: len(before)]] != [(m.id, m.content) for m in before]:
+    if now.next or not starts_with(after, before):
         raise CompactionError(
             f"thread {thread_of(config)!r} changed while its summary was made (a run started, or another writer "
             "compacted or edited its messages), so the compaction was not written and the thread is as that "

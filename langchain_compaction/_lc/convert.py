@@ -141,6 +141,16 @@ def fingerprint(message: BaseMessage) -> str:
     return digest.hexdigest()
 
 
+def same_message(a: BaseMessage, b: BaseMessage) -> bool:
+    """Whether ``a`` and ``b`` are one message (the same object, or the same after a store or checkpoint round trip)."""
+    return a is b or fingerprint(a) == fingerprint(b)
+
+
+def starts_with(messages: Sequence[BaseMessage], prefix: Sequence[BaseMessage]) -> bool:
+    """Whether ``messages`` begins with ``prefix``."""
+    return len(messages) >= len(prefix) and all(same_message(a, b) for a, b in zip(messages, prefix))
+
+
 def prefix_digest(messages: Sequence[BaseMessage]) -> str:
     """The identity of a list of messages: a digest of their fingerprints, in order."""
     digest = hashlib.blake2b(digest_size=16)

@@ -127,7 +127,6 @@ def _arguments(segment: list[str]) -> list[str]:
 _NOT_RUN = re.compile(
     r"(?:User rejected the tool call\b|Tool call limit exceeded\b|Execution stopped before this tool call could run\b)"
 )
-_NOT_RUN_FIRST = frozenset("UTE")
 _RAN_INSTEAD = re.compile(r"Executed instead: (\S+) with arguments (?=\{)")
 
 
@@ -141,7 +140,7 @@ def ran_as(call: ToolCall, result: str) -> ToolCall | None:
         >>> ran_as(call, 'Note: ... Executed instead: deploy with arguments {"target": "staging"}.').arguments
         '{"target": "staging"}'
     """
-    if result[:1] in _NOT_RUN_FIRST and _NOT_RUN.match(result):
+    if _NOT_RUN.match(result):
         return None
     # (Read at every compaction for every result: a plain find first, the note opens the result.)
     at = result.find("Executed instead: ", 0, 4_000)

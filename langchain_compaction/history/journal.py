@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from langchain_core.messages import BaseMessage, SystemMessage, message_to_dict
 
-from langchain_compaction._lc.convert import SUMMARY_MARK, fingerprint, is_compaction_message
+from langchain_compaction._lc.convert import SUMMARY_MARK, fingerprint, is_compaction_message, same_message, starts_with
 
 JOURNAL_MARK = "langchain_compaction_journal"
 """Key in ``additional_kwargs`` of the journal's marker message."""
@@ -42,16 +42,6 @@ def _digest(messages: Sequence[BaseMessage], version: int = _JOURNAL_VERSION) ->
         digest.update(key.encode("utf-8"))
         digest.update(b"\x00")
     return digest.hexdigest()
-
-
-def same_message(a: BaseMessage, b: BaseMessage) -> bool:
-    """Whether ``a`` and ``b`` are one message (the same object, or the same after a store round trip)."""
-    return a is b or fingerprint(a) == fingerprint(b)
-
-
-def starts_with(messages: Sequence[BaseMessage], prefix: Sequence[BaseMessage]) -> bool:
-    """Whether ``messages`` begins with ``prefix``."""
-    return len(messages) >= len(prefix) and all(same_message(a, b) for a, b in zip(messages, prefix))
 
 
 def _common_prefix(messages: Sequence[BaseMessage], target: Sequence[BaseMessage]) -> int:
