@@ -371,6 +371,29 @@ def test_subgraph_invoked_inside_a_parent_node_function_finishes(kind: str, capl
     assert len(said) == 1, [r.getMessage() for r in caplog.records]
 
 
+def _under_a_parent(agent: Any) -> tuple[Any, Any]:
+    """``agent`` as the one node of a parent sharing ``messages``, compiled with a checkpointer and a store."""
+    from langgraph.store.memory import InMemoryStore
+
+    parent = StateGraph(MessagesState)
+    parent.add_node("agent", agent)
+    parent.add_edge(START, "agent")
+    parent.add_edge("agent", END)
+    store = InMemoryStore()
+    return parent.compile(checkpointer=InMemorySaver(), store=store), store
+
+
+def _archived_ids(store: Any) -> list[str | None]:
+    """The ids of every archived message, in every namespace of the store (an agent's filed apart once too)."""
+    from langchain_core.messages import messages_from_dict
+
+    return [
+        messages_from_dict([item.value["message"]])[0].id
+        for namespace in store.list_namespaces(prefix=("compaction_archive",))
+        for item in store.search(namespace, limit=10_000)
+    ]
+
+
 def test_an_agent_one_level_down_with_archive_and_preparation_archives_each_message_once() -> None:
     """create_agent (Archive, PrepareAhead) as a node of a parent sharing its messages: once each, none lost.
 
@@ -378,8 +401,6 @@ def test_an_agent_one_level_down_with_archive_and_preparation_archives_each_mess
     lands mid-history in the parent); a compaction made there as well as in
     ``before_model`` filed messages twice, at two positions.
     """
-    from langchain_core.messages import messages_from_dict
-    from langgraph.store.memory import InMemoryStore
 
     from langchain_compaction.features import Archive, PrepareAhead, default_features
 
@@ -389,24 +410,15 @@ def test_an_agent_one_level_down_with_archive_and_preparation_archives_each_mess
         features=[*default_features(), Archive(), PrepareAhead(at=0.7, wait=2.0)],
     )
     replies = (AIMessage(f"reply {n} " * 30) for n in itertools.count())
-    agent = create_agent(ToolCallingFake(messages=replies), middleware=[middleware], name="agent")
-    parent = StateGraph(MessagesState)
-    parent.add_node("agent", agent)
-    parent.add_edge(START, "agent")
-    parent.add_edge("agent", END)
-    store = InMemoryStore()
-    graph = parent.compile(checkpointer=InMemorySaver(), store=store)
+    graph, store = _under_a_parent(
+        create_agent(ToolCallingFake(messages=replies), middleware=[middleware], name="agent")
+    )
     config = cfg("P")
     sent = [f"h{turn}" for turn in range(60)]
     for turn, message_id in enumerate(sent):
         graph.invoke({"messages": [HumanMessage(f"H{turn:04d} user says {turn} " * 10, id=message_id)]}, config)
     state = [m.id for m in graph.get_state(config).values["messages"]]
-    # (Every namespace of the thread: the model call once filed its compactions under the agent's.)
-    archived = [
-        messages_from_dict([item.value["message"]])[0].id
-        for namespace in store.list_namespaces(prefix=("compaction_archive",))
-        for item in store.search(namespace, limit=10_000)
-    ]
+    archived = _archived_ids(store)
     assert archived, "the window should have compacted"
     for message_id in sent:
         assert state.count(message_id) + archived.count(message_id) == 1, message_id
@@ -421,8 +433,6 @@ def test_an_agent_one_level_down_that_compacts_on_an_overflow_files_with_its_par
     recall then missed the first ones.
     """
     from langchain_core.exceptions import ContextOverflowError
-    from langchain_core.messages import messages_from_dict
-    from langgraph.store.memory import InMemoryStore
 
     from langchain_compaction.features import Archive, default_features
     from langchain_compaction.features.recall import recall_tool
@@ -439,24 +449,14 @@ def test_an_agent_one_level_down_that_compacts_on_an_overflow_files_with_its_par
         short_summary, CompactionOptions(context_window=8_000), features=[*default_features(), Archive()]
     )
     replies = (AIMessage(f"reply {n} " * 30, id=f"a{n}") for n in itertools.count())
-    agent = create_agent(Limited(messages=replies), middleware=[middleware], name="agent")
-    parent = StateGraph(MessagesState)
-    parent.add_node("agent", agent)
-    parent.add_edge(START, "agent")
-    parent.add_edge("agent", END)
-    store = InMemoryStore()
-    graph = parent.compile(checkpointer=InMemorySaver(), store=store)
+    graph, store = _under_a_parent(create_agent(Limited(messages=replies), middleware=[middleware], name="agent"))
     sent = [f"h{turn}" for turn in range(80)]
     for turn, message_id in enumerate(sent):
         limit[0] = 10**9 if turn < 45 else 22_000
         graph.invoke({"messages": [HumanMessage(f"H{turn:04d} says " + "word " * 60, id=message_id)]}, cfg("O"))
     state = graph.get_state(cfg("O")).values["messages"]
     ids = [m.id for m in state]
-    archived = [
-        messages_from_dict([item.value["message"]])[0].id
-        for namespace in store.list_namespaces(prefix=("compaction_archive",))
-        for item in store.search(namespace, limit=10_000)
-    ]
+    archived = _archived_ids(store)
     assert {"h0", "h50"} <= set(archived), "both kinds of compaction should have run"
     assert [m for m in sent if ids.count(m) + archived.count(m) != 1] == []
     runtime = type("Runtime", (), {})()
