@@ -9,12 +9,13 @@ was said to which, within a bound.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import replace
 
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.options import MIN_ROOM_TOKENS, Budget
 from langchain_compaction.core.result import CompactionResult
+from langchain_compaction.core.types import Message
 
 logger = logging.getLogger("langchain_compaction")
 
@@ -41,6 +42,29 @@ OVER_BUDGET = (
     "summarizes it. If this is frequent: a model with a larger context_window, or tools that return less "
     "(a file read in ranges, a command's output truncated)"
 )
+
+UNREAD = (
+    "a tool's output was summarized before the model read it: the tool exchange in progress (%s, %d tokens) is "
+    "larger than the %d tokens a request may hold past the system prompt, tool schemas and summary, so the model "
+    "goes on from the summary and may call the tool again; make the tool return less (a page, a range, a "
+    "truncated output) or use a model with a larger context_window"
+)
+
+
+def unread_exchange(messages: Sequence[Message], counts: Sequence[int], cut: int) -> tuple[str, int] | None:
+    """The tools and tokens of the exchange ``messages`` end in, when a cut at ``cut`` summarized it unread.
+
+    The conversation ends with tool results (the model has not answered
+    them yet) and the cut took them all: what they said reaches the model
+    only through the summary.
+    """
+    if cut < len(messages) or not messages or messages[-1].role != "tool":
+        return None
+    start = len(messages) - 1
+    while start > 0 and messages[start].role == "tool":
+        start -= 1
+    names = dict.fromkeys(call.name for call in messages[start].tool_calls if call.name)
+    return ", ".join(names) or "a tool", sum(counts[start:])
 
 
 def no_room(budget: Budget) -> bool:
@@ -74,14 +98,24 @@ class Told:
             logger.warning(text, *figures)
 
     def standing(
-        self, conversation: Hashable, result: CompactionResult, budget: Budget, overhead: int
+        self,
+        conversation: Hashable,
+        result: CompactionResult,
+        budget: Budget,
+        overhead: int,
+        read: tuple[Sequence[Message], Sequence[int]] = ((), ()),
     ) -> CompactionResult:
         """``result`` with where the next request stands, and what that calls for told (each once).
 
         The next request holds the messages left and what it sends besides
         them (``overhead``: the system prompt and tool schemas), whether the
-        compaction was prepared or made on the spot.
+        compaction was prepared or made on the spot. ``read`` is what was
+        compacted, with its counts: a tool's output too large to keep, summarized
+        before the model read it, is told too (the model may call the tool again).
         """
+        unread = unread_exchange(*read, result.cut_index)
+        if unread is not None and unread[1] > (budget.most_kept or 0):
+            self.once(conversation, UNREAD, *unread, budget.most_kept or 0)
         context = result.compacted_tokens + overhead
         result = replace(
             result,

@@ -267,7 +267,8 @@ class Turn(Compactor):
         )
         if prepare is not None and ask.trigger == "auto":
             result = result.with_part("prepared", applied=applied, waited=round(waited, 3), discarded_calls=spent[0])
-        result = self.told.standing(place.conversation.key, result, options.budget, place.overhead)
+        read = (staged.core, staged.counts)
+        result = self.told.standing(place.conversation.key, result, options.budget, place.overhead, read)
         log(result)
         yield twin(tell, atell, COMPACTION_EVENT, result.to_dict(), place.config)
         return Outcome(result, compacted, staged.read)  # what was read: a store compares it with what it holds

@@ -36,7 +36,13 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from pydantic import Field
 
-from langchain_compaction import CompactionError, CompactionOptions, CompactionResult, should_compact
+from langchain_compaction import (
+    CompactionError,
+    CompactionOptions,
+    CompactionResult,
+    ExtractiveSummarizer,
+    should_compact,
+)
 from langchain_compaction._lc.convert import BRIDGE_TEXT, is_bridge_message, is_summary_message
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.errors import ConfigurationError, SummarizationError
@@ -1074,8 +1080,6 @@ def test_langchains_tool_selector_picks_tools_for_the_users_request_after_a_mid_
     from langchain.agents.middleware import LLMToolSelectorMiddleware
     from langchain_core.runnables import RunnableLambda
 
-    from langchain_compaction import ExtractiveSummarizer
-
     @tool
     def weather(city: str) -> str:
         """Get the weather for a city."""
@@ -1121,3 +1125,37 @@ def test_langchains_tool_selector_picks_tools_for_the_users_request_after_a_mid_
     assert any(is_summary_message(m) for m in out["messages"])  # compacted mid-loop
     assert len(asked) == 12
     assert all(question in query for query in asked)
+
+
+@pytest.mark.parametrize(("pages", "told"), [(600, 1), (40, 0)])
+def test_a_tool_output_too_large_to_keep_is_told_once_naming_the_tool(caplog, pages: int, told: int) -> None:
+    """A retrieval larger than a request may hold is summarized before the model reads it: said once, with the fix.
+
+    A model shown the question again retrieves again; without the warning an
+    agent loops to LangGraph's recursion limit with nothing saying why. A
+    document the request holds is kept and read: nothing to tell.
+    """
+
+    @tool
+    def retrieve(query: str) -> str:
+        """Retrieve the policy document."""
+        return "Refunds are accepted within 30 days of delivery. " * pages
+
+    def script() -> Iterator[AIMessage]:
+        for turn in range(2):
+            call = {"name": "retrieve", "args": {"query": f"refunds {turn}"}, "id": f"r{turn}", "type": "tool_call"}
+            yield AIMessage("", tool_calls=[call])
+            yield AIMessage(f"Per the policy, refunds are accepted within 30 days ({turn}).")
+
+    agent = create_agent(
+        ToolCallingFakeModel(messages=script()),
+        tools=[retrieve],
+        middleware=[CompactionMiddleware(ExtractiveSummarizer(), CompactionOptions(context_window=6_000))],
+        checkpointer=InMemorySaver(),
+    )
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for turn in range(2):
+            agent.invoke({"messages": [HumanMessage(f"What is the refund policy? ({turn})")]}, cfg("rag"))
+    said = [r.getMessage() for r in caplog.records if "before the model read it" in r.getMessage()]
+    assert len(said) == told
+    assert all("(retrieve, " in line and "make the tool return less" in line for line in said)
