@@ -28,8 +28,6 @@ compaction number is not past the record's.
 from __future__ import annotations
 
 import contextlib
-import datetime
-import json
 import logging
 import re
 import weakref
@@ -42,6 +40,7 @@ from langgraph.store.base import BaseStore, GetOp, Item, PutOp
 
 from langchain_compaction._lc.conversation import Conversation, thread_label
 from langchain_compaction._lc.convert import fingerprint, to_core
+from langchain_compaction._lc.storable import storable, stored
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.prompts import RECALL_NOTE
@@ -260,50 +259,16 @@ class Archive(Feature):
             "id": message.id,
             "compaction": number,
             "lineage": sid,
-            **_stored(message),
+            **storable("message", message_to_dict(message)),
         }
         if self.index:
             value["text"] = message_body(to_core(message)).replace("\x00", "")  # (only searched)
         return value
 
 
-def _stored(message: BaseMessage) -> dict[str, Any]:
-    """A message as an item holds it: LangChain's dict, or that dict as JSON text when a store could not take it.
-
-    PostgreSQL's ``jsonb`` refuses a NUL character in a string (a binary
-    file's header read by a tool, say): every later write of the thread
-    would fail. As JSON text, the NUL is the six characters ``\\u0000``. So
-    would a tool's artifact that is not plain JSON data, which the
-    checkpointer's own serializer takes: rows with dates, a table whose keys
-    are numbers (``DataFrame.to_dict()``), which SQLite's and PostgreSQL's
-    stores refuse. It is kept as JSON text, dates written out, keys as text
-    and anything else as ``str``.
-    """
-    data = message_to_dict(message)
-    plain = _plain(data)
-    text = json.dumps(plain)
-    return {"message": data} if plain == data and "\\u0000" not in text else {"message_json": text}
-
-
-def _plain(value: object) -> object:
-    """``value`` as plain JSON data: string keys, lists, dates written out, anything else its text."""
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    if isinstance(value, dict):
-        return {key if isinstance(key, str) else str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_plain(item) for item in value]
-    if isinstance(value, (datetime.date, datetime.time)):
-        return value.isoformat()
-    return str(value)
-
-
 def archived_message(value: Mapping[str, Any]) -> BaseMessage:
-    """The message an archived item holds (``_stored``); raises ``KeyError``, ``TypeError`` or ``ValueError``."""
-    data = value.get("message")
-    if data is None:
-        data = json.loads(value["message_json"])
-    return messages_from_dict([data])[0]
+    """The message an archived item holds (``storable``); raises ``KeyError``, ``TypeError`` or ``ValueError``."""
+    return messages_from_dict([stored(value, "message")])[0]
 
 
 _MAX_TTL_MINUTES = 10 * 366 * 24 * 60

@@ -18,6 +18,7 @@ from langchain_core.messages import BaseMessage, messages_from_dict, messages_to
 
 from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import prefix_digest
+from langchain_compaction._lc.storable import storable, stored
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.core.result import CompactionResult
 
@@ -104,26 +105,26 @@ class PreparedSummary:
         return kept + self.written_tokens + sum(counts[self.size :])
 
     def to_value(self) -> dict[str, Any]:
-        """The JSON value kept in a LangGraph store."""
+        """The JSON value kept in a LangGraph store (any store: ``storable``)."""
         return {
             "size": self.size,
             "digest": self.digest,
             "head": list(self.head),
-            "written": messages_to_dict(list(self.written)),
+            **storable("written", messages_to_dict(list(self.written))),
             "kept": list(self.kept),
-            "result": self.result.to_dict(),
+            **storable("result", self.result.to_dict()),
             "written_tokens": self.written_tokens,
         }
 
     @classmethod
     def from_value(cls, value: dict[str, Any]) -> PreparedSummary:
         """Read back ``to_value``; raises ``KeyError``/``TypeError``/``ValueError`` on a foreign value."""
-        result = dict(value["result"])
+        result = dict(stored(value, "result"))
         return cls(
             size=int(value["size"]),
             digest=str(value["digest"]),
             head=tuple(int(i) for i in value["head"]),
-            written=tuple(messages_from_dict(value["written"])),
+            written=tuple(messages_from_dict(stored(value, "written"))),
             kept=tuple(int(i) for i in value["kept"]),
             result=CompactionResult(**result),
             written_tokens=int(value.get("written_tokens", 0)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langgraph.graph import END, START, StateGraph
 from postgres_server import PostgresServer, postgres_server
 
@@ -121,9 +121,11 @@ async def test_async_postgres_saver(postgres_server: PostgresServer) -> None:
     assert len(summarizer.requests) >= 3
 
 
+@pytest.mark.parametrize("tool_calls", [False, True])
 def test_a_summary_prepared_by_one_worker_is_applied_by_another_through_postgres_store(
-    postgres_server: PostgresServer,
+    postgres_server: PostgresServer, tool_calls: bool
 ) -> None:
+    """With tool calls too: a checked fact's key holds a NUL, which ``jsonb`` refuses as such."""
     import threading
     import time
 
@@ -151,8 +153,16 @@ def test_a_summary_prepared_by_one_worker_is_applied_by_another_through_postgres
         builder.add_edge("compact", END)
         return builder.compile(checkpointer=saver, store=store)
 
-    config = {"configurable": {"thread_id": "tenant.7/user.42"}}
-    namespace = (STORE_NAMESPACE, thread_label("tenant.7/user.42"))
+    def turn(n: int) -> list[Any]:
+        asked = HumanMessage(f"q{n} " + "word " * 60, id=f"h{n}")
+        if not tool_calls:
+            return [asked]
+        call = {"name": "bash", "args": {"command": f"pytest tests/test_{n}.py"}, "id": f"c{n}", "type": "tool_call"}
+        return [asked, AIMessage("", tool_calls=[call], id=f"a{n}"), ToolMessage("1 passed", tool_call_id=f"c{n}")]
+
+    thread = f"tenant.7/user.{42 + tool_calls}"  # (the server is the module's: a thread of its own)
+    config = {"configurable": {"thread_id": thread}}
+    namespace = (STORE_NAMESPACE, thread_label(thread))
     with (
         PostgresSaver.from_conn_string(postgres_server.url) as saver,
         PostgresStore.from_conn_string(postgres_server.url) as store,
@@ -162,7 +172,7 @@ def test_a_summary_prepared_by_one_worker_is_applied_by_another_through_postgres
         worker_a = graph(CompactionNode(summarize, options, result_key="compaction", features=in_store), saver, store)
         number = 0
         while not done.is_set():
-            worker_a.invoke({"messages": [HumanMessage(f"q{number} " + "word " * 60, id=f"h{number}")]}, config)
+            worker_a.invoke({"messages": turn(number)}, config)
             number += 1
             assert number < 80, "no preparation started"
         deadline = time.monotonic() + 10
@@ -186,7 +196,7 @@ def test_a_summary_prepared_by_one_worker_is_applied_by_another_through_postgres
             store,
         )
         for later in range(number, number + 80):
-            out = worker_b.invoke({"messages": [HumanMessage(f"q{later} " + "word " * 60, id=f"h{later}")]}, config)
+            out = worker_b.invoke({"messages": turn(later)}, config)
             if out.get("compaction"):
                 break
         assert out["compaction"]["parts"]["prepared"]["applied"] is True
