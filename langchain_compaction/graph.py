@@ -256,7 +256,7 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         ask = self._ask(state, manual)
         if ask is None:
             return None, {}
-        check_reducer(ask.held or ask.messages, config)
+        check_reducer(ask.held or ask.messages, config, self.messages_key)
         own, conversation, parent = yield from self._delivery.conversation(
             config, ask.held or ask.messages, self.messages_key
         )

@@ -8,17 +8,21 @@ message is the previous reply, not a question).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, ToolMessage
+from langgraph.channels.binop import BinaryOperatorAggregate
+from langgraph.channels.last_value import LastValue
 from langgraph.constants import END
 from langgraph.errors import InvalidUpdateError
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.types import Command, StateUpdate
 
-from langchain_compaction._lc.conversation import CONFIG_KEY_SEND, thread_of
-from langchain_compaction._lc.convert import starts_with
+from langchain_compaction._lc.conversation import CONFIG_KEY_READ, CONFIG_KEY_SEND, thread_of
+from langchain_compaction._lc.convert import starts_with, to_core
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.errors import CompactionError, ConfigurationError, InvalidMessagesError
 
@@ -127,22 +131,64 @@ def route_after_compaction(state: Any, *, goto: str = "model", messages_key: str
     return END
 
 
-def check_reducer(messages: list[BaseMessage], config: Any) -> None:
+def check_reducer(messages: list[BaseMessage], config: Any, key: str = "messages") -> None:
     """Refuse, before anything is written, a graph state whose message list is not an ``add_messages`` list.
 
-    That reducer gives every message an id; in a graph run (``CONFIG_KEY_SEND``
-    in the config) a newest message without one says the list
-    is another reducer's (``operator.add``, the tutorials') or none, which
-    would append a compaction's update to it instead of applying it.
+    In a graph run (``CONFIG_KEY_SEND`` in the config) the reducer of ``key``
+    is asked what it makes of a replacement (``reducer_replaces``): another
+    reducer (``operator.add``, the tutorials') or none would append a
+    compaction's update to the list, or store it as the list, instead of
+    applying it. Where the reducer cannot be reached, a newest message without
+    an id (which ``add_messages`` gives every message) or one that is no
+    message (``add_messages`` converts dicts and tuples) says the same.
     """
     configurable = (config or {}).get("configurable") or {}
-    if messages and messages[-1].id is None and CONFIG_KEY_SEND in configurable:
+    if not messages or CONFIG_KEY_SEND not in configurable:
+        return
+    replaces = reducer_replaces(configurable, key)
+    newest = messages[-1]
+    if replaces is False or (replaces is None and (not isinstance(newest, BaseMessage) or newest.id is None)):
         msg = (
-            "the state's messages key does not use the add_messages reducer (its newest message has no id, which "
-            "add_messages gives every message), so a compaction would be appended to it, not applied; declare it "
-            "Annotated[list[AnyMessage], add_messages] (langgraph.graph.message) or use MessagesState"
+            f"the state's {key!r} key does not use the add_messages reducer, so a compaction would be appended "
+            "to it or stored as it, not applied; declare it Annotated[list[AnyMessage], add_messages] "
+            "(langgraph.graph.message) or use MessagesState"
         )
         raise InvalidMessagesError(msg, index=len(messages) - 1)
+
+
+_REPLACES: dict[Any, bool] = {}
+"""What each reducer met made of a replacement (a handful per process: the reducers of the graphs' message keys)."""
+
+
+def reducer_replaces(configurable: Mapping[str, Any], key: str) -> bool | None:
+    """Whether the running graph's reducer of ``key`` applies a compaction's replacement; ``None``: cannot tell.
+
+    The reducer is asked, once per reducer, on two messages: ``add_messages``,
+    and any reducer of the user's own built on it, removes the old list and
+    keeps the new; ``operator.add`` appends, and a key without a reducer
+    (LangGraph's ``LastValue``) would store the update itself. The channels are
+    read from LangGraph's task read function (``CONFIG_KEY_READ``), not a
+    public interface: where its shape differs, the answer is ``None``.
+    """
+    read = configurable.get(CONFIG_KEY_READ)
+    channels = read.args[1] if isinstance(read, functools.partial) and len(read.args) > 1 else None
+    channel = channels.get(key) if isinstance(channels, Mapping) else None
+    if isinstance(channel, LastValue):
+        return False
+    operator = getattr(channel, "operator", None)
+    if not isinstance(channel, BinaryOperatorAggregate) or not callable(operator):
+        return None
+    known = _REPLACES.get(operator)
+    if known is None:
+        try:
+            old, new = HumanMessage("", id="compaction-probe-old"), HumanMessage("", id="compaction-probe-new")
+            probe = operator([old], [RemoveMessage(id=REMOVE_ALL_MESSAGES), new])
+            known = [getattr(m, "id", None) for m in probe] == [new.id]
+        except Exception:  # a reducer that cannot take a removal does not apply one
+            known = False
+        if len(_REPLACES) < 64:
+            _REPLACES[operator] = known
+    return known
 
 
 def read_messages(state: Any, key: str) -> list[BaseMessage]:
@@ -153,7 +199,11 @@ def read_messages(state: Any, key: str) -> list[BaseMessage]:
     if isinstance(value, BaseMessage) or not isinstance(value, Sequence) or isinstance(value, str):
         msg = f"state[{key!r}] is a {type(value).__name__}, not a list of messages; pass messages_key= naming the list"
         raise InvalidMessagesError(msg)
-    return list(value)
+    messages = list(value)
+    for index in (0, len(messages) - 1)[: len(messages)]:
+        if not isinstance(messages[index], BaseMessage):
+            to_core(messages[index], index)  # (a dict or a tuple: raises the error that says what to pass)
+    return messages
 
 
 def other_messages_key(state: Any, key: str) -> str | None:

@@ -186,6 +186,8 @@ CONFIG_KEY_DURABILITY = "__pregel_durability"
 """Where LangGraph tells a task its run's durability (``"sync"``, ``"async"``, ``"exit"``)."""
 CONFIG_KEY_SEND = "__pregel_send"
 """Where LangGraph gives every task of a run its writer (no public name for it): set only inside a graph run."""
+CONFIG_KEY_READ = "__pregel_read"
+"""Where LangGraph gives every task of a run its reader of the state's channels (no public name for it either)."""
 
 
 def _pulled(checkpoint: Mapping[str, Any], node: str) -> bool:

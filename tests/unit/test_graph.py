@@ -1180,12 +1180,35 @@ class _Appending(TypedDict):
     messages: Annotated[list[AnyMessage], operator.add]
 
 
-def test_a_messages_key_without_add_messages_is_named_as_the_cause() -> None:
-    builder = StateGraph(_Appending)
+class _Unreduced(TypedDict):
+    """A state whose messages key has no reducer: each write replaces the list."""
+
+    messages: list[AnyMessage]
+
+
+def _trimmed(left: list[AnyMessage], right: list[AnyMessage]) -> list[AnyMessage]:
+    """A reducer of the user's own, built on add_messages (it keeps the newest 500)."""
+    return add_messages(left, right)[-500:]  # type: ignore[arg-type,return-value]
+
+
+class _OwnReducer(TypedDict):
+    messages: Annotated[list[AnyMessage], _trimmed]
+
+
+@pytest.mark.parametrize("state", [_Appending, _Unreduced])
+@pytest.mark.parametrize("with_ids", [False, True])
+def test_a_messages_key_without_add_messages_is_named_as_the_cause(state: type, with_ids: bool) -> None:
+    """Refused on the first turn, whatever ids the messages carry (an app that tracks them, a model's reply)."""
+    builder = StateGraph(state)
     builder.add_node(
         "compact", CompactionNode(lambda prompt: "## Goal\n- answer", CompactionOptions(context_window=3000))
     )
-    builder.add_node("agent", lambda state: {"messages": [AIMessage("answer " * 60)]})
+
+    def agent(values: dict[str, Any]) -> dict[str, Any]:
+        reply = AIMessage("answer " * 60, id=f"r{len(values['messages'])}" if with_ids else None)
+        return {"messages": [*values["messages"], reply] if state is _Unreduced else [reply]}
+
+    builder.add_node("agent", agent)
     builder.add_edge(START, "compact")
     builder.add_edge("compact", "agent")
     graph = builder.compile(checkpointer=InMemorySaver())
@@ -1193,7 +1216,9 @@ def test_a_messages_key_without_add_messages_is_named_as_the_cause() -> None:
 
     def turns() -> int:
         for turn in range(30):
-            graph.invoke({"messages": [HumanMessage(f"q{turn} " * 60)]}, config)
+            asked = HumanMessage(f"q{turn} " * 60, id=f"q{turn}" if with_ids else None)
+            held = graph.get_state(config).values.get("messages", []) if state is _Unreduced else []
+            graph.invoke({"messages": [*held, asked]}, config)
         return turn
 
     with pytest.raises(InvalidMessagesError, match="does not use the add_messages reducer"):
@@ -1202,6 +1227,30 @@ def test_a_messages_key_without_add_messages_is_named_as_the_cause() -> None:
     held = graph.get_state(config).values["messages"]
     assert all(isinstance(m, BaseMessage) for m in held)
     assert [str(m.content).split()[0] for m in held] == ["q0"]
+
+
+def test_a_reducer_of_the_users_own_built_on_add_messages_compacts() -> None:
+    builder = StateGraph(_OwnReducer)
+    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- answer", CompactionOptions(context_window=3000)))
+    builder.add_node("agent", lambda values: {"messages": [AIMessage("answer " * 60)]})
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "own"}}
+    for turn in range(30):
+        graph.invoke({"messages": [HumanMessage(f"q{turn} " * 60)]}, config)
+    held = graph.get_state(config).values["messages"]
+    assert sum(is_summary_message(m) for m in held) == 1
+    assert all(isinstance(m, BaseMessage) for m in held)
+
+
+@pytest.mark.parametrize("shape", ["dicts", "tuples"])
+def test_a_node_called_with_dicts_or_tuples_says_what_to_pass(shape: str) -> None:
+    node = CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=4_000))
+    pairs = [("user", "x " * 3000), ("assistant", "y " * 3000)] * 3
+    messages = [{"role": r, "content": c} for r, c in pairs] if shape == "dicts" else pairs
+    with pytest.raises(InvalidMessagesError, match="convert_to_messages"):
+        node({"messages": messages})
 
 
 class _History(TypedDict):
