@@ -34,12 +34,11 @@ from langchain_compaction._lc.commands import (
     asked,
     check_reducer,
     idle_thread,
-    onto_current,
     other_messages_key,
     parse_compact_command,
     read_messages,
     route_after_compaction,
-    write_as_node,
+    write_compaction,
 )
 from langchain_compaction._lc.conversation import Delivery, Nesting, thread_of
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE
@@ -475,10 +474,8 @@ def _thread_flow(
     flow = compactor._flow(snapshot.values, _named(config), instructions, summarizer, store=graph.store)
     result, update = yield from flow
     if result is not None or isinstance(update, Command):
-        update = yield from onto_current(
-            graph, config, snapshot, update, getattr(compactor, "messages_key", "messages")
-        )
-        yield from write_as_node(graph, config, update, name, resume=failed)
+        key = getattr(compactor, "messages_key", "messages")
+        yield from write_compaction(graph, config, snapshot, update, key=key, node=name, resume=failed)
     return result
 
 

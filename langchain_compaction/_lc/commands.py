@@ -22,7 +22,7 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.types import Command, StateUpdate
 
 from langchain_compaction._lc.conversation import CONFIG_KEY_READ, CONFIG_KEY_SEND, thread_of
-from langchain_compaction._lc.convert import starts_with, to_core
+from langchain_compaction._lc.convert import is_bridge_message, is_summary_message, starts_with, to_core
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.errors import CompactionError, ConfigurationError, InvalidMessagesError
 
@@ -264,15 +264,14 @@ def idle_thread(graph: Any, config: Any) -> Flow[tuple[Any, bool]]:
     return snapshot, failed
 
 
-def onto_current(graph: Any, config: Any, read: Any, update: Any, key: str) -> Flow[Any]:
-    """``update``, made from the thread as ``read`` found it, for the thread as it is now (read again).
+def onto_current(config: Any, read: Any, now: Any, update: Any, key: str) -> Any:
+    """``update``, made from the thread as ``read`` found it, for the thread as it is ``now`` (read again).
 
     Another process may serve the thread while the summary is made: the
     messages its turns added come after the ones the compaction covers, and
     are kept after its own. A thread compacted, edited or running meanwhile
     is not written over: the error says to compact it again.
     """
-    now = yield twin(graph.get_state, graph.aget_state, config)
     if _checkpoint(now) == _checkpoint(read) or not isinstance(update, dict) or key not in update:
         return update
     before, after = read.values.get(key) or [], now.values.get(key) or []
@@ -289,7 +288,7 @@ def _checkpoint(snapshot: Any) -> object:
     return (getattr(snapshot, "config", None) or {}).get("configurable", {}).get("checkpoint_id")
 
 
-def write_as_node(graph: Any, config: Any, update: Any, node: str | None, *, resume: bool = False) -> Flow[None]:
+def write_as_node(graph: Any, config: Any, update: Any, node: str | None, *, resume: bool = False) -> Flow[Any]:
     """Write ``update`` to the thread as ``node``'s own, the thread left idle whatever edge leaves the node.
 
     The steps that would follow the node are cleared: a static edge to the
@@ -297,16 +296,18 @@ def write_as_node(graph: Any, config: Any, update: Any, node: str | None, *, res
     is written as it is; with ``resume``, a thread a failed step stopped, the
     update is written as the node that ran last, whose edges set what runs
     when it is resumed: the failed step again.)
+
+    Returns:
+        The config of the checkpoint written last.
     """
     if isinstance(update, Command):
-        yield twin(graph.update_state, graph.aupdate_state, config, update, as_node=node)
-        return
+        return (yield twin(graph.update_state, graph.aupdate_state, config, update, as_node=node))
     if resume:
         # Written as the node that ran last (the one whose edges started the
         # failed step), the step is the one to run again on resume; written as
         # the compaction node, its own edges would run instead (the model before the tool it called).
         try:
-            yield twin(graph.update_state, graph.aupdate_state, config, update, as_node=None)
+            return (yield twin(graph.update_state, graph.aupdate_state, config, update, as_node=None))
         except InvalidUpdateError as error:
             raise ConfigurationError(
                 "config",
@@ -315,6 +316,47 @@ def write_as_node(graph: Any, config: Any, update: Any, node: str | None, *, res
                 f"leave it to run again ({error}): resume the run first (graph.invoke(None, config)) and compact "
                 "once it has ended",
             ) from error
-        return
     steps = [[StateUpdate(update, node)], [StateUpdate(None, END)]]
-    yield twin(graph.bulk_update_state, graph.abulk_update_state, config, steps)
+    return (yield twin(graph.bulk_update_state, graph.abulk_update_state, config, steps))
+
+
+def write_compaction(
+    graph: Any, config: Any, read: Any, update: Any, *, key: str, node: str | None, resume: bool
+) -> Flow[None]:
+    """``update``, made from the thread as ``read`` found it, written as ``node``'s onto the thread as it is now.
+
+    (``onto_current``, ``write_as_node``, then ``_put_back_raced``.)
+    """
+    now = yield twin(graph.get_state, graph.aget_state, config)
+    update = onto_current(config, read, now, update, key)
+    written = yield from write_as_node(graph, config, update, node, resume=resume)
+    if not resume and not isinstance(update, Command):
+        yield from _put_back_raced(graph, config, written, now, key=key, node=node)
+
+
+def _put_back_raced(graph: Any, config: Any, written: Any, now: Any, *, key: str, node: str | None) -> Flow[None]:
+    """The messages a turn added between the last read (``now``) and the write, which the write wiped, put back.
+
+    LangGraph applies an update to the thread's latest checkpoint when it is
+    written, and a compaction replaces the whole list: a turn another process
+    committed in between was in neither the state nor the archive. The two
+    checkpoints ``write_as_node`` made (the node's update, then the end) say
+    what it was applied to (their parent); what that held past ``now`` is
+    added after the compaction (a summary another writer made there is not:
+    this compaction covers what it covered).
+    """
+    at = written
+    for _ in range(2):
+        at = None if not isinstance(at, dict) else (yield twin(graph.get_state, graph.aget_state, at)).parent_config
+    if not isinstance(at, dict) or at.get("configurable", {}).get("checkpoint_id") == _checkpoint(now):
+        return
+    base = yield twin(graph.get_state, graph.aget_state, at)
+    known = {m.id for m in now.values.get(key) or []}
+    wiped = [
+        m
+        for m in base.values.get(key) or []
+        if m.id not in known and not is_summary_message(m) and not is_bridge_message(m)
+    ]
+    if wiped:
+        steps = [[StateUpdate({key: wiped}, node)], [StateUpdate(None, END)]]
+        yield twin(graph.bulk_update_state, graph.abulk_update_state, config, steps)

@@ -6,7 +6,7 @@ import json
 import logging
 import operator
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -653,6 +653,49 @@ def test_compact_thread_keeps_a_turn_another_worker_answered_while_its_summary_w
     assert len(summaries(messages)) == 1
     assert "late" in [m.id for m in messages]
     assert messages[-1].id == answered[0]["messages"][-1].id  # (the late turn's reply, last)
+
+
+class _RacedSaver(InMemorySaver):
+    """An in-memory checkpointer under which another worker's turn commits right after a read: when ``armed``."""
+
+    armed: Callable[[], None] | None = None
+
+    def get_tuple(self, config: Any) -> Any:
+        found = super().get_tuple(config)
+        turn, self.armed = self.armed, None
+        if turn is not None:
+            turn()  # (committed after that read was taken: the reader does not see it)
+        return found
+
+
+def test_compact_thread_keeps_a_turn_committed_between_its_last_read_and_its_write() -> None:
+    """LangGraph applies the compaction to the thread's latest checkpoint: a turn committed in between stays.
+
+    Written as a replacement of the whole list, the compaction wiped it: it
+    was in neither the state nor the archive (about a tenth of the messages
+    with two processes on one PostgreSQL thread).
+    """
+    saver = _RacedSaver()
+    node = CompactionNode(PathSummarizer(), CompactionOptions(), result_key="compaction")
+    graph = build_agent(node, ToolCallingFakeModel(messages=agent_script(50)), saver, CompactionState)
+    config = thread("raced-write")
+    for said in ("look up x", "and y", "and z"):
+        graph.invoke({"messages": [HumanMessage(said)]}, config)
+
+    def summarize_then_arm(prompt: str) -> str:
+        # The next read is compact_thread's last look at the thread; the turn lands right after it.
+        saver.armed = lambda: answered.append(graph.invoke({"messages": [HumanMessage("late", id="late")]}, config))
+        return "## Goal\n- look things up"
+
+    answered: list[Any] = []
+    assert compact_thread(graph, config, model=summarize_then_arm) is not None
+    assert answered
+    messages = graph.get_state(config).values["messages"]
+    assert len(summaries(messages)) == 1
+    ids = [m.id for m in messages]
+    assert "late" in ids
+    assert answered[0]["messages"][-1].id in ids  # (the late turn's reply too)
+    assert ids.index("late") > ids.index(summaries(messages)[0].id)
 
 
 def test_compact_thread_refuses_to_write_over_a_message_edited_in_place_meanwhile() -> None:
