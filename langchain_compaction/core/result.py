@@ -13,7 +13,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, TypedDict
+from typing import Any
+
+# TypedDict from typing_extensions, not from typing: pydantic builds no JSON schema from the latter
+# below Python 3.12, and a graph's state schema (CompactionState holds this record) must have one.
+from typing_extensions import TypedDict
 
 
 class CompactionRecord(TypedDict):

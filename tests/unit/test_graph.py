@@ -293,6 +293,16 @@ def test_compaction_state_holds_the_record() -> None:
     assert graph.get_state(thread("e")).values["compaction"]["summarizer"] == "path"
 
 
+def test_a_graph_on_compaction_state_has_json_schemas() -> None:
+    """Studio reads a graph's schemas from the Agent Server: pydantic refuses a typing.TypedDict below 3.12."""
+    graph = build_plain(
+        CompactionNode(PathSummarizer(), SMALL, result_key="compaction"), InMemorySaver(), CompactionState
+    )
+    for schema in (graph.get_input_jsonschema(), graph.get_output_jsonschema()):
+        assert {"messages", "compaction"} <= set(schema["properties"])
+        assert "summarizer" in schema["$defs"]["CompactionRecord"]["properties"]
+
+
 # -- restarts: SQLite on a file --------------------------------------------------------
 
 

@@ -63,3 +63,14 @@ def test_the_package_keeps_its_size_limits() -> None:
     largest = str(figures["largest_module"])
     assert int(largest.rsplit("(", 1)[1].rstrip(")")) <= 500, largest
     assert figures["functions_over_60_lines"] == []
+
+
+def test_every_typed_dict_of_the_package_is_typing_extensions() -> None:
+    """A state type must give pydantic a JSON schema, which it refuses for typing.TypedDict below Python 3.12."""
+    pattern = re.compile(r"^from typing import [^\n]*\bTypedDict\b|\btyping\.TypedDict\b", re.MULTILINE)
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "langchain_compaction").rglob("*.py"))
+        if pattern.search(path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == []
