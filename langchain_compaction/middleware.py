@@ -95,7 +95,7 @@ from langchain_compaction._lc.events import COMPACTION_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
 from langchain_compaction._lc.overhead import ToolSchemas, added_messages, held_as_sent
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
-from langchain_compaction.core.effects import Flow, adrive, drive, twin
+from langchain_compaction.core.effects import Flow, adrive, drive, twin, user_call
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Preamble
@@ -131,6 +131,8 @@ class CompactionAgentState(AgentState[Any]):
     compaction_overhead_tokens: NotRequired[Annotated[int, OmitFromSchema(input=True, output=True)]]
     """Tokens of the system prompt and tool schemas of the last model request."""
 
+
+_OBSERVER_FIX = "pass a plain function, or run the agent with ainvoke / astream, where it is awaited"
 
 _CallResult: TypeAlias = "ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]"
 
@@ -194,7 +196,9 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         custom_instructions: Appended to every summary prompt, e.g.
             ``"keep the API design decisions"``.
         on_compaction: Called with each ``CompactionResult`` (an observer:
-            an error it raises is logged, and the compaction goes ahead). Every compaction
+            an error it raises is logged, and the compaction goes ahead); an
+            ``async`` one is awaited under ``ainvoke``/``astream`` and refused
+            (``ConfigurationError``) under ``invoke``/``stream``. Every compaction
             is also dispatched as the custom event ``COMPACTION_EVENT`` (its
             ``CompactionRecord``) and logged at INFO.
         cache_size: How many per-message token counts to keep.
@@ -305,9 +309,12 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         outcome: Outcome = yield from self._turn.run(messages, place, trigger=trigger, instructions=self._instructions)
         if outcome.result is not None and self._on_compaction is not None:
             # An observer, as LangChain's callback handlers are: its error is
-            # logged, and the compaction (paid for) still goes ahead.
+            # logged, and the compaction (paid for) still goes ahead. An async
+            # one on the sync path is refused: its body could never run.
             try:
-                self._on_compaction(outcome.result)
+                yield user_call(self._on_compaction, outcome.result, field="on_compaction", fix=_OBSERVER_FIX)
+            except ConfigurationError:
+                raise
             except Exception:
                 logger.exception("on_compaction raised; the compaction goes ahead")
         return outcome.messages

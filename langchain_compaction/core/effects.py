@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import inspect
 import os
 import threading
 import time
@@ -32,6 +33,8 @@ from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar
+
+from langchain_compaction.errors import ConfigurationError
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -261,6 +264,49 @@ def computing(function: Callable[..., _T], *args: Any, **kwargs: Any) -> Call[_T
     return Call(
         functools.partial(function, *args, **kwargs), functools.partial(compute_off_loop, function, *args, **kwargs)
     )
+
+
+def refuse_awaitable(result: _T, function: object, field: str, fix: str) -> _T:
+    """What a user's function returned on the sync path, where an awaitable cannot be awaited.
+
+    Args:
+        result: What ``function`` returned.
+        function: The user's function (named in the error).
+        field: The argument it was passed as.
+        fix: What to do instead, e.g. ``"pass a plain function, or use ainvoke"``.
+
+    Returns:
+        ``result``, when it is not awaitable.
+
+    Raises:
+        ConfigurationError: ``result`` is awaitable: ``function`` is async, and
+            on the sync path its body would never run. The awaitable is closed
+            first, so no "never awaited" warning follows the error.
+    """
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+        raise ConfigurationError(field, function, f"an async function cannot run on the sync path; {fix}")
+    return result
+
+
+def _called(function: Callable[..., Any], args: tuple[Any, ...], field: str, fix: str) -> Any:
+    return refuse_awaitable(function(*args), function, field, fix)
+
+
+async def _acalled(function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    result = function(*args)
+    return await result if inspect.isawaitable(result) else result
+
+
+def user_call(function: Callable[..., Any], *args: Any, field: str, fix: str) -> Call[Any]:
+    """A step calling a user's function, plain or ``async``, in place.
+
+    On the async path an awaitable it returns is awaited; on the sync path it
+    is refused (``refuse_awaitable``), since nothing there could await it.
+    """
+    return Call(functools.partial(_called, function, args, field, fix), functools.partial(_acalled, function, args))
 
 
 def drive(flow: Flow[_T]) -> _T:

@@ -14,6 +14,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnableWithFallbacks
 from langgraph.constants import TAG_NOSTREAM
 
+from langchain_compaction.core.effects import refuse_awaitable
 from langchain_compaction.core.engine import Summarizer, blocking_summary
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import ConfigurationError, SummarizationError
@@ -304,17 +305,8 @@ class CallableSummarizer:
 
     def summarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Call the function; see ``Summarizer``."""
-        result = self.function(self._input(request))
-        if inspect.isawaitable(result):
-            close = getattr(result, "close", None)
-            if close is not None:
-                close()  # do not leave a never-awaited coroutine behind
-            msg = (
-                "an async summarizer function was used on the sync path; "
-                "call acompact / ainvoke instead, or pass a blocking function"
-            )
-            raise ConfigurationError("model", self.function, msg)
-        return _reply(result)
+        fix = "call acompact / ainvoke instead, or pass a blocking function"
+        return _reply(refuse_awaitable(self.function(self._input(request)), self.function, "model", fix))
 
     async def asummarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Await an async function; run a blocking one in a worker thread.

@@ -587,6 +587,27 @@ async def test_summarizer_failure_uses_the_fallback(mode: str) -> None:
     assert "fallback summary" in state[0].content
 
 
+async def test_an_async_on_compaction_is_awaited_under_ainvoke_and_refused_under_invoke() -> None:
+    told: list[CompactionResult] = []
+
+    async def on_compaction(result: CompactionResult) -> None:
+        told.append(result)
+
+    start = [*history(12), HumanMessage("go on")]
+    model = ToolCallingFakeModel(messages=text_script(5))
+    middleware = CompactionMiddleware(lambda p: SUMMARY, FAIL_OPTIONS, on_compaction=on_compaction)
+    agent = create_agent(model, middleware=[middleware], checkpointer=InMemorySaver())
+    await agent.ainvoke({"messages": start}, config("async"))
+    assert len(told) == 1
+    assert is_summary_message(agent.get_state(config("async")).values["messages"][0])
+
+    # On the sync path nothing could await it: refused, naming the fix, and the thread left as it was.
+    with pytest.raises(ConfigurationError, match=r"on_compaction=.*plain function.*ainvoke"):
+        agent.invoke({"messages": start}, config("sync"))
+    assert len(told) == 1
+    assert [m.content for m in agent.get_state(config("sync")).values["messages"]] == [m.content for m in start]
+
+
 # -- cost per turn, events, transient edits, construction ---------------------------------------------
 
 
