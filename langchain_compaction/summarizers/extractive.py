@@ -19,6 +19,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeGuard
 
 from langchain_compaction.core.calls import CallReading, Unresolved, read_call
 from langchain_compaction.core.effects import breathe, compute_off_loop
@@ -37,7 +38,11 @@ from langchain_compaction.core.identifiers import identifiers as core_identifier
 from langchain_compaction.core.options import check_int
 from langchain_compaction.core.readings import error_lines, failure_in
 from langchain_compaction.core.types import Message, SummaryRequest, ToolCall
+from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.summarizers.checkpoint import HEADINGS, SECTIONS, Checkpoint
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
 
 __all__ = ["ExtractiveSummarizer"]
 
@@ -177,6 +182,15 @@ def _resolve(summary: Checkpoint, clean: CallReading, failures: Unresolved[set[s
             summary.revise(section, lambda item: "" if item in gone else item)
 
 
+def _all_core(messages: object) -> TypeGuard[Sequence[Message]]:
+    """Whether ``messages`` is a list of the core's messages (what the library itself passes)."""
+    return (
+        isinstance(messages, Sequence)
+        and not isinstance(messages, str)
+        and all(isinstance(m, Message) for m in messages)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ExtractiveSummarizer:
     """Summarizes without a model: facts copied from the messages, bounded.
@@ -216,7 +230,15 @@ class ExtractiveSummarizer:
 
         The smaller of ``max_tokens`` and the request's summary budget
         applies, so the summary always passes the engine's check.
+
+        Raises:
+            ConfigurationError: ``request`` is not a ``SummaryRequest`` (what
+                the library sends); ``summarize_messages`` takes messages.
         """
+        if not isinstance(request, SummaryRequest):
+            # Text or messages passed by hand would fail deep inside with an AttributeError.
+            advice = "pass a SummaryRequest (the library builds it); to summarize messages, call summarize_messages"
+            raise ConfigurationError("request", request, advice)
         budget = min(self.max_tokens, request.max_tokens)
         return self._summarize(request.messages, request.previous_summary, request.instructions, budget)
 
@@ -225,19 +247,41 @@ class ExtractiveSummarizer:
         return await compute_off_loop(self.summarize, request)
 
     def summarize_messages(
-        self, messages: Sequence[Message], previous_summary: str | None = None, instructions: str = ""
+        self,
+        messages: Sequence[BaseMessage] | Sequence[Message],
+        previous_summary: str | None = None,
+        instructions: str = "",
     ) -> str:
-        """Summarize core messages directly, updating ``previous_summary``.
+        """Summarize messages directly, updating ``previous_summary``.
 
         Args:
-            messages: The messages to summarize, in order.
+            messages: The messages to summarize, in order: LangChain messages
+                (read as a compaction reads them), or the library's core ones.
             previous_summary: A summary to update, if any.
             instructions: Custom instructions; recorded as a constraint.
 
         Returns:
             The checkpoint summary, within ``max_tokens``.
+
+        Raises:
+            InvalidMessagesError: ``messages`` is not a list of messages.
+
+        Example:
+            >>> from langchain_core.messages import AIMessage, HumanMessage
+            >>> summary = ExtractiveSummarizer().summarize_messages(
+            ...     [HumanMessage("Fix src/app.py; never touch tests/"), AIMessage("On it.")])
+            >>> "src/app.py" in summary
+            True
         """
-        return self._summarize(messages, previous_summary, instructions, self.max_tokens)
+        core: Sequence[Message]
+        if _all_core(messages):
+            core = messages
+        else:
+            # Imported here: importing the package loads no framework (tests/unit/test_public_api.py).
+            from langchain_compaction._lc.convert import to_core_list
+
+            core = to_core_list(messages)
+        return self._summarize(core, previous_summary, instructions, self.max_tokens)
 
     def _summarize(
         self, messages: Sequence[Message], previous_summary: str | None, instructions: str, budget: int

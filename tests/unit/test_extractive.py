@@ -11,6 +11,7 @@ from langchain_compaction import CompactionOptions, acompact, compact
 from langchain_compaction._lc.convert import to_core_list
 from langchain_compaction.core.facts import gather
 from langchain_compaction.core.prompts import CHECKPOINT_SECTIONS
+from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
 from langchain_compaction.summarizers.extractive import ExtractiveSummarizer
 from langchain_compaction.tokens import estimate_tokens
 
@@ -57,6 +58,18 @@ def test_fills_every_checkpoint_section_from_the_messages():
     context = summary.split("## Critical Context", 1)[1]
     for fact in ("src/app/server.py", "tests/fixtures.json", "command: python -m app --port 8081", "load_config"):
         assert fact in context
+
+
+def test_summarize_messages_takes_langchain_messages_and_says_what_else_it_takes():
+    summarizer = ExtractiveSummarizer()
+    # What a LangChain user holds gives the summary the library's own core messages give.
+    assert summarizer.summarize_messages(_session()) == summarizer.summarize_messages(to_core_list(_session()))
+    with pytest.raises(InvalidMessagesError, match="messages is a str, not a list of messages"):
+        summarizer.summarize_messages("Fix src/app.py")  # type: ignore[arg-type]
+    with pytest.raises(InvalidMessagesError, match=r"messages\[1\] is a dict"):
+        summarizer.summarize_messages([HumanMessage("hi"), {"role": "user", "content": "x"}])  # type: ignore[list-item]
+    with pytest.raises(ConfigurationError, match=r"pass a SummaryRequest.*summarize_messages"):
+        summarizer.summarize("Fix src/app.py")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("budget", [300, 400])
