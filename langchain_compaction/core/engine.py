@@ -108,11 +108,13 @@ def _reply(value: object, request: SummaryRequest) -> SummaryReply:
     return SummaryReply(str(reply.text), reply.usage, reply.covers_prefix)
 
 
-def _wrap(exc: Exception, request: SummaryRequest) -> SummarizationError:
+def _wrap(exc: Exception, request: SummaryRequest, *, sync: bool) -> SummarizationError:
     """A summarizer's own exception as the library's error (one of the library's is re-raised as it is)."""
     # (A summarizer with an async path only, called from sync code: say which calls to use.)
     advice = (
-        "; it has no sync path: use acompact / ainvoke / aadd_messages" if isinstance(exc, NotImplementedError) else ""
+        "; it may have no sync path: use acompact / ainvoke / aadd_messages"
+        if sync and isinstance(exc, NotImplementedError)
+        else ""
     )
     return SummarizationError(
         f"compaction summarisation failed: {type(exc).__name__}: {exc}{advice}",
@@ -198,7 +200,7 @@ def _ask(summarizer: Summarizer, request: SummaryRequest, timeout: float | None)
     except CompactionError:
         raise  # already ours, chained to its own cause
     except Exception as exc:
-        raise _wrap(exc, request) from exc
+        raise _wrap(exc, request, sync=True) from exc
     return _reply(value, request)
 
 
@@ -208,7 +210,7 @@ async def _aask(summarizer: Summarizer, request: SummaryRequest, timeout: float 
     except CompactionError:
         raise  # already ours, chained to its own cause
     except Exception as exc:
-        raise _wrap(exc, request) from exc
+        raise _wrap(exc, request, sync=False) from exc
     return _reply(value, request)
 
 

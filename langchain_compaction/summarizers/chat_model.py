@@ -244,12 +244,19 @@ class ChatModelSummarizer:
         if not (aligned and request.prefix_tools):
             return self.model
         # (Looked up only when there are tools to bind: a model with fallbacks
-        # answers the lookup through LangChain's own ``__getattr__``, which can raise.)
+        # answers the lookup through LangChain's own ``__getattr__``, which can
+        # raise; and BaseChatModel's own ``bind_tools`` raises NotImplementedError
+        # on a model without tool support: either way it is asked without them.)
         try:
             bind = getattr(self.model, "bind_tools", None)
         except Exception:
             return self.model
-        return cast("Runnable[Any, Any]", bind(list(request.prefix_tools))) if callable(bind) else self.model
+        if not callable(bind):
+            return self.model
+        try:
+            return cast("Runnable[Any, Any]", bind(list(request.prefix_tools)))
+        except NotImplementedError:
+            return self.model
 
     def summarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Invoke the model; see ``Summarizer``."""

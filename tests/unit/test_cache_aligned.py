@@ -414,3 +414,36 @@ def test_a_tool_call_answered_to_the_agents_request_is_asked_again_from_the_tran
     assert first[-1].content == CACHE_ALIGNED_PROMPT  # the agent's request, then the instruction
     assert "[User]" in str(second[-1].content)  # then the fenced transcript
     assert "no text" in str(second[-1].content)  # with what was wrong said
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_a_summarizer_model_without_tool_support_is_asked_without_the_agents_tools(path: str) -> None:
+    """BaseChatModel's own bind_tools raises NotImplementedError: the request goes without the tools.
+
+    Every compaction failed, and the agent's turn with it, blaming a missing sync path (under ainvoke).
+    """
+    import asyncio
+
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+
+    from langchain_compaction import CompactionMiddleware
+
+    @tool
+    def lookup(order: str) -> str:
+        """Look an order up."""
+        return f"order {order}: shipped"
+
+    agent_model = ToolRecording(messages=iter([AIMessage(f"answer {i} " * 120) for i in range(40)]), inputs=[])
+    summarizer = Recording(messages=iter([AIMessage(REPLY) for _ in range(10)]), inputs=[])
+    middleware = CompactionMiddleware(
+        summarizer, CompactionOptions(context_window=8_000, keep_recent_tokens=2_000), features=ALIGNED
+    )
+    agent = create_agent(agent_model, tools=[lookup], system_prompt="You are the order desk.", middleware=[middleware])
+    messages: list = []
+    for turn in range(14):
+        state = {"messages": [*messages, HumanMessage(f"question {turn} " * 120)]}
+        messages = (agent.invoke(state) if path == "sync" else asyncio.run(agent.ainvoke(state)))["messages"]
+    assert summarizer.inputs, "the window should have compacted"
+    assert summarizer.inputs[0][-1].content == CACHE_ALIGNED_PROMPT
+    assert any(REPLY in str(m.content) for m in messages)
