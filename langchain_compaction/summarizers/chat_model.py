@@ -11,7 +11,13 @@ from typing import Any, cast
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnableWithFallbacks
+from langchain_core.runnables import (
+    Runnable,
+    RunnableConfig,
+    RunnableLambda,
+    RunnableSequence,
+    RunnableWithFallbacks,
+)
 from langgraph.constants import TAG_NOSTREAM
 
 from langchain_compaction.core.effects import refuse_awaitable
@@ -145,8 +151,9 @@ def _clients(model: Any, depth: int = 0) -> Iterator[object]:
     """The chat models a Runnable calls.
 
     Through ``.bind`` and ``with_retry`` (``bound``), ``with_fallbacks``
-    (``runnable`` and ``fallbacks``) and ``init_chat_model``'s configurable
-    model (the one its default config names).
+    (``runnable`` and ``fallbacks``), a pipe (each of its steps: ``model |
+    StrOutputParser()``) and ``init_chat_model``'s configurable model (the one
+    its default config names).
     """
     if depth > 8:  # (a wrapper of wrappers this deep: nothing known)
         yield model
@@ -154,6 +161,9 @@ def _clients(model: Any, depth: int = 0) -> Iterator[object]:
     if isinstance(model, RunnableWithFallbacks):
         for inner in (model.runnable, *model.fallbacks):
             yield from _clients(inner, depth + 1)
+    elif isinstance(model, RunnableSequence):
+        for step in model.steps:
+            yield from _clients(step, depth + 1)
     elif hasattr(model, "bound"):
         yield from _clients(model.bound, depth + 1)
     elif callable(getattr(model, "_model", None)) and hasattr(model, "_default_config"):

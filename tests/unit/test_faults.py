@@ -35,6 +35,7 @@ from langchain.agents import create_agent
 from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 
@@ -620,13 +621,32 @@ def test_summary_calls_within_their_deadline_take_no_abandoned_slot() -> None:
     assert not errors, errors
 
 
-def test_an_async_caller_never_waits_for_a_hung_blocking_summarizer_nor_starves_the_executor() -> None:
-    """asyncio.run(acompact(...)) honours timeout=, and abandoned calls take none of asyncio's executor threads."""
+class _HangingChatModel(GenericFakeChatModel):
+    """A chat model with a sync path only (LangChain runs it on asyncio's default executor), hung until released."""
+
+    release: Any = None
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        self.release.wait(30)
+        return ChatResult(generations=[ChatGeneration(message=AIMessage("## Goal\n- x"))])
+
+
+@pytest.mark.parametrize("shape", ["function", "chat model piped into a parser"])
+def test_an_async_caller_never_waits_for_a_hung_blocking_summarizer_nor_starves_the_executor(shape: str) -> None:
+    """asyncio.run(acompact(...)) honours timeout=, and abandoned calls take none of asyncio's executor threads.
+
+    A pipe (``model | StrOutputParser()``) ran its sync-only model on that executor.
+    """
+    from langchain_core.output_parsers import StrOutputParser
+
     release = threading.Event()
 
-    def hanging(prompt: str) -> str:
+    def hanging_function(prompt: str) -> str:
         release.wait(30)
         return "## Goal\n- x"
+
+    piped = _HangingChatModel(messages=iter(()), release=release) | StrOutputParser()
+    hanging = hanging_function if shape == "function" else piped
 
     async def main() -> float:
         for _ in range(8):  # more than the default executor's threads on a small machine
