@@ -50,7 +50,10 @@ __all__ = ["ExtractiveSummarizer"]
 _SENTENCE = re.compile(r"(?:[^.!?\n]|[.!?](?=\S))+(?:[.!?]+(?=\s|$)|$)", re.MULTILINE)
 _DECISION = re.compile(
     r"\b(I'll|I will|I'm going to|let's|let me|we'll|we will|decided|decide|instead|switch(?:ed)? to|"
-    r"chose|choose|the fix is|the cause is|the issue is|root cause|plan is)\b",
+    r"chose|choose|the fix is|the cause is|the issue is|root cause|plan is|"
+    # What an agent did or promised for the user (a support desk's refund, a booking): it must not be done twice.
+    r"(?:I|we) (?:promise|guarantee)|(?:I|we)(?:'ve| have) (?:\w+ )?(?:issued|refunded|credited|scheduled|booked|"
+    r"cancell?ed|reserved|ordered|arranged|escalated|processed|applied))\b",
     re.IGNORECASE,
 )
 # Announcing the next tool call or offering help is not a decision.

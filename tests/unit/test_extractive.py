@@ -420,3 +420,20 @@ def test_a_file_read_is_the_files_content_not_an_error_report() -> None:
     assert "import" not in summary
     assert "Read(file_path=src/store.ts)" in summary
     assert 'bash reported: "Error: boom in store.test.ts"' in summary
+
+
+def test_what_a_support_agent_did_or_promised_is_a_key_decision() -> None:
+    """A refund issued, a replacement promised, a voucher added: done once, not again after a compaction."""
+    messages = [
+        HumanMessage("My order ORD-88231 arrived broken. I paid $149.99."),
+        AIMessage(
+            "I'm sorry! I've issued a full refund of $149.99 to your card. I promise a replacement ships by "
+            "Friday, and I've added the voucher code SORRY15 to your account."
+        ),
+        AIMessage("We have booked a courier for the return on Monday."),
+    ]
+    summary = ExtractiveSummarizer().summarize_messages(messages)
+    decisions = summary.split("## Key Decisions", 1)[1].split("##", 1)[0]
+    assert "issued a full refund of $149.99" in decisions
+    assert "Friday" in decisions and "SORRY15" in decisions
+    assert "booked a courier" in decisions
