@@ -81,7 +81,7 @@ from langchain_compaction.core.extract import (
     revokes,
     without_revoked,
 )
-from langchain_compaction.core.identifiers import identifiers
+from langchain_compaction.core.identifiers import identifiers, identifiers_in
 from langchain_compaction.core.readings import (
     UserSays,
     agent_names,
@@ -262,9 +262,9 @@ class _Tracker:
             if not says_nothing_alone(older.text):
                 self.add(Fact("earlier", clip(older.text, _SHORT_REQUEST_CHARS), key=key[1]))
         self.earlier = [key for key in self.earlier if key in self.facts]
-        for key in self.earlier[: max(len(self.earlier) - EARLIER_KEPT, 0)]:
+        for key in self._left_out_of_earlier():
             del self.facts[key]
-        self.earlier = self.earlier[-EARLIER_KEPT:]
+            self.earlier.remove(key)
         for key in requests[cut:]:
             previous = self.facts[key]
             short = clip(previous.text, _SHORT_REQUEST_CHARS)
@@ -272,6 +272,19 @@ class _Tracker:
                 self.facts[key] = Fact(previous.kind, short, previous.key, previous.detail)
         self.requests = requests[cut:]
         self._keep(request)
+
+    def _left_out_of_earlier(self) -> list[tuple[FactKind, str]]:
+        """The older requests past ``EARLIER_KEPT`` to let go: the oldest, those that name nothing first.
+
+        A request that carries an identifier (an order number, an amount, a
+        postcode, a path) says what small talk after it does not: "send it to
+        Bahnhofstrasse 12, 8001 Zurich" outlives twenty "how do I clean it?".
+        """
+        excess = len(self.earlier) - EARLIER_KEPT
+        if excess <= 0:
+            return []
+        plain = [key for key in self.earlier if not identifiers_in(self.facts[key].text)]
+        return (plain + [key for key in self.earlier if key not in plain])[:excess]
 
     def _revoke(self, subject: frozenset[str]) -> None:
         """Drop the rules the user took back: those about ``subject`` (and only those)."""

@@ -22,6 +22,7 @@ from langchain_compaction import (
 from langchain_compaction._lc.convert import SUMMARY_MARK, is_summary_message, summary_message, to_core_list
 from langchain_compaction.core.extract import one_line
 from langchain_compaction.core.facts import (
+    EARLIER_KEPT,
     NAMES_KEPT,
     RULES_PER_MESSAGE,
     SECTION_HEADING,
@@ -859,6 +860,22 @@ def test_an_older_request_that_asks_for_nothing_of_its_own_is_not_kept_as_an_ear
         "Sort by date",
     ]
     assert [f.text for f in facts if f.kind == "request"][-1] == "Now color the bars by author."
+
+
+def test_an_older_request_that_names_something_outlives_the_small_talk_after_it() -> None:
+    """Past ``EARLIER_KEPT``, requests that carry no identifier go first: the delivery address stays."""
+    said = [
+        "Replacement please, and send it to my work address: Bahnhofstrasse 12, 8001 Zurich.",
+        *(f"Another question {n}: how do I descale the kettle and clean its filter?" for n in range(20)),
+    ]
+    messages = [
+        m for n, text in enumerate(said) for m in (HumanMessage(text, id=f"h{n}"), AIMessage("Done.", id=f"a{n}"))
+    ]
+    facts = gather((), to_core_list(messages), range(len(messages)), ())
+    earlier = [f.text for f in facts if f.kind == "earlier"]
+    assert len(earlier) == EARLIER_KEPT
+    assert earlier[0] == said[0]
+    assert earlier[1:] == [said[n] for n in range(len(said) - 1 - (EARLIER_KEPT - 1) - 1, len(said) - 2)]
 
 
 @pytest.mark.parametrize(
