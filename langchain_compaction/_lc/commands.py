@@ -9,11 +9,11 @@ message is the previous reply, not a question).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, ToolMessage
+from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, SystemMessage, ToolMessage
 from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.channels.last_value import LastValue
 from langgraph.constants import END
@@ -178,17 +178,24 @@ def reducer_replaces(configurable: Mapping[str, Any], key: str) -> bool | None:
     operator = getattr(channel, "operator", None)
     if not isinstance(channel, BinaryOperatorAggregate) or not callable(operator):
         return None
-    known = _REPLACES.get(operator)
+    try:
+        known = _REPLACES.get(operator)
+    except TypeError:  # (an unhashable reducer, a dataclass with ``__call__``: asked each time)
+        return _replaces(operator)
     if known is None:
-        try:
-            old, new = HumanMessage("", id="compaction-probe-old"), HumanMessage("", id="compaction-probe-new")
-            probe = operator([old], [RemoveMessage(id=REMOVE_ALL_MESSAGES), new])
-            known = [getattr(m, "id", None) for m in probe] == [new.id]
-        except Exception:  # a reducer that cannot take a removal does not apply one
-            known = False
+        known = _replaces(operator)
         if len(_REPLACES) < 64:
             _REPLACES[operator] = known
     return known
+
+
+def _replaces(operator: Callable[[Any, Any], Any]) -> bool:
+    try:
+        old, new = HumanMessage("", id="compaction-probe-old"), HumanMessage("", id="compaction-probe-new")
+        probe = operator([old], [RemoveMessage(id=REMOVE_ALL_MESSAGES), new])
+        return [getattr(m, "id", None) for m in probe] == [new.id]
+    except Exception:  # a reducer that cannot take a removal does not apply one
+        return False
 
 
 def read_messages(state: Any, key: str) -> list[BaseMessage]:
@@ -200,7 +207,12 @@ def read_messages(state: Any, key: str) -> list[BaseMessage]:
         msg = f"state[{key!r}] is a {type(value).__name__}, not a list of messages; pass messages_key= naming the list"
         raise InvalidMessagesError(msg)
     messages = list(value)
-    for index in (0, len(messages) - 1)[: len(messages)]:
+    # What is read before the messages are counted (each new one is checked then): how the
+    # conversation opens (its system messages and the two after) and the newest.
+    head = 0
+    while head < len(messages) and isinstance(messages[head], SystemMessage):
+        head += 1
+    for index in {*range(min(head + 2, len(messages))), len(messages) - 1} - {-1}:
         if not isinstance(messages[index], BaseMessage):
             to_core(messages[index], index)  # (a dict or a tuple: raises the error that says what to pass)
     return messages
@@ -351,6 +363,14 @@ def _put_back_raced(graph: Any, config: Any, written: Any, now: Any, *, key: str
     if not isinstance(at, dict) or at.get("configurable", {}).get("checkpoint_id") == _checkpoint(now):
         return
     base = yield twin(graph.get_state, graph.aget_state, at)
+    if base.next:
+        # That turn paused there (an interrupt awaiting approval) or was still running, and the write's end
+        # step cleared it: the thread goes back to what it left (a copy of that checkpoint, its next steps too).
+        yield twin(graph.bulk_update_state, graph.abulk_update_state, at, [[StateUpdate(None, "__copy__")]])
+        raise CompactionError(
+            f"thread {thread_of(config)!r} had a run pause or go on while the compaction was written, so the "
+            "thread is back as that run left it; compact it again once it is idle"
+        )
     known = {m.id for m in now.values.get(key) or []}
     wiped = [
         m

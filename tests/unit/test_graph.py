@@ -7,6 +7,7 @@ import logging
 import operator
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -144,6 +145,7 @@ def build_agent(
     checkpointer: Any,
     state: type[Any] = MessagesState,
     key: str = "messages",
+    **compile_kwargs: Any,
 ) -> Any:
     bound = model.bind_tools([lookup])
 
@@ -163,7 +165,7 @@ def build_agent(
     builder.add_conditional_edges("compact", lambda s: route_after_compaction(s, messages_key=key), ["model", END])
     builder.add_conditional_edges("model", lambda s: tools_condition(s, messages_key=key), ["tools", END])
     builder.add_edge("tools", "compact")
-    return builder.compile(checkpointer=checkpointer)
+    return builder.compile(checkpointer=checkpointer, **compile_kwargs)
 
 
 def build_plain(node: Any, checkpointer: Any, state: type[Any] = MessagesState) -> Any:
@@ -708,6 +710,35 @@ def test_compact_thread_keeps_a_turn_committed_between_its_last_read_and_its_wri
     assert ids.index("late") > ids.index(summaries(messages)[0].id)
 
 
+def test_compact_thread_leaves_a_pause_committed_between_its_last_read_and_its_write() -> None:
+    """The turn that lands in that window paused for approval of a tool call: the pause stays, and it says so.
+
+    The write's end step cleared it: the thread was left idle on an unanswered tool call.
+    """
+    saver = _RacedSaver()
+    node = CompactionNode(PathSummarizer(), CompactionOptions(), result_key="compaction")
+    model = ToolCallingFakeModel(messages=agent_script(50))
+    graph = build_agent(node, model, saver, CompactionState, interrupt_before=["tools"])
+    config = thread("raced-pause")
+    graph.invoke({"messages": [HumanMessage("hello")]}, config)  # (the script's first reply calls a tool)
+    graph.invoke(None, config)
+    for said in ("and y", "and z"):
+        graph.invoke({"messages": [HumanMessage(said)]}, config)
+        while graph.get_state(config).next:
+            graph.invoke(None, config)
+
+    def summarize_then_arm(prompt: str) -> str:
+        saver.armed = lambda: graph.invoke({"messages": [HumanMessage("look up q", id="paused")]}, config)
+        return "## Goal\n- look things up"
+
+    with pytest.raises(CompactionError, match="back as that run left it"):
+        compact_thread(graph, config, model=summarize_then_arm)
+    state = graph.get_state(config)
+    assert state.next == ("tools",)
+    assert state.values["messages"][-1].tool_calls
+    assert "paused" in [m.id for m in state.values["messages"]]
+
+
 def test_compact_thread_refuses_to_write_over_a_message_edited_in_place_meanwhile() -> None:
     graph, _, _ = _idle_agent()
     config = thread("edited")
@@ -1248,6 +1279,20 @@ class _OwnReducer(TypedDict):
     messages: Annotated[list[AnyMessage], _trimmed]
 
 
+@dataclass
+class _KeepLast:
+    """A reducer of the user's own as a callable dataclass (unhashable), built on add_messages."""
+
+    most: int
+
+    def __call__(self, left: list[AnyMessage], right: list[AnyMessage]) -> list[AnyMessage]:
+        return add_messages(left, right)[-self.most :]  # type: ignore[arg-type,return-value]
+
+
+class _OwnCallableReducer(TypedDict):
+    messages: Annotated[list[AnyMessage], _KeepLast(500)]
+
+
 @pytest.mark.parametrize("state", [_Appending, _Unreduced])
 @pytest.mark.parametrize("with_ids", [False, True])
 def test_a_messages_key_without_add_messages_is_named_as_the_cause(state: type, with_ids: bool) -> None:
@@ -1282,8 +1327,9 @@ def test_a_messages_key_without_add_messages_is_named_as_the_cause(state: type, 
     assert [str(m.content).split()[0] for m in held] == ["q0"]
 
 
-def test_a_reducer_of_the_users_own_built_on_add_messages_compacts() -> None:
-    builder = StateGraph(_OwnReducer)
+@pytest.mark.parametrize("state", [_OwnReducer, _OwnCallableReducer])
+def test_a_reducer_of_the_users_own_built_on_add_messages_compacts(state: type) -> None:
+    builder = StateGraph(state)
     builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- answer", CompactionOptions(context_window=3000)))
     builder.add_node("agent", lambda values: {"messages": [AIMessage("answer " * 60)]})
     builder.add_edge(START, "compact")
@@ -1297,11 +1343,13 @@ def test_a_reducer_of_the_users_own_built_on_add_messages_compacts() -> None:
     assert all(isinstance(m, BaseMessage) for m in held)
 
 
-@pytest.mark.parametrize("shape", ["dicts", "tuples"])
+@pytest.mark.parametrize("shape", ["dicts", "tuples", "one dict among messages"])
 def test_a_node_called_with_dicts_or_tuples_says_what_to_pass(shape: str) -> None:
     node = CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=4_000))
     pairs = [("user", "x " * 3000), ("assistant", "y " * 3000)] * 3
-    messages = [{"role": r, "content": c} for r, c in pairs] if shape == "dicts" else pairs
+    messages: list[Any] = [{"role": r, "content": c} for r, c in pairs] if shape == "dicts" else list(pairs)
+    if shape == "one dict among messages":
+        messages = [HumanMessage("x " * 3000), {"role": "assistant", "content": "y"}, HumanMessage("z " * 3000)]
     with pytest.raises(InvalidMessagesError, match="convert_to_messages"):
         node({"messages": messages})
 
