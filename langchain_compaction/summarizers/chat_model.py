@@ -192,6 +192,18 @@ def _blocking(client: object) -> bool:
     return isinstance(client, RunnableLambda) and getattr(client, "afunc", None) is None
 
 
+def _runs_blocking(clients: Sequence[object]) -> bool:
+    """Whether a model calling ``clients`` is run with ``invoke`` on a thread of its own, not awaited.
+
+    One of them would take asyncio's default executor, and none can run only
+    awaited (a ``RunnableLambda`` of an ``async def`` alone, in a pipe beside a
+    sync-only model: ``invoke`` would refuse it).
+    """
+    return any(map(_blocking, clients)) and not any(
+        isinstance(c, RunnableLambda) and not hasattr(c, "func") for c in clients
+    )
+
+
 def _per_call(
     model: Runnable[Any, Any], request: SummaryRequest, aligned: bool, clients: Sequence[object] | None = None
 ) -> dict[str, Any]:
@@ -287,7 +299,7 @@ class ChatModelSummarizer:
         model = self._model(request, aligned)
         clients = tuple(_clients(model))  # (once: a configurable model builds its default to tell)
         keywords = _per_call(model, request, aligned, clients)
-        if any(map(_blocking, clients)):
+        if _runs_blocking(clients):
             call = functools.partial(model.invoke, messages, config=_config(request), **keywords)
             output = await blocking_summary(request, call)
         else:

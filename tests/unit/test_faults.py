@@ -838,3 +838,18 @@ def test_a_summarizer_with_an_async_path_only_called_from_sync_code_says_which_c
         compact(AsyncOnly(), long_history(), options)
     result, _ = asyncio.run(acompact(AsyncOnly(), long_history(), options))
     assert result is not None
+
+
+def test_a_pipe_with_an_async_only_step_beside_a_sync_only_model_is_awaited() -> None:
+    """``SyncOnly() | RunnableLambda(async def ...)``: invoke would refuse the async step, so the pipe is awaited."""
+    from langchain_core.runnables import RunnableLambda
+
+    async def tidy(message: AIMessage) -> str:
+        return str(message.content).strip()
+
+    release = threading.Event()
+    release.set()
+    piped = _HangingChatModel(messages=iter(()), release=release) | RunnableLambda(tidy)
+    result, _ = asyncio.run(acompact(piped, long_history(), CompactionOptions(context_window=3_000)))
+    assert result is not None
+    assert result.summary.startswith("## Goal")
