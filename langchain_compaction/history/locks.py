@@ -34,8 +34,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+from uuid import UUID
 
 from langchain_compaction.errors import CompactionError, ConfigurationError
+from langchain_compaction.history.stores import SESSION_ID_TYPES
 
 __all__ = ["CompactionLock", "FileLock", "InProcessLock", "PostgresAdvisoryLock"]
 
@@ -300,7 +302,12 @@ class PostgresAdvisoryLock:
 
     Args:
         conninfo: A libpq connection string or URL.
-        name: What to lock, usually the session id; hashed into the 64-bit key.
+        name: What to lock, usually the session id (a ``str``, ``int`` or
+            ``UUID``, as chat stores take it; locked by its text, so
+            ``uuid`` and ``str(uuid)`` are one lock); hashed into the 64-bit key.
+
+    Raises:
+        ConfigurationError: ``conninfo`` or ``name`` is of the wrong kind.
 
     Example:
         >>> lock = PostgresAdvisoryLock("postgresql://localhost/chat", "3f2b...")
@@ -308,13 +315,15 @@ class PostgresAdvisoryLock:
         True
     """
 
-    def __init__(self, conninfo: str, name: str) -> None:
+    def __init__(self, conninfo: str, name: str | int | UUID) -> None:
         if not isinstance(conninfo, str) or not conninfo:
             raise ConfigurationError("conninfo", conninfo, "pass a libpq connection string or postgresql:// URL")
+        if isinstance(name, bool) or not isinstance(name, SESSION_ID_TYPES):
+            raise ConfigurationError("name", name, "pass what to lock as a string, usually the session id")
         self.conninfo = conninfo
-        self.name = name
-        self.key = advisory_key(name)
-        self.lease_key = advisory_key(f"{name}\x00lease")
+        self.name = str(name)
+        self.key = advisory_key(self.name)
+        self.lease_key = advisory_key(f"{self.name}\x00lease")
 
     @staticmethod
     def _psycopg() -> Any:

@@ -91,13 +91,17 @@ def strategy(inner: BaseChatMessageHistory) -> Strategy:
     return "journal"
 
 
+SESSION_ID_TYPES = (str, int, uuid.UUID)
+"""What a session id may be (chat stores take each), told by its text: ``str(session_id)``."""
+
+
 def session_key(inner: BaseChatMessageHistory) -> Hashable:
     """Stores whose keys are equal hold one session (wrappers over them share a lock)."""
     path = getattr(inner, "file_path", None)
     if path is not None:
         return ("file", str(Path(path).resolve()))
     session = getattr(inner, "session_id", None) or getattr(inner, "_session_id", None)
-    if not isinstance(session, (str, int, uuid.UUID)):
+    if not isinstance(session, SESSION_ID_TYPES):
         return ("object", id(inner))
     table = getattr(inner, "_table_name", None) or getattr(getattr(inner, "sql_model_class", None), "__tablename__", "")
     engine = getattr(inner, "engine", None) or getattr(inner, "async_engine", None)

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 import warnings
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -53,7 +54,14 @@ from langchain_compaction.errors import (
     SummarizationError,
     SummaryTimeoutError,
 )
-from langchain_compaction.history import CompactingChatMessageHistory, FileLock, InProcessLock, stores
+from langchain_compaction.history import (
+    CompactingChatMessageHistory,
+    FileLock,
+    InProcessLock,
+    PostgresAdvisoryLock,
+    stores,
+)
+from langchain_compaction.history.locks import advisory_key
 
 with warnings.catch_warnings():
     # langchain-community warns on import that it is being sunset.
@@ -68,6 +76,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:The class `InMemoryChatMessageHi
 # A small window so that compaction fires every few dozen messages.
 OPTIONS = CompactionOptions(context_window=3000, reserve_tokens=1000, keep_recent_tokens=600)
 PAD = " lorem ipsum dolor" * 6  # ~30 tokens a message
+PG_URL = "postgresql://postgres@127.0.0.1:5432/chat"  # never connected to: constructions only
 
 
 def memory() -> InMemoryChatMessageHistory:
@@ -1465,6 +1474,18 @@ async def test_a_lock_that_cannot_be_taken_is_a_store_error_and_nothing_is_writt
     with pytest.raises(StoreError, match="no message was lost"):
         await history.aadd_messages([HumanMessage("hello")])
     assert inner.messages == []
+
+
+def test_an_advisory_lock_takes_a_session_id_of_any_kind_chat_stores_take() -> None:
+    # A UUID or an int session id failed with a bare AttributeError from deep in the key's hash.
+    session = uuid.uuid4()
+    by_uuid, by_int = PostgresAdvisoryLock(PG_URL, session), PostgresAdvisoryLock(PG_URL, 42)
+    assert (by_uuid.name, by_uuid.key) == (str(session), PostgresAdvisoryLock(PG_URL, str(session)).key)
+    assert (by_int.name, by_int.key) == ("42", advisory_key("42"))
+    for name in (None, True, b"session", ["session"]):
+        with pytest.raises(ConfigurationError, match="pass what to lock as a string") as info:
+            PostgresAdvisoryLock(PG_URL, name)  # type: ignore[arg-type]
+        assert info.value.field == "name"
 
 
 def test_wrappers_over_one_sqlite_file_named_differently_share_one_session(
