@@ -34,7 +34,7 @@ Nothing is lost:
    in the process and the next call (any method) finishes it, keeping messages
    appended meanwhile. To survive a process crash between the clear and the
    add, pass ``journal=`` (a history on durable storage, e.g. the same store
-   under another session id): the rewrite is written there first and the next
+   under a session id of its own): the rewrite is written there first and the next
    wrapper to open the session finishes it. Without a journal such a crash
    loses the history of that session.
 
@@ -89,7 +89,7 @@ from langchain_compaction.history.locks import (
     PostgresAdvisoryLock,
 )
 from langchain_compaction.history.session import aleased, leased, session_state
-from langchain_compaction.history.store import Store
+from langchain_compaction.history.store import Store, check_separate
 
 __all__ = [
     "JOURNAL_MARK",
@@ -121,11 +121,7 @@ def _check_arguments(inner: object, archive: object, journal: object, on_error: 
         raise ConfigurationError("inner", inner, "pass the BaseChatMessageHistory that stores the messages")
     for field, value in (("inner", inner), ("archive", archive), ("journal", journal)):
         _check_history(field, value)
-    for field, other in (("archive", archive), ("journal", journal)):
-        if other is not None and (
-            other is inner or stores.session_key(other) == stores.session_key(inner)  # type: ignore[arg-type]
-        ):
-            raise ConfigurationError(field, other, "pass a separate history, not the inner store itself")
+    check_separate(inner, archive, journal)  # type: ignore[arg-type]
     if on_error not in ("raise", "warn"):
         raise ConfigurationError("on_error", on_error, "pass 'raise' or 'warn'")
     if lock is not None and not isinstance(lock, CompactionLock):
@@ -184,7 +180,8 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
             for several processes writing one session; the in-process lock is
             always taken.
         journal: A history on durable storage that holds a rewrite in progress,
-            for stores without an atomic rewrite (see the module docstring).
+            for stores without an atomic rewrite (see the module docstring);
+            not the archive, which every rewrite would clear.
         features: The features (``langchain_compaction.features``): checked
             facts and pins by default; ``PrepareAhead(at=0.7)`` prepares the
             next summary during an add (with ``lock=``, its lease says which

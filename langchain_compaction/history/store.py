@@ -20,13 +20,37 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage
 
 from langchain_compaction.core.effects import Call, Flow, twin
-from langchain_compaction.errors import CompactionError, StoreError
+from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
 from langchain_compaction.history import stores
 from langchain_compaction.history.journal import Rewrite
 from langchain_compaction.history.locks import CompactionLock
 from langchain_compaction.history.session import SessionState, ahold, hold
 
 logger = logging.getLogger("langchain_compaction")
+
+
+def check_separate(
+    inner: BaseChatMessageHistory, archive: BaseChatMessageHistory | None, journal: BaseChatMessageHistory | None
+) -> None:
+    """Refuse an archive or a journal that is the inner store, or a journal that is the archive.
+
+    Each is written its own way: a rewrite replaces the inner store's messages
+    and clears the journal, so an archive there loses the originals it keeps.
+    Two histories are one when they are one object or stores of one session
+    (``stores.session_key``: two ``FileChatMessageHistory`` on one path).
+
+    Raises:
+        ConfigurationError: Naming the history to replace.
+    """
+    earlier = {"the inner store": inner}
+    for field, history in (("archive", archive), ("journal", journal)):
+        if history is None:
+            continue
+        for name, other in earlier.items():
+            if history is other or stores.session_key(history) == stores.session_key(other):
+                why = "every rewrite clears the journal" if field == "journal" else "every rewrite replaces the store"
+                raise ConfigurationError(field, history, f"pass a separate history, not {name} itself ({why})")
+        earlier[f"the {field}"] = history
 
 
 class Store:

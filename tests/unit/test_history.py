@@ -229,6 +229,18 @@ def test_archive_cannot_be_the_store_itself() -> None:
         CompactingChatMessageHistory(store, Summaries(), OPTIONS, archive=store)
 
 
+def test_a_journal_cannot_be_the_archive(tmp_path: Path) -> None:
+    # Every rewrite clears the journal: as the archive, it lost each compacted original.
+    shared, path = memory(), tmp_path / "archive.json"
+    for archive, journal in ((shared, shared), (FileChatMessageHistory(str(path)), FileChatMessageHistory(str(path)))):
+        with pytest.raises(ConfigurationError, match="not the archive itself") as info:
+            CompactingChatMessageHistory(memory(), Summaries(), OPTIONS, archive=archive, journal=journal)
+        assert info.value.field == "journal"
+    with pytest.raises(ConfigurationError, match="not the inner store itself") as info:
+        CompactingChatMessageHistory(shared, Summaries(), OPTIONS, archive=memory(), journal=shared)
+    assert info.value.field == "journal"
+
+
 # ---------------------------------------------------------------------------
 # Behaviour on each sync store
 # ---------------------------------------------------------------------------
