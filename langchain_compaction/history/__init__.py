@@ -66,6 +66,7 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage
 
 from langchain_compaction._lc.conversation import Conversation
+from langchain_compaction._lc.convert import message_list
 from langchain_compaction._lc.counting import working
 from langchain_compaction._lc.legacy import adapter_keywords
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
@@ -316,6 +317,7 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
         """Append to ``inner``, then compact if the history no longer fits.
 
         Raises:
+            InvalidMessagesError: ``messages`` is not a list (one message: pass ``[message]``).
             StoreError: ``inner`` failed to store the messages.
             CompactionError: The automatic compaction failed (``on_error="raise"``);
                 the messages were stored and the store is otherwise unchanged.
@@ -373,7 +375,7 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
         return messages
 
     def _add_flow(self, messages: Sequence[BaseMessage]) -> Flow[None]:
-        batch = list(messages)
+        batch = list(message_list(messages))
         for index, message in enumerate(batch):
             if not isinstance(message, BaseMessage):
                 raise ConfigurationError(

@@ -50,6 +50,7 @@ from langchain_compaction.errors import (
     CompactionError,
     ConfigurationError,
     EmptySummaryError,
+    InvalidMessagesError,
     StoreError,
     SummarizationError,
     SummaryTimeoutError,
@@ -239,6 +240,19 @@ def test_a_journal_cannot_be_the_archive(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="not the inner store itself") as info:
         CompactingChatMessageHistory(shared, Summaries(), OPTIONS, archive=memory(), journal=shared)
     assert info.value.field == "journal"
+
+
+async def test_add_messages_of_no_list_says_to_pass_a_list() -> None:
+    # None was a bare TypeError; one message was iterated as its fields ("messages[0]=('content', 'hi')").
+    inner = memory()
+    history = CompactingChatMessageHistory(inner, Summaries(), OPTIONS)
+    for wrong, said in ((None, "NoneType, not a list"), (HumanMessage("hi"), r"one HumanMessage.*pass \[message\]")):
+        with pytest.raises(InvalidMessagesError, match=said):
+            history.add_messages(wrong)  # type: ignore[arg-type]
+        with pytest.raises(InvalidMessagesError, match=said):
+            await history.aadd_messages(wrong)  # type: ignore[arg-type]
+    history.add_message(HumanMessage("hi"))  # the one-message method
+    assert [m.content for m in inner.messages] == ["hi"]
 
 
 # ---------------------------------------------------------------------------
