@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import threading
 import weakref
@@ -40,6 +41,8 @@ from langchain_compaction.errors import CompactionError, ConfigurationError
 from langchain_compaction.history.stores import SESSION_ID_TYPES
 
 __all__ = ["CompactionLock", "FileLock", "InProcessLock", "PostgresAdvisoryLock"]
+
+logger = logging.getLogger("langchain_compaction")
 
 # Polling bounds for the async paths: a blocking acquire would stall the event
 # loop, so they try without blocking and sleep between attempts.
@@ -297,7 +300,9 @@ class PostgresAdvisoryLock:
 
     Each ``hold`` opens its own autocommit connection, takes
     ``pg_advisory_lock(key)`` and releases it on exit; the server releases it
-    too if the connection dies, so a crashed holder never leaves it stuck.
+    too if the connection dies, so a crashed holder never leaves it stuck (a
+    release that finds its connection gone logs a warning, never raises: the
+    lock is free, and what was written under it stands).
     Needs ``psycopg`` (``pip install "psycopg[binary]"``).
 
     Args:
@@ -334,6 +339,33 @@ class PostgresAdvisoryLock:
             raise ImportError(msg) from exc
         return psycopg
 
+    def _unlock(self, conn: Any, key: int) -> None:
+        """Release ``key`` on ``conn``; a connection that is gone released it already (``_released``)."""
+        try:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        except self._psycopg().OperationalError as error:
+            self._released(error)
+
+    async def _aunlock(self, conn: Any, key: int) -> None:
+        """The async twin of ``_unlock``."""
+        try:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        except self._psycopg().OperationalError as error:
+            self._released(error)
+
+    def _released(self, error: Exception) -> None:
+        # The connection is closed on the way out whatever happened, and the
+        # server ends a session's advisory locks with it: the lock is free.
+        # Raising here told a caller whose write had landed that it failed,
+        # and a retry stored its messages twice.
+        logger.warning(
+            "%r: its connection was gone when the lock was released (%s: %s); the server released the lock "
+            "with the connection, and what was written under it stands",
+            self,
+            type(error).__name__,
+            str(error).strip(),
+        )
+
     @contextmanager
     def hold(self) -> Iterator[None]:
         """Block until the advisory lock is held."""
@@ -343,7 +375,7 @@ class PostgresAdvisoryLock:
             try:
                 yield
             finally:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+                self._unlock(conn, self.key)
 
     @asynccontextmanager
     async def ahold(self) -> AsyncIterator[None]:
@@ -354,7 +386,7 @@ class PostgresAdvisoryLock:
             try:
                 yield
             finally:
-                await conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+                await self._aunlock(conn, self.key)
 
     @contextmanager
     def lease(self, wait: bool = False) -> Iterator[bool]:
@@ -371,7 +403,7 @@ class PostgresAdvisoryLock:
                 yield held
             finally:
                 if held:
-                    conn.execute("SELECT pg_advisory_unlock(%s)", (self.lease_key,))
+                    self._unlock(conn, self.lease_key)
 
     @asynccontextmanager
     async def alease(self, wait: bool = False) -> AsyncIterator[bool]:
@@ -389,7 +421,7 @@ class PostgresAdvisoryLock:
                 yield held
             finally:
                 if held:
-                    await conn.execute("SELECT pg_advisory_unlock(%s)", (self.lease_key,))
+                    await self._aunlock(conn, self.lease_key)
 
     def __repr__(self) -> str:
         return f"PostgresAdvisoryLock(name={self.name!r}, key={self.key})"

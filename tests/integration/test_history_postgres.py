@@ -13,11 +13,12 @@ import textwrap
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
 import pytest
+from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_postgres import PostgresChatMessageHistory
 from postgres_server import PostgresServer, postgres_server
@@ -207,6 +208,53 @@ def test_advisory_lock_excludes_other_connections(url: str) -> None:
         order.append("first")
     thread.join(5)
     assert order == ["first", "other"]
+
+
+def drop_lock_connection(url: str, lock: PostgresAdvisoryLock) -> None:
+    """Have the server end the connection that holds ``lock``'s advisory key (and wait until it is gone)."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_locks WHERE locktype = 'advisory' "
+            "AND classid = %s AND objid = %s AND pid <> pg_backend_pid()",
+            ((lock.key >> 32) & 0xFFFFFFFF, lock.key & 0xFFFFFFFF),
+        )
+
+
+class DroppingLockOnWrite(BaseChatMessageHistory):
+    """A store whose next write loses the wrapper's advisory lock as it starts (and lands all the same)."""
+
+    def __init__(self, url: str, lock: PostgresAdvisoryLock) -> None:
+        self.url, self.lock, self.armed = url, lock, False
+        self.messages: list[BaseMessage] = []
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        if self.armed:
+            self.armed = False
+            drop_lock_connection(self.url, self.lock)
+        self.messages.extend(messages)
+
+    def clear(self) -> None:
+        self.messages = []
+
+
+async def test_a_lock_whose_connection_drops_after_the_write_is_released_without_an_error(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The release raised psycopg's AdminShutdown after the message was written: a caller retried and stored it twice.
+    lock = PostgresAdvisoryLock(url, uuid.uuid4())
+    store = DroppingLockOnWrite(url, lock)
+    history = CompactingChatMessageHistory(store, summarize, OPTIONS, lock=lock)
+    store.armed = True
+    history.add_messages([HumanMessage("first", id="m0")])
+    store.armed = True
+    await history.aadd_messages([HumanMessage("second", id="m1")])
+    assert [m.id for m in store.messages] == ["m0", "m1"]
+    gone = [
+        r.getMessage() for r in caplog.records if "connection was gone when the lock was released" in r.getMessage()
+    ]
+    assert len(gone) == 2
+    with lock.hold():  # free again, on the server
+        pass
 
 
 def test_model_failure_and_store_failure_leave_rows(conn: psycopg.Connection[Any]) -> None:
