@@ -396,14 +396,14 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
     def _append(self, batch: list[BaseMessage]) -> Flow[None]:
         if self._may_be_torn:
             yield from self._repaired()
-        yield from self._io(stores.append(self.inner, batch, self._strategy), "add_messages")
+        yield from self._write(stores.append(self.inner, batch, self._strategy), "add_messages")
 
     def _clear_flow(self) -> Flow[None]:
         yield self._locked(self._clear(), write=True)
 
     def _clear(self) -> Flow[None]:
         yield from self._drop_pending()
-        yield from self._io(stores.clear(self.inner), "clear")
+        yield from self._write(stores.clear(self.inner), "clear")
 
     # -- compaction ---------------------------------------------------------------------
 
@@ -419,7 +419,7 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
             done = archived_tail(stored, commit.originals, counted=done)
         batch = commit.originals[done:]
         if batch:
-            yield from self._io(stores.append(archive, batch), "archive:add_messages", archive)
+            yield from self._write(stores.append(archive, batch), "archive:add_messages", archive)
         self._state.archive_memo = archive_memo(commit.originals)
         return existing + len(batch)
 

@@ -14,6 +14,10 @@ CompactionLock            the protocol: hold() / ahold()       (required)
 ```
 
 ``hold`` is the write lock: held only while the store is read and rewritten.
+A lock that can be lost while held (``PostgresAdvisoryLock``: its connection
+ends, and the server frees it) yields a ``Held`` (``AsyncHeld`` from
+``ahold``), which the wrapper asks before each write; when it is lost, the
+writer stops there rather than write over a writer that got in since.
 ``lease`` is a second, separate lock that says who summarizes: a writer that
 finds the history over budget tries it without waiting, and only the one that
 gets it calls the model, with the write lock free all the while (writers go on
@@ -66,6 +70,24 @@ class LeaseLock(Protocol):
 
     def alease(self, wait: bool = False) -> AbstractAsyncContextManager[bool]:
         """The async twin of ``lease``: never blocks the event loop."""
+        ...
+
+
+@runtime_checkable
+class Held(Protocol):
+    """What ``hold()`` may yield for a lock that can be lost while held: a way to ask it is not."""
+
+    def check(self) -> None:
+        """Return if the lock is still held; raise (any exception, saying why) if it was lost."""
+        ...
+
+
+@runtime_checkable
+class AsyncHeld(Protocol):
+    """What ``ahold()`` may yield for a lock that can be lost while held; see ``Held``."""
+
+    async def acheck(self) -> None:
+        """The async twin of ``Held.check``."""
         ...
 
 
@@ -295,6 +317,32 @@ def advisory_key(name: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+class _Connected:
+    """What ``PostgresAdvisoryLock.hold`` yields: the lock is held as long as its connection is alive.
+
+    A session-level advisory lock ends only with an unlock or with its
+    session, so one round trip that succeeds says it is still held.
+    """
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def check(self) -> None:
+        """Raise the connection's error if it is gone (and the lock with it)."""
+        self._conn.execute("SELECT 1")
+
+
+class _AsyncConnected:
+    """What ``PostgresAdvisoryLock.ahold`` yields; see ``_Connected``."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    async def acheck(self) -> None:
+        """Raise the connection's error if it is gone (and the lock with it)."""
+        await self._conn.execute("SELECT 1")
+
+
 class PostgresAdvisoryLock:
     """A cross-process lock: a PostgreSQL session-level advisory lock.
 
@@ -367,24 +415,24 @@ class PostgresAdvisoryLock:
         )
 
     @contextmanager
-    def hold(self) -> Iterator[None]:
-        """Block until the advisory lock is held."""
+    def hold(self) -> Iterator[Held]:
+        """Block until the advisory lock is held; yield what tells it is still held (``Held``)."""
         psycopg = self._psycopg()
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
             conn.execute("SELECT pg_advisory_lock(%s)", (self.key,))
             try:
-                yield
+                yield _Connected(conn)
             finally:
                 self._unlock(conn, self.key)
 
     @asynccontextmanager
-    async def ahold(self) -> AsyncIterator[None]:
-        """Await the advisory lock on an async connection."""
+    async def ahold(self) -> AsyncIterator[AsyncHeld]:
+        """Await the advisory lock on an async connection; yield what tells it is still held."""
         psycopg = self._psycopg()
         async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
             await conn.execute("SELECT pg_advisory_lock(%s)", (self.key,))
             try:
-                yield
+                yield _AsyncConnected(conn)
             finally:
                 await self._aunlock(conn, self.key)
 

@@ -4,13 +4,15 @@ Wrappers over the same store session (``stores.session_key``) share one
 ``SessionState``: the in-process lock, the flight (one compaction at a time),
 a rewrite left unfinished, the archive memo and the counts of the stored
 history. The calls here hold locks around a flow (``core.effects``): the
-write lock (``hold``) and the lease of who summarizes (``lease``).
+write lock (``hold``) and the lease of who summarizes (``lease``); the flow
+asks before each write whether the write lock is still held (``still_held``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import threading
 import weakref
 from collections.abc import Hashable, Iterator, Sequence
@@ -23,13 +25,13 @@ from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED
 from langchain_compaction._lc.convert import fingerprint, to_core_list
 from langchain_compaction._lc.counting import count_messages
 from langchain_compaction.core.bounded import Bounded
-from langchain_compaction.core.effects import Flow, adrive, drive, in_forked_child
+from langchain_compaction.core.effects import Call, Flow, adrive, drive, in_forked_child, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.types import Message
 from langchain_compaction.errors import CompactionError, StoreError
 from langchain_compaction.history import stores
 from langchain_compaction.history.journal import Rewrite
-from langchain_compaction.history.locks import CompactionLock, InProcessLock, LeaseLock, poll
+from langchain_compaction.history.locks import AsyncHeld, CompactionLock, Held, InProcessLock, LeaseLock, poll
 
 
 class StoredCounts:
@@ -197,36 +199,85 @@ def session_state(inner: BaseChatMessageHistory) -> SessionState:
 
 
 @contextlib.contextmanager
-def _taking(lock: CompactionLock) -> Iterator[None]:
-    """Around taking ``lock``: a lock that cannot be taken (its database down, say) is a ``StoreError``."""
+def _failing(lock: CompactionLock, what: str, outcome: str) -> Iterator[None]:
+    """Around a step of ``lock``: its failure (its database down, say) is a ``StoreError`` saying ``outcome``."""
     try:
         yield
     except CompactionError:
         raise
     except Exception as error:
-        msg = (
-            f"taking the lock {type(lock).__name__} failed ({type(error).__name__}: {error}); nothing was read or "
-            "written under it, and no message was lost: call again once the lock's service is back"
-        )
+        msg = f"{what} {type(lock).__name__} failed ({type(error).__name__}: {error}); {outcome}"
         raise StoreError(msg, operation="lock") from error
+
+
+def _taking(lock: CompactionLock) -> contextlib.AbstractContextManager[None]:
+    """Around taking ``lock``: a lock that cannot be taken is a ``StoreError``."""
+    outcome = (
+        "nothing was read or written under it, and no message was lost: call again once the lock's service is back"
+    )
+    return _failing(lock, "taking the lock", outcome)
+
+
+_HELD: contextvars.ContextVar[tuple[tuple[CompactionLock, Any], ...]] = contextvars.ContextVar(
+    "langchain_compaction_held", default=()
+)
+"""The locks the running flow is driven under, each with what its ``hold()`` yielded (``still_held`` asks them).
+A context variable: the flow is made before its locks are taken, and a task or thread that drives it gets its own."""
+
+
+def _check_held() -> None:
+    for lock, held in _HELD.get():
+        if isinstance(held, Held):
+            with _failing(lock, "checking the lock", _LOST):
+                held.check()
+
+
+async def _acheck_held() -> None:
+    for lock, held in _HELD.get():
+        if isinstance(held, AsyncHeld):
+            with _failing(lock, "checking the lock", _LOST):
+                await held.acheck()
+
+
+_LOST = (
+    "it was lost while held (the server frees it with its connection), so another writer may be in; this writer "
+    "stopped before its next write. No message was lost: what was written stands, and a rewrite it left unfinished "
+    "is finished by the next call: call again"
+)
+
+
+def still_held() -> Call[None]:
+    """A step, right before a write: a ``StoreError`` if a lock the flow runs under was lost while held."""
+    return twin(_check_held, _acheck_held)
 
 
 def hold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
     """Drive ``flow`` holding each of ``locks``' write lock, in order."""
     with contextlib.ExitStack() as stack:
+        held = []
         for lock in locks:
             with _taking(lock):
-                stack.enter_context(lock.hold())
-        return drive(flow)
+                held.append((lock, stack.enter_context(lock.hold())))
+        token = _HELD.set(tuple(held))
+        try:
+            return drive(flow)
+        finally:
+            _HELD.reset(token)
 
 
 async def ahold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:
     """The async twin of ``hold``; a cancelled caller keeps the locks until the flow has ended."""
     async with contextlib.AsyncExitStack() as stack:
+        held = []
         for lock in locks:
             with _taking(lock):
-                await stack.enter_async_context(lock.ahold())
-        task = asyncio.ensure_future(adrive(flow))
+                held.append((lock, await stack.enter_async_context(lock.ahold())))
+        # The flow's task takes a copy of this context, with the locks it runs under.
+        token = _HELD.set(tuple(held))
+        try:
+            task = asyncio.ensure_future(adrive(flow))
+        finally:
+            _HELD.reset(token)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:

@@ -24,7 +24,7 @@ from langchain_compaction.errors import CompactionError, ConfigurationError, Sto
 from langchain_compaction.history import stores
 from langchain_compaction.history.journal import Rewrite
 from langchain_compaction.history.locks import CompactionLock
-from langchain_compaction.history.session import SessionState, ahold, hold
+from langchain_compaction.history.session import SessionState, ahold, hold, still_held
 
 logger = logging.getLogger("langchain_compaction")
 
@@ -77,6 +77,18 @@ class Store:
             )
             raise StoreError(msg, operation=operation) from exc
 
+    def _write(self, call: Call[Any], operation: str, store: BaseChatMessageHistory | None = None) -> Flow[Any]:
+        """Make one store write under the lock, if the lock is still held (``session.still_held``).
+
+        A cross-process lock can be lost while held (its connection ends);
+        another writer may then be in, between its read and its rewrite, and
+        a write made now could be overwritten or overwrite its. Stopping here
+        loses nothing: the writes made so far stand, and the journal (or the
+        pending rewrite) lets the next call finish a rewrite left half done.
+        """
+        yield still_held()
+        return (yield from self._io(call, operation, store))
+
     @property
     def _may_be_torn(self) -> bool:
         # A journaled rewrite may be half done; so may one that an earlier
@@ -118,7 +130,7 @@ class Store:
         if self.journal is None:
             return
         try:
-            yield from self._io(stores.clear(self.journal), "journal:clear", self.journal)
+            yield from self._write(stores.clear(self.journal), "journal:clear", self.journal)
         except StoreError as exc:
             # Harmless: the journal now describes a finished rewrite, and the
             # next read finds the store already holds its target.
@@ -127,16 +139,16 @@ class Store:
     def _rewrite(self, current: Sequence[BaseMessage], target: Sequence[BaseMessage]) -> Flow[None]:
         self._state.counted.forget()
         if self._strategy != "journal":
-            yield from self._io(stores.replace_all(self._strategy, self.inner, target), "rewrite")
+            yield from self._write(stores.replace_all(self._strategy, self.inner, target), "rewrite")
             return
         pending = Rewrite.of(current, target)
         if self.journal is not None:
-            yield from self._io(stores.clear(self.journal), "journal:clear", self.journal)
+            yield from self._write(stores.clear(self.journal), "journal:clear", self.journal)
             entries = [pending.marker(), *target]
-            yield from self._io(stores.append(self.journal, entries), "journal:add_messages", self.journal)
+            yield from self._write(stores.append(self.journal, entries), "journal:add_messages", self.journal)
         self._state.pending = pending  # from here on the next call can finish it
-        yield from self._io(stores.clear(self.inner), "clear")
-        yield from self._io(stores.append(self.inner, target), "add_messages")
+        yield from self._write(stores.clear(self.inner), "clear")
+        yield from self._write(stores.append(self.inner, target), "add_messages")
         yield from self._drop_pending()
 
     def _repaired(self) -> Flow[list[BaseMessage]]:

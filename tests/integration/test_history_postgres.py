@@ -13,7 +13,7 @@ import textwrap
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -255,6 +255,65 @@ async def test_a_lock_whose_connection_drops_after_the_write_is_released_without
     assert len(gone) == 2
     with lock.hold():  # free again, on the server
         pass
+
+
+class LosingLockOnRead(BaseChatMessageHistory):
+    """An archive whose next read comes just after the wrapper's advisory lock was lost and another writer got in."""
+
+    def __init__(self, url: str, lock: PostgresAdvisoryLock, intruder: Callable[[], None]) -> None:
+        self.url, self.lock, self.intruder, self.armed = url, lock, intruder, False
+        self.kept: list[BaseMessage] = []
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        if self.armed:
+            self.armed = False
+            drop_lock_connection(self.url, self.lock)
+            self.intruder()
+        return list(self.kept)
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        self.kept.extend(messages)
+
+    def clear(self) -> None:
+        self.kept = []
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+async def test_a_writer_whose_lock_was_lost_stops_before_its_rewrite_and_loses_nothing(
+    url: str, conn: psycopg.Connection[Any], asynchronous: bool
+) -> None:
+    # The server frees an advisory lock with its connection; the holder went on and rewrote the store from
+    # what it had read, over a message another writer had added meanwhile (acknowledged, then gone).
+    session = str(uuid.uuid4())
+    lock = PostgresAdvisoryLock(url, session)
+
+    def intruder() -> None:  # another process: it takes the freed lock and adds a message
+        with PostgresAdvisoryLock(url, session).hold(), psycopg.connect(url) as other:
+            history(other, session).add_messages([HumanMessage(f"intruder{PAD}")])
+
+    archive = LosingLockOnRead(url, lock, intruder)
+    said = [f"m{i}{PAD}" for i in range(30)]
+    async with await psycopg.AsyncConnection.connect(url) as aconn:
+        store = (
+            PostgresChatMessageHistory(TABLE, session, async_connection=aconn)
+            if asynchronous
+            else history(conn, session)
+        )
+        wrapper = CompactingChatMessageHistory(store, summarize, OPTIONS, archive=archive, lock=lock)
+        for text in said:
+            if asynchronous:
+                await wrapper.aadd_messages([HumanMessage(text)])
+            else:
+                wrapper.add_messages([HumanMessage(text)])
+        archive.armed = True
+        with pytest.raises(StoreError, match="lost while held") as info:
+            await wrapper.acompact() if asynchronous else wrapper.compact()
+        assert info.value.operation == "lock"
+        assert contents(history(conn, session).messages) == [*said, f"intruder{PAD}"]  # untouched
+        assert archive.kept == []  # stopped before its first write
+        assert (await wrapper.acompact() if asynchronous else wrapper.compact()) is not None  # the next call goes on
+    assert_nothing_lost([*said, f"intruder{PAD}"], history(conn, session).messages, archive.kept)
 
 
 def test_model_failure_and_store_failure_leave_rows(conn: psycopg.Connection[Any]) -> None:
