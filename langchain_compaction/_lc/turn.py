@@ -60,7 +60,7 @@ from langchain_compaction.core.cut import kept_start_fits
 from langchain_compaction.core.effects import Call, Flow, twin
 from langchain_compaction.core.engine import Summarizer, summarize
 from langchain_compaction.core.options import Budget, CompactionOptions
-from langchain_compaction.core.record import KEPT_FROM_KEY, LINEAGE_KEY, stamp
+from langchain_compaction.core.record import KEPT_BEFORE_KEY, KEPT_FROM_KEY, LINEAGE_KEY, stamp
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message, Preamble
 from langchain_compaction.features import CacheAligned, PrepareAhead
@@ -466,12 +466,13 @@ class Turn(Compactor):
         summary = combined[summary_at]
         # (A try on the spot whose summary failed archived what this takes out first: its id is kept.)
         key = place.conversation.key
-        # It keeps what came after its base too: the first of that is the first it kept (not a pinned
-        # message written back from before its cut, one it took out messages after).
+        # It keeps what came after its base too: the first of that is the first it kept. What it wrote
+        # back from before its cut (a pin, one it took out messages after) keeps its own position.
         last = max(removed, default=-1)
-        after = (where[id(m)] for m in combined[summary_at + 1 :] if id(m) in where)
-        first_id = next((messages[i].id for i in after if not (core[i].pinned and i < last)), None)
-        mark = {**summary.additional_kwargs[SUMMARY_MARK], KEPT_FROM_KEY: first_id}
+        after = [where[id(m)] for m in combined[summary_at + 1 :] if id(m) in where]
+        first_id = next((messages[i].id for i in after if i > last), None)
+        back = [messages[i].id for i in after if i < last and messages[i].id]
+        mark = {**summary.additional_kwargs[SUMMARY_MARK], KEPT_FROM_KEY: first_id, KEPT_BEFORE_KEY: back}
         record = stamp(core, kept, removed, mark, place.conversation.namespace, retry=self.tried.get(key))
         parts = yield from self._commit(
             messages, core, removed=removed, record=record, place=place, size=sum(counts), cleared_out=cleared

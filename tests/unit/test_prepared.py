@@ -991,3 +991,70 @@ def test_a_prepared_summary_applied_with_a_pin_records_the_first_message_it_kept
     after = [m.id for m in stored[stored.index(summary) + 1 :] if not is_compaction_message(m)]
     assert after[0] == "pin"
     assert summary.additional_kwargs[SUMMARY_MARK]["kept_from"] == after[1]
+
+
+def test_a_prepared_summary_applied_over_a_pinned_todo_list_keeps_the_archive_in_conversation_order() -> None:
+    """Through the node: the latest write_todos exchange (pinned by default) is written back after the summary.
+
+    The prepared summary recorded the pin as the first message it kept, so
+    the count resumed at the pin's old position: later compactions filed
+    their messages at positions earlier ones had used (18 of 40 twice), and
+    ``Archive(max_messages=...)`` deleted newer messages before older ones.
+    """
+    from langchain_core.tools import tool
+    from langgraph.graph import END
+    from langgraph.prebuilt import ToolNode
+
+    from langchain_compaction.features import default_features
+
+    @tool
+    def write_todos(todos: list[str]) -> str:
+        """Write the todo list."""
+        return f"Updated the todo list ({len(todos)} items)."
+
+    sent = [0]
+
+    def marker() -> str:
+        sent[0] += 1
+        return f"M{sent[0]:04d}"
+
+    def agent(state: dict[str, Any]) -> dict[str, Any]:
+        said = marker()
+        if sent[0] < 4:
+            call = {"name": "write_todos", "args": {"todos": ["a", "b"]}, "id": "todos", "type": "tool_call"}
+            return {"messages": [AIMessage(f"{said} todos", id=f"a-{said}", tool_calls=[call])]}
+        return {"messages": [AIMessage(f"{said} " + "the outlook is drafted in full " * 20, id=f"a-{said}")]}
+
+    options = CompactionOptions(
+        context_window=6_000, reserve_tokens=600, keep_recent_tokens=800, summary_max_tokens=1_500
+    )
+    node = CompactionNode(
+        lambda p: "## Goal\n- write the report",
+        options,
+        features=[*default_features(), PrepareAhead(at=0.7, wait=2.0), Archive()],
+    )
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([write_todos]))
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    builder.add_conditional_edges("agent", lambda v: "tools" if v["messages"][-1].tool_calls else END)
+    builder.add_edge("tools", "compact")
+    store = InMemoryStore()
+    graph = builder.compile(checkpointer=InMemorySaver(), store=store)
+    config = {"configurable": {"thread_id": "todos"}}
+    for _ in range(30):
+        said = marker()
+        graph.invoke({"messages": [HumanMessage(f"{said} " + "please go on with the report " * 25)]}, config)
+        deadline = time.monotonic() + 5
+        while any(t.name == "langchain-compaction-prepare" for t in threading.enumerate()):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    items = sorted(store.search((ARCHIVE_NAMESPACE,), limit=10_000), key=lambda i: i.value["position"])
+    assert max(i.value["compaction"] for i in items) >= 2
+    positions = [i.value["position"] for i in items]
+    assert len(positions) == len(set(positions))
+    # In position order, the messages come in the order they were sent.
+    markers = [str(i.value["message"]["data"]["content"])[:5] for i in items if i.value["role"] != "tool"]
+    assert markers == sorted(markers)
