@@ -44,8 +44,7 @@ class Lookup:
 
     Attributes:
         query: Words that must all occur in a message (case and spacing
-            ignored); where more match than ``limit``, those where each
-            occurs as a whole word come first.
+            ignored); those where each occurs as a whole word come first.
         ids: Message ids (or archive keys) to read.
         start: The first position to read.
         end: The last position to read (inclusive).
@@ -96,8 +95,9 @@ def select(items: Iterable[Archived], lookup: Lookup) -> list[Archived]:
     """
     limit = max(1, min(lookup.limit, MAX_RESULTS))
     found = sorted((item for item in items if lookup.matches(item)), key=lambda a: a.position, reverse=True)
-    if len(found) > limit and lookup.query.strip():
-        # Whole-word matches first ("T-1" before the newer "T-10" ... "T-19"), each newest first.
+    if lookup.query.strip():
+        # Whole-word matches first ("T-1" before the newer "T-10" ... "T-19"), each newest first: also
+        # when they would all be returned, since the rendering may leave the last out for size.
         found.sort(key=lambda a: not lookup.exact(a))
     return found[:limit]
 

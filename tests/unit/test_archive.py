@@ -397,6 +397,24 @@ def test_recall_ranks_whole_word_matches_before_parts_of_words() -> None:
     assert [a.position for a in select(said, Lookup(query="T-3", limit=5))] == [3, 39, 38, 37, 36]
 
 
+def test_recall_of_long_messages_shows_the_whole_word_match_though_all_matches_fit_the_limit() -> None:
+    """Eight long messages match "T-1": all within the limit of ten, not within 4,000 characters.
+
+    Whole-word matches came first only when more matched than the limit, so
+    the rendering cut the old "Ticket T-1" for the newer T-13 ... T-16.
+    """
+    from langchain_compaction.core.recall import Archived, Lookup, render, select
+    from langchain_compaction.core.types import Message, Part
+
+    said = [
+        Archived(n, f"m{n}", Message("user", (Part("text", f"Ticket T-{n}: " + "the printer jams again. " * 40),)))
+        for n in (1, *range(10, 17))
+    ]
+    shown = render(select(said, Lookup(query="T-1")), max_chars=4_000)
+    assert "Ticket T-1:" in shown
+    assert "more match(es) left out for size" in shown
+
+
 # -- the command line ------------------------------------------------------------------
 
 
