@@ -250,6 +250,19 @@ def idle_thread(graph: Any, config: Any) -> Flow[tuple[Any, bool]]:
             f"it has no checkpointer to read the thread from ({error}): compile it with one, "
             "builder.compile(checkpointer=InMemorySaver()); a subgraph's thread is compacted through its parent",
         ) from error
+    named = config.get("configurable", {}).get("checkpoint_id")
+    if named is not None:
+        # A config read from an older state (``get_state_history``) names its checkpoint: written
+        # from there, the compaction would fork the thread and leave every later turn off its history.
+        latest = yield twin(graph.get_state, graph.aget_state, _thread_only(config))
+        if _checkpoint(latest) != named:
+            raise ConfigurationError(
+                "config",
+                named,
+                "it names an older checkpoint of the thread, and compact_thread compacts the thread as it is "
+                "now: pass {'configurable': {'thread_id': ...}} without checkpoint_id (to branch from an old "
+                "checkpoint, update_state it first, then compact)",
+            )
     tasks = getattr(snapshot, "tasks", ())
     errors = [t for t in tasks if t.error is not None]
     interrupted = any(t.interrupts for t in tasks)
@@ -296,6 +309,12 @@ def onto_current(config: Any, read: Any, now: Any, update: Any, key: str) -> Any
     return {**update, key: [*update[key], *after[len(before) :]]}
 
 
+def _thread_only(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without the checkpoint it names: the thread (and its namespace) as it is now."""
+    configurable = {k: v for k, v in config.get("configurable", {}).items() if k != "checkpoint_id"}
+    return {**config, "configurable": configurable}
+
+
 def _checkpoint(snapshot: Any) -> object:
     return (getattr(snapshot, "config", None) or {}).get("configurable", {}).get("checkpoint_id")
 
@@ -339,6 +358,7 @@ def write_compaction(
 
     (``onto_current``, ``write_as_node``, then ``_put_back_raced``.)
     """
+    config = _thread_only(config)  # (the latest checkpoint: one named was checked to be it)
     now = yield twin(graph.get_state, graph.aget_state, config)
     update = onto_current(config, read, now, update, key)
     written = yield from write_as_node(graph, config, update, node, resume=resume)

@@ -1455,3 +1455,19 @@ def test_a_message_replaced_in_place_by_a_node_is_counted_anew_on_the_checkpoint
     graph.invoke({"messages": first}, config)
     state = graph.invoke({"messages": [HumanMessage("next", id="next")]}, config)
     assert state.get("compaction") is not None
+
+
+def test_compact_thread_refuses_a_config_naming_an_older_checkpoint() -> None:
+    """A config read from the thread's history names its checkpoint: written from there, later turns went."""
+    graph, _, _ = _idle_agent()
+    config = thread("old-config")
+    for said in ("look up x", "and y", "and z"):
+        graph.invoke({"messages": [HumanMessage(said)]}, config)
+    older = next(s for s in graph.get_state_history(config) if len(s.values.get("messages", [])) == 4)
+    before = graph.get_state(config).values["messages"]
+    with pytest.raises(ConfigurationError, match="names an older checkpoint"):
+        compact_thread(graph, older.config)
+    assert graph.get_state(config).values["messages"] == before
+    # The latest checkpoint's own config is the thread as it is now: compacted.
+    assert compact_thread(graph, graph.get_state(config).config) is not None
+    assert [m.id for m in graph.get_state(config).values["messages"]][-1] == before[-1].id
