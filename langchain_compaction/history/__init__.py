@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -375,7 +375,9 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
         return messages
 
     def _add_flow(self, messages: Sequence[BaseMessage]) -> Flow[None]:
-        batch = list(message_list(messages))
+        # (Any iterable, as every chat history takes: a generator too; one message, text or a dict is refused.)
+        plain = isinstance(messages, Iterable) and not isinstance(messages, (BaseMessage, str, bytes, Mapping))
+        batch = list(messages if plain else message_list(messages))
         for index, message in enumerate(batch):
             if not isinstance(message, BaseMessage):
                 raise ConfigurationError(

@@ -100,7 +100,8 @@ def session_key(inner: BaseChatMessageHistory) -> Hashable:
     path = getattr(inner, "file_path", None)
     if path is not None:
         return ("file", str(Path(path).resolve()))
-    session = getattr(inner, "session_id", None) or getattr(inner, "_session_id", None)
+    session = getattr(inner, "session_id", None)
+    session = getattr(inner, "_session_id", None) if session is None else session  # (0 and "" are ids too)
     if not isinstance(session, SESSION_ID_TYPES):
         return ("object", id(inner))
     table = getattr(inner, "_table_name", None) or getattr(getattr(inner, "sql_model_class", None), "__tablename__", "")

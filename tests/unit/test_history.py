@@ -63,6 +63,7 @@ from langchain_compaction.history import (
     stores,
 )
 from langchain_compaction.history.locks import advisory_key
+from langchain_compaction.summarizers.extractive import ExtractiveSummarizer
 
 with warnings.catch_warnings():
     # langchain-community warns on import that it is being sunset.
@@ -1571,3 +1572,28 @@ def test_chat_memory_refuses_preparations_kept_in_a_store_it_does_not_have() -> 
             CompactionOptions(context_window=4_000),
             features=[PrepareAhead(in_store=True)],
         )
+
+
+@pytest.mark.parametrize("session", [0, ""])
+def test_a_falsy_session_id_is_one_session_like_any_other(tmp_path: Path, session: object) -> None:
+    """Two stores of session 0 are one session: their wrappers share its lock (an id 0 fell back to the object)."""
+    from langchain_community.chat_message_histories import SQLChatMessageHistory
+
+    from langchain_compaction.history.stores import session_key
+
+    url = f"sqlite:///{tmp_path}/chat.db"
+    one, two = (SQLChatMessageHistory(session_id=session, connection=url) for _ in range(2))
+    assert session_key(one) == session_key(two)
+    with pytest.raises(ConfigurationError):
+        CompactingChatMessageHistory(one, ExtractiveSummarizer(), CompactionOptions(context_window=4_000), archive=two)
+
+
+def test_add_messages_takes_any_iterable_of_messages_as_every_chat_history_does() -> None:
+    history = CompactingChatMessageHistory(
+        InMemoryChatMessageHistory(), ExtractiveSummarizer(), CompactionOptions(context_window=4_000)
+    )
+    history.add_messages(m for m in [HumanMessage("hi", id="h"), AIMessage("hello", id="a")])
+    history.add_messages({"x": HumanMessage("and then", id="h2")}.values())
+    assert [m.id for m in history.messages] == ["h", "a", "h2"]
+    with pytest.raises(InvalidMessagesError, match=r"pass \[message\]"):
+        history.add_messages(HumanMessage("one"))  # type: ignore[arg-type]
