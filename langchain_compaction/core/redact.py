@@ -11,10 +11,10 @@ the application knows what counts as secret.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from langchain_compaction.core.types import Message, Part, ToolCall
+from langchain_compaction.core.types import Fact, Message, Part, ToolCall
 from langchain_compaction.errors import SummarizationError
 
 Redactor = Callable[[str], str]
@@ -58,7 +58,12 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}"), "[REDACTED GITLAB TOKEN]"),
     # Webhook URLs whose path is the secret (Slack, Discord).
     (re.compile(r"(hooks\.slack\.com/services/|discord(?:app)?\.com/api/webhooks/)[A-Za-z0-9/_\-]+"), r"\1[REDACTED]"),
-    (re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b"), "[REDACTED GOOGLE KEY]"),
+    # (Its last character may be a "-", after which no word boundary follows.)
+    (re.compile(r"\bAIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])"), "[REDACTED GOOGLE KEY]"),
+    # SendGrid (SG.<id>.<secret>), Twilio API keys (SK and 32 hex), PyPI upload tokens.
+    (re.compile(r"\bSG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}"), "[REDACTED API KEY]"),
+    (re.compile(r"\bSK[0-9a-fA-F]{32}\b"), "[REDACTED API KEY]"),
+    (re.compile(r"\bpypi-[A-Za-z0-9_\-]{40,}"), "[REDACTED API KEY]"),
     (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"), "[REDACTED JWT]"),
     # Authorization headers and bearer tokens.
     (re.compile(r"(?i)\b(bearer|basic|(?<=authorization: )token)\s+[A-Za-z0-9._~+/=\-]{12,}"), r"\1 [REDACTED TOKEN]"),
@@ -72,6 +77,12 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
             r"(?:[^\s@/]{1,256}|(?:(?!://)[^\s@]){1,256}(?=@[A-Za-z0-9-]+(?:(?:\.[A-Za-z0-9-]+)+|:\d)))@"
         ),
         r"\1[REDACTED]@",
+    ),
+    # A token as a URL's user (git's https://<token>@github.com, https://<token>:x-oauth-basic@...): a user
+    # name is not 32 characters of letters and digits.
+    (
+        re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]{0,20}://)(?!\[REDACTED)[A-Za-z0-9_\-]{32,}(?=(?::[^\s@/]{0,256})?@)"),
+        r"\1[REDACTED]",
     ),
     # Passwords on command lines: mysql -pSECRET, curl -u user:SECRET (in the
     # same command: a pipe, ";" or "&&" ends it).
@@ -93,8 +104,17 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         r"\1[REDACTED]",
     ),
     # A password said in prose: "the admin password is Hunter2Secret!" (rather one masked too many).
+    # ("The password for the staging db is now: X" too), and a .netrc's "password X" (a line of its own,
+    # or after its machine and login).
     (
-        re.compile(r"(?i)(\b(?:password|passphrase|passcode|passwd)\s+(?:is|was)\s+['\"]?)(?!\[REDACTED)[^\s'\"]{4,}"),
+        re.compile(
+            r"(?i)(\b(?:password|passphrase|passcode|passwd)(?:\s+for\s+[^\n.:;]{1,60}?)?\s+(?:is|was)(?:\s+now)?"
+            r"\s*:?\s+['\"]?)(?!\[REDACTED)[^\s'\"]{4,}"
+        ),
+        r"\1[REDACTED]",
+    ),
+    (
+        re.compile(r"(?m)(^\s*password\s+|\bmachine\s+\S+\s+login\s+\S+\s+password\s+)(?!\[REDACTED)\S+(?=\s*$)"),
         r"\1[REDACTED]",
     ),
     # Credentials in a URL's query string (?token=..., &sig=..., &X-Amz-Signature=...).
@@ -114,6 +134,12 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # any other value to the next space. An empty value is left alone.
     (
         re.compile(rf"(?i)({_PASSWORD_NAME}\\?[\"']?\s*[:=]\s*(\\?[\"']))(?!\[REDACTED)(?:(?!\2)[^\n]){{1,256}}(?=\2)"),
+        r"\1[REDACTED]",
+    ),
+    # A password's value unquoted runs to the next space, commas, quotes and backslashes in it
+    # (DB_PASSWORD=Xk9,mQ2zR7 is one password).
+    (
+        re.compile(rf"(?i)({_PASSWORD_NAME}\s*[:=]\s*)(?!\[REDACTED|\\?[\"'])\S{{4,256}}"),
         r"\1[REDACTED]",
     ),
     (
@@ -176,6 +202,30 @@ def redact_message(message: Message, redactor: Redactor) -> Message:
     parts = tuple(Part(p.kind, apply_redactor(redactor, p.text), p.tokens) if p.text else p for p in message.parts)
     calls = tuple(ToolCall(c.id, c.name, apply_redactor(redactor, c.arguments)) for c in message.tool_calls)
     return replace(message, parts=parts, tool_calls=calls)
+
+
+def redact_facts(facts: Sequence[Fact], redactor: Redactor) -> list[Fact]:
+    """``facts`` with ``redactor`` applied to their text, key and detail (carried facts are text too).
+
+    Facts an earlier summary recorded before ``redact=`` was set (or under
+    another redactor) would otherwise be written into every later summary.
+    A value read out on its own (an identifier) has no context left to be
+    recognized by: one that the redactor masked inside another fact's text
+    ("DB_PASSWORD=Qz8vLm2pRt7") goes too.
+    """
+    out = [
+        replace(
+            fact,
+            text=apply_redactor(redactor, fact.text),
+            key=apply_redactor(redactor, fact.key) if fact.key else fact.key,
+            detail=apply_redactor(redactor, fact.detail) if fact.detail else fact.detail,
+        )
+        for fact in facts
+    ]
+    changed = [(old.text, new.text) for old, new in zip(facts, out, strict=True) if old.text != new.text]
+    return [
+        fact for fact in out if not any(fact.text in before and fact.text not in after for before, after in changed)
+    ]
 
 
 def apply_redactor(redactor: Redactor, text: str) -> str:

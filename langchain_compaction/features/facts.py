@@ -15,7 +15,7 @@ from typing import Any, ClassVar, get_args
 
 from langchain_compaction.core.facts import check_summary, gather
 from langchain_compaction.core.options import CompactionOptions, check_int
-from langchain_compaction.core.redact import redact_message
+from langchain_compaction.core.redact import redact_facts, redact_message
 from langchain_compaction.core.section import facts_in_section
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact, FactKind
@@ -120,6 +120,8 @@ class CheckedFacts(Feature):
             for i in plan.previous_summaries
             for f in (recorded_facts(messages[i].mark) if messages[i].mark else facts_in_section(messages[i].text))
         ]
+        if redactor is not None:  # (recorded before redact= was set, or under another redactor)
+            carried = redact_facts(carried, redactor)
         facts = gather(carried, messages, region, draft.kept)
         # The section has a floor of its own (the summarizer was asked to leave
         # it), what the summarizer left unused, and the landing's slack.

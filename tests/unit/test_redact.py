@@ -42,6 +42,12 @@ ASSIGNED_PASSWORD = "hunter" + "2hunter2"
 ASSIGNED_KEY = "k3y_" + "0123456789abcdef"
 
 # (name, text containing the secret, the secret itself, what must replace it)
+SENDGRID = "SG." + "ngeVfQFYQlKU0ufo8x5d1A" + "." + "TwL2iGABf9DHoTf-09kqeF8tAmbihYzrnopKc-1s5cr"
+TWILIO = "SK" + "0123456789abcdef0123456789abcdef"
+PYPI = "pypi-" + "AgEIcHlwaS5vcmcCJDAwMDAwMDAwLTAwMDAtMDAwMC0wMDAwLTAwMDAwMDAwMDAwMAACJXsi"
+GOOGLE_DASH = "AIza" + "SyD3-example_Key0123456789abcdefgh-"  # (39 characters, the last a "-")
+HEX20 = "4f8a9b2c" + "1d3e4f5a6b7c"
+HEX40 = "9944b09199c62bcf" + "9418ad846dd0e4bbdfc6ee4b"
 CASES = [
     ("pem", f"here is the key:\n{PEM}\nkeep it safe", PEM_BODY, "[REDACTED PRIVATE KEY]"),
     ("sk-ant", f"export ANTHROPIC_KEY={SK_ANT}", SK_ANT, "[REDACTED API KEY]"),
@@ -120,6 +126,21 @@ CASES += [
     ("password with &", "DB_PASSWORD=Xk9&mQ2&zR7pL\nDB_USER=app", "Xk9&mQ2&zR7pL", "DB_PASSWORD=[REDACTED]\nDB_USER"),
     ("password with & and a tail", "set SMTP_PASSWORD=Tr0ub4dor&3x\n", "Tr0ub4dor&3x", "SMTP_PASSWORD=[REDACTED]\n"),
     ("a token before &&", "export API_TOKEN=abcd1234&&make build", "abcd1234", "API_TOKEN=[REDACTED]&&make build"),
+    ("sendgrid", f"use the SendGrid key {SENDGRID} for mail", SENDGRID, "[REDACTED API KEY]"),
+    ("twilio api key", f"the Twilio key {TWILIO} for SMS", TWILIO, "[REDACTED API KEY]"),
+    ("pypi token", f"twine upload -u __token__ -p {PYPI} dist/*", PYPI, "[REDACTED API KEY]"),
+    ("google key ending in -", f"the maps key {GOOGLE_DASH} in config.js", GOOGLE_DASH, "[REDACTED GOOGLE KEY]"),
+    ("password with a comma", "export DB_PASSWORD=Xk9,mQ2zR7", "Xk9,mQ2zR7", "DB_PASSWORD=[REDACTED]"),
+    ("password with a quote", "password=aB9'Qz7Lm2Pw", "aB9'Qz7Lm2Pw", "password=[REDACTED]"),
+    ("password with a backslash", "ADMIN_PASSWORD=Kq2\\vN8pRt5w", "Kq2\\vN8pRt5w", "ADMIN_PASSWORD=[REDACTED]"),
+    ("netrc", f"machine api.heroku.com\n  login me@example.com\n  password {HEX20}", HEX20, "password [REDACTED]"),
+    (
+        "token as a url's user",
+        f"origin https://{HEX40}:x-oauth-basic@github.com/a/b (push)",
+        HEX40,
+        "https://[REDACTED]",
+    ),
+    ("token as a url's user alone", f"https://{HEX40}@github.com/a/b.git", HEX40, "https://[REDACTED]@"),
 ]
 SECRETS = [secret for _, _, secret, _ in CASES]
 
@@ -454,6 +475,9 @@ def test_redaction_is_linear_on_long_lines_of_look_alikes() -> None:
         ("the admin password is Hunter2Secret!", "Hunter2Secret"),
         ("docker login -u bob -p s3cr3tPass registry.io", "s3cr3tPass"),
         ("podman login --password=abcd1234 ghcr.io", "abcd1234"),
+        ("the password is: Hunter2zzq", "Hunter2zzq"),
+        ("The password for the staging db is Wq7Lm2xPr", "Wq7Lm2xPr"),
+        ("Heads-up: the admin password is now Zt5Kp9qWe", "Zt5Kp9qWe"),
     ],
 )
 def test_a_password_said_in_prose_or_given_to_a_registry_login_is_masked(said: str, secret: str) -> None:
@@ -480,3 +504,31 @@ def test_the_bridge_that_repeats_the_request_repeats_it_redacted() -> None:
     assert "Deploy with OPENAI_API_KEY=" in str(bridge.content)  # the request is repeated ...
     assert key not in str(bridge.content)  # ... redacted
     assert key not in str(bridge.additional_kwargs)
+
+
+def test_facts_carried_from_a_summary_made_before_redact_was_set_are_redacted_too() -> None:
+    """A password a summary's checked facts held is not written into every later summary once redact= is on.
+
+    The value read out on its own (an identifier) goes with it: nothing is
+    left to recognize it by but the fact it was masked in.
+    """
+    from langchain_compaction import compact
+    from langchain_compaction._lc.convert import is_summary_message
+
+    secret = "Qz8" + "vLm2pRt7"
+    poor = "## Goal\n- Continue the task."
+    messages: list[BaseMessage] = [
+        HumanMessage(f"Deploy the api. Never commit the .env, it has DB_PASSWORD={secret} in it.", id="h1"),
+        AIMessage("ok", id="a1"),
+        HumanMessage("thanks, carry on", id="h2"),
+        AIMessage("On it.", id="a2"),
+    ]
+    _, messages = compact(lambda p: poor, messages, CompactionOptions(keep_recent_tokens=10))
+    assert secret in str(messages)  # (recorded before redaction was on)
+    messages += [HumanMessage("now check the logs", id="h3"), AIMessage("clean", id="a3")]
+    messages += [HumanMessage("next step please", id="h4"), AIMessage("ok", id="a4")]
+    _, messages = compact(lambda p: poor, messages, CompactionOptions(keep_recent_tokens=10, redact=redact_secrets))
+    summary = next(m for m in messages if is_summary_message(m))
+    assert secret not in str(summary.content)
+    assert secret not in str(summary.additional_kwargs)
+    assert "DB_PASSWORD=[REDACTED]" in str(summary.content)  # (the rule itself stays)
