@@ -225,30 +225,41 @@ _HELD: contextvars.ContextVar[tuple[tuple[CompactionLock, Any], ...]] = contextv
 A context variable: the flow is made before its locks are taken, and a task or thread that drives it gets its own."""
 
 
-def _check_held() -> None:
+def _check_held(operation: str) -> None:
     for lock, held in _HELD.get():
         if isinstance(held, Held):
-            with _failing(lock, "checking the lock", _LOST):
+            with _failing(lock, "checking the lock", _lost(operation)):
                 held.check()
 
 
-async def _acheck_held() -> None:
+async def _acheck_held(operation: str) -> None:
     for lock, held in _HELD.get():
         if isinstance(held, AsyncHeld):
-            with _failing(lock, "checking the lock", _LOST):
+            with _failing(lock, "checking the lock", _lost(operation)):
                 await held.acheck()
 
 
-_LOST = (
-    "it was lost while held (the server frees it with its connection), so another writer may be in; this writer "
-    "stopped before its next write. No message was lost: what was written stands, and a rewrite it left unfinished "
-    "is finished by the next call: call again"
-)
+def _lost(operation: str) -> str:
+    """What a lock lost before ``operation`` means for the caller: whether to call again.
+
+    Only the add's own write not made asks for the call again: after it, the
+    messages are stored, and adding them again would store them twice.
+    """
+    said = (
+        "it was lost while held (the server frees it with its connection), so another writer may be in; this writer "
+        f"stopped before its next write ({operation}). No message was lost"
+    )
+    if operation == "add_messages":
+        return f"{said}, and the messages given were not stored: add them again"
+    return (
+        f"{said}: what was written stands (an add's messages are stored: do not add them again), and a rewrite it "
+        "left unfinished is finished by the next call"
+    )
 
 
-def still_held() -> Call[None]:
-    """A step, right before a write: a ``StoreError`` if a lock the flow runs under was lost while held."""
-    return twin(_check_held, _acheck_held)
+def still_held(operation: str) -> Call[None]:
+    """A step, right before a write (``operation``): a ``StoreError`` if a lock the flow runs under was lost."""
+    return twin(_check_held, _acheck_held, operation)
 
 
 def hold(locks: Sequence[CompactionLock], flow: Flow[Any]) -> Any:

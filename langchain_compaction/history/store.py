@@ -86,7 +86,7 @@ class Store:
         loses nothing: the writes made so far stand, and the journal (or the
         pending rewrite) lets the next call finish a rewrite left half done.
         """
-        yield still_held()
+        yield still_held(operation)
         return (yield from self._io(call, operation, store))
 
     @property

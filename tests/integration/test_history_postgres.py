@@ -316,6 +316,32 @@ async def test_a_writer_whose_lock_was_lost_stops_before_its_rewrite_and_loses_n
     assert_nothing_lost([*said, f"intruder{PAD}"], history(conn, session).messages, archive.kept)
 
 
+def test_a_lock_lost_during_the_compaction_after_an_add_says_the_messages_are_stored(
+    url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """The add's messages landed before its automatic compaction lost the lock: the error says not to add them again.
+
+    It said "call again", and a caller that did stored its messages twice.
+    """
+    session = str(uuid.uuid4())
+    lock = PostgresAdvisoryLock(url, session)
+    archive = LosingLockOnRead(url, lock, lambda: None)
+    wrapper = CompactingChatMessageHistory(history(conn, session), summarize, OPTIONS, archive=archive, lock=lock)
+    raised = None
+    for i in range(60):
+        archive.armed = True  # (the connection ends during whatever compaction this add makes)
+        try:
+            wrapper.add_messages([HumanMessage(f"m{i}{PAD * 3}")])
+        except StoreError as error:
+            raised = (f"m{i}{PAD * 3}", error)
+            break
+    assert raised is not None, "no add compacted"
+    text, error = raised
+    assert "are stored: do not add them again" in str(error)
+    assert "call again" not in str(error)
+    assert contents(history(conn, session).messages).count(text) + contents(archive.kept).count(text) == 1
+
+
 def test_model_failure_and_store_failure_leave_rows(conn: psycopg.Connection[Any]) -> None:
     session = str(uuid.uuid4())
     store = history(conn, session)
