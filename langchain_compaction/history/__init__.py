@@ -89,7 +89,7 @@ from langchain_compaction.history.locks import (
     LeaseLock,
     PostgresAdvisoryLock,
 )
-from langchain_compaction.history.session import aleased, leased, session_state
+from langchain_compaction.history.session import aleased, lease_preparations, leased, session_state
 from langchain_compaction.history.store import Store, check_separate
 
 __all__ = [
@@ -232,9 +232,7 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
         super().__init__()
         _check_arguments(inner, archive, journal, on_error, lock)
         legacy = adapter_keywords("CompactingChatMessageHistory", deprecated, ("prepare_wait",))
-        if isinstance(lock, LeaseLock) and options is not None and "prepare_at" in options.legacy:
-            # Across processes the lock's lease says who prepares, as it says who summarizes.
-            legacy.setdefault("prepare", {})["lease"] = lambda _key: lock
+        features = lease_preparations(lock, features, options, legacy)  # (the lock's lease says who prepares too)
         self._turn = Turn.build(model, options, fallback, features, where="history", adapter=legacy)
         self.inner = inner
         self.archive = archive

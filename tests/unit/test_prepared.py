@@ -1058,3 +1058,36 @@ def test_a_prepared_summary_applied_over_a_pinned_todo_list_keeps_the_archive_in
     # In position order, the messages come in the order they were sent.
     markers = [str(i.value["message"]["data"]["content"])[:5] for i in items if i.value["role"] != "tool"]
     assert markers == sorted(markers)
+
+
+@pytest.mark.parametrize("given", ["features", "deprecated keyword"])
+def test_chat_memory_prepares_only_in_the_process_holding_its_locks_lease(tmp_path: Any, given: str) -> None:
+    """With lock=, the lock's lease says which process prepares: PrepareAhead in features= ignored it.
+
+    Here another process holds the lease the whole time: nothing may be prepared here.
+    """
+    lock = FileLock(str(tmp_path / "chat.lock"))
+    calls: list[str] = []
+
+    def model(prompt: str) -> str:
+        calls.append(threading.current_thread().name)
+        return "## Goal\n- chat"
+
+    options = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=300)
+    if given == "features":
+        history = CompactingChatMessageHistory(
+            InMemoryChatMessageHistory(), model, options, lock=lock, features=[PrepareAhead(at=0.7)]
+        )
+    else:
+        with pytest.warns(DeprecationWarning, match="prepare_at"):
+            options = CompactionOptions(
+                context_window=4_000, reserve_tokens=500, keep_recent_tokens=300, prepare_at=0.7
+            )
+        history = CompactingChatMessageHistory(InMemoryChatMessageHistory(), model, options, lock=lock)
+    with FileLock(lock.path).lease(wait=True):  # (another process holds the lease: it summarizes)
+        for i in range(40):
+            history.add_messages([HumanMessage(f"question {i} " * 10), AIMessage(f"answer {i} " * 10)])
+            wait_for(lambda: not any(t.name == "langchain-compaction-prepare" for t in threading.enumerate()))
+            if calls:
+                break
+    assert calls == []
