@@ -120,7 +120,9 @@ class Store:
     # -- the rewrite, journaled where the store has no atomic one ----------------------
 
     def _load_pending(self) -> Flow[Rewrite | None]:
-        if self._state.pending is not None or self.journal is None:
+        # A journal is the truth every process shares: another writer may have finished the rewrite this one
+        # left (a lost lock lets it in) and gone on, and writing this one's target again would put it back.
+        if self.journal is None:
             return self._state.pending
         entries = yield from self._io(stores.read(self.journal), "journal:read", self.journal)
         return Rewrite.from_journal(entries)

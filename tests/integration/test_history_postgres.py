@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_postgres import PostgresChatMessageHistory
 from postgres_server import PostgresServer, postgres_server
 
-from langchain_compaction._lc.convert import is_summary_message
+from langchain_compaction._lc.convert import is_compaction_message, is_summary_message
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.errors import StoreError, SummarizationError
 from langchain_compaction.history import CompactingChatMessageHistory, PostgresAdvisoryLock
@@ -340,6 +340,60 @@ def test_a_lock_lost_during_the_compaction_after_an_add_says_the_messages_are_st
     assert "are stored: do not add them again" in str(error)
     assert "call again" not in str(error)
     assert contents(history(conn, session).messages).count(text) + contents(archive.kept).count(text) == 1
+
+
+class _Rows(BaseChatMessageHistory):
+    """A durable store as one process sees it: each process has its own object over the same rows."""
+
+    def __init__(self, rows: list[BaseMessage], on_clear: Callable[[], None] | None = None) -> None:
+        self.rows, self.on_clear = rows, on_clear
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        return list(self.rows)
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        self.rows.extend(messages)
+
+    def clear(self) -> None:
+        del self.rows[:]
+        if self.on_clear is not None:
+            hook, self.on_clear = self.on_clear, None
+            hook()
+
+
+def test_a_writer_that_lost_its_lock_mid_rewrite_does_not_write_it_again_over_the_next_writers(url: str) -> None:
+    """The journal says what is pending, not the writer's memory: another process may have finished it since.
+
+    The writer kept its rewrite in memory and, on its next call, wrote its
+    old target in front of the other process's later summary: two summaries,
+    messages both in the store and the archive.
+    """
+    store: list[BaseMessage] = []
+    journal: list[BaseMessage] = []
+    archive: list[BaseMessage] = []
+    lock = PostgresAdvisoryLock(url, "session-1")
+    inner = _Rows(store)
+
+    def wrapper(rows: _Rows, said: str, held: PostgresAdvisoryLock) -> CompactingChatMessageHistory:
+        return CompactingChatMessageHistory(
+            rows, lambda p: f"## Goal\n- {said}", OPTIONS, archive=_Rows(archive), journal=_Rows(journal), lock=held
+        )
+
+    first = wrapper(inner, "summary by the first", lock)
+    for i in range(10):
+        first.add_messages([HumanMessage(f"q{i}{PAD}", id=f"q{i}"), AIMessage(f"a{i}{PAD}", id=f"a{i}")])
+    inner.on_clear = lambda: drop_lock_connection(url, lock)  # (the server ends the lock's connection then)
+    with pytest.raises(StoreError, match="lost while held"):
+        first.compact()
+    other = wrapper(_Rows(store), "summary by the other", PostgresAdvisoryLock(url, "session-1"))
+    for i in range(10, 16):
+        other.add_messages([HumanMessage(f"q{i}{PAD}", id=f"q{i}"), AIMessage(f"a{i}{PAD}", id=f"a{i}")])
+    assert other.compact() is not None
+    first.messages  # noqa: B018 - the first writer's next call
+    assert sum(is_summary_message(m) for m in store) == 1
+    held = [m.id for m in [*store, *archive] if not is_compaction_message(m)]
+    assert sorted(held) == sorted(f"{p}{i}" for i in range(16) for p in "qa")
 
 
 def test_model_failure_and_store_failure_leave_rows(conn: psycopg.Connection[Any]) -> None:
