@@ -65,11 +65,13 @@ class Rewrite:
     base_digest: str
     target: tuple[BaseMessage, ...]
     version: int = _JOURNAL_VERSION
+    session: str = ""
+    """Whose rewrite it is (``Store.journal_session``; "" when a store names no session it could be told by)."""
 
     @classmethod
-    def of(cls, base: Sequence[BaseMessage], target: Sequence[BaseMessage]) -> Rewrite:
+    def of(cls, base: Sequence[BaseMessage], target: Sequence[BaseMessage], session: str = "") -> Rewrite:
         """The rewrite of the store's ``base`` into ``target``."""
-        return cls(len(base), _digest(base), tuple(target))
+        return cls(len(base), _digest(base), tuple(target), session=session)
 
     def reconcile(self, current: Sequence[BaseMessage]) -> tuple[list[BaseMessage], bool]:
         """``(what the store must hold, whether it must be written)``."""
@@ -87,6 +89,7 @@ class Rewrite:
             "base_count": self.base_count,
             "base_fingerprint": self.base_digest,
             "count": len(self.target),
+            "session": self.session,
         }
         return SystemMessage(content="langchain-compaction rewrite journal", additional_kwargs={JOURNAL_MARK: meta})
 
@@ -100,7 +103,8 @@ class Rewrite:
             # Torn while it was written: the store was not touched yet.
             return None
         version = int(meta.get("version", 1))
-        return cls(int(meta["base_count"]), str(meta["base_fingerprint"]), tuple(messages[1:]), version)
+        session = str(meta.get("session") or "")
+        return cls(int(meta["base_count"]), str(meta["base_fingerprint"]), tuple(messages[1:]), version, session)
 
 
 @dataclass(frozen=True, slots=True)

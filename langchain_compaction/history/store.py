@@ -19,6 +19,7 @@ from typing import Any
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage
 
+from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Call, Flow, twin
 from langchain_compaction.errors import CompactionError, ConfigurationError, StoreError
 from langchain_compaction.history import stores
@@ -51,6 +52,35 @@ def check_separate(
                 why = "every rewrite clears the journal" if field == "journal" else "every rewrite replaces the store"
                 raise ConfigurationError(field, history, f"pass a separate history, not {name} itself ({why})")
         earlier[f"the {field}"] = history
+    if journal is not None:
+        _one_session_a_journal(inner, journal)
+
+
+_JOURNALS: Bounded[str] = Bounded(1024)
+"""The session each journal met in this process was given for (by ``stores.session_key``)."""
+
+
+def journal_session(inner: BaseChatMessageHistory) -> str:
+    """The session ``inner`` holds, as a journal records it ("" for a store known only as an object)."""
+    key = stores.session_key(inner)
+    return "" if isinstance(key, tuple) and key[:1] == ("object",) else repr(key)
+
+
+def _one_session_a_journal(inner: BaseChatMessageHistory, journal: BaseChatMessageHistory) -> None:
+    """Refuse a journal another session of this process was given: each would finish the other's rewrite."""
+    session, mine = journal_session(inner), journal_session(journal)
+    if not session or not mine:
+        return
+    known = _JOURNALS.get(mine)
+    if known is not None and known != session:
+        raise ConfigurationError("journal", journal, _SHARED_JOURNAL)
+    _JOURNALS.put(mine, session)
+
+
+_SHARED_JOURNAL = (
+    "it is the journal of another session: a rewrite interrupted in one would be finished in the other's history; "
+    "give each session a journal of its own (e.g. a file or a session id named after the session)"
+)
 
 
 class Store:
@@ -125,7 +155,11 @@ class Store:
         if self.journal is None:
             return self._state.pending
         entries = yield from self._io(stores.read(self.journal), "journal:read", self.journal)
-        return Rewrite.from_journal(entries)
+        pending = Rewrite.from_journal(entries)
+        if pending is not None and pending.session and pending.session != journal_session(self.inner):
+            # (Another process's session shares it: left as it is, for that session to finish.)
+            raise ConfigurationError("journal", self.journal, _SHARED_JOURNAL)
+        return pending
 
     def _drop_pending(self) -> Flow[None]:
         self._state.pending = None
@@ -143,7 +177,7 @@ class Store:
         if self._strategy != "journal":
             yield from self._write(stores.replace_all(self._strategy, self.inner, target), "rewrite")
             return
-        pending = Rewrite.of(current, target)
+        pending = Rewrite.of(current, target, journal_session(self.inner))
         if self.journal is not None:
             yield from self._write(stores.clear(self.journal), "journal:clear", self.journal)
             entries = [pending.marker(), *target]

@@ -13,6 +13,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from langchain_core.messages import BaseMessage
 
 with warnings.catch_warnings():
@@ -327,3 +328,96 @@ def test_a_process_killed_between_its_first_archive_write_and_the_rewrite_archiv
     held = {str(m.content).split(" ")[0] for m in [*stored, *archived] if MARK not in m.additional_kwargs}
     last = max(i for i in range(40) if f"m{i}" in held)
     _exactly_once(stored, archived, [f"m{i}" for i in [*range(last + 1), *range(40, 80)]])
+
+
+SHARED_JOURNAL = textwrap.dedent(
+    """
+    import json, os, sys
+    from langchain_core.chat_history import BaseChatMessageHistory
+    from langchain_core.messages import AIMessage, HumanMessage, messages_from_dict, messages_to_dict
+    from langchain_community.chat_message_histories import FileChatMessageHistory
+    from langchain_compaction import CompactingChatMessageHistory, CompactionOptions
+    from langchain_compaction.errors import ConfigurationError
+
+    folder, step = sys.argv[1], sys.argv[2]
+
+
+    class Rows(BaseChatMessageHistory):
+        '''One JSON line a message, no atomic rewrite (the journaled path); dies in a rewrite when armed.'''
+
+        armed = False
+
+        def __init__(self, session_id):
+            self.session_id = session_id
+            self.path = os.path.join(folder, f"{session_id}.jsonl")
+
+        @property
+        def messages(self):
+            if not os.path.exists(self.path):
+                return []
+            with open(self.path) as lines:
+                return messages_from_dict([json.loads(line) for line in lines if line.strip()])
+
+        def add_messages(self, messages):
+            for message in messages:
+                if Rows.armed and message.type == "human":
+                    os._exit(17)
+                with open(self.path, "a") as out:
+                    out.write(json.dumps(messages_to_dict([message])[0]) + "\\n")
+
+        def clear(self):
+            open(self.path, "w").close()
+
+
+    def memory(session):
+        journal = FileChatMessageHistory(os.path.join(folder, "journal.json"))
+        return CompactingChatMessageHistory(
+            Rows(session), lambda p: "## Goal\\n- summary", CompactionOptions(keep_recent_tokens=300), journal=journal
+        )
+
+
+    if step == "crash":
+        for i in range(12):
+            memory("alice").add_messages([HumanMessage(f"alice question {i} " * 8), AIMessage(f"alice {i} " * 8)])
+        Rows.armed = True
+        memory("alice").compact()
+    elif step == "bob":
+        try:
+            memory("bob").messages
+        except ConfigurationError as error:
+            print(json.dumps(str(error)))
+    else:
+        print(json.dumps([str(m.content) for m in memory("alice").messages]))
+    """
+)
+
+
+def test_a_journal_shared_by_sessions_is_refused_and_never_finishes_one_sessions_rewrite_in_another(
+    tmp_path: Path,
+) -> None:
+    """One journal= handed to every session's wrapper: after a crash mid-rewrite, bob's history got alice's."""
+    from langchain_community.chat_message_histories import FileChatMessageHistory
+
+    from langchain_compaction import CompactingChatMessageHistory, ExtractiveSummarizer
+    from langchain_compaction.errors import ConfigurationError
+
+    def run(step: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        command = [sys.executable, "-c", SHARED_JOURNAL, str(tmp_path), step]
+        return subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=120)
+
+    assert run("crash").returncode == 17  # (died in alice's rewrite, after its journal)
+    bob = run("bob")
+    assert "journal of another session" in json.loads(bob.stdout.strip().splitlines()[-1])
+    assert not (tmp_path / "bob.jsonl").exists() or "alice" not in (tmp_path / "bob.jsonl").read_text()
+    alice = json.loads(run("alice").stdout.strip().splitlines()[-1])
+    assert alice[0].startswith("[Conversation summary")  # (alice's rewrite finished in alice's history)
+    # In one process, the second session given the same journal is refused at once.
+    journal = str(tmp_path / "one.json")
+    for session in ("carol", "dave"):
+        inner = FileChatMessageHistory(str(tmp_path / f"{session}.json"))
+        if session == "dave":
+            with pytest.raises(ConfigurationError, match="journal of another session"):
+                CompactingChatMessageHistory(inner, ExtractiveSummarizer(), journal=FileChatMessageHistory(journal))
+        else:
+            CompactingChatMessageHistory(inner, ExtractiveSummarizer(), journal=FileChatMessageHistory(journal))
