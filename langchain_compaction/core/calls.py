@@ -32,7 +32,11 @@ _READS = re.compile(r"read|view|open|show|cat\b|load", re.I)
 SHELL = re.compile(r"bash|shell|terminal|exec|run|command|console|python|cmd", re.I)
 
 # How a command is run, before the program: environment assignments and runners.
-_RUNNERS = frozenset({"sudo", "env", "time", "nice", "uv", "run", "poetry", "pipenv", "npx", "pnpm", "yarn", "bunx"})
+# (A package manager runs its scripts with or without "run": "npm test" is "npm run test", and runs
+# the script that pnpm's and yarn's do.)
+_RUNNERS = frozenset(
+    {"sudo", "env", "time", "nice", "uv", "run", "poetry", "pipenv", "npx", "npm", "pnpm", "yarn", "bunx"}
+)
 _INTERPRETERS = re.compile(r"^python[0-9.]*$|^node$|^ruby$|^bash$|^sh$")
 # aider's report of an edit it applied, on a line of its own: its edits are
 # written in the assistant's text, not in a call's arguments, so this line is
@@ -68,6 +72,7 @@ def command_target(command: str) -> tuple[str, str]:
     The target is the first argument that names a path (``a/b``, ``x.py``,
     ``tests/t.py::test_x`` without the ``::`` part), else the first plain
     argument; ``python -m pytest`` is ``pytest``; redirections are no arguments.
+    The target is written one way (``run_on``): ``./tests/`` is ``tests``, ``.`` no target.
 
     Example:
         >>> command_target("cd repo && python -m pytest -q tests/test_a.py::test_x -k boom")
@@ -80,6 +85,8 @@ def command_target(command: str) -> tuple[str, str]:
         (('make', 'test'), ('solve.py', ''))
         >>> command_target("python -m pytest -q 2>&1 | tail -20"), command_target('docker run -e "K=1" img pytest t.py')
         (('pytest', ''), ('docker', 't.py'))
+        >>> command_target("pytest ./tests/test_a.py"), command_target("pytest ."), command_target("npm run test")
+        (('pytest', 'tests/test_a.py'), ('pytest', ''), ('test', ''))
     """
     # (Separators inside quotes separate nothing: ``grep -E "FAIL|Error"``.)
     bare = _QUOTED.sub(lambda quoted: "x" * len(quoted.group()), command)
@@ -101,8 +108,22 @@ def command_target(command: str) -> tuple[str, str]:
     program = words[0].rsplit("/", 1)[-1]
     plain = [w for w in words[1:] if not w.startswith("-")]
     pathlike = [w for w in plain if "/" in w or "." in w]
-    target = (pathlike or plain or [""])[0].split("::", 1)[0]
-    return program, target
+    return program, run_on((pathlike or plain or [""])[0].split("::", 1)[0])
+
+
+def run_on(target: str) -> str:
+    """A command's target as runs on it are compared: relative to the project, without a closing slash.
+
+    A run of the whole project (``pytest .``) has no target, as ``pytest``
+    alone has none: it holds every target (``holds``).
+
+    Example:
+        >>> run_on("./tests/"), run_on("."), run_on("../lib"), run_on("/")
+        ('tests', '', '../lib', '/')
+    """
+    while target.startswith("./"):
+        target = target[2:]
+    return "" if target in (".", "") else target.rstrip("/") or target
 
 
 def _arguments(segment: list[str]) -> list[str]:

@@ -62,11 +62,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from langchain_compaction.core.calls import (
+    SHELL,
     CallReading,
     Unresolved,
     command_target,
     ran_as,
     read_call,
+    run_on,
     written_files,
 )
 from langchain_compaction.core.effects import breathe
@@ -151,11 +153,21 @@ def _cleaned(fact: Fact) -> Fact | None:
         detail = one_line(detail)
     if text is not fact.text or detail is not fact.detail:  # (a clean line comes back as itself)
         fact = Fact(fact.kind, text, fact.key, detail)
-    if fact.kind == "error" and "\x00" not in fact.key:
-        # Recorded by 0.2 (keyed by the whole command): keyed as errors are now.
-        program, target = command_target(fact.key or fact.detail)
-        fact = Fact("error", text, f"{program}\x00{target}", f"{program}\x00{fact.detail}")
+    if fact.kind == "error":
+        fact = _keyed_as_now(fact)
     return fact
+
+
+def _keyed_as_now(error: Fact) -> Fact:
+    """A carried error keyed as errors are now (0.2 keyed it by the whole command, 0.3 by its target as written)."""
+    if "\x00" not in error.key:
+        program, target = command_target(error.key or error.detail)
+        return Fact("error", error.text, f"{program}\x00{target}", f"{program}\x00{error.detail}")
+    program, _, target = error.key.partition("\x00")
+    # (Only a command's target is read so: another tool's is its key argument, as written.)
+    if SHELL.search(error.detail.partition("\x00")[0]) and run_on(target) != target:
+        return Fact("error", error.text, f"{program}\x00{run_on(target)}", error.detail)
+    return error
 
 
 @dataclass

@@ -250,6 +250,45 @@ def test_an_error_stays_until_the_same_target_runs_clean() -> None:
     assert any("AssertionError: boom" in e for e in facts_in_mark(out, "error"))
 
 
+@pytest.mark.parametrize(
+    ("failed", "clean"),
+    [
+        ("pytest tests/test_a.py", "pytest ./tests/test_a.py"),
+        ("pytest ./tests/test_a.py", "pytest tests/test_a.py"),
+        ("pytest tests/test_a.py", "pytest ./tests/"),
+        ("pytest tests/test_a.py", "pytest ."),
+        ("npm test", "npm run test"),
+        ("npm run test", "npm test"),
+        ("yarn run test", "yarn test"),
+    ],
+)
+def test_an_error_is_resolved_by_a_clean_run_that_spells_the_same_target_another_way(failed: str, clean: str) -> None:
+    messages = [
+        HumanMessage("Fix the failing test please.", id="h1"),
+        call("bash", {"command": failed}, "c1"),
+        result("FAILED tests/test_a.py::test_x - AssertionError: boom\nnpm ERR! Test failed.", "c1", "bash"),
+        call("bash", {"command": clean}, "c2"),
+        result("3 passed in 0.1s", "c2", "bash"),
+        *closing(),
+    ]
+    _, out = compact(poor, messages, TIGHT)
+    assert facts_in_mark(out, "error") == []
+
+
+def test_an_error_carried_with_its_target_as_written_is_resolved_as_one_found_now() -> None:
+    """An error a summary recorded before targets were read one way ("./tests/a.py") is resolved as one found now."""
+    from langchain_compaction._lc.convert import to_core_list
+    from langchain_compaction.core.facts import gather
+    from langchain_compaction.core.types import Fact
+
+    carried = [
+        Fact("error", "FAILED ./tests/a.py::t", key="pytest\x00./tests/a.py", detail="bash\x00pytest ./tests/a.py"),
+        Fact("error", "Error: denied", key="read\x00./notes.md", detail="read\x00./notes.md"),
+    ]
+    clean = to_core_list([call("bash", {"command": "pytest tests"}, "c1"), result("3 passed", "c1", "bash")])
+    assert [f.text for f in gather(carried, clean, range(2), ()) if f.kind == "error"] == ["Error: denied"]
+
+
 def test_a_failed_call_is_resolved_by_the_same_call_succeeding() -> None:
     messages = [
         HumanMessage("Show me what config/settings.toml holds, please.", id="h1"),
