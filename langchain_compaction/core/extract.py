@@ -17,6 +17,8 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from langchain_compaction.core.subjects import named, subject_words
+
 if TYPE_CHECKING:
     from langchain_compaction.core.types import Fact
 
@@ -107,7 +109,9 @@ _REVOKE = re.compile(
     # (Subjects start and end with a non-space: a run of spaces around one is
     # read one way, not split every way between the subject and the spaces.)
     r"|(?:^|[.;!?,]\s*)(?P<c>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
-    r"(?:\s+(?:now|again|after all|with me))?\b"
+    r"(?:\s+(?:now|again|after all|with me|by me))?"
+    # (Where it is fine is part of the subject: "tabs are fine in Python files" is not about Makefiles.)
+    r"(?:\s+(?P<p>(?:in|inside|within|under|on)\s+(?!(?:general|principle|me|us)\b)[^.;!?,\n]{1,60}))?\b"
     # ("You can forget the X rule" is the forgetting above, not a permission to forget.)
     # ("You may never ...", "You can only ..." lay a rule down.)
     r"|\byou (?:may|can) (?:now |again |go ahead and )?"
@@ -125,16 +129,6 @@ _PRAISE = re.compile(
 _REVOKE_WORDS = (
     *("forget", "ignore", "disregard", "scratch", "drop", "mind", " fine", " ok", "allowed", "acceptable"),
     *("you may", "you can", "free to", "no longer", "anymore", "any more"),
-)
-_STOP_WORDS = frozenset(
-    {
-        *("a", "an", "the", "and", "or", "of", "to", "in", "on", "at", "for", "with", "about", "what", "i"),
-        *("you", "my", "me", "it", "is", "are", "be", "was", "were", "this", "that", "these", "those", "now"),
-        *("again", "after", "all", "fine", "ok", "okay", "allowed", "said", "told", "use", "using", "just"),
-        *("please", "any", "some"),
-        # Adverbs that qualify a permission without naming what it is about.
-        *("directly", "simply", "also", "still", "really", "even", "here", "there", "anymore", "more", "go", "ahead"),
-    }
 )
 
 
@@ -300,7 +294,8 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
             continue  # "Great, the tests are fine now" reports on the work; "tabs are fine now" permits them
         # The subject ends where a new rule starts ("tabs are fine, but never in Makefiles",
         # "forget what I said about the window seat, give me an aisle").
-        subject = _CONTRAST.split(next(group for group in match.groups() if group), 1)[0].split(",", 1)[0]
+        # (Only "is fine" has two parts: what is fine and where, "p".)
+        subject = _CONTRAST.split(" ".join(group for group in match.groups() if group), 1)[0].split(",", 1)[0]
         words = subject_words(subject)
         if words:
             found.append(words)
@@ -326,47 +321,13 @@ def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
         False
     """
     words = subject_words(_ruling(rule))
-    return any(subject and all(_named(word, words) for word in subject) for subject in subjects)
+    return any(subject and all(named(word, words) for word in subject) for subject in subjects)
 
 
 def _ruling(rule: str) -> str:
     """The part of ``rule`` that lays it down: a permission it opens with ("It's okay to refactor, just ...") is not."""
     clauses = _CLAUSE.split(rule)
     return " ".join(clauses[1:]) if len(clauses) > 1 and _REVOKE.search(clauses[0]) else rule
-
-
-# What turns a word into another form of itself ("run" -> "running", "test" -> "tested").
-_INFLECTIONS = frozenset({"s", "es", "d", "ed", "ing", "er", "ers", "ning", "ting", "ping", "ming"})
-
-
-def _named(word: str, words: frozenset[str]) -> bool:
-    if word in words:
-        return True
-    # The same word in another form ("tab" and "table" are two words), or the
-    # same file named with and without its folder or extension.
-    return any(_inflected(word, w) or _inflected(w, word) or _same_file(word, w) for w in words)
-
-
-def _inflected(stem: str, word: str) -> bool:
-    if len(stem) < 3 or not word.startswith(stem[:-1]):
-        return False
-    # "write" -> "writing": a final e goes before the ending.
-    return (
-        word[len(stem) :] in _INFLECTIONS
-        if word.startswith(stem)
-        else stem[-1] == "e" and word[len(stem) - 1 :] in {"ing", "ed", "er", "ers"}
-    )
-
-
-def _same_file(a: str, b: str) -> bool:
-    """Whether two words name one file: folders left out unless both give them, an extension unless both do."""
-    if not ({"/", "."} & (set(a) | set(b))):
-        return False
-    if not ("/" in a and "/" in b):
-        a, b = a.rsplit("/", 1)[-1], b.rsplit("/", 1)[-1]
-    if "." in a.rsplit("/", 1)[-1] and "." in b.rsplit("/", 1)[-1]:
-        return a == b  # index.md and index.ts are two files
-    return a.split(".", 1)[0] == b.split(".", 1)[0] != ""
 
 
 def without_revoked(text: str, subjects: Sequence[frozenset[str]]) -> str:
@@ -380,13 +341,6 @@ def without_revoked(text: str, subjects: Sequence[frozenset[str]]) -> str:
         return text
     kept = [s.strip() for s in sentences(text) if s.strip()]
     return " ".join(s for s in kept if not (constraints(s) and revokes(subjects, s)))
-
-
-def subject_words(text: str) -> frozenset[str]:
-    """The content words of ``text``, lower-cased and singular, that say what it is about."""
-    # (A word's closing dot or slash is the sentence's or the path's, not the word's: "tabs." is "tab".)
-    words = [w.rstrip("./-") for w in re.findall(r"[a-z0-9][a-z0-9_./-]*", text.lower())]
-    return frozenset(w[:-1] if w.endswith("s") and len(w) > 3 else w for w in words if w and w not in _STOP_WORDS)
 
 
 RULES_PER_MESSAGE = 3

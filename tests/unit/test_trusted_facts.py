@@ -595,6 +595,11 @@ def test_an_error_names_its_tool_and_command_apart() -> None:
         ("I always want a window seat.", "You can forget the window seat preference."),
         ("I always want a window seat.", "The window seat preference no longer applies."),
         ("I always want a window seat.", "Ignore my earlier preference about the window seat."),
+        # Where it is fine, and whom it is about, when the rule names them too.
+        ("Never use tabs in Makefiles.", "Tabs are fine in Makefiles now."),
+        ("Never use tabs.", "Tabs are fine by me."),
+        ("Never use tabs.", "Tabs are fine in general."),
+        ("Never email me before noon.", "You can email me now."),
     ],
 )
 def test_a_rule_ending_with_its_subject_is_taken_back(rule: str, later: str) -> None:
@@ -623,6 +628,11 @@ def test_a_rule_ending_with_its_subject_is_taken_back(rule: str, later: str) -> 
         ("Never refund basic economy tickets.", "Never ignore the policy on basic economy tickets."),
         # What follows the comma is no part of the subject.
         ("Never use tabs in Makefiles.", "Forget what I said about the window seat, tabs in Makefiles are bad."),
+        # A permission for another place or person than the rule's.
+        ("Never use tabs in Makefiles.", "Tabs are fine in Python files now."),
+        ("Never use tabs in Makefiles.", "You can use tabs in Python files."),
+        ("Never email customers directly.", "You can email me directly."),
+        ("Never email customers directly.", "You're allowed to email me directly."),
     ],
 )
 def test_a_permission_about_something_else_keeps_the_rule(rule: str, later: str) -> None:
