@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from langchain_compaction.core.subjects import named, subject_words
@@ -125,6 +125,42 @@ _PRAISE = re.compile(
     r"|lgtm|well done)\W*$",
     re.IGNORECASE,
 )
+# What makes a permission none, said before it in its sentence: a condition ("even if you think it's fine
+# to ...", "if the CI is green, you can ..."), a negation ("doesn't mean it's okay to", "I never said
+# tabs are fine") or someone else's saying it ("the style guide says you may ..."; "I say" is the user's).
+_NOT_GRANTED = re.compile(
+    r"\b(?:even if|just because|only because|unless|whether)\b|\bif\b(?![-_])(?! you (?:want|like|wish|prefer)\b)"
+    r"|(?:\b(?:not|never|dont|doesnt|didnt)|n['\u2019]t)\s+(?:\w+\s+){0,2}?(?:mean|meant|say|said|tell|told|imply)\b"
+    r"|(?<!\bi )\b(?:says?|said|wr[io]tes?|claim(?:s|ed)?|think|thinks|thought|believes?|suggest(?:s|ed)?)\b",
+    re.IGNORECASE,
+)
+_LEAD_START = re.compile(r"[.!?]\s+|\n")
+_END = re.compile(r"[.!?](?=\s|$)|\n")
+
+
+def _permissions(text: str) -> Iterator[re.Match[str]]:
+    """The revocations ``_REVOKE`` finds in ``text`` that grant something: not asked, negated, conditional or quoted.
+
+    Example:
+        >>> [bool(list(_permissions(t))) for t in ("Tabs are fine now.", "I never said tabs are fine.")]
+        [True, False]
+    """
+    for match in _REVOKE.finditer(text):
+        # What leads to it in its sentence, past a turn ("the guide says X, but you can ..." grants);
+        # an "is fine"'s subject is read with it ("I never said tabs").
+        anchor = match.end("c") if match.group("c") else match.start()
+        lead = _CONTRAST.split(_LEAD_START.split(text[max(anchor - 200, 0) : anchor])[-1])[-1]
+        end = _END.search(text, match.end(), match.end() + 400)
+        quoted = lead.count('"') % 2 or lead.count("\u201c") > lead.count("\u201d")
+        if not (quoted or (end is not None and end.group() == "?") or _NOT_GRANTED.search(lead)):
+            yield match
+
+
+def _permits(text: str) -> bool:
+    """Whether ``text`` grants something (``_permissions``): takes a rule back."""
+    return next(_permissions(text), None) is not None
+
+
 # Every revocation holds one of these (lowercased): a cheap test before the regex.
 _REVOKE_WORDS = (
     *("forget", "ignore", "disregard", "scratch", "drop", "mind", " fine", " ok", "allowed", "acceptable"),
@@ -289,7 +325,7 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
         return []  # the common case, found by plain substring scans
     found = []
     said = own_words(text)
-    for match in _REVOKE.finditer(said):
+    for match in _permissions(said):
         if match.group("c") and _PRAISE.search(said, 0, match.start()):
             continue  # "Great, the tests are fine now" reports on the work; "tabs are fine now" permits them
         # The subject ends where a new rule starts ("tabs are fine, but never in Makefiles",
@@ -327,7 +363,7 @@ def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
 def _ruling(rule: str) -> str:
     """The part of ``rule`` that lays it down: a permission it opens with ("It's okay to refactor, just ...") is not."""
     clauses = _CLAUSE.split(rule)
-    return " ".join(clauses[1:]) if len(clauses) > 1 and _REVOKE.search(clauses[0]) else rule
+    return " ".join(clauses[1:]) if len(clauses) > 1 and _permits(clauses[0]) else rule
 
 
 def without_revoked(text: str, subjects: Sequence[frozenset[str]]) -> str:
@@ -391,8 +427,8 @@ def rules_in(words: str) -> list[str]:
         # Taking a rule back is not a rule, but what follows a "but" in the
         # same sentence may be one: "Tabs are fine now, but never in Makefiles."
         # (kept whole: the new rule is read with what it narrows).
-        if not (revoking and _may_revoke(sentence) and _REVOKE.search(sentence)) or any(
-            _CONSTRAINT.search(clause) and not _REVOKE.search(clause) for clause in _CLAUSE.split(sentence)[1:]
+        if not (revoking and _may_revoke(sentence) and _permits(sentence)) or any(
+            _CONSTRAINT.search(clause) and not _permits(clause) for clause in _CLAUSE.split(sentence)[1:]
         ):
             found.append(clip(sentence))
     return found

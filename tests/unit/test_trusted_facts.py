@@ -600,6 +600,11 @@ def test_an_error_names_its_tool_and_command_apart() -> None:
         ("Never use tabs.", "Tabs are fine by me."),
         ("Never use tabs.", "Tabs are fine in general."),
         ("Never email me before noon.", "You can email me now."),
+        # Said by the user, on no condition, though after something that is not.
+        ("Never use tabs.", "As I said, tabs are fine now."),
+        ("Never use tabs.", "Even though I said never, tabs are fine now."),
+        ("Never use tabs.", "The old guide says no, but you can use tabs now."),
+        ("Never use tabs.", "If you want, you can use tabs now."),
     ],
 )
 def test_a_rule_ending_with_its_subject_is_taken_back(rule: str, later: str) -> None:
@@ -886,6 +891,25 @@ def test_a_permission_revokes_no_rule_it_only_opens() -> None:
     assert _rules("Don't change the build config.", "Thanks, the build config is fine now.") == [
         "Don't change the build config."
     ]
+
+
+@pytest.mark.parametrize(
+    ("rule", "later"),
+    [
+        ("Never delete the backups.", "Just because the disk is full doesn't mean it's okay to delete the backups."),
+        ("Never delete the backups.", "Even if you think it's fine to delete the backups, don't."),
+        ("Never delete the backups.", "Where did I say it's okay to delete the backups?"),
+        ("Never use tabs.", "I did not say you may use tabs."),
+        ("Never use tabs.", "I never said tabs are fine."),
+        ("Never force-push to main.", "Did I say you're allowed to force-push to main? No."),
+        ("Never use tabs.", 'The style guide says "you may use tabs", but I disagree.'),
+        ("Never use tabs.", "You said tabs are fine, and they are not."),
+        ("Never push to main.", "If the CI is green, you can push to main."),
+    ],
+)
+def test_a_permission_asked_denied_conditional_or_someone_elses_takes_back_no_rule(rule: str, later: str) -> None:
+    """A user who insists on a rule ("doesn't mean it's okay to ...", "I never said ...") keeps it."""
+    assert rule in _rules(rule, later)
 
 
 @pytest.mark.parametrize(
