@@ -356,8 +356,13 @@ def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
         >>> revokes(revoked_subjects("Feel free to refactor."), "It's okay to refactor, just don't touch the API.")
         False
     """
-    words = subject_words(_ruling(rule))
+    words = rule_words(rule)
     return any(subject and all(named(word, words) for word in subject) for subject in subjects)
+
+
+def rule_words(rule: str) -> frozenset[str]:
+    """The words of the part of ``rule`` that lays it down (``_ruling``): a revocation takes it back by naming them."""
+    return subject_words(_ruling(rule))
 
 
 def _ruling(rule: str) -> str:

@@ -81,6 +81,7 @@ from langchain_compaction.core.extract import (
     normalize,
     one_line,
     revokes,
+    rule_words,
     without_revoked,
 )
 from langchain_compaction.core.identifiers import identifiers, identifiers_in
@@ -101,6 +102,7 @@ from langchain_compaction.core.section import (
     line_of,
     render_section,
 )
+from langchain_compaction.core.subjects import Naming
 from langchain_compaction.core.types import Fact, FactKind, Message, ToolCall
 
 __all__ = [
@@ -187,6 +189,9 @@ class _Tracker:
     # in how many each of the user's words came (ranked by count: their order does not matter).
     names: dict[str, int] = field(default_factory=dict)
     terms: Counter[str] = field(default_factory=Counter)
+    # The rules by their words (made at the first revocation); the task's and requests' keys (their rules go too).
+    rules: Naming[tuple[FactKind, str]] | None = None
+    asked: dict[tuple[FactKind, str], None] = field(default_factory=dict)
 
     def add(self, fact: Fact) -> None:
         cleaned = _cleaned(fact)
@@ -224,6 +229,10 @@ class _Tracker:
         """Keep ``fact`` under ``key``: a fact seen again moves to the end (it is the newest)."""
         self.facts.pop(key, None)
         self.facts[key] = fact
+        if fact.kind in _RULES and self.rules is not None:
+            self.rules.add(key, rule_words(fact.text))
+        elif fact.kind in ("task", "request", "earlier"):
+            self.asked[key] = None
 
     def name(self, text: str, count: int = 1) -> None:
         """The code name ``text`` (one clean line) met in ``count`` more messages, met last now."""
@@ -300,16 +309,24 @@ class _Tracker:
 
     def _revoke(self, subject: frozenset[str]) -> None:
         """Drop the rules the user took back: those about ``subject`` (and only those)."""
-        for key, fact in list(self.facts.items()):
-            if fact.kind in _RULES and revokes([subject], fact.text):
+        if self.rules is None:
+            self.rules = Naming()
+            for key, fact in self.facts.items():
+                if fact.kind in _RULES:
+                    self.rules.add(key, rule_words(fact.text))
+        for key in self.rules.naming(subject):  # (those that may name it; gone ones are not found)
+            rule = self.facts.get(key)
+            if rule is not None and revokes([subject], rule.text):
                 del self.facts[key]
-            elif fact.kind in ("task", "request", "earlier"):
-                # The request stays; the rule it stated goes.
-                text = without_revoked(fact.text, [subject])
-                if not text:
-                    del self.facts[key]
-                elif text != fact.text:
-                    self.facts[key] = Fact(fact.kind, text, fact.key, fact.detail)
+        for key in list(self.asked):
+            # The request stays; the rule it stated goes.
+            said = self.facts.get(key)
+            text = without_revoked(said.text, [subject]) if said is not None else ""
+            if not text:
+                self.facts.pop(key, None)
+                del self.asked[key]
+            elif said is not None and text != said.text:
+                self.facts[key] = Fact(said.kind, text, said.key, said.detail)
 
     def _call(self, call: ToolCall, *, record: bool) -> None:
         reading = read_call(call)

@@ -2,11 +2,17 @@
 
 ``core.extract`` reads a revocation's subject and a rule's words with
 ``subject_words``; a rule is taken back when it ``named`` every word of the subject.
+``Naming`` finds the rules that may, without comparing every rule with every revocation.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+_K = TypeVar("_K", bound=Hashable)
 
 _STOP_WORDS = frozenset(
     {
@@ -61,3 +67,48 @@ def _same_file(a: str, b: str) -> bool:
     if "." in a.rsplit("/", 1)[-1] and "." in b.rsplit("/", 1)[-1]:
         return a == b  # index.md and index.ts are two files
     return a.split(".", 1)[0] == b.split(".", 1)[0] != ""
+
+
+def index_keys(word: str) -> tuple[str, ...]:
+    """Keys to find ``word`` by: two words ``named`` reads as one share one of them.
+
+    Another form of a word starts with its first two letters (``_inflected``);
+    one file has one name before its extension, with its folders when both
+    words give them (``_same_file``).
+
+    Example:
+        >>> index_keys("tabs"), index_keys("src/app.py")
+        (('wta', 'ftabs'), ('wsr', 'fapp', 'psrc/app'))
+    """
+    base = word.rsplit("/", 1)[-1]
+    keys = ("w" + word[:2], "f" + (base.split(".", 1)[0] or base))
+    return (*keys, "p" + (word.split(".", 1)[0] or word)) if "/" in word else keys
+
+
+@dataclass
+class Naming(Generic[_K]):
+    """Items (rules) by the words they name: those that may name every word of a subject, found from its rarest word.
+
+    Example:
+        >>> rules = Naming[str]()
+        >>> rules.add("no-tabs", {"never", "tab", "makefile"}); rules.add("no-push", {"never", "push", "main"})
+        >>> sorted(rules.naming(frozenset({"tabs"}))), sorted(rules.naming(frozenset({"tab", "python"})))
+        (['no-tabs'], [])
+    """
+
+    by_key: dict[str, set[_K]] = field(default_factory=dict)
+
+    def add(self, item: _K, words: Iterable[str]) -> None:
+        """File ``item`` under the words it names."""
+        for word in words:
+            for key in index_keys(word):
+                self.by_key.setdefault(key, set()).add(item)
+
+    def naming(self, subject: frozenset[str]) -> set[_K]:
+        """The items that may name every word of ``subject``: all that do (each is to be checked with ``named``)."""
+        held = [[self.by_key.get(key, set()) for key in index_keys(word)] for word in subject]
+        if not held:
+            return set()
+        held.sort(key=lambda sets: sum(map(len, sets)))
+        found = set().union(*held[0])
+        return {item for item in found if all(any(item in s for s in sets) for sets in held[1:])}

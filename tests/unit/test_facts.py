@@ -348,6 +348,28 @@ def test_reading_a_message_is_linear_on_blank_rows_and_repeated_phrases() -> Non
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_taking_rules_back_costs_no_more_with_every_rule_a_pasted_policy_holds() -> None:
+    """A policy of 400 rules and 800 "... is fine now" turns: each of those was compared with every rule (4 s CPU).
+
+    Only the rules a revocation names go, whether laid down before the first revocation or after it.
+    """
+    import time
+
+    policy = "Refund policy:\n" + "\n".join(f"- Never refund fare class F{i} without approval." for i in range(400))
+    said = [policy, *(f"The output of step {i} is fine now." for i in range(800)), "Fare class F7 is fine now."]
+    said += ["Never refund fare class Z1 without approval.", "Never use tabs.", "Fare class Z1 is fine now."]
+    messages: list[BaseMessage] = []
+    for n, text in enumerate(said):
+        messages += [HumanMessage(text, id=f"h{n}"), AIMessage("ok", id=f"a{n}")]
+    core = to_core_list(messages)
+    start = time.process_time()
+    rules = [f.text for f in gather((), core, range(len(core)), ()) if f.kind in ("constraint", "rule")]
+    assert time.process_time() - start < 1.5
+    assert len(rules) == 400
+    assert rules[-1] == "Never use tabs."
+    assert not any(rule.startswith(("Never refund fare class F7 ", "Never refund fare class Z1 ")) for rule in rules)
+
+
 def test_error_lines_prefer_the_exception_to_the_count() -> None:
     assert error_line("collected 3 items\nE   ValueError: bad offset 14\n1 failed") == "E ValueError: bad offset 14"
     assert error_line("make: *** [Makefile:192: build] Error 2") == "make: *** [Makefile:192: build] Error 2"
