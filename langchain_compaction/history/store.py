@@ -77,6 +77,11 @@ def _one_session_a_journal(inner: BaseChatMessageHistory, journal: BaseChatMessa
     _JOURNALS.put(mine, session)
 
 
+_LOSSY_JOURNAL = (
+    "it does not give back what was written to it (a message's additional_kwargs, where the journal's marker is), "
+    "so it could not finish a rewrite after a crash; nothing was rewritten: pass a history that keeps whole "
+    "messages (FileChatMessageHistory, SQLChatMessageHistory)"
+)
 _SHARED_JOURNAL = (
     "it is the journal of another session: a rewrite interrupted in one would be finished in the other's history; "
     "give each session a journal of its own (e.g. a file or a session id named after the session)"
@@ -182,6 +187,11 @@ class Store:
             yield from self._write(stores.clear(self.journal), "journal:clear", self.journal)
             entries = [pending.marker(), *target]
             yield from self._write(stores.append(self.journal, entries), "journal:add_messages", self.journal)
+            # Read back before the store is touched: a journal that keeps a message's role and text only
+            # loses the marker, and would read as torn after a crash (the rewrite's target lost with it).
+            kept = yield from self._io(stores.read(self.journal), "journal:read", self.journal)
+            if Rewrite.from_journal(kept) is None:
+                raise ConfigurationError("journal", self.journal, _LOSSY_JOURNAL)
         self._state.pending = pending  # from here on the next call can finish it
         yield from self._write(stores.clear(self.inner), "clear")
         yield from self._write(stores.append(self.inner, target), "add_messages")

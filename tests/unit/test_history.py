@@ -18,7 +18,7 @@ import time
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -1597,3 +1597,35 @@ def test_add_messages_takes_any_iterable_of_messages_as_every_chat_history_does(
     assert [m.id for m in history.messages] == ["h", "a", "h2"]
     with pytest.raises(InvalidMessagesError, match=r"pass \[message\]"):
         history.add_messages(HumanMessage("one"))  # type: ignore[arg-type]
+
+
+class _RoleAndText(BaseChatMessageHistory):
+    """A hand-written store that keeps each message's role and text only (no atomic rewrite: journaled)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str]] = []
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        kinds = {"human": HumanMessage, "ai": AIMessage, "system": SystemMessage}
+        return [kinds[role](content=text) for role, text in self.rows]
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        self.rows += [(m.type, str(m.content)) for m in messages]
+
+    def clear(self) -> None:
+        self.rows = []
+
+
+def test_a_journal_that_drops_the_marker_is_refused_before_the_store_is_rewritten() -> None:
+    """Its marker (in additional_kwargs) gone, the journal read as torn after a crash: the rewrite's target was lost."""
+    inner = _RoleAndText()
+    history = CompactingChatMessageHistory(
+        inner, lambda p: "## Goal\n- chat", CompactionOptions(keep_recent_tokens=300), journal=_RoleAndText()
+    )
+    for i in range(12):
+        history.add_messages([HumanMessage(f"question {i} " * 8), AIMessage(f"answer {i} " * 8)])
+    before = list(inner.rows)
+    with pytest.raises(ConfigurationError, match="does not give back what was written"):
+        history.compact()
+    assert inner.rows == before  # nothing rewritten
