@@ -29,6 +29,14 @@ _SECRET_NAME = (
 )
 # A name for a password, whose value may be a phrase (spaces and all) when quoted.
 _PASSWORD_NAME = r"\b(?:[A-Za-z0-9]+[_-]){0,16}[A-Za-z0-9]{0,40}?(?:password|passwd|passphrase|pwd|secret)\b"
+# A value that names where a secret comes from, or none, rather than holding one: code reads and passes
+# secrets without holding them (os.environ["API_KEY"], ${POSTGRES_PASSWORD}, api_key=api_key, password: str).
+_NO_SECRET = (
+    r"(?!(?:None|null|nil|true|false|undefined|required|str|bytes|SecretStr|Optional)\b|\$[{(A-Z_]|os\.|getenv\("
+    r"|env\(|<|(?-i:[a-z_][a-z0-9_]{0,40}[,)]))"
+)
+# A word that looks made up (a digit, a symbol, or a capital past its first letter), as a password said in prose does.
+_SECRETISH = r"(?=[^\s'\"]{0,256}?(?:[0-9!@#$%^&*+=~?_\-]|(?-i:[^\s'\"][A-Z])))"
 # (Every repetition below is bounded, or stops at what ends it: a long line of
 # look-alikes, which tool output may be, costs linear time.)
 
@@ -43,7 +51,14 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     # Provider keys with a recognizable prefix.
     (re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{16,}"), "[REDACTED API KEY]"),
-    (re.compile(r"\b(?:sk|pk|rk)-(?:proj-|live-|test-)?[A-Za-z0-9_\-]{20,}"), "[REDACTED API KEY]"),
+    # (Random, so they hold a digit and a capital: a branch "sk-add-retry-to-payment-client" is no key.)
+    (
+        re.compile(
+            r"\b(?:sk|pk|rk)-(?:proj-|live-|test-)?(?=[A-Za-z0-9_\-]{0,200}?[0-9])(?=[A-Za-z0-9_\-]{0,200}?[A-Z])"
+            r"[A-Za-z0-9_\-]{20,}"
+        ),
+        "[REDACTED API KEY]",
+    ),
     # Stripe's live and test keys (sk_live_, rk_test_, whsec_ ...), Hugging Face and npm tokens.
     (re.compile(r"\b(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"), "[REDACTED API KEY]"),
     (re.compile(r"\bwhsec_[A-Za-z0-9]{16,}"), "[REDACTED API KEY]"),
@@ -103,13 +118,14 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         r"\1[REDACTED]",
     ),
-    # A password said in prose: "the admin password is Hunter2Secret!" (rather one masked too many).
+    # A password said in prose: "the admin password is Hunter2Secret!" (a word that looks made up: "the
+    # password was reset yesterday" and "the password is correct" say nothing secret).
     # ("The password for the staging db is now: X" too), and a .netrc's "password X" (a line of its own,
     # or after its machine and login).
     (
         re.compile(
             r"(?i)(\b(?:password|passphrase|passcode|passwd)(?:\s+for\s+[^\n.:;]{1,60}?)?\s+(?:is|was)(?:\s+now)?"
-            r"\s*:?\s+['\"]?)(?!\[REDACTED)[^\s'\"]{4,}"
+            r"\s*:?\s+['\"]?)(?!\[REDACTED)" + _SECRETISH + r"[^\s'\"]{4,}"
         ),
         r"\1[REDACTED]",
     ),
@@ -139,14 +155,14 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # A password's value unquoted runs to the next space, commas, quotes and backslashes in it
     # (DB_PASSWORD=Xk9,mQ2zR7 is one password).
     (
-        re.compile(rf"(?i)({_PASSWORD_NAME}\s*[:=]\s*)(?!\[REDACTED|\\?[\"'])\S{{4,256}}"),
+        re.compile(rf"(?i)({_PASSWORD_NAME}\s*[:=]\s*)(?!\[REDACTED|\\?[\"']){_NO_SECRET}\S{{4,256}}"),
         r"\1[REDACTED]",
     ),
     (
         # (An "&" is part of a value ("Xk9&mQ2" is one password) but where a query string's next name=, an
         # escaped "&amp;" or a shell's "&&" follows.)
         re.compile(
-            rf"(?i)({_SECRET_NAME}\\?[\"']?\s*[:=]\s*\\?[\"']?)(?!\[REDACTED)"
+            rf"(?i)({_SECRET_NAME}\\?[\"']?\s*[:=]\s*\\?[\"']?)(?!\[REDACTED){_NO_SECRET}"
             r"((?:[^\s\"'\\,;&]|&(?![\w.-]+=|amp;|&)){4,})"
         ),
         r"\1[REDACTED]",

@@ -444,6 +444,17 @@ def test_the_chat_memory_recall_tool_redacts_with_the_memory_s_own_hook() -> Non
         "http://[::1]:8080/@scope/pkg",
         'api_key: "is passed in the header, see docs"',
         "mysql -u root -p app",
+        # Prose about a password that says none, and code that names where a secret comes from.
+        "The password was reset yesterday by your team, and the password is correct but login fails.",
+        "The passcode was sent to my phone.",
+        'api_key = os.environ["API_KEY"]',
+        "POSTGRES_PASSWORD: ${POSTGRES_PASSWORD}",
+        "def login(username: str, password: str) -> Session:",
+        "client = Client(api_key=api_key, base_url=BASE_URL)",
+        "the bug: token=None was passed on",
+        # A branch and a pod whose names start like a key's prefix.
+        "git checkout sk-add-retry-to-payment-client",
+        "kubectl logs rk-payments-worker-7d9f8c6b5-x2x9z",
     ],
 )
 def test_what_only_looks_like_a_secret_is_left_alone(text: str) -> None:
