@@ -173,10 +173,6 @@ class PrepareAhead(Feature):
             raise ConfigurationError("at", self.at, _ADVICE)  # (rounded onto the landing: no room to prepare in)
         return self._copy(mark=mark)
 
-    def leased_by(self, lease: LeaseFactory) -> PrepareAhead:
-        """This feature with ``lease`` deciding which process prepares, unless it was given one of its own."""
-        return self if self.lease is not None else self._copy(lease=lease)
-
     def _copy(self, **changes: Any) -> PrepareAhead:
         """This feature with ``changes`` made (its fields are set once, in ``__post_init__``, or here)."""
         copy = PrepareAhead.__new__(PrepareAhead)

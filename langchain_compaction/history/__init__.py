@@ -89,7 +89,7 @@ from langchain_compaction.history.locks import (
     LeaseLock,
     PostgresAdvisoryLock,
 )
-from langchain_compaction.history.session import aleased, lease_preparations, leased, session_state
+from langchain_compaction.history.session import aleased, leased, session_state
 from langchain_compaction.history.store import Store, check_separate
 
 __all__ = [
@@ -185,8 +185,9 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
             not the archive, which every rewrite would clear.
         features: The features (``langchain_compaction.features``): checked
             facts and pins by default; ``PrepareAhead(at=0.7)`` prepares the
-            next summary during an add (with ``lock=``, its lease says which
-            process prepares). ``ClearToolOutputs`` and ``Archive`` are
+            next summary during an add (every process holding the session
+            prepares its own; give it a ``lease=`` of its own to have one do
+            it). ``ClearToolOutputs`` and ``Archive`` are
             refused: chat memory summarizes everything and archives into
             ``archive=``.
         **deprecated: The 0.2 keyword ``prepare_wait`` (``PrepareAhead(wait=...)``).
@@ -232,7 +233,6 @@ class CompactingChatMessageHistory(Store, BaseChatMessageHistory, Adapter):
         super().__init__()
         _check_arguments(inner, archive, journal, on_error, lock)
         legacy = adapter_keywords("CompactingChatMessageHistory", deprecated, ("prepare_wait",))
-        features = lease_preparations(lock, features, options, legacy)  # (the lock's lease says who prepares too)
         self._turn = Turn.build(model, options, fallback, features, where="history", adapter=legacy)
         self.inner = inner
         self.archive = archive

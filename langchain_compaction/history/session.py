@@ -29,7 +29,6 @@ from langchain_compaction.core.effects import Call, Flow, adrive, drive, in_fork
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.types import Message
 from langchain_compaction.errors import CompactionError, StoreError
-from langchain_compaction.features import Feature, PrepareAhead
 from langchain_compaction.history import stores
 from langchain_compaction.history.journal import Rewrite
 from langchain_compaction.history.locks import AsyncHeld, CompactionLock, Held, InProcessLock, LeaseLock, poll
@@ -194,27 +193,6 @@ def session_state(inner: BaseChatMessageHistory) -> SessionState:
             state = _SESSIONS[key] = SessionState(owner)
     _RECENT.put(key, state)
     return state
-
-
-def lease_preparations(
-    lock: CompactionLock | None,
-    features: Sequence[Feature] | None,
-    options: CompactionOptions | None,
-    legacy: dict[str, Any],
-) -> Sequence[Feature] | None:
-    """``features`` with the lock's lease saying which process prepares, as it says which summarizes.
-
-    Given to ``PrepareAhead`` (in ``features``, or made from the 0.2 keyword
-    ``prepare_at`` with ``legacy``'s keywords) unless it has a lease of its
-    own: without it, every process holding the session prepared its own summary.
-    """
-    if not isinstance(lock, LeaseLock):
-        return features
-    if features is not None:
-        return [f.leased_by(lambda _key: lock) if isinstance(f, PrepareAhead) else f for f in features]
-    if options is not None and "prepare_at" in options.legacy:
-        legacy.setdefault("prepare", {}).setdefault("lease", lambda _key: lock)
-    return None
 
 
 # -- calls that hold locks around a flow ------------------------------------------------

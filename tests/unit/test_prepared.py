@@ -1061,33 +1061,34 @@ def test_a_prepared_summary_applied_over_a_pinned_todo_list_keeps_the_archive_in
 
 
 @pytest.mark.parametrize("given", ["features", "deprecated keyword"])
-def test_chat_memory_prepares_only_in_the_process_holding_its_locks_lease(tmp_path: Any, given: str) -> None:
-    """With lock=, the lock's lease says which process prepares: PrepareAhead in features= ignored it.
+def test_chat_memory_with_a_lock_and_a_slow_preparation_still_compacts_at_the_threshold(
+    tmp_path: Any, given: str
+) -> None:
+    """A preparation that held the lock's lease kept its own process's threshold from summarizing.
 
-    Here another process holds the lease the whole time: nothing may be prepared here.
+    The threshold took the lease as another writer's summary and went on, so
+    the stored history outgrew the window (2,875 tokens in a 2,000 window).
     """
-    lock = FileLock(str(tmp_path / "chat.lock"))
-    calls: list[str] = []
+    from langchain_compaction.tokens import estimate_message_tokens
 
-    def model(prompt: str) -> str:
-        calls.append(threading.current_thread().name)
+    lock = FileLock(str(tmp_path / "chat.lock"))
+
+    def slow(prompt: str) -> str:
+        time.sleep(1.0)
         return "## Goal\n- chat"
 
-    options = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=300)
+    options = CompactionOptions(context_window=2_000, reserve_tokens=500, keep_recent_tokens=300)
     if given == "features":
         history = CompactingChatMessageHistory(
-            InMemoryChatMessageHistory(), model, options, lock=lock, features=[PrepareAhead(at=0.7)]
+            InMemoryChatMessageHistory(), slow, options, lock=lock, features=[PrepareAhead(at=0.7)]
         )
     else:
         with pytest.warns(DeprecationWarning, match="prepare_at"):
-            options = CompactionOptions(
-                context_window=4_000, reserve_tokens=500, keep_recent_tokens=300, prepare_at=0.7
-            )
-        history = CompactingChatMessageHistory(InMemoryChatMessageHistory(), model, options, lock=lock)
-    with FileLock(lock.path).lease(wait=True):  # (another process holds the lease: it summarizes)
-        for i in range(40):
-            history.add_messages([HumanMessage(f"question {i} " * 10), AIMessage(f"answer {i} " * 10)])
-            wait_for(lambda: not any(t.name == "langchain-compaction-prepare" for t in threading.enumerate()))
-            if calls:
-                break
-    assert calls == []
+            options = replace(options, prepare_at=0.7)  # type: ignore[call-arg]
+        history = CompactingChatMessageHistory(InMemoryChatMessageHistory(), slow, options, lock=lock)
+    worst = 0
+    for i in range(30):
+        history.add_messages([HumanMessage(f"question {i} " * 12), AIMessage(f"answer {i} " * 12)])
+        worst = max(worst, estimate_message_tokens(history.messages))
+    wait_for(lambda: not any(t.name == "langchain-compaction-prepare" for t in threading.enumerate()))
+    assert worst <= 2_000
