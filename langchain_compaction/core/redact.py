@@ -94,9 +94,12 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         r"\1[REDACTED]@",
     ),
     # A token as a URL's user (git's https://<token>@github.com, https://<token>:x-oauth-basic@...): a user
-    # name is not 32 characters of letters and digits.
+    # name is not 32 letters, digits and underscores with a digit among them (a hyphenated name is a name).
     (
-        re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.\-]{0,20}://)(?!\[REDACTED)[A-Za-z0-9_\-]{32,}(?=(?::[^\s@/]{0,256})?@)"),
+        re.compile(
+            r"(\b[a-zA-Z][a-zA-Z0-9+.\-]{0,20}://)(?!\[REDACTED)(?=[A-Za-z0-9_]{0,64}?[0-9])[A-Za-z0-9_]{32,}"
+            r"(?=(?::[^\s@/]{0,256})?@)"
+        ),
         r"\1[REDACTED]",
     ),
     # Passwords on command lines: mysql -pSECRET, curl -u user:SECRET (in the
@@ -124,13 +127,16 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # or after its machine and login).
     (
         re.compile(
-            r"(?i)(\b(?:password|passphrase|passcode|passwd)(?:\s+for\s+[^\n.:;]{1,60}?)?\s+(?:is|was)(?:\s+now)?"
-            r"\s*:?\s+['\"]?)(?!\[REDACTED)" + _SECRETISH + r"[^\s'\"]{4,}"
+            r"(?i)(\b(?:password|passphrase|passcode|passwd)(?:\s{1,8}for\s{1,8}[^\n.:;]{1,60}?)?\s{1,8}(?:is|was)"
+            r"(?:\s{1,8}now)?(?:\s{0,8}:)?\s{1,8}['\"]?)(?!\[REDACTED)" + _SECRETISH + r"[^\s'\"]{4,}"
         ),
         r"\1[REDACTED]",
     ),
     (
-        re.compile(r"(?m)(^\s*password\s+|\bmachine\s+\S+\s+login\s+\S+\s+password\s+)(?!\[REDACTED)\S+(?=\s*$)"),
+        re.compile(
+            r"(?m)(^[ \t]{0,16}password[ \t]{1,16}|\bmachine[ \t]+\S+[ \t]+login[ \t]+\S+[ \t]+password[ \t]+)"
+            r"(?!\[REDACTED)" + _SECRETISH + r"\S+(?=[ \t]*$)"
+        ),
         r"\1[REDACTED]",
     ),
     # Credentials in a URL's query string (?token=..., &sig=..., &X-Amz-Signature=...).

@@ -455,6 +455,10 @@ def test_the_chat_memory_recall_tool_redacts_with_the_memory_s_own_hook() -> Non
         # A branch and a pod whose names start like a key's prefix.
         "git checkout sk-add-retry-to-payment-client",
         "kubectl logs rk-payments-worker-7d9f8c6b5-x2x9z",
+        # A line that reads "password" then a word, a column listing, a long hyphenated URL user.
+        "Settings:\npassword reset\nremember_me",
+        " Column\n password\n created_at",
+        "git clone https://contoso-payments-platform-team-org@dev.azure.com/contoso/_git/payments",
     ],
 )
 def test_what_only_looks_like_a_secret_is_left_alone(text: str) -> None:
@@ -474,7 +478,8 @@ def test_redaction_is_linear_on_long_lines_of_look_alikes() -> None:
     code = (
         "from langchain_compaction.core.redact import redact_secrets\n"
         "for text in ('mysql ' * 50_000, 'curl -u ' * 40_000, 'x://' * 80_000, 'http://a:' * 35_000,\n"
-        '             \'a-\' * 150_000, \'{"name":"mysql-N","cmd":"curl http://x/health"}\' * 5_000):\n'
+        '             \'a-\' * 150_000, \'{"name":"mysql-N","cmd":"curl http://x/health"}\' * 5_000,\n'
+        "             'The password is' + ' ' * 40_000, chr(10) * 40_000 + 'password'):\n"
         "    assert redact_secrets(text).count('[REDACTED') == 0\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
