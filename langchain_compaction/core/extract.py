@@ -130,7 +130,8 @@ _PRAISE = re.compile(
 # tabs are fine") or someone else's saying it ("the style guide says you may ..."; "I say" is the user's).
 _NOT_GRANTED = re.compile(
     r"\b(?:even if|just because|only because|unless|whether)\b|\bif\b(?![-_])(?! you (?:want|like|wish|prefer)\b)"
-    r"|(?:\b(?:not|never|dont|doesnt|didnt)|n['\u2019]t)\s+(?:\w+\s+){0,2}?(?:mean|meant|say|said|tell|told|imply)\b"
+    r"|(?:\b(?:not|never|dont|doesnt|didnt|stop)|n['\u2019]t)\s+(?:\w+\s+){0,4}?"
+    r"(?:mean|meant|say|said|tell|told|imply|assume|assuming|think|thinking|take)\b"
     r"|(?<!\bi )\b(?:says?|said|wr[io]tes?|claim(?:s|ed)?|think|thinks|thought|believes?|suggest(?:s|ed)?)\b",
     re.IGNORECASE,
 )

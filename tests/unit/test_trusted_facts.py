@@ -905,6 +905,10 @@ def test_a_permission_revokes_no_rule_it_only_opens() -> None:
         ("Never use tabs.", 'The style guide says "you may use tabs", but I disagree.'),
         ("Never use tabs.", "You said tabs are fine, and they are not."),
         ("Never push to main.", "If the CI is green, you can push to main."),
+        ("Never delete the backups.", "Never assume it's okay to delete the backups."),
+        ("Never push to main.", "Don't assume you can push to main."),
+        ("Never push to main.", "Don't take this to mean you can push to main."),
+        ("Never push to main.", "Stop thinking you can push to main."),
     ],
 )
 def test_a_permission_asked_denied_conditional_or_someone_elses_takes_back_no_rule(rule: str, later: str) -> None:
