@@ -130,7 +130,7 @@ def _tokens(word: str) -> Sequence[str]:
     return pieces if len(pieces) > 1 else (token,)
 
 
-_OPENERS = "([{<\"'`*"
+_OPENERS = "([{<\"'`*#"  # ("#" too: "order #48213", "ticket #112-4455667")
 _CLOSERS = ")]}>\"'`*.,;:!?"
 _ASCII_GLUE = re.compile(r"[:=|]")
 # Chinese, Japanese and Korean text is written without spaces: a run of its

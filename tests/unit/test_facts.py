@@ -262,6 +262,7 @@ def test_identifiers_are_what_a_model_cannot_guess() -> None:
     ("text", "found"),
     [
         ("Please rebook code:JG7FMM today.", ["JG7FMM"]),
+        ("My order #112-4455667-8899001 arrived broken, ticket #48213.", ["112-4455667-8899001", "48213"]),
         ("Look up the booking with id=RZ8KPW please.", ["RZ8KPW"]),
         ("|code|date|\n|---|---|\n|JG7FMM|2024-05-21|", ["JG7FMM", "2024-05-21"]),
         ("The failure is at src/app.py:12 in v1.2.3", ["src/app.py", "v1.2.3"]),
