@@ -135,6 +135,8 @@ _NOT_GRANTED = re.compile(
     r"|(?<!\bi )\b(?:says?|said|wr[io]tes?|claim(?:s|ed)?|think|thinks|thought|believes?|suggest(?:s|ed)?)\b",
     re.IGNORECASE,
 )
+# A permission whose object is a pronoun approves one thing at hand, not a kind of thing.
+_ONE_OFF = re.compile(r"\b(?:it|this|that|them|these|those)(?:\s+(?:now|too|again|today|then|anyway))?\W*$", re.I)
 _LEAD_START = re.compile(r"[.!?]\s+|\n")
 _END = re.compile(r"[.!?](?=\s|$)|\n")
 
@@ -333,6 +335,8 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
         # "forget what I said about the window seat, give me an aisle").
         # (Only "is fine" has two parts: what is fine and where, "p".)
         subject = _CONTRAST.split(" ".join(group for group in match.groups() if group), 1)[0].split(",", 1)[0]
+        if _ONE_OFF.search(subject):
+            continue  # "you can merge it": this once, not the rule's every case ("never merge without my review")
         words = subject_words(subject)
         if words:
             found.append(words)

@@ -909,6 +909,10 @@ def test_a_permission_revokes_no_rule_it_only_opens() -> None:
         ("Never push to main.", "Don't assume you can push to main."),
         ("Never push to main.", "Don't take this to mean you can push to main."),
         ("Never push to main.", "Stop thinking you can push to main."),
+        # Approving the one thing at hand ("it", "that") is no permission for every case.
+        ("Don't merge PRs without my review.", "Looks good, you can merge it."),
+        ("Never book me on a red-eye.", "You can book it."),
+        ("Don't deploy on Fridays.", "Sure, go ahead and deploy them today."),
     ],
 )
 def test_a_permission_asked_denied_conditional_or_someone_elses_takes_back_no_rule(rule: str, later: str) -> None:
