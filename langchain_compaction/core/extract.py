@@ -137,6 +137,8 @@ _NOT_GRANTED = re.compile(
 )
 # A permission whose object is a pronoun approves one thing at hand, not a kind of thing.
 _ONE_OFF = re.compile(r"\b(?:it|this|that|them|these|those)(?:\s+(?:now|too|again|today|then|anyway))?\W*$", re.I)
+# A condition after a permission, in its sentence: "voicemails are fine if it's urgent".
+_CONDITION = re.compile(r"\b(?:if|as long as|so long as|provided|providing|unless|when|whenever|once)\b", re.I)
 _LEAD_START = re.compile(r"[.!?]\s+|\n")
 _END = re.compile(r"[.!?](?=\s|$)|\n")
 
@@ -335,8 +337,8 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
         # "forget what I said about the window seat, give me an aisle").
         # (Only "is fine" has two parts: what is fine and where, "p".)
         subject = _CONTRAST.split(" ".join(group for group in match.groups() if group), 1)[0].split(",", 1)[0]
-        if _ONE_OFF.search(subject):
-            continue  # "you can merge it": this once, not the rule's every case ("never merge without my review")
+        if _ONE_OFF.search(subject) or _CONDITION.search(_END.split(said[match.end() : match.end() + 300], 1)[0]):
+            continue  # "you can merge it" (this once), "layovers are fine as long as ..." (on a condition)
         words = subject_words(subject)
         if words:
             found.append(words)

@@ -913,6 +913,9 @@ def test_a_permission_revokes_no_rule_it_only_opens() -> None:
         ("Don't merge PRs without my review.", "Looks good, you can merge it."),
         ("Never book me on a red-eye.", "You can book it."),
         ("Don't deploy on Fridays.", "Sure, go ahead and deploy them today."),
+        # A condition after it, in its sentence.
+        ("Never book layovers over 3 hours.", "Layovers are fine as long as they're under 3 hours."),
+        ("Never leave voicemails.", "Voicemails are fine if it's urgent."),
     ],
 )
 def test_a_permission_asked_denied_conditional_or_someone_elses_takes_back_no_rule(rule: str, later: str) -> None:
