@@ -70,13 +70,14 @@ def command_target(command: str) -> tuple[str, str]:
     the first that does more than feed it (``pytest | tail``, ``cat in | python
     solve.py``); one a shell or ``ssh`` runs from quotes is read inside them.
     The target is the first argument that names a path (``a/b``, ``x.py``,
-    ``tests/t.py::test_x`` without the ``::`` part), else the first plain
-    argument; ``python -m pytest`` is ``pytest``; redirections are no arguments.
+    ``tests/t.py::test_x``: a run of the file holds that test, one of another
+    test of it does not), else the first plain argument; ``python -m pytest``
+    is ``pytest``; redirections are no arguments.
     The target is written one way (``run_on``): ``./tests/`` is ``tests``, ``.`` no target.
 
     Example:
         >>> command_target("cd repo && python -m pytest -q tests/test_a.py::test_x -k boom")
-        ('pytest', 'tests/test_a.py')
+        ('pytest', 'tests/test_a.py::test_x')
         >>> command_target("make build")
         ('make', 'build')
         >>> command_target('pytest tests/test_a.py 2>&1 | grep -E "FAIL|Error" | tail -20')
@@ -108,7 +109,7 @@ def command_target(command: str) -> tuple[str, str]:
     program = words[0].rsplit("/", 1)[-1]
     plain = [w for w in words[1:] if not w.startswith("-")]
     pathlike = [w for w in plain if "/" in w or "." in w]
-    return program, run_on((pathlike or plain or [""])[0].split("::", 1)[0])
+    return program, run_on((pathlike or plain or [""])[0])
 
 
 def run_on(target: str) -> str:

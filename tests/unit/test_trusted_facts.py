@@ -933,3 +933,14 @@ def test_a_permission_asked_denied_conditional_or_someone_elses_takes_back_no_ru
 )
 def test_a_permission_on_a_condition_or_narrowed_takes_back_no_rule(narrowing: str) -> None:
     assert _rules("Never push to main.", narrowing) == ["Never push to main."]
+
+
+def test_a_clean_run_of_another_test_of_the_file_leaves_the_failed_test_unresolved() -> None:
+    """``pytest file::test_logout`` passing says nothing of ``file::test_login_expired``; the file's run does."""
+    from langchain_compaction.core.calls import Unresolved, command_target
+
+    failed = command_target("pytest tests/test_auth.py::test_login_expired")
+    errors: Unresolved[str] = Unresolved()
+    errors.add(*failed, "AssertionError: token not expired")
+    assert errors.resolve(*command_target("pytest tests/test_auth.py::test_logout")) == []
+    assert errors.resolve(*command_target("pytest -q tests/test_auth.py")) == ["AssertionError: token not expired"]
