@@ -189,6 +189,8 @@ class _Tracker:
     # in how many each of the user's words came (ranked by count: their order does not matter).
     names: dict[str, int] = field(default_factory=dict)
     terms: Counter[str] = field(default_factory=Counter)
+    # Whether each older request names something (an identifier): read once, when it is first weighed.
+    named: dict[tuple[FactKind, str], bool] = field(default_factory=dict)
     # The rules by their words (made at the first revocation); the task's and requests' keys (their rules go too).
     rules: Naming[tuple[FactKind, str]] | None = None
     asked: dict[tuple[FactKind, str], None] = field(default_factory=dict)
@@ -268,6 +270,7 @@ class _Tracker:
         if said.request is None:
             return
         request = Fact("request", *said.request)
+        self.named[("earlier", request.key)] = bool(said.identifiers)  # (read with the message: when it is older)
         if said.task and ("task", "task") not in self.facts:
             self._keep(Fact("task", said.task, "task"))
         # The newest requests: what the user is after now in full, and, shorter,
@@ -304,8 +307,15 @@ class _Tracker:
         excess = len(self.earlier) - EARLIER_KEPT
         if excess <= 0:
             return []
-        plain = [key for key in self.earlier if not identifiers_in(self.facts[key].text)]
-        return (plain + [key for key in self.earlier if key not in plain])[:excess]
+        # (Oldest first, each read once: past the limit this runs at every request, and the first is the usual pick.)
+        gone = [key for key in self.earlier if not self._names_something(key)][:excess]
+        return gone + [key for key in self.earlier if key not in gone][: excess - len(gone)]
+
+    def _names_something(self, key: tuple[FactKind, str]) -> bool:
+        named = self.named.get(key)
+        if named is None:
+            named = self.named[key] = bool(identifiers_in(self.facts[key].text))
+        return named
 
     def _revoke(self, subject: frozenset[str]) -> None:
         """Drop the rules the user took back: those about ``subject`` (and only those)."""
