@@ -24,24 +24,21 @@ What counts as a fact (the rules were chosen on the real transcripts in
 - task: the user's first substantive request (the task statement), kept for good;
 - request: the user's newest requests in the compacted part (``REQUESTS_KEPT``);
 - earlier: the requests before those that ask for something of their own
-  (not "do that"), shortened (``EARLIER_KEPT``), last in line;
+  (not "do that"), shortened (``EARLIER_KEPT``; past it, one that names an
+  identifier, "send it to Bahnhofstrasse 12, 8001 Zurich", outlives small talk), last in line;
 - identifier: what the user gave that a model cannot guess: ids and codes
   that mix letters and digits, amounts, dates, versions, long numbers, file
   paths, URLs and e-mail addresses;
-- modified_file / read_file: the paths of file tools (``Write``, ``Edit``,
-  ``str_replace_editor create``, ``read_file``, ``open`` ...), and the files
-  aider's report names ("Applied edit to PATH": its edits are written in the
-  assistant's text, not in a call); a file read and later changed is a
-  modified file;
-- error: the last error line of each command or tool whose result failed;
-  a later clean run of the same program on the same target (``pytest`` of a
-  suite that holds the failed test, flags aside), or a later successful call of
-  the same tool on the same target, resolves it;
+- modified_file / read_file: the paths of file tools (``Write``, ``Edit``, ``read_file``,
+  ``open`` ...) and of aider's report ("Applied edit to PATH": its edits are written in
+  the assistant's text); a file read and later changed is a modified file;
+- error: the last error line of each command or tool whose result failed; a later clean
+  run of the same program on a target that holds the failed one (flags aside), or a later
+  successful call of the same tool on the same target, resolves it;
 - done_call: tool calls already made (the tool and its key argument), so they
   are not made again;
-- name: the code names (``camelCase``, ``snake_case``, ``UPPER_CASE``) the
-  agent's own words keep using (in two or more of its messages): what the work
-  is about, which a summary paraphrases; those met last, when room is left;
+- name: the code names (``camelCase``, ``snake_case``, ``UPPER_CASE``) the agent's own words
+  keep using (in two or more of its messages), which a summary paraphrases; when room is left;
 - term: the words the user keeps using for the task (in two or more of their
   messages), when room is left.
 
@@ -298,24 +295,15 @@ class _Tracker:
         self._keep(request)
 
     def _left_out_of_earlier(self) -> list[tuple[FactKind, str]]:
-        """The older requests past ``EARLIER_KEPT`` to let go: the oldest, those that name nothing first.
-
-        A request that carries an identifier (an order number, an amount, a
-        postcode, a path) says what small talk after it does not: "send it to
-        Bahnhofstrasse 12, 8001 Zurich" outlives twenty "how do I clean it?".
-        """
+        """The older requests past ``EARLIER_KEPT`` to let go: oldest first, those naming nothing first (read once)."""
         excess = len(self.earlier) - EARLIER_KEPT
         if excess <= 0:
             return []
-        # (Oldest first, each read once: past the limit this runs at every request, and the first is the usual pick.)
-        gone = [key for key in self.earlier if not self._names_something(key)][:excess]
+        for key in self.earlier:
+            if key not in self.named:
+                self.named[key] = bool(identifiers_in(self.facts[key].text))
+        gone = [key for key in self.earlier if not self.named[key]][:excess]
         return gone + [key for key in self.earlier if key not in gone][: excess - len(gone)]
-
-    def _names_something(self, key: tuple[FactKind, str]) -> bool:
-        named = self.named.get(key)
-        if named is None:
-            named = self.named[key] = bool(identifiers_in(self.facts[key].text))
-        return named
 
     def _revoke(self, subject: frozenset[str]) -> None:
         """Drop the rules the user took back: those about ``subject`` (and only those)."""
