@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, SystemMessage, ToolMessage
+from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, ToolMessage
 from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.channels.last_value import LastValue
 from langgraph.constants import END
@@ -21,7 +21,7 @@ from langgraph.errors import InvalidUpdateError
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.types import Command, StateUpdate
 
-from langchain_compaction._lc.conversation import CONFIG_KEY_READ, CONFIG_KEY_SEND, thread_of
+from langchain_compaction._lc.conversation import CONFIG_KEY_READ, CONFIG_KEY_SEND, opening_length, thread_of
 from langchain_compaction._lc.convert import is_bridge_message, is_summary_message, starts_with, to_core
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.errors import CompactionError, ConfigurationError, InvalidMessagesError
@@ -208,11 +208,8 @@ def read_messages(state: Any, key: str) -> list[BaseMessage]:
         raise InvalidMessagesError(msg)
     messages = list(value)
     # What is read before the messages are counted (each new one is checked then): how the
-    # conversation opens (its system messages and the two after) and the newest.
-    head = 0
-    while head < len(messages) and isinstance(messages[head], SystemMessage):
-        head += 1
-    for index in {*range(min(head + 2, len(messages))), len(messages) - 1} - {-1}:
+    # conversation opens (``opening``) and the newest.
+    for index in {*range(opening_length(messages)), len(messages) - 1} - {-1}:
         if not isinstance(messages[index], BaseMessage):
             to_core(messages[index], index)  # (a dict or a tuple: raises the error that says what to pass)
     return messages

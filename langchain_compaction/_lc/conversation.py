@@ -128,6 +128,14 @@ def conversation_of(config: Any, messages: Sequence[BaseMessage] = ()) -> Conver
     return Conversation(None, namespace_of(config), opening(messages))
 
 
+def opening_length(messages: Sequence[BaseMessage]) -> int:
+    """How many messages ``opening`` reads: the leading system messages and the two after them."""
+    lead = 0
+    while lead < len(messages) and getattr(messages[lead], "type", None) == "system":
+        lead += 1
+    return min(lead + 2, len(messages))
+
+
 def opening(messages: Sequence[BaseMessage]) -> str:
     """A digest of how a conversation opens: its leading system messages and the two messages after them.
 
@@ -139,10 +147,7 @@ def opening(messages: Sequence[BaseMessage]) -> str:
     the token cache tells an edit), give the digest made last time: a turn
     does not hash a long summary again.
     """
-    lead = 0
-    while lead < len(messages) and messages[lead].type == "system":
-        lead += 1
-    head = tuple(messages[: lead + 2])
+    head = tuple(messages[: opening_length(messages)])
     sizes = tuple(map(content_size, head))
     ids = tuple(map(id, head))
     known = _OPENINGS.get(ids)
