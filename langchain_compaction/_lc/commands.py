@@ -247,7 +247,7 @@ def idle_thread(graph: Any, config: Any) -> Flow[tuple[Any, bool]]:
             f"it has no checkpointer to read the thread from ({error}): compile it with one, "
             "builder.compile(checkpointer=InMemorySaver()); a subgraph's thread is compacted through its parent",
         ) from error
-    named = config.get("configurable", {}).get("checkpoint_id")
+    named = _checkpoint_id(config)
     if named is not None:
         # A config read from an older state (``get_state_history``) names its checkpoint: written
         # from there, the compaction would fork the thread and leave every later turn off its history.
@@ -313,7 +313,12 @@ def _thread_only(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _checkpoint(snapshot: Any) -> object:
-    return (getattr(snapshot, "config", None) or {}).get("configurable", {}).get("checkpoint_id")
+    return _checkpoint_id(getattr(snapshot, "config", None) or {})
+
+
+def _checkpoint_id(config: dict[str, Any]) -> object:
+    """The checkpoint ``config`` names (``None``: the thread's latest)."""
+    return config.get("configurable", {}).get("checkpoint_id")
 
 
 def write_as_node(graph: Any, config: Any, update: Any, node: str | None, *, resume: bool = False) -> Flow[Any]:
@@ -377,7 +382,7 @@ def _put_back_raced(graph: Any, config: Any, written: Any, now: Any, *, key: str
     at = written
     for _ in range(2):
         at = None if not isinstance(at, dict) else (yield twin(graph.get_state, graph.aget_state, at)).parent_config
-    if not isinstance(at, dict) or at.get("configurable", {}).get("checkpoint_id") == _checkpoint(now):
+    if not isinstance(at, dict) or _checkpoint_id(at) == _checkpoint(now):
         return
     base = yield twin(graph.get_state, graph.aget_state, at)
     if base.next:
