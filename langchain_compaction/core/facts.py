@@ -95,6 +95,7 @@ from langchain_compaction.core.section import (
     SECTION_HEADING,
     SECTION_NOTE,
     Within,
+    carried_over,
     fitting,
     line_of,
     render_section,
@@ -440,14 +441,14 @@ class FactCheck:
 
     Attributes:
         facts: Every fact in force, to record with the summary and carry on
-            (those the summary states, those the section adds, and the
-            requests and repeated words left out for room: they are bounded
-            by count).
+            (those the summary states, those the section adds, the requests
+            and repeated words left out for room, bounded by count, and the
+            newest of the other facts left out, within the section's budget again).
         section: The section the library adds ("" when the summary states every fact).
         found: Facts in force.
         in_summary: Of those, stated by the summary.
         added: Added by the library in ``section``.
-        dropped: Left out for the section's budget.
+        dropped: Left out for the section's budget (some carried on all the same).
     """
 
     facts: tuple[Fact, ...]
@@ -484,9 +485,8 @@ def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck
     within = Within("\n".join(normalize(line_of(f)) for f in chosen))
     added = [f for f in missing if id(f) in listed or within(norm[id(f)])]
     dropped = {id(f) for f in missing} - {id(f) for f in added}
-    # A fact left out is not carried on (the mark would grow without end),
-    # except the kinds kept by count: an older request left out now may fit
-    # under a later summary.
+    # What is left out may fit under a later summary (a cut that keeps less leaves more room).
+    dropped -= carried_over([f for f in missing if id(f) in dropped and f.kind not in _COUNTED], budget)
     kept = tuple(f for f in facts if id(f) not in dropped or f.kind in _COUNTED)
     return FactCheck(
         facts=kept,

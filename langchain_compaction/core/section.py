@@ -308,6 +308,21 @@ def _head(fact: Fact) -> str:
     return f"- {_code(fact.detail)}: " if fact.kind == "done_call" and fact.detail else ""
 
 
+def carried_over(left_out: Sequence[Fact], budget: int) -> set[int]:
+    """The facts left out of a section that its mark carries on all the same (``id`` of each).
+
+    The newest first, up to ``budget`` again (a quarter token a character), so
+    a later summary with more room can list them and the mark stays bounded.
+    """
+    carried: set[int] = set()
+    for fact in reversed(left_out):
+        budget -= len(fact.text) // 4 + 1
+        if budget < 0:
+            break
+        carried.add(id(fact))
+    return carried
+
+
 def _rounds(
     missing: Sequence[Fact], budget: int
 ) -> tuple[list[tuple[FactKind | None, list[Fact], float]], dict[FactKind, int]]:

@@ -176,6 +176,20 @@ def test_the_section_stays_within_its_budget_in_priority_order() -> None:
     assert "src/module_0.py" not in check.section
 
 
+def test_facts_left_out_for_room_are_carried_on_within_the_budget_again_and_listed_when_room_allows() -> None:
+    facts = [Fact("read_file", f"src/module_{i}.py", key=f"src/module_{i}.py") for i in range(300)]
+    tight = check_summary("## Goal\n- continue", facts, 100)
+    listed = {f.text for f in facts if f.text in tight.section}
+    carried = {f.text for f in tight.facts} - listed
+    # The newest of those left out are carried, the section's budget again (5 tokens each, by
+    # a quarter token a character), not all 300...
+    assert len(carried) == 100 // 5
+    assert max(int(t.split("_")[1][:-3]) for t in carried) < min(int(t.split("_")[1][:-3]) for t in listed)
+    # ... so a later summary with room for them lists them again.
+    roomy = check_summary("## Goal\n- continue", list(tight.facts), 2_000)
+    assert all(text in roomy.section for text in carried)
+
+
 def test_the_budget_follows_the_summary_budget() -> None:
     assert CheckedFacts().budget(CompactionOptions(context_window=200_000)) == 2048
     assert CheckedFacts().budget(CompactionOptions(context_window=24_000)) == 1400
@@ -520,11 +534,12 @@ def test_older_requests_left_out_for_room_are_carried_on() -> None:
     assert check.dropped >= 1
     # Requests are kept by count, not by room: one left out now may fit under a later summary.
     assert all(f in check.facts for f in facts if f.kind == "earlier")
-    # Facts of an unbounded kind left out are not carried (the mark would grow without end).
+    # Of an unbounded kind, those left out are carried only up to the section's budget
+    # again (3 tokens a path, by a quarter token a character): the mark stays bounded.
     paths = [Fact("read_file", f"src/m{i}.py", key=f"src/m{i}.py") for i in range(200)]
     many = check_summary("", paths, 200)
     assert many.dropped > 100
-    assert len(many.facts) == len(paths) - many.dropped
+    assert len(many.facts) == len(paths) - many.dropped + 200 // 3
 
 
 def test_a_pasted_message_gives_only_its_first_code_names_but_every_value() -> None:
