@@ -133,7 +133,9 @@ class CheckedFacts(Feature):
         facts = gather(carried, messages, region, draft.kept)
         # The section has a floor of its own (the summarizer was asked to leave
         # it), what the summarizer left unused, and the landing's slack.
-        kept = sum(estimate_message(draft.messages[i]) for i in draft.kept)
+        kept = draft.kept_tokens
+        if kept is None:
+            kept = sum(estimate_message(draft.messages[i]) for i in draft.kept)
         check = check_summary(draft.summary, facts, self.room(options, draft.summary, kept))
         record = {
             "found": check.found,

@@ -7,6 +7,7 @@ import json
 import pytest
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
@@ -226,6 +227,18 @@ def test_a_short_kept_part_leaves_its_room_to_the_calls_already_made() -> None:
     assert len(out) == 2  # the summary and the last question
     summary = str(out[0].content)
     assert [i for i in range(90) if f"services/payments/module_{i:02}.py" not in summary] == []
+
+    # The kept messages are measured by the counter the compaction plans with: one
+    # that counts the question at 900 tokens leaves the section little of the landing.
+    def counter(batch: list[BaseMessage]) -> int:
+        return 900 if batch[0].content == "So which module is slow?" else count_tokens_approximately(batch)
+
+    options = CompactionOptions(context_window=4_000, keep_recent_tokens=1_000, token_counter=counter)
+    result, out = compact(poor, messages, options)
+    assert result is not None
+    assert len(out) == 2
+    # (about 70 paths fit what is left: 1,750 - 900 - 466 of slack, the floor and what the summary left)
+    assert 40 < sum(f"services/payments/module_{i:02}.py" in str(out[0].content) for i in range(90)) < 80
 
 
 def test_the_feature_checks_its_option() -> None:
