@@ -349,7 +349,7 @@ class Compactor:
         # Whatever the summarizer wrote, the message is well formed: what the
         # library adds never lands inside a fence the summarizer left open.
         text = well_formed(report.outcome.summary)
-        draft = Draft(job.core, plan, shape.kept, text, options, sum(job.counts[i] for i in shape.kept))
+        draft = Draft(job.core, plan, shape.kept, text, options)
         added = [(f.name, f.add(draft)) for f in self.seam("add")]
         content, body = compose_summary(text, [a.section for _, a in added if a is not None])
         mark: dict[str, Any] = {"kind": "summary", "version": 2, **body_mark(content, body)}

@@ -47,8 +47,6 @@ class Draft:
         kept: Indices of the messages kept after the summary.
         summary: The summarizer's text.
         options: The options in force.
-        kept_tokens: The kept messages' tokens, by the counter the plan used
-            (``None``: not counted; a feature estimates them).
     """
 
     messages: Sequence[Message]
@@ -56,7 +54,6 @@ class Draft:
     kept: Sequence[int]
     summary: str
     options: CompactionOptions
-    kept_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from langchain_compaction.core.facts import check_summary, gather
 from langchain_compaction.core.options import CompactionOptions, check_int
 from langchain_compaction.core.redact import redact_facts, redact_message
 from langchain_compaction.core.section import facts_in_section
-from langchain_compaction.core.tokens import estimate_message, estimate_tokens
+from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact, FactKind
 from langchain_compaction.features.base import Addition, Draft, Feature
 
@@ -82,28 +82,20 @@ class CheckedFacts(Feature):
             return self.max_tokens
         return min(max(options.budget.summary_max // 2, MIN_FACTS_TOKENS), MAX_FACTS_TOKENS)
 
-    def room(self, options: CompactionOptions, summary: str, kept: int | None = None) -> int:
+    def room(self, options: CompactionOptions, summary: str) -> int:
         """The section's budget under a summary: its floor, what the summary left unused, and the landing's slack.
 
         The slack is what the landing leaves above the fixed part, the recent
-        messages kept and a full summary (``Budget.room - kept - summary_max``): at a small window it
+        messages kept and a full summary (``Budget.room - keep - summary_max``): at a small window it
         is where most of the facts fit. Past the floor, the section takes at
         most ``MAX_FACTS_TOKENS``.
-
-        Args:
-            options: The options in force.
-            summary: The summarizer's text.
-            kept: Tokens of the messages kept after the summary; ``None``: the keep target.
         """
         floor = self.budget(options)
         budget = options.budget
         unused = max(budget.summary_max - floor - estimate_tokens(summary), 0)
-        # Kept messages short of the keep target (a cut before a large output)
-        # leave their room to the section; past it they take none of it: what
-        # a turn adds after a preparation, or one large kept output, is not the
-        # facts' to pay for.
-        kept = budget.keep if kept is None else min(kept, budget.keep)
-        slack = max(budget.room - kept - budget.summary_max, 0) if budget.room is not None else 0
+        # (Measured against the keep target: what a turn adds after a
+        # preparation, or one large kept output, is not the facts' to pay for.)
+        slack = max(budget.room - budget.keep - budget.summary_max, 0) if budget.room is not None else 0
         return max(floor, min(floor + unused + slack, MAX_FACTS_TOKENS))
 
     def reserve(self, options: CompactionOptions) -> int:
@@ -133,10 +125,7 @@ class CheckedFacts(Feature):
         facts = gather(carried, messages, region, draft.kept)
         # The section has a floor of its own (the summarizer was asked to leave
         # it), what the summarizer left unused, and the landing's slack.
-        kept = draft.kept_tokens
-        if kept is None:
-            kept = sum(estimate_message(draft.messages[i]) for i in draft.kept)
-        check = check_summary(draft.summary, facts, self.room(options, draft.summary, kept))
+        check = check_summary(draft.summary, facts, self.room(options, draft.summary))
         record = {
             "found": check.found,
             "in_summary": check.in_summary,

@@ -7,7 +7,6 @@ import json
 import pytest
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
-from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
@@ -206,39 +205,6 @@ def test_the_section_has_its_floor_what_the_summary_left_and_the_landings_slack(
     assert CheckedFacts().room(small, "word " * 2_000) == 233 + slack
     # The section never takes more than the largest derived budget.
     assert CheckedFacts().room(CompactionOptions(context_window=24_000), "") == 2048
-    # Recent messages kept short of the keep target leave their room to the section;
-    # kept past it, they take nothing from the section's share.
-    assert CheckedFacts().room(small, "word " * 2_000, kept=300) == 233 + 1_750 - 300 - 466
-    assert CheckedFacts().room(small, "word " * 2_000, kept=5_000) == 233 + slack
-
-
-def test_a_short_kept_part_leaves_its_room_to_the_calls_already_made() -> None:
-    # Ninety file reads, then a large tool output the keep cannot hold: only the
-    # last question is kept, and the landing's room it leaves goes to the facts.
-    messages: list[BaseMessage] = [HumanMessage("Survey the modules of the payments service.")]
-    for i in range(90):
-        call = {"name": "read_file", "args": {"path": f"services/payments/module_{i:02}.py"}, "id": f"c{i}"}
-        messages += [AIMessage("", tool_calls=[call]), ToolMessage(f"module {i} body", tool_call_id=f"c{i}")]
-    call = {"name": "bash", "args": {"command": "cat build.log"}, "id": "log"}
-    messages += [AIMessage("", tool_calls=[call]), ToolMessage("build line\n" * 700, tool_call_id="log")]
-    messages.append(HumanMessage("So which module is slow?"))
-    result, out = compact(poor, messages, CompactionOptions(context_window=4_000, keep_recent_tokens=1_000))
-    assert result is not None
-    assert len(out) == 2  # the summary and the last question
-    summary = str(out[0].content)
-    assert [i for i in range(90) if f"services/payments/module_{i:02}.py" not in summary] == []
-
-    # The kept messages are measured by the counter the compaction plans with: one
-    # that counts the question at 900 tokens leaves the section little of the landing.
-    def counter(batch: list[BaseMessage]) -> int:
-        return 900 if batch[0].content == "So which module is slow?" else count_tokens_approximately(batch)
-
-    options = CompactionOptions(context_window=4_000, keep_recent_tokens=1_000, token_counter=counter)
-    result, out = compact(poor, messages, options)
-    assert result is not None
-    assert len(out) == 2
-    # (about 70 paths fit what is left: 1,750 - 900 - 466 of slack, the floor and what the summary left)
-    assert 40 < sum(f"services/payments/module_{i:02}.py" in str(out[0].content) for i in range(90)) < 80
 
 
 def test_the_feature_checks_its_option() -> None:
