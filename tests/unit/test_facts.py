@@ -7,6 +7,7 @@ import json
 import pytest
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
@@ -205,6 +206,27 @@ def test_the_section_has_its_floor_what_the_summary_left_and_the_landings_slack(
     assert CheckedFacts().room(small, "word " * 2_000) == 233 + slack
     # The section never takes more than the largest derived budget.
     assert CheckedFacts().room(CompactionOptions(context_window=24_000), "") == 2048
+
+
+@pytest.mark.parametrize("counter", [None, lambda batch: count_tokens_approximately(batch) * 5 // 2])
+def test_many_facts_and_a_short_kept_part_still_land_under_the_target(counter: object) -> None:
+    # Two hundred file reads, then a large output the keep cannot hold: only the last
+    # question is kept, and the section must not take the landing's room (nor, with a
+    # counter heavier than the estimate, go over the threshold).
+    messages: list[BaseMessage] = [HumanMessage("Survey the modules of the payments service.")]
+    for i in range(200):
+        call = {"name": "read_file", "args": {"path": f"services/payments/module_{i:03}.py"}, "id": f"c{i}"}
+        messages += [AIMessage("", tool_calls=[call]), ToolMessage(f"module {i} body", tool_call_id=f"c{i}")]
+    call = {"name": "bash", "args": {"command": "cat build.log"}, "id": "log"}
+    messages += [AIMessage("", tool_calls=[call]), ToolMessage("build line\n" * 700, tool_call_id="log")]
+    messages.append(HumanMessage("So which module is slow?"))
+    options = CompactionOptions(context_window=4_000, keep_recent_tokens=1_000, token_counter=counter)  # type: ignore[arg-type]
+    result, out = compact(poor, messages, options)
+    assert result is not None
+    assert len(out) == 2
+    assert result.part("facts")["dropped"] > 0  # (the section was full)
+    assert result.compacted_tokens <= (options.budget.landing or 0)
+    assert not result.above_landing
 
 
 def test_the_feature_checks_its_option() -> None:
