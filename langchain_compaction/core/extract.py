@@ -388,7 +388,20 @@ def without_revoked(text: str, subjects: Sequence[frozenset[str]]) -> str:
     if not subjects:
         return text
     kept = [s.strip() for s in sentences(text) if s.strip()]
-    return " ".join(s for s in kept if not (constraints(s) and revokes(subjects, s)))
+    return " ".join(filter(None, (_unrevoked(s, subjects) if constraints(s) else s for s in kept)))
+
+
+# Where a sentence joins a second rule to its first: "Never use tabs, and never commit to main."
+_RULE_JOIN = re.compile(r",?(?<!\s)\s+and\s+(?=(?:never|always|don['\u2019]?t|do not|avoid|only)\b)|;\s*", re.I)
+
+
+def _unrevoked(rule: str, subjects: Sequence[frozenset[str]]) -> str:
+    """What ``rule`` still lays down once ``subjects`` are taken back: the rules it joins that do not name them."""
+    if not revokes(subjects, rule):
+        return rule
+    clauses = _RULE_JOIN.split(rule)
+    left = ", and ".join(c for c in clauses if not revokes(subjects, c)).rstrip(",.; ")
+    return f"{left}." if left and len(left) < len(rule) - 1 and rules_in(left) else ""
 
 
 RULES_PER_MESSAGE = 3
@@ -444,32 +457,6 @@ def rules_in(words: str) -> list[str]:
         ):
             found.append(clip(sentence))
     return found
-
-
-_COMMON_WORDS = """
-    about above after again against also always another anything around because been before being below
-    between both cannot could does doing done down during each else even every first from further have
-    having here however into itself just know like make many more most much must need never next only
-    other ours over please really same should show since some something still such sure take than thank
-    thanks that their them then there these they thing things think this those though through under
-    until upon very want well were what when where which while will with within without would your yours
-    fine good great okay also able look looks going goes give given used uses using work works working
-    help file files code change changes line lines test tests time let's can't don't it's i'm
-"""
-_COMMON = frozenset(_COMMON_WORDS.split())
-
-
-def task_terms(text: str) -> set[str]:
-    """The words of ``text`` that may name what the task is about (not common words), lower-cased.
-
-    Example:
-        >>> sorted(task_terms("Please add a legend to the time-line of the chart"))
-        ['chart', 'legend', 'time-line']
-    """
-    return {w for w in _TERM.findall(text.lower()) if (len(w) >= 5 or "-" in w) and w not in _COMMON}
-
-
-_TERM = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 
 
 # What a harness says in the user's turn when a call went wrong: an error

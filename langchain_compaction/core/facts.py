@@ -1,12 +1,10 @@
 """Checked summaries: the facts a continuing agent needs, found without a model.
 
-A summarizer may drop a file path, a booking code or the user's "never touch
-X"; a poor one drops most of them. So the library finds those facts itself,
-deterministically, in the messages a compaction removes, and after the
-summarizer answers it checks the summary against them: each fact the summary
-does not state (compared after folding case and whitespace) goes into a section
-the library writes under the summary, in priority order, within its own budget
-(``Budget.facts_max``) plus what the summarizer left unused of the summary's.
+A summarizer may drop a file path, a booking code or the user's "never touch X";
+a poor one drops most of them. So the library finds those facts itself, in the
+messages a compaction removes, and checks the summary against them: each fact it
+does not state (case and whitespace folded) goes into a section under the summary,
+in priority order, within the section's budget (``CheckedFacts.room``).
 
 What counts as a fact (the rules were chosen on the real transcripts in
 ``../shared/data/transcripts`` and the synthetic sessions of ``bench/``):
@@ -17,7 +15,8 @@ What counts as a fact (the rules were chosen on the real transcripts in
   Only the user's own voice counts: not a quoted line (``>``), a forwarded
   message, a fenced block, a tool's output or the system prompt. A later
   message that takes a rule back ("forget what I said about tabs", "tabs are
-  fine now", "you may use tabs") drops the rules on that subject, and only those;
+  fine now", "you may use tabs") drops the rules on that subject, and only those
+  (of "never A, and never B", a permission for B leaves "never A");
 - rule: the rules of a pasted document (``core.extract.own_rule``: a prompt or a
   policy lays down dozens, which would crowd out everything else) but its first
   and its last: kept and revoked as constraints are, but last in line for room;
@@ -130,8 +129,7 @@ TERMS_KEPT = 12
 NAMES_KEPT = 8
 """How many of the code names the agent keeps using are kept (those met last)."""
 _REPEATED: frozenset[FactKind] = frozenset({"name", "term"})
-"""The kinds kept once they come back (in two messages or more): the code names the agent met
-last (``NAMES_KEPT``), the words the user repeated most (``TERMS_KEPT``)."""
+"""Kept once met in two messages or more: the code names met last, the words the user repeated most."""
 _COUNTED: frozenset[FactKind] = frozenset({"task", "request", "earlier", *_REPEATED})
 """The kinds whose number is bounded (``REQUESTS_KEPT``, ``EARLIER_KEPT``, ``NAMES_KEPT``, ``TERMS_KEPT``, one task)."""
 
@@ -316,7 +314,11 @@ class _Tracker:
         for key in self.rules.naming(subject):  # (those that may name it; gone ones are not found)
             rule = self.facts.get(key)
             if rule is not None and revokes([subject], rule.text):
-                del self.facts[key]
+                left = without_revoked(rule.text, [subject])  # (a rule joined to it stays: "never A, and never B")
+                if left:
+                    self.facts[key] = Fact(rule.kind, left, rule.key, rule.detail)
+                else:
+                    del self.facts[key]
         for key in list(self.asked):
             # The request stays; the rule it stated goes.
             said = self.facts.get(key)

@@ -30,9 +30,9 @@ from langchain_compaction.core.extract import (
     prose_and_own_words,
     revoked_subjects,
     rules_in,
-    task_terms,
 )
 from langchain_compaction.core.identifiers import CJK_LETTERS, identifiers_in, names_in_code
+from langchain_compaction.core.subjects import task_terms
 from langchain_compaction.core.types import FactKind, Message
 
 CODE_NAMES_PER_MESSAGE = 12

@@ -3,6 +3,7 @@
 ``core.extract`` reads a revocation's subject and a rule's words with
 ``subject_words``; a rule is taken back when it ``named`` every word of the subject.
 ``Naming`` finds the rules that may, without comparing every rule with every revocation.
+``task_terms`` reads the words a user's message may name the task by.
 """
 
 from __future__ import annotations
@@ -112,3 +113,29 @@ class Naming(Generic[_K]):
         held.sort(key=lambda sets: sum(map(len, sets)))
         found = set().union(*held[0])
         return {item for item in found if all(any(item in s for s in sets) for sets in held[1:])}
+
+
+_COMMON_WORDS = """
+    about above after again against also always another anything around because been before being below
+    between both cannot could does doing done down during each else even every first from further have
+    having here however into itself just know like make many more most much must need never next only
+    other ours over please really same should show since some something still such sure take than thank
+    thanks that their them then there these they thing things think this those though through under
+    until upon very want well were what when where which while will with within without would your yours
+    fine good great okay also able look looks going goes give given used uses using work works working
+    help file files code change changes line lines test tests time let's can't don't it's i'm
+"""
+_COMMON = frozenset(_COMMON_WORDS.split())
+
+
+def task_terms(text: str) -> set[str]:
+    """The words of ``text`` that may name what the task is about (not common words), lower-cased.
+
+    Example:
+        >>> sorted(task_terms("Please add a legend to the time-line of the chart"))
+        ['chart', 'legend', 'time-line']
+    """
+    return {w for w in _TERM.findall(text.lower()) if (len(w) >= 5 or "-" in w) and w not in _COMMON}
+
+
+_TERM = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")

@@ -944,3 +944,27 @@ def test_a_clean_run_of_another_test_of_the_file_leaves_the_failed_test_unresolv
     errors.add(*failed, "AssertionError: token not expired")
     assert errors.resolve(*command_target("pytest tests/test_auth.py::test_logout")) == []
     assert errors.resolve(*command_target("pytest -q tests/test_auth.py")) == ["AssertionError: token not expired"]
+
+
+@pytest.mark.parametrize(
+    ("rule", "later", "left"),
+    [
+        (
+            "Never use tabs in Makefiles, and never commit to main.",
+            "Committing to main is fine now.",
+            "Never use tabs in Makefiles.",
+        ),
+        (
+            "Never book me on a red-eye, and never give me a middle seat.",
+            "Middle seats are fine now.",
+            "Never book me on a red-eye.",
+        ),
+        ("Don't call me before 9am; never leave voicemails.", "Voicemails are fine now.", "Don't call me before 9am."),
+        ("Never use tabs in Makefiles and always run make lint.", "Tabs are fine now.", "always run make lint."),
+    ],
+)
+def test_a_permission_for_one_of_two_joined_rules_leaves_the_other(rule: str, later: str, left: str) -> None:
+    assert _rules(rule, later) == [left]
+    # Both rules stay while nothing takes either back, and a permission for both takes both.
+    assert _rules(rule) == [rule]
+    assert _rules("Never use tabs in Makefiles, and never commit to main.", "Tabs and commits to main are fine.") == []
