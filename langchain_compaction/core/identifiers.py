@@ -1,7 +1,8 @@
 """Identifiers in a message's text, read without a model: what a summary must not paraphrase.
 
 Ids and codes that mix letters and digits, numeric ids with hyphens, amounts
-(with a currency sign, or a currency named beside them: "145.60 EUR"), dates,
+(with a currency sign, or a currency named beside them: "145.60 EUR"), dates
+(in words too: "14 March 2025"),
 versions, paths, file names, URLs, e-mail addresses and names from code
 (``camelCase``, ``snake_case``; not the parts of a value found already),
 but nothing from an encoded blob. ``core.facts`` keeps those a user gave; the
@@ -57,6 +58,13 @@ def _names_currency(text: str) -> bool:
 _AMOUNT = re.compile(
     rf"(?<![\w.,']){_CURRENCY}[^\S\n]?\d(?:[\d.,']*\d)?(?![\w])|(?<![\w.,'])\d(?:[\d.,']*\d)?[^\S\n]?{_CURRENCY}"
 )
+# A date written in words: "14 March 2025", "March 14th, 2025", "3 Feb". (Months
+# capitalized, as they are written; "May" only beside its day.)
+_MONTHS = r"(?:January|February|March|April|May|June|July|August|September|October|November|December"
+_MONTHS += r"|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)\.?"
+_DAY = r"(?:[1-9]|[12]\d|3[01])(?:st|nd|rd|th)?"
+_DATE = re.compile(rf"\b(?:{_DAY}[^\S\n](?:of[^\S\n])?{_MONTHS}|{_MONTHS}[^\S\n]{_DAY}\b)(?:,?[^\S\n]\d{{4}}\b)?")
+_MONTH_MARKS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _PARTS = re.compile(r"[^\w]+")
 _MAX_TOKEN_CHARS = 200
 # camelCase, PascalCase with an inner capital, snake_case; tried at word starts only.
@@ -94,13 +102,14 @@ def identifiers_in(words: str, *, code_names: bool = True, max_code_names: int |
     # An amount with its currency named beside it ("145.60 EUR", "EUR 420.00", "1.250,50 €"): two words.
     for amount in _AMOUNT.findall(words) if _names_currency(words) else ():
         _add_new(found, amount)
+    dated = _dates(words, found)
     # Only words with a digit, a dot inside, a slash, an @ or a currency sign can be
     # identifiers: one pass finds them, plain words are never looked at.
     for word in _MAYBE_IDENTIFIER.findall(words if words.isascii() else _NON_ASCII_GLUE.sub(" ", words)):
         for token in _tokens(word):
             if len(token) > _MAX_TOKEN_CHARS or "://" in token or not _TOKEN.fullmatch(token) or encoded(token):
                 continue
-            if "/" in token and not is_path(token):
+            if ("/" in token and not is_path(token)) or token in dated:
                 continue  # "and/or", "yes/no"
             _add_new(found, token)
     # Names from code the user wrote in prose (camelCase, PascalCase with an
@@ -115,6 +124,15 @@ def identifiers_in(words: str, *, code_names: bool = True, max_code_names: int |
             if name not in parts:
                 _add_new(found, name)
     return list(found)
+
+
+def _dates(words: str, found: dict[str, None]) -> set[str]:
+    """Add the dates written in words (``_DATE``) to ``found``; their words, which are no identifiers alone ("21st")."""
+    dated: set[str] = set()
+    for date in _DATE.findall(words) if any(month in words for month in _MONTH_MARKS) else ():
+        _add_new(found, date.rstrip("."))
+        dated.update(part.strip(",.") for part in date.split())
+    return dated
 
 
 def _tokens(word: str) -> Sequence[str]:

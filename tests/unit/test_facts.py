@@ -314,6 +314,10 @@ def test_identifiers_are_what_a_model_cannot_guess() -> None:
         ("Bitte storniere die Bestellung „ORD-5521“.", ["ORD-5521"]),
         ("Cancel order 📦ORD-5521 please, and ✅QX42LM too.", ["ORD-5521", "QX42LM"]),
         ("Done ✔\ufe0fORD-5521, watch ⚠\ufe0fQX42LM", ["ORD-5521", "QX42LM"]),  # (with the emoji's variation selector)
+        # Dates written in words, whole (not their year alone); "May" only beside a day.
+        ("Move it to 14 March 2025 with Dr. Okafor.", ["14 March 2025"]),
+        ("Book it for Sept. 21st, 2024 and not May I ask", ["Sept. 21st, 2024"]),
+        ("the 3rd of May, or March 14, 2025", ["3rd of May", "March 14, 2025"]),
         # Windows paths, with either separator.
         (
             "It crashes in C:\\Users\\bob\\app\\main.py; see D:/logs/run.log",
