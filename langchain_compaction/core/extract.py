@@ -27,7 +27,9 @@ MAX_KEY_CHARS = 160
 
 # A user's rule or preference, or a correction of the agent.
 _CONSTRAINT = re.compile(
-    r"\b(?:never|always|don['\u2019]?t|do not|must|mustn['\u2019]?t|only|avoid|make sure|"
+    r"\b(?:never|always|don['\u2019]?t|do not|mustn['\u2019]?t|only|avoid|make sure|"
+    # ("must", not the guess of "someone must have pushed", "that must've worked")
+    r"must(?!(?:\s+have|['\u2019]ve)\s+(?:been\b|\w+(?:ed|en|ne|wn)\b))|"
     r"should(?:n['\u2019]?t| not)|no longer|"
     r"instead of|keep|prefer|not allowed|forbidden|from now on|going forward|"
     r"please (?:answer|reply|respond|write|use|call|name)|"

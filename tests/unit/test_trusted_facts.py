@@ -968,3 +968,10 @@ def test_a_permission_for_one_of_two_joined_rules_leaves_the_other(rule: str, la
     # Both rules stay while nothing takes either back, and a permission for both takes both.
     assert _rules(rule) == [rule]
     assert _rules("Never use tabs in Makefiles, and never commit to main.", "Tabs and commits to main are fine.") == []
+
+
+def test_a_guess_with_must_have_is_no_rule_and_a_rule_with_must_is() -> None:
+    assert _rules("The build broke overnight, so someone must have pushed to main.") == []
+    assert _rules("rm printed nothing, so that must have worked.", "It must've been the cache.") == []
+    assert _rules("You must have tests for every change.") == ["You must have tests for every change."]
+    assert _rules("You must run make lint before a commit.") == ["You must run make lint before a commit."]
