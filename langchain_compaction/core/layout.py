@@ -47,9 +47,9 @@ if TYPE_CHECKING:
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
-# A line of the prompt's template copied as it is: "[What ... ?]", "- [x] [Completed tasks]".
+# A line of the prompt's template copied as it is: "[What ... ?]", "- [x] [Completed tasks]" (any box: "- [y]").
 _WORD = re.compile(r"\w+")
-_PLACEHOLDER = re.compile(r"^\s*(?:[-*]|\d+\.)?\s*(?:\[[ x]\]\s*)?\[[^\]\n]{3,}\](?:\s*:\s*\[[^\]\n]*\])?\s*$")
+_PLACEHOLDER = re.compile(r"^\s*(?:[-*]|\d+\.)?\s*(?:\[[^\]\n]{0,2}\]\s*)?\[[^\]\n]{3,}\](?:\s*:\s*\[[^\]\n]*\])?\s*$")
 # Every line of the prompts but their headings (a heading the prompt asks for
 # is the summary's own, not an echo), folded.
 _PROMPTS = (prompts.CHECKPOINT_PROMPT, prompts.UPDATE_PROMPT, prompts.SYSTEM_PROMPT, prompts.CACHE_ALIGNED_PROMPT)
@@ -64,8 +64,16 @@ _ANY_PROMPT_LINE = frozenset(
 # other word. A model that writes its own items in the template's style
 # ("- [x] [Added retry logic to src/client.py]") keeps them.
 _BRACKETED = re.compile(r"\[([^\]\n]{3,})\]")
+_BULLET = re.compile(r"^\s*(?:[-*]|\d+\.)?\s*(?:\[[^\]\n]{0,2}\]\s*)?")
+
+
+def _words(text: str) -> frozenset[str]:
+    """The words of ``text``, folded and in the singular (a model echoes "example" for "examples")."""
+    return frozenset(w[:-1] if w.endswith("s") and len(w) > 3 else w for w in _WORD.findall(text.lower()))
+
+
 _TEMPLATE_PHRASES = tuple(
-    frozenset(_WORD.findall(phrase.lower()))
+    _words(phrase)
     for prompt in (
         prompts.CHECKPOINT_PROMPT,
         prompts.UPDATE_PROMPT,
@@ -74,9 +82,21 @@ _TEMPLATE_PHRASES = tuple(
     )
     for phrase in _BRACKETED.findall(prompt)
 )
+_MARKUP = str.maketrans("", "", "[]*")
+
+
+def _plain(line: str) -> str:
+    """``line`` folded, without brackets and emphasis: a template line copied with them stripped is the same."""
+    return normalize(line.translate(_MARKUP))
+
+
+# (Each sentence of a line too: "Keep each section concise." echoes a longer line's first.)
+_PLAIN_PROMPT_LINES = frozenset(
+    p for line in _ANY_PROMPT_LINE for p in (_plain(line), *map(_plain, re.split(r"(?<=\.) ", line))) if len(p) > 12
+)
 # Those a summarizer's text loses wherever they stand (long enough to be telling);
 # an answer made of nothing but prompt lines is no summary (``echoes_prompt``).
-_PROMPT_LINES = frozenset(line for line in _ANY_PROMPT_LINE if len(line) > 24)
+_PROMPT_LINES = frozenset(line for line in _ANY_PROMPT_LINE if len(line) > 16)
 # The library's own lines: a summarizer that writes them (echoed from a tool's
 # output, say) would make its text look like the library's section.
 _LIBRARY_LINES = frozenset(
@@ -102,7 +122,7 @@ def well_formed(summary: str) -> str:
     # Control characters say nothing in a summary, and a NUL is refused by
     # PostgreSQL's jsonb (a store that keeps prepared summaries).
     for line in _CONTROL.sub("", summary).splitlines():
-        if not fences.step(line) and _echoed(line):
+        if _echoed(line, code=fences.step(line)):
             continue
         kept.append(line.rstrip())
     if fences.open:
@@ -112,18 +132,27 @@ def well_formed(summary: str) -> str:
 
 def echoes_prompt(summary: str) -> bool:
     """Whether ``summary`` holds nothing but headings and the prompts' own lines (the instructions echoed back)."""
-    content = [line for line in well_formed(summary).splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    return all(normalize(line) in _ANY_PROMPT_LINE for line in content)
+    # (The fences of a template copied inside a code block are no content of their own.)
+    content = [line.strip() for line in well_formed(summary).splitlines() if not line.lstrip().startswith("#")]
+    return all(normalize(line) in _ANY_PROMPT_LINE for line in content if line and not line.startswith(("```", "~~~")))
 
 
-def _echoed(line: str) -> bool:
-    """Whether a summary line is a template placeholder, a prompt line or one of the library's own."""
-    if _PLACEHOLDER.match(line):
-        phrases = [frozenset(_WORD.findall(phrase.lower())) for phrase in _BRACKETED.findall(line)]
-        if all(any(words <= template for template in _TEMPLATE_PHRASES) for words in phrases):
-            return True
+def _echoed(line: str, *, code: bool) -> bool:
+    """Whether a summary line is a template placeholder, a prompt line or (outside ``code``) one of the library's own.
+
+    A template copied inside a code block is still the template; a copy of the
+    library's lines there is the summarizer's quotation (read back as its text).
+    """
+    # A placeholder, or one of three words or more copied without its brackets: "- Current work" may be the
+    # summary's, "- Any constraints mentioned by user" is the template's.
+    bare = _BULLET.sub("", line)
+    phrases = [_words(p) for p in _BRACKETED.findall(line)] if _PLACEHOLDER.match(line) else [_words(bare)]
+    if (_PLACEHOLDER.match(line) or len(phrases[0]) >= 3) and all(
+        any(words <= template for template in _TEMPLATE_PHRASES) for words in phrases
+    ):
+        return True
     folded = normalize(line)
-    return folded in _PROMPT_LINES or folded in _LIBRARY_LINES
+    return folded in _PROMPT_LINES or _plain(line) in _PLAIN_PROMPT_LINES or (not code and folded in _LIBRARY_LINES)
 
 
 def compose_summary(summary: str, sections: Sequence[str] = ()) -> tuple[str, int]:

@@ -29,7 +29,8 @@ from langgraph.store.memory import InMemoryStore
 from langchain_compaction import CompactionNode, CompactionOptions, ExtractiveSummarizer, compact
 from langchain_compaction._lc.convert import SUMMARY_MARK, is_summary_message
 from langchain_compaction.core.facts import SECTION_HEADING
-from langchain_compaction.core.prompts import CHECKPOINT_SECTIONS
+from langchain_compaction.core.layout import echoes_prompt, well_formed
+from langchain_compaction.core.prompts import CHECKPOINT_FORMAT, CHECKPOINT_SECTIONS
 from langchain_compaction.core.redact import redact_secrets
 from langchain_compaction.core.section import SECTION_NOTE
 from langchain_compaction.errors import ConfigurationError
@@ -418,6 +419,35 @@ def test_echoed_template_lines_are_not_stored_as_the_summary() -> None:
     for echoed in ("[What is the user", "[Any constraints", '[Or "(none)"', "[Completed tasks"):
         assert echoed not in text
         assert echoed not in result.summary
+
+
+def test_a_template_echoed_inside_a_code_block_is_not_stored_and_alone_is_no_summary() -> None:
+    # What SmolLM2-135M answered on the SWE-agent transcript: the template's lines in a fence, odd boxes.
+    real = "```\n# Goals\n- [x] [Completed tasks/changes]\n- [y] [Current work]\n- [z] [Any data, examples, or "
+    real += "references needed to continue]\n```"
+    assert well_formed(real + "\n- Fixed src/parse.py") == "```\n# Goals\n```\n- Fixed src/parse.py"
+    assert echoes_prompt(real)
+    assert echoes_prompt(f"```markdown\n{CHECKPOINT_FORMAT}\n```")
+    # Code that happens to use brackets is kept.
+    assert well_formed("```py\nitems = [x for x in data]\n```") == "```py\nitems = [x for x in data]\n```"
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [
+        "- Any constraints, preferences, or requirements mentioned by user",  # brackets stripped
+        "- [Any data, example, or reference needed to continue]",  # a word in the singular
+        "- **Decision**: Brief rationale",
+        "Use this EXACT format:",
+        "Keep each section concise.",  # one sentence of a longer line
+        "- [ ] Current work",
+    ],
+)
+def test_a_template_line_echoed_with_small_changes_is_dropped(echo: str) -> None:
+    assert well_formed(f"## Goal\n- Fix src/parse.py\n{echo}") == "## Goal\n- Fix src/parse.py"
+    assert echoes_prompt(f"## Goal\n{echo}")
+    # The summary's own lines in the template's words stay.
+    assert well_formed(f"## Goal\n- Current work: the parser\n{echo}") == "## Goal\n- Current work: the parser"
 
 
 def test_items_written_in_the_templates_bracket_style_are_kept() -> None:
