@@ -96,6 +96,7 @@ def identifiers(text: str, *, code_names: bool = True, max_code_names: int | Non
 def identifiers_in(words: str, *, code_names: bool = True, max_code_names: int | None = None) -> list[str]:
     """``identifiers`` of a text made ``prose`` already (``core.extract.prose_and_own_words``)."""
     found: dict[str, None] = {}  # (an ordered set: a tool's output may hold thousands)
+    words = _without_dumps(words)
     if "://" in words:
         for url in _URL.findall(words):
             _add_new(found, url.rstrip(".,;:!?"))
@@ -124,6 +125,22 @@ def identifiers_in(words: str, *, code_names: bool = True, max_code_names: int |
             if name not in parts:
                 _add_new(found, name)
     return list(found)
+
+
+# A line of a hex or octal dump (xxd, hexdump, od): an offset, then four groups of digits or more.
+_DUMP_LINE = re.compile(r"^[^\S\n]*[0-9A-Fa-f]{4,16}:?(?:[^\S\n]+[0-9A-Fa-f]{2,8}){4,}.*$", re.MULTILINE)
+_DATA_LINE_CHARS = 400
+
+
+def _without_dumps(words: str) -> str:
+    """``words`` without the lines of a dump and of minified data (a long line with hardly a space): no facts there."""
+    if "\n" in words or len(words) > _DATA_LINE_CHARS:
+        words = _DUMP_LINE.sub("", words)
+    if len(words) <= _DATA_LINE_CHARS:
+        return words
+    lines = words.split("\n")
+    kept = [line for line in lines if len(line) <= _DATA_LINE_CHARS or line.count(" ") * 50 > len(line)]
+    return words if len(kept) == len(lines) else "\n".join(kept)
 
 
 def _dates(words: str, found: dict[str, None]) -> set[str]:

@@ -483,6 +483,26 @@ def test_an_encoded_blob_yields_no_facts_and_crowds_out_none() -> None:
     assert all(len(value) < 40 and value not in blob for value in found), found
 
 
+def test_a_hex_or_octal_dump_or_minified_data_yields_no_facts() -> None:
+    raw = bytes(range(256))
+    xxd = "\n".join(f"{i * 16:08x}: " + " ".join(raw[i * 16 : i * 16 + 16][j : j + 2].hex() for j in range(0, 16, 2))
+                    + "  ................" for i in range(12))  # fmt: skip
+    od = "\n".join(f"{i * 16:07o} " + " ".join(f"{b:03o}" for b in raw[i * 16 : i * 16 + 16]) for i in range(8))
+    minified = json.dumps({f"k{i}": {"v": [i, f"x-{i}"], "path": f"/srv/a{i}/b.js"} for i in range(30)})
+    minified = minified.replace(" ", "")
+    messages = [
+        HumanMessage(f"xxd says:\n{xxd}\nand od:\n{od}\nMy booking code is JG7FMM.", id="h1"),
+        AIMessage("Thanks.", id="a1"),
+        HumanMessage(f"The config: {minified}\nShip it to docs/ship.md", id="h2"),
+        AIMessage("Noted.", id="a2"),
+        *closing(),
+    ]
+    _, out = compact(poor, messages, TIGHT)
+    found = facts_in_mark(out, "identifier")
+    assert {"JG7FMM", "docs/ship.md"} <= set(found)
+    assert [v for v in found if v in xxd or v in od or v in minified] == []
+
+
 def test_nested_bullets_and_emphasis_are_the_users_words() -> None:
     messages = [
         HumanMessage(
