@@ -125,6 +125,16 @@ def _wrap(exc: Exception, request: SummaryRequest, *, sync: bool) -> Summarizati
 
 _T = TypeVar("_T")
 
+
+def _relief(problem: str) -> str:
+    """What else may help a summary rejected twice for ``problem`` (as ``core.flow.review_summary`` words it)."""
+    if "summary budget" in problem:
+        return "or relax summary_max_tokens"
+    if "lacks these headings" in problem:
+        return "or ask for fewer headings (RequireSections(headings=...))"
+    return "or use a stronger summarizer model"
+
+
 MAX_ABANDONED_CALLS = 4
 """Timed-out blocking summary calls whose threads may still run before no new one is started.
 
@@ -241,7 +251,7 @@ class _Driver:
                 raise InvalidSummaryError(
                     f"compaction summarisation failed: the summary was rejected twice ({request.problem}); "
                     "the messages were left unchanged. Pass a fallback summarizer (fallback=ExtractiveSummarizer()), "
-                    "or relax summary_max_tokens / RequireSections(headings=...)",
+                    + _relief(request.problem),
                     chunk_index=request.chunk_index,
                     chunk_count=request.chunk_count,
                 )

@@ -22,6 +22,7 @@ from langgraph.constants import TAG_NOSTREAM
 
 from langchain_compaction.core.effects import refuse_awaitable
 from langchain_compaction.core.engine import Summarizer, blocking_summary
+from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import ConfigurationError, SummarizationError
 
@@ -34,11 +35,12 @@ SUMMARY_RUN_NAME = "langchain_compaction_summary"
 logger = logging.getLogger("langchain_compaction")
 
 
-def _reply(output: object, *, covers_prefix: bool = False) -> str | SummaryReply:
+def _reply(output: object, *, covers_prefix: bool = False, budget: int | None = None) -> str | SummaryReply:
     """A model's output as a ``SummaryReply``: its text, and its usage when reported.
 
     Anything that is not a message is handed on as it is, for the engine to
-    reject with an error that names what the model returned.
+    reject with an error that names what the model returned. ``budget``: the
+    tokens the summary was asked to keep within (what a cut-short answer is told by).
     """
     if isinstance(output, SummaryReply):
         return SummaryReply(output.text, output.usage, covers_prefix)
@@ -65,10 +67,21 @@ def _reply(output: object, *, covers_prefix: bool = False) -> str | SummaryReply
             )
         text = ""
     if isinstance(output, AIMessage) and _cut_short(output):
-        logger.warning(
-            "the summary hit the model's output limit and was cut short; give the summarizer model a max_tokens of "
-            "at least summary_max_tokens (ChatAnthropic(max_tokens=...), ChatOpenAI(max_tokens=...))"
-        )
+        size = estimate_tokens(text)
+        if budget is not None and size > budget:
+            # A larger max_tokens would only let it run on: the budget check rejects it (then the fallback).
+            logger.warning(
+                "the summarizer model ran on to its output limit, past the length it was asked for (about %d "
+                "tokens for %d): it does not keep to that length; a stronger model helps, and "
+                "fallback=ExtractiveSummarizer() stands in for an answer rejected as too long",
+                size,
+                budget,
+            )
+        else:
+            logger.warning(
+                "the summary hit the model's output limit and was cut short; give the summarizer model a max_tokens "
+                "of at least summary_max_tokens (ChatAnthropic(max_tokens=...), ChatOpenAI(max_tokens=...))"
+            )
     meta = output.usage_metadata if isinstance(output, AIMessage) else None
     if not meta:
         return SummaryReply(text, covers_prefix=covers_prefix)
@@ -285,7 +298,7 @@ class ChatModelSummarizer:
         messages, aligned = self._input(request)
         model = self._model(request, aligned)
         output = model.invoke(messages, config=_config(request), **_per_call(model, request, aligned))
-        return _reply(output, covers_prefix=aligned)
+        return _reply(output, covers_prefix=aligned, budget=request.max_tokens)
 
     async def asummarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Await the model's ``ainvoke``; see ``Summarizer``.
@@ -304,7 +317,7 @@ class ChatModelSummarizer:
             output = await blocking_summary(request, call)
         else:
             output = await model.ainvoke(messages, config=_config(request), **keywords)
-        return _reply(output, covers_prefix=aligned)
+        return _reply(output, covers_prefix=aligned, budget=request.max_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,24 @@ async def test_rejected_twice_without_fallback_raises_and_changes_nothing(mode):
     assert [(m.id, m.content) for m in MESSAGES] == before
 
 
+@pytest.mark.parametrize(
+    ("answer", "advice"),
+    [
+        ("word " * 3000, "relax summary_max_tokens"),  # too long
+        ("\n#", "stronger summarizer model"),  # nothing but a heading: an echo of the template
+        ("## Goal\n- fix the parser", "fewer headings"),  # without the headings RequireSections asks for
+    ],
+)
+def test_the_advice_of_a_summary_rejected_twice_fits_why(answer, advice):
+    features = [CheckedFacts(), Pins(), RequireSections()]
+    with pytest.raises(InvalidSummaryError, match="rejected twice") as info:
+        compact(Script(answer), MESSAGES, CompactionOptions(summary_max_tokens=500), features=features)
+    assert advice in str(info.value)
+    assert all(
+        other not in str(info.value) for other in ("relax summary", "stronger", "fewer headings") if other not in advice
+    )
+
+
 def test_sections_are_checked_only_when_asked():
     result, _ = compact(Script(GOOD), MESSAGES, CompactionOptions())
     assert result is not None

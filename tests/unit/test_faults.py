@@ -678,6 +678,19 @@ def test_a_summary_cut_at_the_models_output_limit_is_said(
     assert any("cut short" in r.getMessage() and "max_tokens" in r.getMessage() for r in caplog.records)
 
 
+def test_a_reply_cut_short_past_the_length_asked_for_is_not_told_to_raise_max_tokens(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A model that ran past the budget to its own limit: a larger max_tokens would only let it run on."""
+    reply = AIMessage("## Goal\n" + "- fix the parser and then\n" * 90, response_metadata={"finish_reason": "length"})
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        model = GenericFakeChatModel(messages=itertools.repeat(reply))
+        compact(model, long_history(), CompactionOptions(summary_max_tokens=300), fallback=ExtractiveSummarizer())
+    said = [r.getMessage() for r in caplog.records if "output limit" in r.getMessage()]
+    assert said
+    assert all("past the length it was asked for" in m and "at least summary_max_tokens" not in m for m in said)
+
+
 def test_cache_writes_langchain_anthropic_reports_by_lifetime_are_counted() -> None:
     """langchain-anthropic moves the cache write count to ephemeral_5m/1h_input_tokens and zeroes cache_creation."""
     usage = {
