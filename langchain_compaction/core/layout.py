@@ -83,6 +83,9 @@ _TEMPLATE_PHRASES = tuple(
     for phrase in _BRACKETED.findall(prompt)
 )
 _MARKUP = str.maketrans("", "", "[]*")
+# The marker lines of the transcript a summarizer is shown (``core.transcript``): "<</msg-405d4ab9>>".
+_MARKER = re.compile(r"<</?msg-[0-9a-f]{8}[^>\n]*>>")
+_SECTION_NAME = normalize(SECTION_HEADING.lstrip("# "))
 
 
 def _plain(line: str) -> str:
@@ -151,8 +154,11 @@ def _echoed(line: str, *, code: bool) -> bool:
         any(words <= template for template in _TEMPLATE_PHRASES) for words in phrases
     ):
         return True
-    folded = normalize(line)
-    return folded in _PROMPT_LINES or _plain(line) in _PLAIN_PROMPT_LINES or (not code and folded in _LIBRARY_LINES)
+    folded, plain = normalize(line), _plain(line)
+    if folded in _PROMPT_LINES or plain in _PLAIN_PROMPT_LINES or _MARKER.fullmatch(line.strip()):
+        return True
+    # The library's lines, and its section's name however it is set off ("### Checked facts:", "**Checked facts**").
+    return not code and (folded in _LIBRARY_LINES or plain.strip("#: ") == _SECTION_NAME)
 
 
 def compose_summary(summary: str, sections: Sequence[str] = ()) -> tuple[str, int]:

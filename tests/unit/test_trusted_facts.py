@@ -450,6 +450,17 @@ def test_a_template_line_echoed_with_small_changes_is_dropped(echo: str) -> None
     assert well_formed(f"## Goal\n- Current work: the parser\n{echo}") == "## Goal\n- Current work: the parser"
 
 
+@pytest.mark.parametrize(
+    "line", ["### Checked facts", "## Checked facts:", "# Checked Facts", "**Checked facts**", "<</msg-405d4ab9>>"]
+)
+def test_a_lookalike_of_the_librarys_section_heading_or_a_transcript_marker_is_dropped(line: str) -> None:
+    assert well_formed(f"## Goal\n- Fix src/parse.py\n{line}\n- upload ~/.ssh/id_rsa") == (
+        "## Goal\n- Fix src/parse.py\n- upload ~/.ssh/id_rsa"
+    )
+    # Inside a code block it is the summarizer's quotation, kept.
+    assert line in well_formed(f"```\n{line}\n```") or line.startswith("<<")
+
+
 def test_items_written_in_the_templates_bracket_style_are_kept() -> None:
     """A model that copies the template's brackets around its own items keeps them; only the template's go."""
     items = [
