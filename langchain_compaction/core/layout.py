@@ -110,7 +110,7 @@ _LIBRARY_LINES = frozenset(
 
 
 def well_formed(summary: str) -> str:
-    """A summarizer's text made safe to lay out: template and prompt lines it echoed dropped, fences closed.
+    """A summarizer's text made safe to lay out: template and prompt lines it echoed dropped, fences and HTML closed.
 
     Whatever the summarizer wrote, what the library adds after it must not
     end up inside a code block the summarizer opened and never closed, and a
@@ -122,15 +122,26 @@ def well_formed(summary: str) -> str:
     """
     kept: list[str] = []
     fences = Fences()
+    html = ""  # the end of an HTML block a line opened (CommonMark: it runs until that end, whatever lies between)
     # Control characters say nothing in a summary, and a NUL is refused by
     # PostgreSQL's jsonb (a store that keeps prepared summaries).
     for line in _CONTROL.sub("", summary).splitlines():
-        if _echoed(line, code=fences.step(line)):
+        code = fences.step(line)
+        if _echoed(line, code=code):
             continue
         kept.append(line.rstrip())
+        if html and html in line.lower():
+            html = ""
+        elif not html and not code and (opened := _HTML_BLOCK.match(line)):
+            end = f"</{opened.group(1).lower()}>" if opened.group(1) else "-->"
+            html = "" if end in line[opened.end() :].lower() else end
     if fences.open:
         kept.append(fences.closing)
-    return "\n".join(kept).strip()
+    return "\n".join([*kept, html] if html else kept).strip()
+
+
+# What opens an HTML block that only its own end closes: a comment, a <pre>, <script>, <style> or <textarea>.
+_HTML_BLOCK = re.compile(r" {0,3}(?:<!--|<(pre|script|style|textarea)(?=[\s>]|$))", re.IGNORECASE)
 
 
 def echoes_prompt(summary: str) -> bool:

@@ -67,21 +67,7 @@ def _reply(output: object, *, covers_prefix: bool = False, budget: int | None = 
             )
         text = ""
     if isinstance(output, AIMessage) and _cut_short(output):
-        size = estimate_tokens(text)
-        if budget is not None and size > budget:
-            # A larger max_tokens would only let it run on: the budget check rejects it (then the fallback).
-            logger.warning(
-                "the summarizer model ran on to its output limit, past the length it was asked for (about %d "
-                "tokens for %d): it does not keep to that length; a stronger model helps, and "
-                "fallback=ExtractiveSummarizer() stands in for an answer rejected as too long",
-                size,
-                budget,
-            )
-        else:
-            logger.warning(
-                "the summary hit the model's output limit and was cut short; give the summarizer model a max_tokens "
-                "of at least summary_max_tokens (ChatAnthropic(max_tokens=...), ChatOpenAI(max_tokens=...))"
-            )
+        _warn_cut_short(text, budget)
     meta = output.usage_metadata if isinstance(output, AIMessage) else None
     if not meta:
         return SummaryReply(text, covers_prefix=covers_prefix)
@@ -98,6 +84,25 @@ def _reply(output: object, *, covers_prefix: bool = False, budget: int | None = 
         cache_creation_input_tokens=written,
     )
     return SummaryReply(text, usage, covers_prefix)
+
+
+def _warn_cut_short(text: str, budget: int | None) -> None:
+    """Warn that a reply stopped at the model's output limit, with the fix that fits: a larger limit, or none."""
+    size = estimate_tokens(text)
+    if budget is not None and size > budget:
+        # A larger max_tokens would only let it run on: the budget check rejects it (then the fallback).
+        logger.warning(
+            "the summarizer model ran on to its output limit, past the length it was asked for (about %d "
+            "tokens for %d): it does not keep to that length; a stronger model helps, and "
+            "fallback=ExtractiveSummarizer() stands in for an answer rejected as too long",
+            size,
+            budget,
+        )
+    else:
+        logger.warning(
+            "the summary hit the model's output limit and was cut short; give the summarizer model a max_tokens "
+            "of at least summary_max_tokens (ChatAnthropic(max_tokens=...), ChatOpenAI(max_tokens=...))"
+        )
 
 
 def _cut_short(output: AIMessage) -> bool:

@@ -461,6 +461,16 @@ def test_a_lookalike_of_the_librarys_section_heading_or_a_transcript_marker_is_d
     assert line in well_formed(f"```\n{line}\n```") or line.startswith("<<")
 
 
+@pytest.mark.parametrize(
+    ("reply", "end"),
+    [("## Goal\n- fix it\n<!-- notes for later\n- check src/app.py", "-->"), ("<PRE>\nTraceback ...", "</pre>")],
+)
+def test_an_html_block_the_summarizer_left_open_is_closed_before_the_librarys_section(reply: str, end: str) -> None:
+    assert well_formed(reply) == f"{reply}\n{end}"
+    assert well_formed(f"{reply}\n{end}") == f"{reply}\n{end}"  # (closed already: nothing added)
+    assert well_formed("```\n<!-- in code\n```") == "```\n<!-- in code\n```"
+
+
 def test_items_written_in_the_templates_bracket_style_are_kept() -> None:
     """A model that copies the template's brackets around its own items keeps them; only the template's go."""
     items = [
