@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_left, insort
+from collections.abc import Container
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Generic, TypeVar
@@ -241,8 +242,8 @@ class Unresolved(Generic[_V]):
         insort(self.held.setdefault(program, []), (target, self._count))
         self.values[self._count] = value
 
-    def resolve(self, program: str, target: str) -> list[_V]:
-        """A clean run of ``program`` on ``target``: the values of the failures it resolves, taken out."""
+    def resolve(self, program: str, target: str, keep: Container[_V] = ()) -> list[_V]:
+        """A clean run of ``program`` on ``target``: the failures it resolves (values not in ``keep``), taken out."""
         held = self.held.get(program)
         if not held:
             return []
@@ -253,7 +254,7 @@ class Unresolved(Generic[_V]):
         # lies under it ("tests/api" holds "tests/api/test_a.py", not "tests/api_v2").
         gone, left = [], []
         for entry in held[start:end]:
-            if holds(target, entry[0]):
+            if holds(target, entry[0]) and self.values[entry[1]] not in keep:
                 gone.append(self.values.pop(entry[1]))
             else:
                 left.append(entry)
@@ -309,6 +310,9 @@ class CallReading:
         shell: The tool runs commands (its errors are in its whole output).
         program: The program the command ran (the tool's name for other tools).
         target: What it ran on (the command, for other tools).
+        narrowed: The command may have left out part of its target (``pytest -k``,
+            ``--deselect``, ``--collect-only``, ``--dry-run``): a clean run of it
+            resolves only the failures of the very same command.
     """
 
     use: tuple[str, str] | None
@@ -318,12 +322,20 @@ class CallReading:
     shell: bool
     program: str
     target: str
+    narrowed: bool = False
 
     def file_use(self, last_opened: str | None) -> tuple[str, str] | None:
         """``file_use`` of the call, given the file opened last."""
         if self.edits_last_opened and last_opened:
             return "modified", last_opened
         return self.use
+
+
+_TEST_RUNNERS = frozenset({"pytest", "py.test"})
+# The options that leave tests out, or run none (``python -m`` is no marker: a word must follow ``-m`` alone).
+_NARROWING = re.compile(
+    r"(?<!\S)(?:-k|-m(?!\s+pytest\b)|--deselect|--collect-only|--co|--ignore(?:-glob)?|--dry-run)(?=[\s=]|\Z)|(?<!\S)-k\S"
+)
 
 
 def read_call(call: ToolCall) -> CallReading:
@@ -338,7 +350,8 @@ def read_call(call: ToolCall) -> CallReading:
     program, target = command_target(command) if shell else (call.name, command)
     use = file_use(call, args, None)
     edits_last_opened = use is None and file_use(call, args, "\x00") is not None
-    reading = CallReading(use, edits_last_opened, key, command, shell, program, target)
+    narrowed = shell and (program in _TEST_RUNNERS or "--dry-run" in command) and bool(_NARROWING.search(command))
+    reading = CallReading(use, edits_last_opened, key, command, shell, program, target, narrowed)
     object.__setattr__(call, "known_reading", reading)
     return reading
 

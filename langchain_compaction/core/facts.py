@@ -207,8 +207,7 @@ class _Tracker:
             return
         key = (fact.kind, fact.key or compared(fact))
         if fact.kind in _RULES:
-            # One rule is one fact: stated again, it moves to the end, as a
-            # constraint if either time it was one.
+            # One rule is one fact: stated again, it moves to the end, a constraint if either time it was one.
             other_kind: FactKind = "rule" if fact.kind == "constraint" else "constraint"
             other = (other_kind, key[1])
             if self.facts.pop(other, None) is not None and fact.kind == "rule":
@@ -381,16 +380,17 @@ class _Tracker:
         command, program, target = reading.command, reading.program, reading.target
         line = failure_in(message, whole=reading.shell)
         if not line:
-            self._resolve(program, target)
+            self._resolve(program, target, command if reading.narrowed else "")
             if reading.use is None:  # a file tool's own result is its file's content
                 for path in written_files(message.text.strip()):
                     self._modified(one_line(path, 400), record=record)
         elif record:
             self.add(Fact("error", line, key=f"{program}\x00{target}", detail=f"{call.name}\x00{command}"))
 
-    def _resolve(self, program: str, target: str) -> None:
-        """A clean run of ``program`` on ``target``: the errors it covers are resolved."""
-        for key in self.errors.resolve(program, target):
+    def _resolve(self, program: str, target: str, only: str = "") -> None:
+        """A clean run of ``program`` on ``target``: the errors it covers are resolved (``only``: those it ran)."""
+        keep = {k for k, f in (self.facts.items() if only else ()) if not f.detail.endswith(f"\x00{only}")}
+        for key in self.errors.resolve(program, target, keep):
             self.facts.pop(key, None)  # gone already if superseded meanwhile
 
     def result(self) -> list[Fact]:

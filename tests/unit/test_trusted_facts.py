@@ -252,6 +252,35 @@ def test_an_error_stays_until_the_same_target_runs_clean() -> None:
 
 
 @pytest.mark.parametrize(
+    ("clean", "resolved"),
+    [
+        ("pytest tests/test_auth.py --deselect tests/test_auth.py::test_login_expired", False),
+        ("pytest tests/test_auth.py -k 'not test_login_expired'", False),
+        ("python -m pytest tests/test_auth.py --collect-only -q", False),
+        ("pytest tests/test_auth.py -m 'not slow'", False),
+        ("python -m pytest tests/test_auth.py", True),  # (``python -m`` leaves nothing out)
+    ],
+)
+def test_a_clean_run_that_left_tests_out_resolves_no_failure_but_its_own(clean: str, resolved: bool) -> None:
+    failure = "FAILED tests/test_auth.py::test_login_expired - AssertionError: expected 401\n1 failed in 0.5s"
+    messages = [
+        HumanMessage("Fix the failing login test.", id="h1"),
+        call("bash", {"command": "pytest tests/test_auth.py"}, "c1"),
+        result(failure, "c1", "bash"),
+        call("bash", {"command": clean}, "c2"),
+        result("5 passed, 1 deselected in 0.3s", "c2", "bash"),
+        *closing(),
+    ]
+    _, out = compact(poor, messages, TIGHT)
+    assert any("expected 401" in e for e in facts_in_mark(out, "error")) is not resolved
+    # The very same narrowed command, failing then clean, resolves its own failure.
+    narrowed = "pytest tests/test_auth.py -k test_login_expired"
+    messages[1], messages[3] = call("bash", {"command": narrowed}, "c1"), call("bash", {"command": narrowed}, "c2")
+    _, out = compact(poor, messages, TIGHT)
+    assert not any("expected 401" in e for e in facts_in_mark(out, "error"))
+
+
+@pytest.mark.parametrize(
     ("failed", "clean"),
     [
         ("pytest tests/test_a.py", "pytest ./tests/test_a.py"),
