@@ -254,7 +254,7 @@ def fitting(missing: Sequence[Fact], norm: dict[int, str], budget: int) -> list[
     shown = ""
     used = estimate_tokens(f"{SECTION_HEADING}\n{SECTION_NOTE}")
     titled: set[str] = {""}  # the kinds, and the tools of the calls, whose titles are paid ("": no title)
-    rounds, least = _rounds(missing, budget)
+    rounds, least = _rounds(missing, norm, budget)
     cheapest = min(least[f.kind] for f in missing) if missing else 0
     spent: dict[FactKind | None, int] = {}
     lines: dict[int, str] = {}  # rendered once a fact is looked at (most never are: the section fills first)
@@ -324,9 +324,12 @@ def carried_over(left_out: Sequence[Fact], budget: int) -> set[int]:
 
 
 def _rounds(
-    missing: Sequence[Fact], budget: int
+    missing: Sequence[Fact], norm: dict[int, str], budget: int
 ) -> tuple[list[tuple[FactKind | None, list[Fact], float]], dict[FactKind, int]]:
     """The rounds of ``fitting`` (kind, its facts newest first, its cap), and the least a fact of each kind costs."""
+    # The task, when a request listed holds it whole (the user's only request), is not listed twice.
+    asked = [norm[id(f)] for f in missing if f.kind == "request"]
+    missing = [f for f in missing if f.kind != "task" or not any(norm[id(f)] in request for request in asked)]
     # Newest first, but the user's words most repeated first (``result`` lists them so, last).
     newest_first = [f for f in reversed(missing) if f.kind != "term"] + [f for f in missing if f.kind == "term"]
     by_kind: dict[FactKind, list[Fact]] = {kind: [] for kind in PRIORITY}

@@ -191,6 +191,25 @@ def test_facts_left_out_for_room_are_carried_on_within_the_budget_again_and_list
     assert all(text in roomy.section for text in carried)
 
 
+def test_the_task_is_not_listed_again_when_a_request_listed_holds_it() -> None:
+    request = (
+        "Build the todo app in src/App.vue with filters for done and open items, a due date on each item, "
+        "a dark mode that follows the system setting, drag and drop to reorder the list, and local storage "
+        "so nothing is lost on reload."
+    )
+    task = " ".join(request.split())[:200].rsplit(" ", 1)[0]  # (the task is the request clipped)
+    facts = [Fact("task", task), Fact("request", request.strip(), key="r1")]
+    check = check_summary("## Goal\n- continue", facts, 2_000)
+    assert check.section.count("Build the todo app") == 1
+    assert (check.added, check.dropped) == (2, 0)
+    # Another request does not hold the task: both are listed.
+    other = check_summary(
+        "## Goal\n- continue", [Fact("task", task), Fact("request", "Add dark mode.", key="r2")], 2_000
+    )
+    assert other.section.count("Build the todo app") == 1
+    assert "Add dark mode." in other.section
+
+
 def test_the_budget_follows_the_summary_budget() -> None:
     assert CheckedFacts().budget(CompactionOptions(context_window=200_000)) == 2048
     assert CheckedFacts().budget(CompactionOptions(context_window=24_000)) == 1400
