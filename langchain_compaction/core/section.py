@@ -181,8 +181,16 @@ class Fences:
         if found and not self.open and not (found.group(2)[0] == "`" and "`" in found.group(3)):
             self.open, self.closing = found.group(2), found.group(1) + found.group(2)
             return True
-        if found and self.open and found.group(2).startswith(self.open) and not found.group(3).strip():
-            self.open = self.closing = ""  # (its own character, at least as long: it starts with the opening fence)
+        # (Its own character, at least as long: it starts with the opening fence; indented at most three
+        # spaces past the opening one: further in, it is the block's text, "    ```" in code that shows a fence.)
+        if (
+            found
+            and self.open
+            and found.group(2).startswith(self.open)
+            and not found.group(3).strip()
+            and len(found.group(1)) <= len(self.closing) - len(self.open) + 3
+        ):
+            self.open = self.closing = ""
             return True
         return bool(self.open)
 

@@ -1075,3 +1075,12 @@ def test_a_guess_with_must_have_is_no_rule_and_a_rule_with_must_is() -> None:
     assert _rules("rm printed nothing, so that must have worked.", "It must've been the cache.") == []
     assert _rules("You must have tests for every change.") == ["You must have tests for every change."]
     assert _rules("You must run make lint before a commit.") == ["You must run make lint before a commit."]
+
+
+def test_a_fence_indented_past_its_blocks_is_the_blocks_text_not_its_end() -> None:
+    # Code that shows a fence ("    ```") leaves its block open: the library closes it before its section.
+    assert well_formed("## C\n```python\ndef f():\n    ```\n    return 1") == (
+        "## C\n```python\ndef f():\n    ```\n    return 1\n```"
+    )
+    # Up to three spaces in, it is the block's end.
+    assert well_formed("```\nx\n   ```\ny") == "```\nx\n   ```\ny"
