@@ -334,8 +334,18 @@ class CallReading:
 _TEST_RUNNERS = frozenset({"pytest", "py.test"})
 # The options that leave tests out, or run none (``python -m`` is no marker: a word must follow ``-m`` alone).
 _NARROWING = re.compile(
-    r"(?<!\S)(?:-k|-m(?!\s+pytest\b)|--deselect|--collect-only|--co|--ignore(?:-glob)?|--dry-run)(?=[\s=]|\Z)|(?<!\S)-k\S"
+    r"(?<!\S)(?:-[A-Za-z]*[km]|--deselect|--collect-only|--co|--ignore(?:-glob)?|--dry-run)(?=[\s=]|\Z)|(?<!\S)-k\S"
 )
+_PYTHON_M = re.compile(r"(?<!\S)-m\s+\S+")  # ("python -m pytest": the module run, no marker)
+
+
+def _narrowing(command: str) -> bool:
+    """Whether the stage of ``command`` that ran the tests (``command_target``'s) left some out."""
+    bare = _QUOTED.sub(lambda quoted: "x" * len(quoted.group()), command)
+    start = max((separator.end() for separator in _CHAIN.finditer(bare)), default=0)
+    pipe = _PIPE.search(bare, start)
+    stage = command[start : pipe.start() if pipe else len(command)]
+    return _NARROWING.search(_PYTHON_M.sub(" ", stage, count=1) if "python" in stage else stage) is not None
 
 
 def read_call(call: ToolCall) -> CallReading:
@@ -350,7 +360,7 @@ def read_call(call: ToolCall) -> CallReading:
     program, target = command_target(command) if shell else (call.name, command)
     use = file_use(call, args, None)
     edits_last_opened = use is None and file_use(call, args, "\x00") is not None
-    narrowed = shell and (program in _TEST_RUNNERS or "--dry-run" in command) and bool(_NARROWING.search(command))
+    narrowed = shell and (program in _TEST_RUNNERS or "--dry-run" in command) and _narrowing(command)
     reading = CallReading(use, edits_last_opened, key, command, shell, program, target, narrowed)
     object.__setattr__(call, "known_reading", reading)
     return reading

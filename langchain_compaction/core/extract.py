@@ -27,9 +27,7 @@ MAX_KEY_CHARS = 160
 
 # A user's rule or preference, or a correction of the agent.
 _CONSTRAINT = re.compile(
-    r"\b(?:never|always|don['\u2019]?t|do not|mustn['\u2019]?t|only|avoid|make sure|"
-    # ("must", not the guess of "someone must have pushed", "that must've worked")
-    r"must(?!(?:\s+have|['\u2019]ve)\s+(?:been\b|\w+(?:ed|en|ne|wn)\b))|"
+    r"\b(?:never|always|don['\u2019]?t|do not|must|mustn['\u2019]?t|only|avoid|make sure|"
     r"should(?:n['\u2019]?t| not)|no longer|"
     r"instead of|keep|prefer|not allowed|forbidden|from now on|going forward|"
     r"please (?:answer|reply|respond|write|use|call|name)|"
@@ -57,6 +55,11 @@ _CLAUSE = re.compile(
     rf"{_CONTRAST.pattern}|,?(?<!\s)\s+(?:(?:as|so) long as|provided(?: that)?)\s+|,\s+just\s+"
     r"|(?<!\s)\s+[-\u2013\u2014]+\s+",
     re.IGNORECASE,
+)
+# A guess, not a rule: "someone must have pushed to main", "that must've worked" (a rule
+# says whose duty it is: "you must have", "each commit must have").
+_GUESS = re.compile(
+    r"\b(?:someone|somebody|something|that|it|this|they|he|she|there|which|who)\s+must(?:\s+have|['\u2019]ve)\b", re.I
 )
 _CORRECTION = re.compile(r"^(?:no\b[,.!]?|actually\b|wait\b|sorry\b|i meant\b|correction\b|that'?s wrong\b)", re.I)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])|\n+")
@@ -402,8 +405,14 @@ def _unrevoked(rule: str, subjects: Sequence[frozenset[str]]) -> str:
     if not revokes(subjects, rule):
         return rule
     clauses = _RULE_JOIN.split(rule)
-    left = ", and ".join(c for c in clauses if not revokes(subjects, c)).rstrip(",.; ")
+    kept = [c for c in clauses if not revokes(subjects, c)]
+    if any(_PRONOUN.search(c) for c in kept):
+        return ""  # "never write to it from tests" leans on the clause taken back
+    left = ", and ".join(kept).rstrip(",.; ")
     return f"{left}." if left and len(left) < len(rule) - 1 and rules_in(left) else ""
+
+
+_PRONOUN = re.compile(r"\b(?:it|them|this|that|these|those|there)\b", re.I)
 
 
 RULES_PER_MESSAGE = 3
@@ -448,7 +457,9 @@ def rules_in(words: str) -> list[str]:
     revoking = emphasis or _may_revoke(words)
     for raw in sentences(words):
         sentence = (_EMPHASIS.sub(r"\2", raw) if "**" in raw or "__" in raw else raw).strip(" -*+\t")
-        rule = (held and holds_any(sentence, held) and _CONSTRAINT.search(sentence)) or _CORRECTION.match(sentence)
+        rule = (held and holds_any(sentence, held) and _CONSTRAINT.search(_GUESS.sub(" ", sentence))) or (
+            _CORRECTION.match(sentence)
+        )
         if not (8 <= len(sentence) <= 400 and rule):
             continue
         # Taking a rule back is not a rule, but what follows a "but" in the

@@ -314,10 +314,9 @@ class _Tracker:
             rule = self.facts.get(key)
             if rule is not None and revokes([subject], rule.text):
                 left = without_revoked(rule.text, [subject])  # (a rule joined to it stays: "never A, and never B")
-                if left:
-                    self.facts[key] = Fact(rule.kind, left, rule.key, rule.detail)
-                else:
-                    del self.facts[key]
+                del self.facts[key]
+                if left:  # (keyed by what it says now: stated again, it is the same fact)
+                    self._put((rule.kind, compared(Fact(rule.kind, left))), Fact(rule.kind, left, "", rule.detail))
         for key in list(self.asked):
             # The request stays; the rule it stated goes.
             said = self.facts.get(key)

@@ -61,7 +61,7 @@ _AMOUNT = re.compile(
 # A date written in words: "14 March 2025", "March 14th, 2025", "3 Feb". (Months
 # capitalized, as they are written; "May" only beside its day.)
 _MONTHS = r"(?:January|February|March|April|May|June|July|August|September|October|November|December"
-_MONTHS += r"|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)\.?"
+_MONTHS += r"|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)\b\.?"
 _DAY = r"(?:[1-9]|[12]\d|3[01])(?:st|nd|rd|th)?"
 _DATE = re.compile(rf"\b(?:{_DAY}[^\S\n](?:of[^\S\n])?{_MONTHS}|{_MONTHS}[^\S\n]{_DAY}\b)(?:,?[^\S\n]\d{{4}}\b)?")
 _MONTH_MARKS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
@@ -128,19 +128,27 @@ def identifiers_in(words: str, *, code_names: bool = True, max_code_names: int |
 
 
 # A line of a hex or octal dump (xxd, hexdump, od): an offset, then four groups of digits or more.
-_DUMP_LINE = re.compile(r"^[^\S\n]*[0-9A-Fa-f]{4,16}:?(?:[^\S\n]+[0-9A-Fa-f]{2,8}){4,}.*$", re.MULTILINE)
+_DUMP_LINE = re.compile(r"^[^\S\n]*[0-9A-Fa-f]{6,16}:?(?:[^\S\n]+[0-9A-Fa-f]{2,8}){4,}(?:[^\S\n].*)?$", re.MULTILINE)
 _DATA_LINE_CHARS = 400
 
 
 def _without_dumps(words: str) -> str:
-    """``words`` without the lines of a dump and of minified data (a long line with hardly a space): no facts there."""
+    """``words`` without the lines of a dump and of minified data: no facts there.
+
+    Minified data is a long line of hardly a space, thick with JSON's marks (a
+    paragraph of Chinese has no spaces either, a signed URL few marks).
+    """
     if "\n" in words or len(words) > _DATA_LINE_CHARS:
         words = _DUMP_LINE.sub("", words)
     if len(words) <= _DATA_LINE_CHARS:
         return words
     lines = words.split("\n")
-    kept = [line for line in lines if len(line) <= _DATA_LINE_CHARS or line.count(" ") * 50 > len(line)]
+    kept = [line for line in lines if len(line) <= _DATA_LINE_CHARS or not _minified(line)]
     return words if len(kept) == len(lines) else "\n".join(kept)
+
+
+def _minified(line: str) -> bool:
+    return line.count(" ") * 50 <= len(line) and sum(map(line.count, '{}[]":,')) * 8 >= len(line)
 
 
 def _dates(words: str, found: dict[str, None]) -> set[str]:

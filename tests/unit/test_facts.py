@@ -333,6 +333,17 @@ def test_identifiers_are_what_a_model_cannot_guess() -> None:
         ("Bitte storniere die Bestellung „ORD-5521“.", ["ORD-5521"]),
         ("Cancel order 📦ORD-5521 please, and ✅QX42LM too.", ["ORD-5521", "QX42LM"]),
         ("Done ✔\ufe0fORD-5521, watch ⚠\ufe0fQX42LM", ["ORD-5521", "QX42LM"]),  # (with the emoji's variation selector)
+        # Not a dump, not minified: a line that opens with number groups, a CJK paragraph, a signed URL.
+        ("Log:\n2024 10 11 12 13 ORD-7781 failed", ["2024", "ORD-7781"]),
+        (
+            "订单" + "请帮我处理这个问题" * 50 + "订单号ORD-2024-88123，文件src/app/main.py",
+            ["ORD-2024-88123", "src/app/main.py"],
+        ),
+        (
+            "get https://b.s3.amazonaws.com/k.csv?X-Amz-Signature=" + "a1" * 260,
+            [("https://b.s3.amazonaws.com/k.csv?X-Amz-Signature=" + "a1" * 260)[:160]],  # (clipped as every value)
+        ),
+        ("Round to 3 Decimal places, see the 2 Marketing decks", []),
         # Dates written in words, whole (not their year alone); "May" only beside a day.
         ("Move it to 14 March 2025 with Dr. Okafor.", ["14 March 2025"]),
         ("Book it for Sept. 21st, 2024 and not May I ask", ["Sept. 21st, 2024"]),

@@ -259,6 +259,8 @@ def test_an_error_stays_until_the_same_target_runs_clean() -> None:
         ("python -m pytest tests/test_auth.py --collect-only -q", False),
         ("pytest tests/test_auth.py -m 'not slow'", False),
         ("python -m pytest tests/test_auth.py", True),  # (``python -m`` leaves nothing out)
+        ("python -m pip install -e . && python -m pytest tests/test_auth.py | sort -k 2", True),
+        ("pytest tests/test_auth.py -vk 'not test_login_expired'", False),
     ],
 )
 def test_a_clean_run_that_left_tests_out_resolves_no_failure_but_its_own(clean: str, resolved: bool) -> None:
@@ -1065,6 +1067,7 @@ def test_a_clean_run_of_another_test_of_the_file_leaves_the_failed_test_unresolv
 )
 def test_a_permission_for_one_of_two_joined_rules_leaves_the_other(rule: str, later: str, left: str) -> None:
     assert _rules(rule, later) == [left]
+    assert _rules(rule, later, left) == [left]  # (stated again, it is the same fact)
     # Both rules stay while nothing takes either back, and a permission for both takes both.
     assert _rules(rule) == [rule]
     assert _rules("Never use tabs in Makefiles, and never commit to main.", "Tabs and commits to main are fine.") == []
@@ -1074,6 +1077,8 @@ def test_a_guess_with_must_have_is_no_rule_and_a_rule_with_must_is() -> None:
     assert _rules("The build broke overnight, so someone must have pushed to main.") == []
     assert _rules("rm printed nothing, so that must have worked.", "It must've been the cache.") == []
     assert _rules("You must have tests for every change.") == ["You must have tests for every change."]
+    for rule in ("Commits must have signed-off-by lines.", "PRs must have been reviewed by two people."):
+        assert _rules(rule) == [rule]
     assert _rules("You must run make lint before a commit.") == ["You must run make lint before a commit."]
 
 
@@ -1084,3 +1089,8 @@ def test_a_fence_indented_past_its_blocks_is_the_blocks_text_not_its_end() -> No
     )
     # Up to three spaces in, it is the block's end.
     assert well_formed("```\nx\n   ```\ny") == "```\nx\n   ```\ny"
+
+
+def test_a_joined_rule_that_leans_on_the_one_taken_back_goes_with_it() -> None:
+    rule = "Never touch the staging database, and never write to it from tests."
+    assert _rules(rule, "The staging database is fine now.") == []
