@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_left, insort
-from collections.abc import Container
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Generic, TypeVar
@@ -242,8 +242,8 @@ class Unresolved(Generic[_V]):
         insort(self.held.setdefault(program, []), (target, self._count))
         self.values[self._count] = value
 
-    def resolve(self, program: str, target: str, keep: Container[_V] = ()) -> list[_V]:
-        """A clean run of ``program`` on ``target``: the failures it resolves (values not in ``keep``), taken out."""
+    def resolve(self, program: str, target: str, keep: Callable[[_V], bool] | None = None) -> list[_V]:
+        """A clean run of ``program`` on ``target``: the failures it resolves (those ``keep`` does not), taken out."""
         held = self.held.get(program)
         if not held:
             return []
@@ -254,7 +254,7 @@ class Unresolved(Generic[_V]):
         # lies under it ("tests/api" holds "tests/api/test_a.py", not "tests/api_v2").
         gone, left = [], []
         for entry in held[start:end]:
-            if holds(target, entry[0]) and self.values[entry[1]] not in keep:
+            if holds(target, entry[0]) and not (keep and keep(self.values[entry[1]])):
                 gone.append(self.values.pop(entry[1]))
             else:
                 left.append(entry)

@@ -388,8 +388,9 @@ class _Tracker:
 
     def _resolve(self, program: str, target: str, only: str = "") -> None:
         """A clean run of ``program`` on ``target``: the errors it covers are resolved (``only``: those it ran)."""
-        keep = {k for k, f in (self.facts.items() if only else ()) if not f.detail.endswith(f"\x00{only}")}
-        for key in self.errors.resolve(program, target, keep):
+        ran = f"\x00{only}"  # (asked only of the errors it may resolve: a clean run is common, errors are many)
+        other = (lambda key: not getattr(self.facts.get(key), "detail", ran).endswith(ran)) if only else None
+        for key in self.errors.resolve(program, target, other):
             self.facts.pop(key, None)  # gone already if superseded meanwhile
 
     def result(self) -> list[Fact]:
