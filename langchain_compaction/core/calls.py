@@ -90,6 +90,11 @@ def command_target(command: str) -> tuple[str, str]:
         >>> command_target("pytest ./tests/test_a.py"), command_target("pytest ."), command_target("npm run test")
         (('pytest', 'tests/test_a.py'), ('pytest', ''), ('test', ''))
     """
+    return _program_and_target(_stage_words(command))
+
+
+def _stage_words(command: str) -> list[str]:
+    """The words of the stage of ``command`` that does the work (``command_target``'s), its runners left out."""
     # (Separators inside quotes separate nothing: ``grep -E "FAIL|Error"``.)
     bare = _QUOTED.sub(lambda quoted: "x" * len(quoted.group()), command)
     start = max((separator.end() for separator in _CHAIN.finditer(bare)), default=0)
@@ -101,10 +106,15 @@ def command_target(command: str) -> tuple[str, str]:
         if next((w.rsplit("/", 1)[-1] for w in raw if w not in _RUNNERS), "") in _WRAPPERS:
             inner = _INNER.search(command[low:high])
             if inner:
-                return command_target((inner.group(1) or inner.group(2))[1:-1])
+                return _stage_words((inner.group(1) or inner.group(2))[1:-1])
         words = _arguments(raw)
         if words and words[0].rsplit("/", 1)[-1] not in _FEEDERS:
             break
+    return words
+
+
+def _program_and_target(words: list[str]) -> tuple[str, str]:
+    """``command_target`` of a stage's words (``_stage_words``)."""
     if not words:
         return "", ""
     program = words[0].rsplit("/", 1)[-1]
@@ -332,20 +342,10 @@ class CallReading:
 
 
 _TEST_RUNNERS = frozenset({"pytest", "py.test"})
-# The options that leave tests out, or run none (``python -m`` is no marker: a word must follow ``-m`` alone).
+# The options that leave tests out, or run none, as the stage's words (``python -m`` is a runner, gone already).
 _NARROWING = re.compile(
-    r"(?<!\S)(?:-[A-Za-z]*[km]|--deselect|--collect-only|--co|--ignore(?:-glob)?|--dry-run)(?=[\s=]|\Z)|(?<!\S)-k\S"
+    r"(?:-[A-Za-z]*[km]|--deselect|--collect-only|--co|--ignore(?:-glob)?|--dry-run)(?:=\S*)?|-k\S+"
 )
-_PYTHON_M = re.compile(r"(?<!\S)-m\s+\S+")  # ("python -m pytest": the module run, no marker)
-
-
-def _narrowing(command: str) -> bool:
-    """Whether the stage of ``command`` that ran the tests (``command_target``'s) left some out."""
-    bare = _QUOTED.sub(lambda quoted: "x" * len(quoted.group()), command)
-    start = max((separator.end() for separator in _CHAIN.finditer(bare)), default=0)
-    pipe = _PIPE.search(bare, start)
-    stage = command[start : pipe.start() if pipe else len(command)]
-    return _NARROWING.search(_PYTHON_M.sub(" ", stage, count=1) if "python" in stage else stage) is not None
 
 
 def read_call(call: ToolCall) -> CallReading:
@@ -357,10 +357,11 @@ def read_call(call: ToolCall) -> CallReading:
     key = key_argument(call, args)
     command = key or call.name
     shell = SHELL.search(call.name) is not None
-    program, target = command_target(command) if shell else (call.name, command)
+    words = _stage_words(command) if shell else []
+    program, target = _program_and_target(words) if shell else (call.name, command)
     use = file_use(call, args, None)
     edits_last_opened = use is None and file_use(call, args, "\x00") is not None
-    narrowed = shell and (program in _TEST_RUNNERS or "--dry-run" in command) and _narrowing(command)
+    narrowed = (program in _TEST_RUNNERS or "--dry-run" in words) and any(map(_NARROWING.fullmatch, words[1:]))
     reading = CallReading(use, edits_last_opened, key, command, shell, program, target, narrowed)
     object.__setattr__(call, "known_reading", reading)
     return reading
