@@ -29,6 +29,7 @@ from langchain_compaction.core.plan import Layout, Plan
 from langchain_compaction.core.redact import apply_redactor
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.section import SECTION_HEADING, SECTION_NOTE, Fences
+from langchain_compaction.core.subjects import singular
 from langchain_compaction.core.types import Message
 
 BODY_KEY = "body_chars"
@@ -72,7 +73,7 @@ _BULLET = re.compile(r"^\s*(?:(?:[-*]|\d+\.)\s*)?(?:\[[^\]\n]{0,2}\]\s*)?")
 
 def _words(text: str) -> frozenset[str]:
     """The words of ``text``, folded and in the singular (a model echoes "example" for "examples")."""
-    return frozenset(w[:-1] if w.endswith("s") and len(w) > 3 else w for w in _WORD.findall(text.lower()))
+    return frozenset(map(singular, _WORD.findall(text.lower())))
 
 
 _TEMPLATE_PHRASES = tuple(
@@ -162,9 +163,9 @@ def _echoed(line: str, *, code: bool) -> bool:
     """
     # A placeholder, or one of three words or more copied without its brackets: "- Current work" may be the
     # summary's, "- Any constraints mentioned by user" is the template's.
-    bare = _BULLET.sub("", line)
-    phrases = [_words(p) for p in _BRACKETED.findall(line)] if _PLACEHOLDER.match(line) else [_words(bare)]
-    if (_PLACEHOLDER.match(line) or len(phrases[0]) >= 3) and all(
+    placeholder = _PLACEHOLDER.match(line) is not None
+    phrases = [_words(p) for p in _BRACKETED.findall(line)] if placeholder else [_words(_BULLET.sub("", line))]
+    if (placeholder or len(phrases[0]) >= 3) and all(
         any(words <= template for template in _TEMPLATE_PHRASES) for words in phrases
     ):
         return True

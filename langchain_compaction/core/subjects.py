@@ -32,7 +32,12 @@ def subject_words(text: str) -> frozenset[str]:
     """The content words of ``text``, lower-cased and singular, that say what it is about."""
     # (A word's closing dot or slash is the sentence's or the path's, not the word's: "tabs." is "tab".)
     words = [w.rstrip("./-") for w in re.findall(r"[a-z0-9][a-z0-9_./-]*", text.lower())]
-    return frozenset(w[:-1] if w.endswith("s") and len(w) > 3 else w for w in words if w and w not in _STOP_WORDS)
+    return frozenset(singular(w) for w in words if w and w not in _STOP_WORDS)
+
+
+def singular(word: str) -> str:
+    """``word`` (lower-cased) without a plural's closing "s": "tabs" is "tab", "has" stays."""
+    return word[:-1] if word.endswith("s") and len(word) > 3 else word
 
 
 # What turns a word into another form of itself ("run" -> "running", "test" -> "tested").
