@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from langchain_compaction.core.effects import Flow, Running, computing, off_loop, twin
-from langchain_compaction.core.flow import Outcome, SummaryFlow
+from langchain_compaction.core.flow import Outcome, SummaryFlow, relief
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import (
     CompactionError,
@@ -124,15 +124,6 @@ def _wrap(exc: Exception, request: SummaryRequest, *, sync: bool) -> Summarizati
 
 
 _T = TypeVar("_T")
-
-
-def _relief(problem: str) -> str:
-    """What else may help a summary rejected twice for ``problem`` (as ``core.flow.review_summary`` words it)."""
-    if "summary budget" in problem:
-        return "or relax summary_max_tokens"
-    if "lacks these headings" in problem:
-        return "or ask for fewer headings (RequireSections(headings=...))"
-    return "or use a stronger summarizer model"
 
 
 MAX_ABANDONED_CALLS = 4
@@ -251,7 +242,7 @@ class _Driver:
                 raise InvalidSummaryError(
                     f"compaction summarisation failed: the summary was rejected twice ({request.problem}); "
                     "the messages were left unchanged. Pass a fallback summarizer (fallback=ExtractiveSummarizer()), "
-                    + _relief(request.problem),
+                    + relief(request.problem),
                     chunk_index=request.chunk_index,
                     chunk_count=request.chunk_count,
                 )

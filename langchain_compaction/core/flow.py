@@ -103,7 +103,7 @@ def review_summary(text: str, options: CompactionOptions, required: Sequence[str
     budget = options.budget.summary_max
     size = estimate_tokens(text)
     if size > budget:
-        return f"it has about {size} tokens, more than the summary budget of {budget}; write it shorter"
+        return f"it has about {size} tokens, {_TOO_LONG} of {budget}; write it shorter"
     if not text.strip():
         return "it has no text (a tool call, or nothing); answer with the summary itself, as text"
     if echoes_prompt(text):
@@ -114,8 +114,21 @@ def review_summary(text: str, options: CompactionOptions, required: Sequence[str
         }
         missing = [h for h in required if h.lstrip("#").strip().lower() not in lines]
         if missing:
-            return "it lacks these headings: " + ", ".join(missing)
+            return f"{_LACKING}: " + ", ".join(missing)
     return ""
+
+
+_TOO_LONG = "more than the summary budget"
+_LACKING = "it lacks these headings"
+
+
+def relief(problem: str) -> str:
+    """What else may help a summary rejected twice for ``problem`` (``review_summary``'s)."""
+    if _TOO_LONG in problem:
+        return "or relax summary_max_tokens"
+    if _LACKING in problem:
+        return "or ask for fewer headings (RequireSections(headings=...))"
+    return "or use a stronger summarizer model"
 
 
 def _next_chunk(start: int, room: int, tokens: Sequence[int], plan: _Plan) -> int:
