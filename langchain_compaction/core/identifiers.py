@@ -60,11 +60,12 @@ _AMOUNT = re.compile(
 )
 # A date written in words: "14 March 2025", "March 14th, 2025", "3 Feb". (Months
 # capitalized, as they are written; "May" only beside its day.)
-_MONTHS = r"(?:January|February|March|April|May|June|July|August|September|October|November|December"
-_MONTHS += r"|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)\b\.?"
+_MONTH_NAMES: tuple[str, ...] = ("January", "February", "March", "April", "May", "June", "July", "August")
+_MONTH_NAMES += ("September", "October", "November", "December")
+_MONTHS = "(?:" + "|".join((*_MONTH_NAMES, *(m[:3] for m in _MONTH_NAMES), "Sept")) + r")\b\.?"
 _DAY = r"(?:[1-9]|[12]\d|3[01])(?:st|nd|rd|th)?"
 _DATE = re.compile(rf"\b(?:{_DAY}[^\S\n](?:of[^\S\n])?{_MONTHS}|{_MONTHS}[^\S\n]{_DAY}\b)(?:,?[^\S\n]\d{{4}}\b)?")
-_MONTH_MARK = re.compile("Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec")  # (one pass spares most texts)
+_MONTH_MARK = re.compile("|".join(m[:3] for m in _MONTH_NAMES))  # (one pass spares most texts)
 _PARTS = re.compile(r"[^\w]+")
 _MAX_TOKEN_CHARS = 200
 # camelCase, PascalCase with an inner capital, snake_case; tried at word starts only.
