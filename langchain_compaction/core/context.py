@@ -18,6 +18,7 @@ kept outside the list).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 from operator import attrgetter
 from typing import Literal
 
@@ -103,7 +104,8 @@ def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead:
     last = last_block(messages)
     if last is not None:
         block = max(lead, last)
-    return sum(counts[:lead]) + sum(counts[block:]) + overhead
+    # (Summed in place, not sliced: on every turn, over the whole history.)
+    return sum(islice(counts, lead)) + sum(islice(counts, block, None)) + overhead
 
 
 def over_threshold(messages: Sequence[Message], counts: Sequence[int], threshold: int, overhead: int = 0) -> bool:

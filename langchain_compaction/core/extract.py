@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 MAX_FACT_CHARS = 240
 MAX_KEY_CHARS = 160
 
-# A user's rule or preference, or a correction of the agent.
+# A user's rule or preference, or a correction of the agent (matched lower-cased, ``_lays_down``).
 _CONSTRAINT = re.compile(
     r"\b(?:never|always|don['\u2019]?t|do not|must|mustn['\u2019]?t|only|avoid|make sure|"
     r"should(?:n['\u2019]?t| not)|no longer|"
@@ -35,8 +35,7 @@ _CONSTRAINT = re.compile(
     # unambiguous words (a bare "no", "ne", "не" or "لا" is every other sentence).
     r"nunca|siempre|jamás|jamais|toujours|niemals|immer|никогда|всегда|нельзя|أبدا|دائما)\b"
     # (Chinese, Japanese and Korean are written without spaces: no word boundary to anchor on.)
-    r"|不要|永远|总是|必须|禁止|别再|絶対|しないで|必ず|절대|항상",
-    re.IGNORECASE,
+    r"|不要|永远|总是|必须|禁止|别再|絶対|しないで|必ず|절대|항상"
 )
 _CONSTRAINT_WORDS = (
     *("never", "always", "don", "do not", "must", "only", "avoid", "make sure", "should", "no longer"),
@@ -44,6 +43,7 @@ _CONSTRAINT_WORDS = (
     *("nunca", "siempre", "jamás", "jamais", "toujours", "niemals", "immer", "никогда", "всегда", "нельзя"),
     *("أبدا", "دائما", "不要", "永远", "总是", "必须", "禁止", "别再", "絶対", "しないで", "必ず", "절대", "항상"),
 )
+_ASCII_RULE_WORDS = tuple(word for word in _CONSTRAINT_WORDS if word.isascii())
 # Where a sentence turns to a new point: what a revocation's subject stops at.
 # (A run of spaces is entered at its start only: tried from each of its
 # spaces, it was rescanned from each, quadratic in a padded line.)
@@ -59,8 +59,16 @@ _CLAUSE = re.compile(
 # A guess, not a rule: "someone must have pushed to main", "that must've worked" (a rule
 # says whose duty it is: "you must have", "each commit must have").
 _GUESS = re.compile(
-    r"\b(?:someone|somebody|something|that|it|this|they|he|she|there|which|who)\s+must(?:\s+have|['\u2019]ve)\b", re.I
-)
+    r"\b(?:someone|somebody|something|that|it|this|they|he|she|there|which|who)\s+must(?:\s+have|['\u2019]ve)\b"
+)  # (lower-cased text: ``_lays_down``)
+
+
+def _lays_down(text: str) -> bool:
+    """Whether ``text`` holds a rule's word (``_CONSTRAINT``), a guess ("it must have") apart."""
+    low = text.lower()
+    return _CONSTRAINT.search(_GUESS.sub(" ", low) if "must" in low else low) is not None
+
+
 _CORRECTION = re.compile(r"^(?:no\b[,.!]?|actually\b|wait\b|sorry\b|i meant\b|correction\b|that'?s wrong\b)", re.I)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])|\n+")
 # The same ends in ASCII text, found from the mark rather than looked back to
@@ -453,48 +461,20 @@ def rules_in(words: str) -> list[str]:
     low = words.lower()
     # (Emphasis taken out of a sentence may join words: "do **not**", "you **may**".)
     emphasis = "**" in words or "__" in words
-    held = _CONSTRAINT_WORDS if emphasis else tuple(word for word in _CONSTRAINT_WORDS if word in low)
+    # (An ASCII text holds none of the other languages' words: half the scans.)
+    words_of = _ASCII_RULE_WORDS if low.isascii() else _CONSTRAINT_WORDS
+    held = _CONSTRAINT_WORDS if emphasis else tuple(word for word in words_of if word in low)
     revoking = emphasis or _may_revoke(words)
     for raw in sentences(words):
         sentence = (_EMPHASIS.sub(r"\2", raw) if "**" in raw or "__" in raw else raw).strip(" -*+\t")
-        rule = (held and holds_any(sentence, held) and _CONSTRAINT.search(_GUESS.sub(" ", sentence))) or (
-            _CORRECTION.match(sentence)
-        )
+        rule = (held and holds_any(sentence, held) and _lays_down(sentence)) or _CORRECTION.match(sentence)
         if not (8 <= len(sentence) <= 400 and rule):
             continue
         # Taking a rule back is not a rule, but what follows a "but" in the
         # same sentence may be one: "Tabs are fine now, but never in Makefiles."
         # (kept whole: the new rule is read with what it narrows).
         if not (revoking and _may_revoke(sentence) and _permits(sentence)) or any(
-            _CONSTRAINT.search(clause) and not _permits(clause) for clause in _CLAUSE.split(sentence)[1:]
+            _lays_down(clause) and not _permits(clause) for clause in _CLAUSE.split(sentence)[1:]
         ):
             found.append(clip(sentence))
     return found
-
-
-# What a harness says in the user's turn when a call went wrong: an error
-# pasted back, or a tool's arguments refused. (Anchored at the line's start or
-# on literal words: linear on long lines.)
-_FEEDBACK = re.compile(
-    r"\s*(?:Traceback|[A-Z]\w*(?:Error|Exception)\b|ERROR\b|FAILED\b|fatal:|panic:)"
-    r"|.{0,120}?\b(?i:is expected to be|must be one of|is not a valid|invalid (?:value|argument|parameter)"
-    r"|missing (?:\d+ )?required|unknown (?:tool|function|parameter|argument)|tool call failed)"
-)
-
-
-def feedback(text: str) -> bool:
-    """Whether a user turn is a harness's feedback on a call (an error or refused arguments), not a request.
-
-    Example:
-        >>> feedback("Parameter 'command' is expected to be one of ['view', 'create']."), feedback("Add a test")
-        (True, False)
-    """
-    first = next((line for line in text.splitlines() if line.strip()), "")
-    return holds_any(first, _FEEDBACK_WORDS) and _FEEDBACK.match(first) is not None
-
-
-# Every feedback line holds one of these (lowercased: ``holds_any``).
-_FEEDBACK_WORDS = (
-    *("traceback", "error", "exception", "failed", "fatal:", "panic:", "expected to be", "must be one of"),
-    *("not a valid", "invalid ", "missing ", "unknown ", "tool call failed"),
-)

@@ -22,7 +22,6 @@ from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.extract import (
     MAX_FACT_CHARS,
     clip,
-    feedback,
     holds_any,
     normalize,
     one_line,
@@ -115,6 +114,34 @@ def _read(text: str) -> UserSays:
     )
 
 
+# What a harness says in the user's turn when a call went wrong: an error
+# pasted back, or a tool's arguments refused. (Anchored at the line's start or
+# on literal words: linear on long lines.)
+_FEEDBACK = re.compile(
+    r"\s*(?:Traceback|[A-Z]\w*(?:Error|Exception)\b|ERROR\b|FAILED\b|fatal:|panic:)"
+    r"|.{0,120}?\b(?i:is expected to be|must be one of|is not a valid|invalid (?:value|argument|parameter)"
+    r"|missing (?:\d+ )?required|unknown (?:tool|function|parameter|argument)|tool call failed)"
+)
+
+
+def feedback(text: str) -> bool:
+    """Whether a user turn is a harness's feedback on a call (an error or refused arguments), not a request.
+
+    Example:
+        >>> feedback("Parameter 'command' is expected to be one of ['view', 'create']."), feedback("Add a test")
+        (True, False)
+    """
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return holds_any(first, _FEEDBACK_WORDS) and _FEEDBACK.match(first) is not None
+
+
+# Every feedback line holds one of these (lowercased: ``holds_any``).
+_FEEDBACK_WORDS = (
+    *("traceback", "error", "exception", "failed", "fatal:", "panic:", "expected to be", "must be one of"),
+    *("not a valid", "invalid ", "missing ", "unknown ", "tool call failed"),
+)
+
+
 def says_nothing_alone(request: str) -> bool:
     """Whether ``request`` asks for nothing once its context is gone: "do that", "ok, go ahead", "yes please".
 
@@ -126,8 +153,13 @@ def says_nothing_alone(request: str) -> bool:
         >>> says_nothing_alone("ok, do that"), says_nothing_alone("Fix the tests")
         (True, False)
     """
-    words = _WORD.findall(request.lower())
-    return bool(words) and all(word in _GO_AHEAD for word in words)
+    # (Word by word: a request's first words usually settle it, and a long one is not read whole.)
+    said = False
+    for word in _WORD.finditer(request):
+        if word.group().lower() not in _GO_AHEAD:
+            return False
+        said = True
+    return said
 
 
 _WORD = re.compile(r"\w+")

@@ -25,7 +25,6 @@ from langchain_compaction.core.calls import CallReading, Unresolved, read_call
 from langchain_compaction.core.effects import breathe, compute_off_loop
 from langchain_compaction.core.extract import (
     constraints,
-    feedback,
     one_line,
     own_rule,
     own_words,
@@ -36,7 +35,7 @@ from langchain_compaction.core.extract import (
 )
 from langchain_compaction.core.identifiers import identifiers as core_identifiers
 from langchain_compaction.core.options import check_int
-from langchain_compaction.core.readings import error_lines, failure_in
+from langchain_compaction.core.readings import error_lines, failure_in, feedback
 from langchain_compaction.core.types import Message, SummaryRequest, ToolCall
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.summarizers.checkpoint import HEADINGS, SECTIONS, Checkpoint
