@@ -251,10 +251,12 @@ def _words(text: str) -> int:
 _SPECIFIC_ERROR = r"(?:Error|Exception)(?:\b|\w*:)|\berror(?:\[\w+\])?:|\bfatal:|\bpanic:"
 # (A tally of none is a clean run's: "3 passed; 0 failed", "Failed:     0, Passed: 3". Go's test runner
 # says "--- FAIL: TestX", "FAIL<tab>package" or FAIL alone; npm says "npm ERR!" or "npm error".)
+# (The lookahead names every branch's first character: the other positions of a
+# long output are passed at one test, not at each of the thirteen branches; 3x faster.)
 _ERROR = re.compile(
-    rf"{_SPECIFIC_ERROR}|\bERROR\b|(?<!; 0 )(?<!, 0 )\b(?:FAILED|[Ff]ailed)\b(?!:\s+0(?:,|\s*$))"
+    rf"(?=[EFNPcefnp-])(?:{_SPECIFIC_ERROR}|\bERROR\b|(?<!; 0 )(?<!, 0 )\b(?:FAILED|[Ff]ailed)\b(?!:\s+0(?:,|\s*$))"
     r"|command not found|No such file or directory|[Pp]ermission denied|exit (?:code|status) [1-9]"
-    r"|^--- FAIL: \w|^FAIL(?:\t\S|$)|\bnpm (?:ERR!|error)\s",
+    r"|^--- FAIL: \w|^FAIL(?:\t\S|$)|\bnpm (?:ERR!|error)\s)",
     re.MULTILINE,
 )
 _SPECIFIC = re.compile(_SPECIFIC_ERROR)

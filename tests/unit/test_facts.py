@@ -36,7 +36,7 @@ from langchain_compaction.core.facts import (
 )
 from langchain_compaction.core.layout import ADDED_KEY, body_mark, compose_summary, summary_body
 from langchain_compaction.core.prompts import SUMMARY_HEADER
-from langchain_compaction.core.readings import agent_names, error_in, forget, kept, said_in, user_says
+from langchain_compaction.core.readings import agent_names, error_in, error_lines, forget, kept, said_in, user_says
 from langchain_compaction.core.redact import redact_secrets
 from langchain_compaction.core.section import facts_in_section, fitting, render_section
 from langchain_compaction.core.tokens import estimate_tokens
@@ -438,6 +438,32 @@ def test_rules_filed_by_their_words_go_only_when_named_before_or_after_the_first
     assert len(rules) == 400
     assert rules[-1] == "Never use tabs."
     assert not any(rule.startswith(("Never refund fare class F7 ", "Never refund fare class Z1 ")) for rule in rules)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ValueError: bad offset 14",
+        "error[E0308]: mismatched types",
+        "fatal: not a git repository",
+        "panic: runtime error: index out of range",
+        "ERROR tests/test_a.py - ImportError",
+        "FAILED tests/test_a.py::test_x",
+        "Build failed after 3 steps",
+        "bash: jq: command not found",
+        "cat: a.txt: No such file or directory",
+        "open /etc/shadow: permission denied",
+        "Process finished with exit code 2",
+        "--- FAIL: TestParse (0.00s)",
+        "FAIL\tgithub.com/acme/parse\t0.01s",
+        "npm ERR! code ELIFECYCLE",
+    ],
+)
+def test_every_kind_of_error_line_is_found_in_a_longer_output(line: str) -> None:
+    # One per branch of the error pattern, in the middle of other output: the
+    # pattern passes a position whose character no branch starts with.
+    output = "collecting the results of the run\n" + line + "\nthe rest of the output follows here\n"
+    assert error_lines(output) == [line]
 
 
 def test_error_lines_prefer_the_exception_to_the_count() -> None:
