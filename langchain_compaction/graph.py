@@ -272,6 +272,9 @@ class CompactionNode(Runnable[Any, Any], Adapter):
                 update[self.result_key] = outcome.result.to_dict()
         elif gone := [m.id for m in (ask.command, *ask.stale) if m is not None and m.id is not None]:
             update[self.messages_key] = [RemoveMessage(id=i) for i in gone]
+        if outcome.messages is not None and parent is None:
+            written = yield from self._delivery.beside(config, ask.held or ask.messages, outcome.messages)
+            update[self.messages_key] = written or update[self.messages_key]
         if not update or parent is None:
             return outcome.result, update
         sent = None if outcome.messages is None else (own, outcome.messages)

@@ -18,23 +18,22 @@ against the conversation's record (``core.record``) before use.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import operator
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from langchain_core.messages import BaseMessage
-from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.types import Command
 
 from langchain_compaction._lc.convert import canonical, content_size, prefix_digest
 from langchain_compaction._lc.counting import LAST_CALLS_REMEMBERED
+from langchain_compaction._lc.events import in_place
+from langchain_compaction._lc.steps import beside, parent_checkpoint, pulled, runs_beside_others
 from langchain_compaction.core.bounded import Bounded
-from langchain_compaction.core.effects import Flow, twin
+from langchain_compaction.core.effects import Flow
 from langchain_compaction.errors import ConfigurationError
 
 logger = logging.getLogger("langchain_compaction")
@@ -184,55 +183,10 @@ def parent_node(config: Any) -> str | None:
     return namespace[-1] if len(namespace) == 1 else TOO_DEEP
 
 
-_CHECKPOINT_WAIT = 2.0
-"""How long a subgraph waits for its parent's checkpoint of the step while it is written in the background."""
-_CHECKPOINT_POLL = 0.01
-CONFIG_KEY_DURABILITY = "__pregel_durability"
-"""Where LangGraph tells a task its run's durability (``"sync"``, ``"async"``, ``"exit"``)."""
 CONFIG_KEY_SEND = "__pregel_send"
 """Where LangGraph gives every task of a run its writer (no public name for it): set only inside a graph run."""
 CONFIG_KEY_READ = "__pregel_read"
 """Where LangGraph gives every task of a run its reader of the state's channels (no public name for it either)."""
-
-
-def _pulled(checkpoint: Mapping[str, Any], node: str) -> bool:
-    """Whether a parent's checkpoint has a trigger waiting for ``node`` (an edge runs it this step, not ``Send``).
-
-    An edge writes ``branch:to:<node>``; an edge that waits for several
-    nodes writes ``join:<a>+<b>:<node>``.
-    """
-    seen = (checkpoint.get("versions_seen") or {}).get(node) or {}
-    triggers = (
-        (channel, version)
-        for channel, version in (checkpoint.get("channel_versions") or {}).items()
-        if channel == f"branch:to:{node}" or (channel.startswith("join:") and channel.endswith(f":{node}"))
-    )
-    return any(seen.get(channel) is None or version > seen[channel] for channel, version in triggers)
-
-
-def _beside(checkpoint: Mapping[str, Any], node: str) -> bool:
-    """Whether a parent's checkpoint runs other nodes in the step that runs ``node`` (parallel branches, sends).
-
-    Their writes land in the same step as a compaction sent up, which
-    replaces the parent's whole list: a sibling's reply would be wiped. A
-    sibling's trigger is pending (a trigger is among the checkpoint's values
-    until its node has run) and was written with ``node``'s, in the same step
-    (the same version); a deferred node's, pending since an earlier step, is
-    not a sibling.
-    """
-    values = checkpoint.get("channel_values") or {}
-    if values.get("__pregel_tasks"):
-        return True
-    versions = checkpoint.get("channel_versions") or {}
-    own = {
-        version
-        for channel, version in versions.items()
-        if channel == f"branch:to:{node}" or (channel.startswith("join:") and channel.endswith(f":{node}"))
-    }
-    return any(
-        channel.startswith("branch:to:") and channel != f"branch:to:{node}" and versions.get(channel) in own
-        for channel in values
-    )
 
 
 Nesting = Literal["parent", "own"]
@@ -240,33 +194,6 @@ Nesting = Literal["parent", "own"]
 
 TOO_DEEP = "\x00too deep"
 """What ``parent_node`` says of a subgraph nested more than one level down."""
-
-
-def _parent_checkpoint(configurable: Mapping[str, Any]) -> Flow[tuple[Any, bool]]:
-    """The parent's checkpoint of this step and ``True``; else its last one and ``False``; else ``(None, False)``.
-
-    The step's is waited for while it is written in the background
-    (durability ``"async"``, the default: a few milliseconds, at most
-    ``_CHECKPOINT_WAIT``). Where it is never written (``"exit"``) the last one
-    is a run old: its messages lead this run's when it is the parent's
-    conversation.
-    """
-    saver = configurable.get(CONFIG_KEY_CHECKPOINTER)
-    step = (configurable.get("checkpoint_map") or {}).get("")
-    if saver is None or step is None:
-        return None, False
-    parent = {"thread_id": configurable.get("thread_id"), "checkpoint_ns": ""}
-    exact_config = {"configurable": {**parent, "checkpoint_id": step}}
-    found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
-    waited = 0.0
-    background = configurable.get(CONFIG_KEY_DURABILITY, "async") in (None, "async")  # (unset: the default)
-    while found is None and background and waited < _CHECKPOINT_WAIT:
-        yield twin(time.sleep, asyncio.sleep, _CHECKPOINT_POLL)
-        waited += _CHECKPOINT_POLL
-        found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
-    if found is not None:
-        return found, True
-    return (yield twin(saver.get_tuple, saver.aget_tuple, {"configurable": parent})), False
 
 
 _AGENT_JUMP = "jump_to"
@@ -398,7 +325,7 @@ class Delivery:
         known = self._holds.get(where)
         if known is not None:
             return known
-        found, exact = yield from _parent_checkpoint(configurable)
+        found, exact = yield from parent_checkpoint(configurable)
         if found is None:
             self._holds.put(where, False)
             return False
@@ -407,7 +334,7 @@ class Delivery:
         # (The parent's last checkpoint, where the step's is not written, is what the run started from.)
         self._given.put(where, {k: v for k, v in channels.items() if k != key})
         values = channels.get(key)
-        if exact and (not _pulled(checkpoint, node) or _beside(checkpoint, node)):
+        if exact and (not pulled(checkpoint, node) or beside(checkpoint, node)):
             holds = False  # no edge runs the node this step (a task sent with Send), or others run beside it
         elif key not in checkpoint.get("channel_versions", {}):
             holds = False  # the parent never had the key: the subgraph's messages are its own (messages_key=...)
@@ -490,6 +417,26 @@ class Delivery:
             "mid-history there and is put back in place on the next turn; add the compaction to the outermost "
             "graph that holds the conversation",
         )
+
+    def beside(
+        self, config: Any, current: Sequence[BaseMessage], target: Sequence[BaseMessage]
+    ) -> Flow[list[Any] | None]:
+        """A top-level node's compaction written message by message (``in_place``) where nodes run beside it.
+
+        They write in the same step, and a replacement of the whole list
+        applied after theirs would wipe what they wrote. ``None``: the
+        replacement will do (no node beside it, or no checkpoint to tell).
+        """
+        if not (yield from runs_beside_others(config)):
+            return None
+        update = in_place(current, target)
+        if update is None:
+            self.say(
+                "beside",
+                "it runs in one step with other nodes and could not write its compaction message by message, so "
+                "what they write in that step may be replaced: run it before the fan-out, not beside it",
+            )
+        return update
 
     def say(self, kind: str, text: str) -> None:
         """Log ``text`` as a warning once per ``kind`` (this adapter's)."""

@@ -16,7 +16,7 @@ from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_eve
 from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.runnables.config import ensure_config, get_callback_manager_for_config
-from langgraph.graph.message import REMOVE_ALL_MESSAGES
+from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
 
 from langchain_compaction._lc.convert import as_dict, is_compaction_message
 from langchain_compaction.core.effects import adrive, drive, twin
@@ -74,6 +74,47 @@ def replacement(messages: Sequence[BaseMessage]) -> list[BaseMessage | dict[str,
     """
     remove: dict[str, Any] = {"type": "remove", "id": REMOVE_ALL_MESSAGES, "content": ""}
     return [remove, *(as_dict(m) if is_compaction_message(m) else m for m in messages)]
+
+
+def in_place(
+    current: Sequence[BaseMessage], target: Sequence[BaseMessage]
+) -> list[BaseMessage | dict[str, Any]] | None:
+    """The update that turns ``current`` into ``target`` message by message, not by removing the whole list.
+
+    ``add_messages`` keeps a message whose id the list holds in its place and
+    appends the others: each message the compaction wrote (the summary, the
+    bridge) takes the place, and the id, of one it takes out, and the rest
+    are removed by id. A message another node adds in the same step (a
+    parallel branch) is then neither removed nor moved, whichever update
+    LangGraph applies first. ``None`` when ``target`` cannot be reached so
+    (a message written where nothing is taken out, ids missing or repeated).
+    """
+    places = {m.id: i for i, m in enumerate(current) if isinstance(m, BaseMessage) and m.id is not None}
+    if len(places) != len(current):
+        return None
+    wanted = [places.get(m.id) if m.id is not None else None for m in target]
+    free = [i for i in range(len(current)) if i not in set(wanted)]
+    update: list[Any] = []
+    ids: list[str | None] = []
+    last = -1
+    for index, written in enumerate(target):
+        place, message = wanted[index], written
+        if place is None:  # the compaction's own: into the first place it frees before the next kept message
+            bound = next((p for p in wanted[index + 1 :] if p is not None), len(current))
+            place = next((i for i in free if last < i < bound), None)
+            if place is None:
+                return None
+            free.remove(place)
+            message = written.model_copy(update={"id": current[place].id})
+        elif place <= last:
+            return None
+        last = place
+        ids.append(message.id)
+        if message is not current[place]:
+            update.append(as_dict(message) if is_compaction_message(message) else message)
+    update += [{"type": "remove", "id": current[i].id, "content": ""} for i in free]
+    merged: Any = add_messages(list[Any](current), update)
+    return update if [getattr(m, "id", None) for m in merged] == ids else None
 
 
 RUN_NAME = "langchain_compaction"

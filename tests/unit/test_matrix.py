@@ -100,6 +100,7 @@ SETUPS = [
     "graph_in_node_function",
     "sub_agents_one_thread",
     "restart",
+    "beside_a_branch",
 ]
 
 
@@ -174,7 +175,8 @@ class Requests:
     def check(self, messages: Sequence[BaseMessage], where: str) -> None:
         self.count += 1
         self.last = list(messages)
-        self.summaries.update(m.id for m in messages if is_summary(m))
+        # (By text: a summary written message by message keeps the place, and the id, of the one it replaces.)
+        self.summaries.update(text_of(m) for m in messages if is_summary(m))
         try:
             assert_valid_anthropic_request(list(messages))
         except Exception as error:  # recorded, reported at the end
@@ -290,6 +292,11 @@ class Cell:
         text = f"{marker} {owner} user turn {turn}: " + filler
         return HumanMessage(text, id=f"h-{marker}", additional_kwargs=kwargs)
 
+    def context(self) -> HumanMessage:
+        """What a retrieval step beside the compaction adds to the turn (``node_graph(beside=True)``)."""
+        marker = self.ledger.new()
+        return HumanMessage(f"{marker} retrieved context: " + USER_FILLER * 2, id=f"c-{marker}")
+
     def node(self, owner: str = "main", **kwargs: Any) -> CompactionNode:
         return CompactionNode(self.echo(owner), OPTIONS, features=cell_features(self.feature), **kwargs)
 
@@ -340,9 +347,15 @@ def node_graph(
     state: Any = CompactionState,
     command: bool = False,
     nested: str = "parent",
+    beside: bool = False,
     **compile_kwargs: Any,
 ) -> tuple[Any, CompactionNode, Script]:
-    """START -> compact -> agent -> (tools -> compact ...) -> END, the agent a fake model checking its input."""
+    """START -> compact -> agent -> (tools -> compact ...) -> END, the agent a fake model checking its input.
+
+    ``beside``: START also runs a node that adds a message of its own in the
+    compaction's step (a retrieval step), named so that LangGraph applies its
+    write first; both lead to the agent, and the tools lead back to the agent.
+    """
     node = cell.node(owner, messages_key=key, nested=nested, enable_compact_command=command)
     script = Script(cell, owner)
     log = cell.log(owner)
@@ -362,6 +375,14 @@ def node_graph(
     builder.add_node("agent", agent)
     builder.add_node("tools", ToolNode(cell.tools(), messages_key=key))
     builder.add_edge(START, "compact")
+    if beside:
+        # (It writes in the step the compaction does: a replacement of the whole list would wipe its message.)
+        builder.add_node("a_context", lambda values: {key: [cell.context()]})
+        builder.add_edge(START, "a_context")
+        builder.add_edge(["a_context", "compact"], "agent")
+        builder.add_conditional_edges("agent", after_agent, {"tools": "tools", END: END})
+        builder.add_edge("tools", "agent")
+        return builder.compile(**compile_kwargs), node, script
     if command:
         builder.add_conditional_edges(
             "compact",
@@ -432,7 +453,7 @@ class Driver:
 
     def views(self) -> list[View]:
         state = self.final_state()
-        seen = self.cell.log().summaries | {m.id for m in state if is_summary(m)}
+        seen = self.cell.log().summaries | {text_of(m) for m in state if is_summary(m)}
         return [View("main", self.expected(), state, self.archive_items(), seen)]
 
 
@@ -679,7 +700,7 @@ class SubAgentsOneThread(Driver):
         for name in self.AGENTS:
             state = self.own_state(name)
             other = next(o for o in self.AGENTS if o != name)
-            seen = self.cell.log(name).summaries | {m.id for m in state if is_summary(m)}
+            seen = self.cell.log(name).summaries | {text_of(m) for m in state if is_summary(m)}
             items = timeline_items(self.store, THREAD, state)
             views.append(
                 View(name, self.cell.ledger.markers(name), state, items, seen, self.cell.ledger.markers(other))
@@ -702,6 +723,11 @@ class Restart(OneWorker):
         super().turn(n)
 
 
+class BesideABranch(OneWorker):
+    def build(self, **kwargs: Any) -> Any:
+        return super().build(beside=True)
+
+
 DRIVERS: dict[str, type[Driver]] = {
     "one_worker": OneWorker,
     "two_workers": TwoWorkers,
@@ -712,6 +738,7 @@ DRIVERS: dict[str, type[Driver]] = {
     "graph_in_node_function": GraphInNodeFunction,
     "sub_agents_one_thread": SubAgentsOneThread,
     "restart": Restart,
+    "beside_a_branch": BesideABranch,
 }
 
 
