@@ -186,6 +186,8 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
     if not isinstance(block, dict):
         return Part("data", str(block))
     kind = block.get("type")
+    if kind is not None and not isinstance(kind, str):
+        return Part("data", json_text(block))  # (a list or a dict there is no block type: shown, not looked up)
     # (OpenAI's Responses API writes a message's text as input_text and output_text parts.)
     if kind in _TEXT_BLOCKS or (kind is None and isinstance(block.get("text"), str)):
         text = block.get("text")

@@ -240,6 +240,21 @@ def test_unknown_blocks_are_counted_as_their_json() -> None:
     assert estimate_message_tokens([message]) >= estimate_tokens(json.dumps(block)) * 0.9
 
 
+@pytest.mark.parametrize("kind", [["text"], {"name": "text"}])
+def test_a_block_whose_type_is_no_string_is_an_unknown_block_not_a_type_error(kind: object) -> None:
+    # A client's or a server's malformed JSON: it raised "unhashable type" on every turn of the thread.
+    from langchain_compaction._lc.convert import to_core
+    from langchain_compaction.core.transcript import message_body
+
+    message = HumanMessage([{"type": kind, "text": "hello from the widget"}])
+    assert estimate_message_tokens([message]) > 0
+    assert "hello from the widget" in message_body(to_core(message))
+    messages = [message, AIMessage("hi " * 200), HumanMessage("next " * 200), AIMessage("ok " * 200)]
+    result, out = compact(lambda prompt: "## Goal\n- go on", messages, CompactionOptions(keep_recent_tokens=100))
+    assert result.messages_removed >= 1
+    assert out[-1] is messages[-1]
+
+
 def test_core_estimate_message_counts_every_field() -> None:
     message = Message(
         "assistant",
