@@ -108,9 +108,11 @@ def _document_text(block: dict[str, Any], kind: str, source: dict[str, Any], med
 
 
 def _payload(block: dict[str, Any], source: dict[str, Any]) -> bytes | None:
-    """The bytes of a file sent inline (Anthropic's base64 source, LangChain's ``base64``, a data: URL)."""
+    """The bytes of a file sent inline (Anthropic's base64 source, LangChain's ``base64`` or ``data``, a data: URL)."""
     if source.get("type") == "base64":
         return _decoded(source.get("data"))
+    if block.get("source_type") == "base64":  # (LangChain's older blocks: ``data`` beside ``source_type``)
+        return _decoded(block.get("data"))
     if isinstance(block.get("base64"), str):
         return _decoded(block["base64"])
     if block.get("type") == "media":  # (Gemini's: base64 text, or the bytes themselves)

@@ -82,6 +82,12 @@ def test_a_document_that_holds_text_is_shown_and_counted_by_its_text() -> None:
         {"type": "file", "source_type": "text", "text": text, "mime_type": "text/plain"},
         {"type": "file", "source_type": "text", "url": text},  # (where langchain-core reads its text)
         {"type": "file", "base64": base64.b64encode(text.encode()).decode(), "mime_type": "text/plain"},
+        {
+            "type": "file",
+            "source_type": "base64",
+            "data": base64.b64encode(text.encode()).decode(),
+            "mime_type": "text/plain",
+        },
     ]
     inline = estimate_message(to_core(HumanMessage(text)))
     for block in blocks:
@@ -110,6 +116,8 @@ def test_a_pdf_is_counted_by_its_pages() -> None:
     shapes = [
         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": data}},
         {"type": "file", "base64": data, "mime_type": "application/pdf"},
+        # LangChain's older block (langchain-core's v0 form, which ChatAnthropic and ChatOpenAI still take).
+        {"type": "file", "source_type": "base64", "data": data, "mime_type": "application/pdf"},
         {"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{data}"}},
         {"type": "media", "mime_type": "application/pdf", "data": data},  # Gemini's, as base64 text
         {"type": "media", "mime_type": "application/pdf", "data": pdf},  # and as the bytes themselves
