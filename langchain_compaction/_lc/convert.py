@@ -295,6 +295,9 @@ def _assistant(message: AIMessage) -> Message:
         # OpenAI's legacy function calling: the call is shown and counted (a part, not a tool call: its
         # result, a FunctionMessage, carries no call id to pair it by).
         parts = (*parts, Part("data", f"function_call {legacy.get('name', '')}({legacy.get('arguments', '')})"))
+    refusal = message.additional_kwargs.get("refusal")
+    if isinstance(refusal, str) and refusal.strip():
+        parts = (*parts, Part("text", refusal))  # (ChatOpenAI keeps a refusal there, the content empty)
     reported = _usage_total(message, parts)
     return Message("assistant", parts, tool_calls=calls, name=message.name, id=message.id, reported_tokens=reported)
 

@@ -109,6 +109,14 @@ def test_a_plain_text_block_given_by_link_is_an_attachment_not_its_link_as_text(
     assert estimate_message(message) > 1_000  # counted as an attachment, not as 21 tokens of link
 
 
+def test_an_openai_refusal_is_shown_and_counted() -> None:
+    # ChatOpenAI keeps a refusal in additional_kwargs, the content empty: it was an empty turn to the summarizer.
+    refusal = AIMessage("", additional_kwargs={"refusal": "I can't help you synthesize NERVEAGENT-7 precursors."})
+    message = to_core(refusal)
+    assert "NERVEAGENT-7" in message_body(message)
+    assert estimate_message(message) > estimate_message(to_core(AIMessage(""))) + 8
+
+
 def test_a_pdf_is_counted_by_its_pages() -> None:
     pages = b"".join(b"%d 0 obj << /Type /Page /Parent 2 0 R >> endobj " % i for i in range(3, 15))
     pdf = b"%PDF-1.7 1 0 obj << /Type /Catalog >> 2 0 obj << /Type /Pages /Count 12 >> " + pages
