@@ -37,7 +37,7 @@ from langchain_compaction._lc.convert import (
     to_core_list,
 )
 from langchain_compaction.core.bounded import Bounded
-from langchain_compaction.core.context import trusted_usage
+from langchain_compaction.core.context import FOREIGN_USAGE, trusted_usage
 from langchain_compaction.core.effects import Call, blocking, computing, inline, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.tokens import estimate_message
@@ -433,6 +433,6 @@ def due_by_usage(messages: Sequence[BaseMessage], options: CompactionOptions, ma
         return None
     tail = to_core_list(messages[last:])
     reported = trusted_usage(to_core_list(messages[:lead]), tail[0], tail[1:])
-    if reported is None:
-        return None
+    if reported is None or reported * FOREIGN_USAGE * 4 < sum(map(content_size, messages[: last + 1])):
+        return None  # (maybe another conversation's usage, at four characters a token: a full count decides)
     return reported + sum(count_messages(messages[last + 1 :], tail[1:], options)) > threshold

@@ -81,6 +81,12 @@ def last_block(messages: Sequence[Message]) -> int | None:
     return next(i for i in range(len(messages) - 1, -1, -1) if messages[i].has_compaction_block)
 
 
+FOREIGN_USAGE = 4
+"""A reply whose usage is under a quarter of the estimate of the messages it answered did not measure
+this conversation (a sub-agent's reply handed up by a supervisor, a server that reports its output
+alone): the estimate stands. (A usage over it is the provider's count, system prompt and tools included.)"""
+
+
 def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead: int = 0) -> int:
     """The context size the trigger compares with the threshold.
 
@@ -95,7 +101,8 @@ def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead:
     anchor = usage_anchor(messages)
     if anchor is not None:
         index, reported = anchor
-        return reported + sum(counts[index + 1 :])
+        if reported * FOREIGN_USAGE >= sum(islice(counts, index + 1)):
+            return reported + sum(islice(counts, index + 1, None))
     # A provider-side compaction block (Claude's ``compaction`` content) drops
     # everything before it from what the provider reads: only the system
     # prompt and what follows the last block are billed.

@@ -541,7 +541,7 @@ def test_usage_anchor_is_reported_tokens_plus_estimate_after() -> None:
     # Reported usage below the threshold wins over a larger estimate.
     heavy = history(60, size=400)
     assert estimate_message_tokens(heavy) > 9_000
-    heavy[-1] = AIMessage("ok", id="a-ok", usage_metadata=_usage(3_000, 20))  # type: ignore[arg-type]
+    heavy[-1] = AIMessage("ok", id="a-ok", usage_metadata=_usage(6_000, 20))  # type: ignore[arg-type]
     assert node({"messages": heavy}) == {}
 
 

@@ -132,10 +132,10 @@ def test_a_fresh_node_with_trusted_usage_counts_only_what_follows_the_reply():
     # A cold worker: a new node, nothing cached. The last reply's usage
     # answers for everything before it.
     options = CompactionOptions(context_window=30_000, reserve_tokens=1_000, token_counter=(counter := SeenCounter()))
-    assert CompactionNode(lambda p: "## Goal\n- x", options).invoke({"messages": long_history(900)}) == {}
+    assert CompactionNode(lambda p: "## Goal\n- x", options).invoke({"messages": long_history(13_000)}) == {}
     assert counter.seen == 1  # the one message after the reply
     # Without usage, the same node counts the whole history to decide.
-    unreported = [m for m in long_history(900) if m.id != "last"]
+    unreported = [m for m in long_history(13_000) if m.id != "last"]
     CompactionNode(lambda p: "## Goal\n- x", options).invoke({"messages": unreported})
     assert counter.seen == 1 + len(unreported)
 
@@ -182,3 +182,20 @@ def test_fresh_and_warm_nodes_decide_alike():
         fresh = bool(CompactionNode(lambda p: "## Goal\n- x", options).invoke({"messages": history}))
         warm.invoke({"messages": history[:-3]})  # the cache has seen the older part
         assert fresh == bool(warm.invoke({"messages": history})) == should_compact(history, options=options)
+
+
+def test_a_usage_far_under_the_estimate_measured_another_conversation_and_the_estimate_stands():
+    # A sub-agent's final reply handed up by a supervisor carries the sub-agent's own usage, and a
+    # server may report its output alone: trusted, they kept a history of three windows from compacting.
+    options = CompactionOptions(context_window=10_000, reserve_tokens=1_000)
+    for usage in ({"input_tokens": 250, "output_tokens": 50}, {"input_tokens": 0, "output_tokens": 50}):
+        history = long_history(0)  # (about 12,900 tokens by the estimate)
+        history[-2] = AIMessage("last answer", id="last", usage_metadata={**usage, "total_tokens": 300})  # type: ignore[typeddict-item]
+        assert should_compact(history, options=options)
+        assert CompactionNode(lambda p: "## Goal\n- x", options).invoke({"messages": history}), usage  # cold
+        warm = CompactionNode(lambda p: "## Goal\n- x", options)
+        warm.invoke({"messages": history[:-2]})  # (its cache has seen all but the last two)
+        assert warm.invoke({"messages": history}), usage
+    # A usage over a quarter of the estimate is the provider's count (the estimate may run high): trusted.
+    assert not should_compact(long_history(8_000), options=options)
+    assert should_compact(long_history(9_500), options=options)
