@@ -83,7 +83,12 @@ def _shape(item: object, where: str) -> Format:
 
 # Blocks only Anthropic's format has (OpenAI's are "text", "image_url",
 # "input_audio" and "file"; an image with a "source" is Anthropic's).
-_ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking", "document", "search_result"})
+_ANTHROPIC_BLOCKS = frozenset(
+    {"tool_use", "tool_result", "thinking", "redacted_thinking", "document", "search_result", "container_upload"}
+    # Anthropic's server tools (web search and fetch, code execution, MCP): a transcript may hold no other.
+    | {"server_tool_use", "mcp_tool_use", "mcp_tool_result", "web_search_tool_result", "web_fetch_tool_result"}
+    | {"code_execution_tool_result", "bash_code_execution_tool_result", "text_editor_code_execution_tool_result"}
+)
 
 
 def _anthropic_block(block: object) -> bool:

@@ -77,6 +77,23 @@ def test_reads_anthropic_style_with_top_level_system():
     assert [m.type for m in again.messages] == [m.type for m in conversation.messages]
 
 
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "release notes"}},
+        {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+        {"type": "mcp_tool_use", "id": "mcptoolu_1", "name": "lookup", "server_name": "docs", "input": {}},
+    ],
+)
+def test_a_transcript_whose_only_anthropic_blocks_are_server_tools_is_read_as_anthropic(block: dict[str, Any]) -> None:
+    # Read as OpenAI-style, its summary was written back as a {"role": "system"} message, which Anthropic refuses.
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "what is new in the release?"}]},
+        {"role": "assistant", "content": [block, {"type": "text", "text": "It adds a faster cache."}]},
+    ]
+    assert parse_conversation(json.dumps(messages)).format == "anthropic"
+
+
 def test_reads_json_lines_and_writes_them_back():
     text = "".join(json.dumps(item) + "\n" for item in OPENAI)
     conversation = parse_conversation(text)
