@@ -58,8 +58,31 @@ def attachment_part(block: dict[str, Any], kind: str) -> Part:
     return Part("image", _describe(block, kind, source, media), tokens)
 
 
+def lifted(value: Any, found: list[Part], depth: int = 0) -> Any:
+    """``value`` (an unknown block's JSON) with each attachment nested in it taken out, its part put in ``found``.
+
+    A screenshot inside a ``tool_result`` of a user turn (Anthropic's
+    computer use, as ``convert_to_messages`` reads it), a v1 ``non_standard``
+    block or an OpenAI ``function_call_output`` costs an attachment, not its
+    base64 counted as text, and is described after the block.
+    """
+    if depth > _NESTING or not isinstance(value, (dict, list)):
+        return value
+    if isinstance(value, list):
+        return [lifted(item, found, depth + 1) for item in value]
+    kind = value.get("type")
+    if depth and isinstance(kind, str) and kind in ATTACHMENT_BLOCKS:
+        found.append(attachment_part(value, kind))
+        return "(attachment, after this block)"
+    return {key: lifted(item, found, depth + 1) for key, item in value.items()}
+
+
+_NESTING = 8
+"""How deep an unknown block is searched for attachments."""
+
+
 def _describe(block: dict[str, Any], kind: str, source: dict[str, Any], media: object) -> str:
-    """What the summarizer is told about an attachment: its kind, media type and URL (never inline data)."""
+    """What the summarizer is told about an attachment: its kind, media type, name and URL (never inline data)."""
     image_url = block.get("image_url")
     candidates = (
         block.get("url"),
@@ -70,7 +93,11 @@ def _describe(block: dict[str, Any], kind: str, source: dict[str, Any], media: o
     )
     # A link the agent can refer to later; a data: URL is the payload itself.
     url = next((u for u in candidates if isinstance(u, str) and u.startswith(("http://", "https://"))), None)
-    return " ".join(str(p) for p in (kind, media, url) if p)
+    # The name the user gave it ("which report did I send?"): LangChain's, OpenAI's nested file, a document's title.
+    nested = block.get("file")
+    names = (block.get("filename"), nested.get("filename") if isinstance(nested, dict) else None, block.get("title"))
+    name = next((n for n in names if isinstance(n, str) and n.strip()), None)
+    return " ".join(str(p) for p in (kind, media, name, url) if p)
 
 
 def _source(block: dict[str, Any]) -> dict[str, Any]:

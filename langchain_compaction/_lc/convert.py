@@ -29,7 +29,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from langchain_compaction._lc.attachments import ATTACHMENT_BLOCKS, attachment_part
+from langchain_compaction._lc.attachments import ATTACHMENT_BLOCKS, attachment_part, lifted
 from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.layout import BRIDGE_REQUEST_KEY
 from langchain_compaction.core.prompts import LANGCHAIN_SUMMARY_PREFIX, SUMMARY_HEADER
@@ -209,12 +209,24 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
     return Part("data", json_text(block))
 
 
+def _block_parts(block: Any, skip_ids: frozenset[str]) -> tuple[Part, ...]:
+    """``_block_part``, and an unknown block's nested attachments as parts of their own (``lifted``)."""
+    part = _block_part(block, skip_ids)
+    if part is None:
+        return ()
+    kind = block.get("type") if isinstance(block, dict) else None
+    if part.kind != "data" or not isinstance(block, dict) or (isinstance(kind, str) and kind in ATTACHMENT_BLOCKS):
+        return (part,)
+    nested: list[Part] = []
+    inner = lifted(block, nested)
+    return (Part("data", json_text(inner)), *nested) if nested else (part,)
+
+
 def _parts(content: Any, skip_ids: frozenset[str] = frozenset()) -> tuple[Part, ...]:
     if isinstance(content, str):
         return (Part("text", content),) if content else ()
     if isinstance(content, list):
-        parts = (_block_part(block, skip_ids) for block in content)
-        return tuple(p for p in parts if p is not None)
+        return tuple(part for block in content for part in _block_parts(block, skip_ids))
     if content is None:
         return ()
     return (Part("data", json_text(content)),)

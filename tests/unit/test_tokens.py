@@ -227,6 +227,30 @@ def test_files_of_other_providers_cost_an_attachment_and_never_reach_the_summari
     assert "QUFB" not in message_body(to_core(message))
 
 
+def _nested(image: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [image, {"type": "text", "text": "taken"}]},
+        {"type": "non_standard", "value": {"type": "screenshot", "items": [image]}},
+        {"type": "function_call_output", "call_id": "c1", "output": [image]},
+    ]
+
+
+@pytest.mark.parametrize("index", range(3), ids=["tool_result", "non_standard", "function_call_output"])
+def test_an_image_nested_in_another_block_costs_an_image_and_never_reaches_the_summarizer_as_text(index: int) -> None:
+    # A computer-use screenshot in a tool_result of a user turn (as convert_to_messages reads Anthropic's
+    # format) counted 297,600 tokens for a 400 KB PNG, and its base64 went to the summarizer.
+    from langchain_compaction._lc.convert import to_core
+    from langchain_compaction.core.transcript import message_body
+
+    data = "QUFB" * 100_000
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+    message = HumanMessage([_nested(image)[index]])
+    assert estimate_message_tokens([message]) < IMAGE_TOKENS + 100
+    body = message_body(to_core(message))
+    assert "QUFB" not in body
+    assert "image/png" in body
+
+
 def test_image_url_blocks_cost_the_image_price() -> None:
     message = HumanMessage(
         [{"type": "text", "text": "what is in this picture?"}, {"type": "image_url", "image_url": {"url": "https://x"}}]

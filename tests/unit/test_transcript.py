@@ -109,6 +109,18 @@ def test_a_plain_text_block_given_by_link_is_an_attachment_not_its_link_as_text(
     assert estimate_message(message) > 1_000  # counted as an attachment, not as 21 tokens of link
 
 
+def test_an_attachment_is_shown_with_the_name_it_was_sent_under() -> None:
+    # "Which report did I send?": the summarizer saw "(attachment: file application/pdf)" and no name.
+    data = base64.b64encode(b"%PDF-1.4 not really").decode()
+    blocks = [
+        {"type": "file", "base64": data, "mime_type": "application/pdf", "filename": "q3-report.pdf"},
+        {"type": "file", "file": {"filename": "q3-report.pdf", "file_data": f"data:application/pdf;base64,{data}"}},
+    ]
+    for block in blocks:
+        assert "q3-report.pdf" in message_body(to_core(HumanMessage([block]))), block
+        assert data not in message_body(to_core(HumanMessage([block])))
+
+
 def test_an_openai_refusal_is_shown_and_counted() -> None:
     # ChatOpenAI keeps a refusal in additional_kwargs, the content empty: it was an empty turn to the summarizer.
     refusal = AIMessage("", additional_kwargs={"refusal": "I can't help you synthesize NERVEAGENT-7 precursors."})
