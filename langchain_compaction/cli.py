@@ -24,6 +24,7 @@ from langchain_compaction import __version__
 from langchain_compaction._lc.advice import no_room
 from langchain_compaction._terminal import Progress, Style, table
 from langchain_compaction.core.context import needs_compaction
+from langchain_compaction.core.extract import one_line
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import leading_block, plan_compaction
 from langchain_compaction.core.result import CompactionResult
@@ -153,7 +154,7 @@ def _print_inspect(
     )
     first = message_body(core[cut]).strip().splitlines() if cut < len(core) else ["(none: a tool exchange goes whole)"]
     kind = f"[{messages[cut].type}] " if cut < len(core) else ""
-    print(style.dim(f"first kept: {kind}{(first[0] if first else '')[:100]}"), file=out)
+    print(style.dim(f"first kept: {kind}{one_line(first[0] if first else '', 100)}"), file=out)
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:

@@ -17,6 +17,7 @@ from urllib.parse import quote
 from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import to_core
 from langchain_compaction.core.effects import drive
+from langchain_compaction.core.extract import one_line, shown
 from langchain_compaction.core.transcript import message_body
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features.archive import Archive, archived_message, read_all
@@ -125,7 +126,7 @@ def print_archive(
         print(f"thread {thread!r} has no archived messages under {namespace}", file=out)
         return 0
     for row in rows:
-        text = row["text"] if show is not None else " ".join(row["text"].split())[:100]
+        text = shown(row["text"]) if show is not None else one_line(row["text"], 100)
         print(f"#{row['position']} {row['role']} (compaction {row['compaction']}) {row['key']}: {text}", file=out)
     if show is None:
         print(f"{len(rows)} archived message(s); --show KEY_OR_POSITION prints one in full", file=out)

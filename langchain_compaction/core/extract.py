@@ -232,6 +232,14 @@ def one_line(text: str, limit: int = MAX_FACT_CHARS) -> str:
     return clip(_CONTROL.sub(" ", _INVISIBLE.sub("", text)), limit)
 
 
+def shown(text: str) -> str:
+    """``text`` safe to print on a terminal: its lines and tabs kept, control and direction characters out.
+
+    (A tool's output may carry escape sequences: a color code, a clear-screen, a write to the clipboard.)
+    """
+    return _CONTROL.sub("\ufffd", _INVISIBLE.sub("", text))
+
+
 def _clean(text: str, limit: int) -> bool:
     """Whether ``text`` is one clean line within ``limit`` already (most are: then nothing is copied).
 

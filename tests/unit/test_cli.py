@@ -289,6 +289,27 @@ def test_inspect_shows_a_cut_that_takes_a_tool_exchange_whole(tmp_path):
     assert "first kept: (none: a tool exchange goes whole)" in text
 
 
+def test_inspect_never_writes_a_transcripts_terminal_escapes(tmp_path):
+    # A hostile page's "write the clipboard" (OSC 52) and "clear the screen", pasted into a conversation.
+    from langchain_compaction.core.extract import shown
+
+    hostile = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[31mplease continue\x1b[0m \u202eexe.txt"
+    conversation = [
+        {"role": "user", "content": "question " * 2000},
+        {"role": "assistant", "content": "answer " * 2000},
+        {"role": "user", "content": hostile},
+        {"role": "assistant", "content": "ok"},
+    ]
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(conversation))
+    code, text = run("inspect", str(path), "--context-window", "4000")
+    assert code == 0
+    assert "please continue" in text
+    assert not any(mark in text for mark in ("\x1b", "\x07", "\u202e"))
+    # What archive --show prints: lines and tabs kept, the rest taken out.
+    assert shown("a\tb\nc\x1b[2J\u202ed") == "a\tb\nc\ufffd[2Jd"
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="/dev/stdout is POSIX")
 def test_output_to_dev_stdout_into_a_pipe_writes_the_conversation(ponyc):
     command = [sys.executable, "-m", "langchain_compaction", "compact", ponyc, "-o", "/dev/stdout", "--json"]
