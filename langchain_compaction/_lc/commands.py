@@ -8,7 +8,6 @@ message is the previous reply, not a question).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +20,9 @@ from langgraph.errors import InvalidUpdateError
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.types import Command, StateUpdate
 
-from langchain_compaction._lc.conversation import CONFIG_KEY_READ, CONFIG_KEY_SEND, opening_length, thread_of
+from langchain_compaction._lc.conversation import CONFIG_KEY_SEND, opening_length, thread_of
 from langchain_compaction._lc.convert import is_bridge_message, is_summary_message, starts_with, to_core
+from langchain_compaction._lc.steps import step_channels
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.errors import CompactionError, ConfigurationError, InvalidMessagesError
 
@@ -167,12 +167,11 @@ def reducer_replaces(configurable: Mapping[str, Any], key: str) -> bool | None:
     and any reducer of the user's own built on it, removes the old list and
     keeps the new; ``operator.add`` appends, and a key without a reducer
     (LangGraph's ``LastValue``) would store the update itself. The channels are
-    read from LangGraph's task read function (``CONFIG_KEY_READ``), not a
+    read from LangGraph's task reader (``steps.step_channels``), not a
     public interface: where its shape differs, the answer is ``None``.
     """
-    read = configurable.get(CONFIG_KEY_READ)
-    channels = read.args[1] if isinstance(read, functools.partial) and len(read.args) > 1 else None
-    channel = channels.get(key) if isinstance(channels, Mapping) else None
+    channels = step_channels(configurable)
+    channel = channels.get(key) if channels is not None else None
     if isinstance(channel, LastValue):
         return False
     operator = getattr(channel, "operator", None)

@@ -185,8 +185,6 @@ def parent_node(config: Any) -> str | None:
 
 CONFIG_KEY_SEND = "__pregel_send"
 """Where LangGraph gives every task of a run its writer (no public name for it): set only inside a graph run."""
-CONFIG_KEY_READ = "__pregel_read"
-"""Where LangGraph gives every task of a run its reader of the state's channels (no public name for it either)."""
 
 
 Nesting = Literal["parent", "own"]
@@ -421,11 +419,11 @@ class Delivery:
     def beside(
         self, config: Any, current: Sequence[BaseMessage], target: Sequence[BaseMessage]
     ) -> Flow[list[Any] | None]:
-        """A top-level node's compaction written message by message (``in_place``) where nodes run beside it.
+        """A compaction written message by message (``in_place``) where other nodes run beside the node.
 
         They write in the same step, and a replacement of the whole list
         applied after theirs would wipe what they wrote. ``None``: the
-        replacement will do (no node beside it, or no checkpoint to tell).
+        replacement will do (no node beside it, or nothing to tell).
         """
         if not (yield from runs_beside_others(config)):
             return None

@@ -10,6 +10,7 @@ replacement of the whole list applied after theirs would wipe them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,6 +24,43 @@ _CHECKPOINT_WAIT = 2.0
 _CHECKPOINT_POLL = 0.01
 CONFIG_KEY_DURABILITY = "__pregel_durability"
 """Where LangGraph tells a task its run's durability (``"sync"``, ``"async"``, ``"exit"``)."""
+CONFIG_KEY_READ = "__pregel_read"
+"""Where LangGraph gives every task of a run its reader of the state's channels (no public name for it)."""
+
+
+def step_channels(configurable: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The running step's channels, from LangGraph's task reader (no public interface: ``None`` if it differs)."""
+    read = configurable.get(CONFIG_KEY_READ)
+    channels = read.args[1] if isinstance(read, functools.partial) and len(read.args) > 1 else None
+    return channels if isinstance(channels, Mapping) else None
+
+
+def _triggers_another(channel: str, node: str) -> bool:
+    """Whether ``channel`` starts a node other than ``node``: an edge's, a fan-in's or the sent tasks'."""
+    if channel == "__pregel_tasks":
+        return True
+    if channel.startswith("branch:to:"):
+        return channel != f"branch:to:{node}"
+    return channel.startswith("join:") and not channel.endswith(f":{node}")
+
+
+def live_beside(configurable: Mapping[str, Any], node: str) -> bool | None:
+    """Whether the running step starts another node beside ``node``, from its channels; ``None``: cannot tell.
+
+    A trigger is up during the step that it starts (an edge's until the step
+    ends, a fan-in's once every node it waits for has written).
+    """
+    channels = step_channels(configurable)
+    if channels is None:
+        return None
+    for name, channel in channels.items():
+        if isinstance(name, str) and _triggers_another(name, node):
+            try:
+                if channel.is_available():
+                    return True
+            except Exception:
+                continue
+    return False
 
 
 def pulled(checkpoint: Mapping[str, Any], node: str) -> bool:
@@ -92,15 +130,18 @@ def parent_checkpoint(configurable: Mapping[str, Any]) -> Flow[tuple[Any, bool]]
 
 
 def runs_beside_others(config: Any) -> Flow[bool]:
-    """Whether a node at the top of its graph runs beside other nodes this step (parallel branches).
+    """Whether a node runs beside other nodes of its graph this step (parallel branches, a fan-in, sends).
 
-    Read from the step's checkpoint; ``False`` where none can be read (no
-    checkpointer) and in a subgraph (``Delivery`` asks its parent's).
+    Read from the step's channels (``live_beside``); where they cannot be
+    read, at the top of the graph from the step's checkpoint, else ``False``.
     """
     configurable = config.get("configurable") if isinstance(config, dict) else None
     namespace = str((configurable or {}).get("checkpoint_ns") or "")
-    node = namespace.partition(":")[0]
-    if not isinstance(configurable, dict) or not node or "|" in namespace:
+    node = namespace.rpartition("|")[2].partition(":")[0]
+    if not isinstance(configurable, dict) or not node:
         return False
+    live = live_beside(configurable, node)
+    if live is not None or "|" in namespace:
+        return bool(live)
     found, exact = yield from parent_checkpoint(configurable)
     return bool(exact and found is not None and beside(found.checkpoint, node))
