@@ -71,10 +71,26 @@ def lifted(value: Any, found: list[Part], depth: int = 0) -> Any:
     if isinstance(value, list):
         return [lifted(item, found, depth + 1) for item in value]
     kind = value.get("type")
-    if depth and isinstance(kind, str) and kind in ATTACHMENT_BLOCKS:
+    # (Only one that carries its bytes: a tool's listing of {"type": "file", "path": ...} is text to read.)
+    if depth and isinstance(kind, str) and kind in ATTACHMENT_BLOCKS and _carries_bytes(value):
         found.append(attachment_part(value, kind))
         return "(attachment, after this block)"
     return {key: lifted(item, found, depth + 1) for key, item in value.items()}
+
+
+def _carries_bytes(block: dict[str, Any]) -> bool:
+    """Whether an attachment block holds its bytes inline (base64 or a data: URL), not a link or an id."""
+    source, nested, image_url = _source(block), block.get("file"), block.get("image_url")
+    data = (block.get("base64"), block.get("data"), source.get("data"))
+    urls = (
+        block.get("url"),
+        block.get("file_data"),
+        nested.get("file_data") if isinstance(nested, dict) else None,
+        image_url.get("url") if isinstance(image_url, dict) else image_url,
+    )
+    return any(isinstance(d, (str, bytes)) and d for d in data) or any(
+        isinstance(u, str) and u.startswith("data:") for u in urls
+    )
 
 
 _NESTING = 8

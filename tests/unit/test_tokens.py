@@ -251,6 +251,18 @@ def test_an_image_nested_in_another_block_costs_an_image_and_never_reaches_the_s
     assert "image/png" in body
 
 
+def test_a_tools_listing_of_files_nested_in_a_block_stays_text() -> None:
+    # A repository listing as a tool returns it ({"type": "file", "path": ...}, no bytes) is what it says:
+    # read as attachments, a thousand entries cost 1.6 million tokens and their paths left the transcript.
+    from langchain_compaction._lc.convert import to_core
+    from langchain_compaction.core.transcript import message_body
+
+    listing = [{"type": "file", "name": f"m{i}.py", "path": f"src/m{i}.py", "size": 120} for i in range(1_000)]
+    message = HumanMessage([{"type": "non_standard", "value": {"type": "listing", "entries": listing}}])
+    assert estimate_message_tokens([message]) < 100_000
+    assert "src/m999.py" in message_body(to_core(message))
+
+
 def test_image_url_blocks_cost_the_image_price() -> None:
     message = HumanMessage(
         [{"type": "text", "text": "what is in this picture?"}, {"type": "image_url", "image_url": {"url": "https://x"}}]
