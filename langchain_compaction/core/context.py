@@ -24,6 +24,7 @@ from typing import Literal
 
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import leading_block, summary_block
+from langchain_compaction.core.tokens import attachment_tokens
 from langchain_compaction.core.types import Message, Scanned
 
 _HAS_BLOCK = attrgetter("has_compaction_block")
@@ -82,9 +83,10 @@ def last_block(messages: Sequence[Message]) -> int | None:
 
 
 FOREIGN_USAGE = 4
-"""A reply whose usage is under a quarter of the estimate of the messages it answered did not measure
-this conversation (a sub-agent's reply handed up by a supervisor, a server that reports its output
-alone): the estimate stands. (A usage over it is the provider's count, system prompt and tools included.)"""
+"""A reply whose usage is under a quarter of the estimate of the messages it answered (their images and
+files apart: ``_measures``) did not measure this conversation (a sub-agent's reply handed up by a
+supervisor, a server that reports its output alone): the estimate stands. (A usage over it is the
+provider's count, system prompt and tools included.)"""
 
 
 def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead: int = 0) -> int:
@@ -101,7 +103,7 @@ def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead:
     anchor = usage_anchor(messages)
     if anchor is not None:
         index, reported = anchor
-        if reported * FOREIGN_USAGE >= sum(islice(counts, index + 1)):
+        if reported * FOREIGN_USAGE >= sum(islice(counts, index + 1)) or _measures(messages, counts, index, reported):
             return reported + sum(islice(counts, index + 1, None))
     # A provider-side compaction block (Claude's ``compaction`` content) drops
     # everything before it from what the provider reads: only the system
@@ -113,6 +115,16 @@ def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead:
         block = max(lead, last)
     # (Summed in place, not sliced: on every turn, over the whole history.)
     return sum(islice(counts, lead)) + sum(islice(counts, block, None)) + overhead
+
+
+def _measures(messages: Sequence[Message], counts: Sequence[int], index: int, reported: int) -> bool:
+    """Whether a usage under a quarter of the estimate measured this conversation all the same.
+
+    Images and PDFs are estimated at a fixed cost that a provider may bill far
+    under (Gemini about 258 tokens a page): the text before the reply decides.
+    """
+    attached = sum(attachment_tokens(m) for m in islice(messages, index + 1))
+    return attached > 0 and reported * FOREIGN_USAGE >= sum(islice(counts, index + 1)) - attached
 
 
 def over_threshold(messages: Sequence[Message], counts: Sequence[int], threshold: int, overhead: int = 0) -> bool:

@@ -166,6 +166,16 @@ def _kept_units(holder: Part | ToolCall, text: str) -> int:
     return units
 
 
+def attachment_tokens(message: Message) -> int:
+    """What ``estimate_message`` charges for a message's images and files."""
+    return sum(_attached(part) for part in message.parts if part.kind == "image")
+
+
+def _attached(part: Part) -> int:
+    """An image's or a file's cost: a fixed one, or a PDF's pages (``pdf_tokens``, kept on the part)."""
+    return part.tokens or IMAGE_TOKENS
+
+
 def estimate_message(message: Message) -> int:
     """Estimate everything a model is billed for in one message.
 
@@ -184,7 +194,7 @@ def estimate_message(message: Message) -> int:
     total = MESSAGE_OVERHEAD_TOKENS
     for part in message.parts:
         if part.kind == "image":
-            total += part.tokens or IMAGE_TOKENS
+            total += _attached(part)
         else:
             total += part_units(part) // UNITS
     for call in message.tool_calls:

@@ -199,3 +199,25 @@ def test_a_usage_far_under_the_estimate_measured_another_conversation_and_the_es
     # A usage over a quarter of the estimate is the provider's count (the estimate may run high): trusted.
     assert not should_compact(long_history(8_000), options=options)
     assert should_compact(long_history(9_500), options=options)
+
+
+def test_a_usage_far_under_an_estimate_made_of_attachments_is_trusted():
+    # Images and PDFs are estimated at a fixed cost a provider may bill far under (Gemini about 258
+    # tokens a page): a Gemini usage for two 40-page PDFs is the context, not another conversation's.
+    import base64
+
+    pages = b"".join(b"%d 0 obj << /Type /Page /Parent 1 0 R >> endobj\n" % i for i in range(2, 42))
+    pdf = base64.b64encode(b"%PDF-1.4\n" + pages + b"1 0 obj << /Type /Pages /Count 40 >> endobj\n%%EOF").decode()
+    attached = [{"type": "file", "base64": pdf, "mime_type": "application/pdf"} for _ in range(2)]
+    history = [
+        HumanMessage([{"type": "text", "text": "Compare these two reports."}, *attached], id="h1"),
+        AIMessage("The second one is longer.", id="a1", usage_metadata=_gemini(2 * 40 * 258 + 40, 10)),
+        HumanMessage("Which has the higher revenue?", id="h2"),
+    ]
+    options = CompactionOptions(context_window=200_000)
+    assert not should_compact(history, options=options)  # (the estimate alone: 240,000 tokens)
+    assert CompactionNode(lambda p: "## Goal\n- x", options).invoke({"messages": history}) == {}
+
+
+def _gemini(input_tokens: int, output_tokens: int) -> dict:
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
