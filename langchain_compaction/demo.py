@@ -19,6 +19,7 @@ from typing import TextIO
 
 from langchain_core.messages import AIMessage, BaseMessage, messages_from_dict
 
+from langchain_compaction._lc.convert import is_summary_message
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.functional import compact, should_compact
@@ -73,7 +74,7 @@ def _replay(session: list[BaseMessage], options: CompactionOptions, out: TextIO)
                 result, state = compact(summarizer, state, options)
                 if result is not None:
                     count += 1
-                    summaries = [m for m in state if m.id and m.id.startswith("compaction-summary")]
+                    summaries = [m for m in state if is_summary_message(m)]
                     summary = estimate_message_tokens(summaries)
                     print(_row(count, position, (before, len(state)), result, summary), file=out)
             state.append(message)
@@ -88,7 +89,7 @@ def _replay(session: list[BaseMessage], options: CompactionOptions, out: TextIO)
 
 
 def _print_summary(state: list[BaseMessage], out: TextIO) -> None:
-    summaries = [m for m in state if m.id and m.id.startswith("compaction-summary")]
+    summaries = [m for m in state if is_summary_message(m)]
     if not summaries:
         return
     lines = str(summaries[0].content).splitlines()
