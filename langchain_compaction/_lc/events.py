@@ -112,7 +112,9 @@ def in_place(
         ids.append(message.id)
         if message is not current[place]:
             update.append(as_dict(message) if is_compaction_message(message) else message)
-    update += [{"type": "remove", "id": current[i].id, "content": ""} for i in free]
+    for i in free:
+        # (Sent again before its removal: a node beside it that removed it first does not make the removal raise.)
+        update += [current[i], {"type": "remove", "id": current[i].id, "content": ""}]
     merged: Any = add_messages(list[Any](current), update)
     return update if [getattr(m, "id", None) for m in merged] == ids else None
 

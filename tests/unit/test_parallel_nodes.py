@@ -131,3 +131,29 @@ def test_what_a_node_beside_it_writes_in_its_step_is_kept(
         lost = [m for m in lost if sum(run.turn_of[other] == run.turn_of[m] for other in run.markers) == 1]
     assert len({run.turn_of[m] for m in run.markers}) == 16
     assert not lost, f"the sibling's messages {lost} are gone"
+
+
+def test_a_node_beside_it_that_removes_a_message_the_compaction_removes_too_breaks_nothing() -> None:
+    # add_messages raises on the removal of an id the list no longer holds: the sibling's removal,
+    # applied first, must not make the compaction's fail the step.
+    from langchain_core.messages import RemoveMessage
+
+    run = Run()
+    builder = StateGraph(MessagesState)
+    builder.add_node("compact", run.node())  # type: ignore[call-overload]
+
+    def tidy(state: MessagesState) -> dict[str, Any]:  # drops the oldest message but one, every turn
+        messages = state["messages"]
+        return {"messages": [RemoveMessage(id=str(messages[1].id))]} if len(messages) > 3 else {}
+
+    builder.add_node("a_tidy", tidy)
+    builder.add_node("agent", run.agent)
+    builder.add_edge(START, "compact")
+    builder.add_edge(START, "a_tidy")
+    builder.add_edge(["a_tidy", "compact"], "agent")
+    builder.add_edge("agent", END)
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config: dict[str, Any] = {"configurable": {"thread_id": "t"}}
+    for turn in range(14):
+        graph.invoke({"messages": [HumanMessage(f"question {turn} " + "xy " * 500)]}, config)
+    assert any(is_summary_message(m) for m in graph.get_state(config).values["messages"])
