@@ -402,6 +402,17 @@ def _undecided(messages: Sequence[BaseMessage], options: CompactionOptions, mark
     return None
 
 
+def _at_least(message: BaseMessage) -> int:
+    """A message's size in tokens for the cold screen: four ASCII characters a token, else one a character.
+
+    (CJK is about a token a character; a text mixing scripts counts high, which only sends the turn to a full count.)
+    """
+    content = message.content
+    if isinstance(content, str):
+        return len(content) // 4 if content.isascii() else len(content)
+    return content_size(message) // 4
+
+
 def due_by_usage(messages: Sequence[BaseMessage], options: CompactionOptions, mark: int | None) -> bool | None:
     """The trigger's answer from the last reply's reported usage alone, when it can give one.
 
@@ -433,6 +444,6 @@ def due_by_usage(messages: Sequence[BaseMessage], options: CompactionOptions, ma
         return None
     tail = to_core_list(messages[last:])
     reported = trusted_usage(to_core_list(messages[:lead]), tail[0], tail[1:])
-    if reported is None or reported * FOREIGN_USAGE * 4 < sum(map(content_size, messages[: last + 1])):
-        return None  # (maybe another conversation's usage, at four characters a token: a full count decides)
+    if reported is None or reported * FOREIGN_USAGE < sum(map(_at_least, messages[: last + 1])):
+        return None  # (maybe another conversation's usage: a full count decides)
     return reported + sum(count_messages(messages[last + 1 :], tail[1:], options)) > threshold

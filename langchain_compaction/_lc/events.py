@@ -99,11 +99,15 @@ def in_place(
     last = -1
     for index, written in enumerate(target):
         place, message = wanted[index], written
-        if place is None:  # the compaction's own: into the first place it frees before the next kept message
+        if place is None:
+            # The compaction's own messages go into the last places it frees before the next kept
+            # message (a node trimming the oldest messages beside it is least likely to touch those).
+            run = next((k for k, p in enumerate(wanted[index:]) if p is not None), len(target) - index)
             bound = next((p for p in wanted[index + 1 :] if p is not None), len(current))
-            place = next((i for i in free if last < i < bound), None)
-            if place is None:
+            places_left = [i for i in free if last < i < bound]
+            if len(places_left) < run:
                 return None
+            place = places_left[-run]
             free.remove(place)
             message = written.model_copy(update={"id": current[place].id})
         elif place <= last:

@@ -142,9 +142,9 @@ def test_a_node_beside_it_that_removes_a_message_the_compaction_removes_too_brea
     builder = StateGraph(MessagesState)
     builder.add_node("compact", run.node())  # type: ignore[call-overload]
 
-    def tidy(state: MessagesState) -> dict[str, Any]:  # drops the oldest message but one, every turn
-        messages = state["messages"]
-        return {"messages": [RemoveMessage(id=str(messages[1].id))]} if len(messages) > 3 else {}
+    def tidy(state: MessagesState) -> dict[str, Any]:  # drops the oldest message that is no summary, every turn
+        messages = [m for m in state["messages"] if not is_summary_message(m)]
+        return {"messages": [RemoveMessage(id=str(messages[0].id))]} if len(messages) > 3 else {}
 
     builder.add_node("a_tidy", tidy)
     builder.add_node("agent", run.agent)

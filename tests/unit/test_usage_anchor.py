@@ -221,3 +221,17 @@ def test_a_usage_far_under_an_estimate_made_of_attachments_is_trusted():
 
 def _gemini(input_tokens: int, output_tokens: int) -> dict:
     return {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+
+
+def test_a_cold_worker_ignores_another_conversations_usage_in_chinese_too():
+    # The cold screen counts characters: four a token in English, but about one in Chinese, where a
+    # sub-agent's usage of 8,200 for a history of about 50,000 tokens passed it as this conversation's.
+    options = CompactionOptions(context_window=20_000, reserve_tokens=2_000)
+    text = "我们需要检查数据库迁移脚本并确认所有的表结构都已经正确更新了。" * 20
+    history: list = []
+    for i in range(40):
+        history += [HumanMessage(f"{i} {text}", id=f"h{i}"), AIMessage(text, id=f"a{i}")]
+    usage = {"input_tokens": 8_000, "output_tokens": 200, "total_tokens": 8_200}
+    history += [AIMessage("研究完成。", id="sub", usage_metadata=usage), HumanMessage("继续", id="next")]
+    assert should_compact(history, options=options)
+    assert CompactionNode(lambda p: "## Goal\n- x", options).invoke({"messages": history})
