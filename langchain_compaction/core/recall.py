@@ -43,8 +43,9 @@ class Lookup:
     """What to read back. Criteria combine; none given means the newest messages.
 
     Attributes:
-        query: Words that must all occur in a message (case and spacing
-            ignored); those where each occurs as a whole word come first.
+        query: Words that must all occur in a message (case, spacing and
+            the punctuation around a word ignored); those where each occurs
+            as a whole word come first.
         ids: Message ids (or archive keys) to read.
         start: The first position to read.
         end: The last position to read (inclusive).
@@ -57,25 +58,21 @@ class Lookup:
     end: int | None = None
     limit: int = 10
 
-    def matches(self, item: Archived) -> bool:
-        """Whether ``item`` meets every criterion given."""
+    def words(self) -> list[str]:
+        """The query's words, folded as messages are, without the punctuation around them ("code:", "(JG7FMM)?")."""
+        return [w for w in (word.strip(_EDGES) for word in normalize(self.query).split()) if w]
+
+    def within(self, item: Archived) -> bool:
+        """Whether ``item`` meets every criterion but the query (its id and position)."""
         if self.ids and item.key not in self.ids and (item.message.id or "") not in self.ids:
             return False
         if self.start is not None and item.position < self.start:
             return False
-        if self.end is not None and item.position > self.end:
-            return False
-        words = normalize(self.query).split()
-        return not words or all(word in _searched(item) for word in words)
+        return self.end is None or item.position <= self.end
 
-    def exact(self, item: Archived) -> bool:
-        """Whether every word of the query occurs in ``item`` as a whole word ("T-1", not inside "T-10").
 
-        A match of parts of words ("book" in "booking") is still a match,
-        ranked after every whole-word one (``select``).
-        """
-        text = _searched(item)
-        return all(re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text) for word in normalize(self.query).split())
+# What a model writes around the words it asks for: a question mark, a colon, brackets, quotes.
+_EDGES = ".,;:!?()[]{}<>'\"`*"
 
 
 def _searched(item: Archived) -> str:
@@ -94,12 +91,21 @@ def select(items: Iterable[Archived], lookup: Lookup) -> list[Archived]:
         [2, 0]
     """
     limit = max(1, min(lookup.limit, MAX_RESULTS))
-    found = sorted((item for item in items if lookup.matches(item)), key=lambda a: a.position, reverse=True)
-    if lookup.query.strip():
+    words = lookup.words()
+    found: list[tuple[Archived, str]] = []
+    for item in items:
+        if lookup.within(item):
+            text = _searched(item) if words else ""  # (folded once a message, whatever the query's length)
+            if all(word in text for word in words):
+                found.append((item, text))
+    found.sort(key=lambda pair: pair[0].position, reverse=True)
+    if words:
         # Whole-word matches first ("T-1" before the newer "T-10" ... "T-19"), each newest first: also
-        # when they would all be returned, since the rendering may leave the last out for size.
-        found.sort(key=lambda a: not lookup.exact(a))
-    return found[:limit]
+        # when they would all be returned, since the rendering may leave the last out for size. A match
+        # of parts of words ("book" in "booking") is still a match, ranked after every whole-word one.
+        whole = [re.compile(rf"(?<!\w){re.escape(word)}(?!\w)") for word in words]
+        found.sort(key=lambda pair: not all(pattern.search(pair[1]) for pattern in whole))
+    return [item for item, _ in found[:limit]]
 
 
 _LEFT_OUT = "... {} more match(es) left out for size; narrow the look-up."

@@ -397,6 +397,32 @@ def test_recall_ranks_whole_word_matches_before_parts_of_words() -> None:
     assert [a.position for a in select(said, Lookup(query="T-3", limit=5))] == [3, 39, 38, 37, 36]
 
 
+@pytest.mark.parametrize("query", ["booking code?", "JG7FMM,", "(JG7FMM)", "booking code: JG7FMM", "'JG7FMM'"])
+def test_recall_ignores_the_punctuation_a_model_writes_around_its_words(query: str) -> None:
+    # "booking code?" found nothing in "My booking code is JG7FMM.": each word was matched with its mark.
+    from langchain_compaction.core.recall import Archived, Lookup, select
+    from langchain_compaction.core.types import Message, Part
+
+    said = [Archived(0, "m0", Message("user", (Part("text", "My booking code is JG7FMM."),)))]
+    said += [Archived(n, f"m{n}", Message("user", (Part("text", f"note {n}"),))) for n in range(1, 5)]
+    assert [a.position for a in select(said, Lookup(query=query))] == [0]
+
+
+def test_a_long_query_reads_each_archived_message_once() -> None:
+    # Each message was folded again for every word of the query (a 150-word query over 3,000 messages: 5 s).
+    from langchain_compaction.core import recall
+    from langchain_compaction.core.recall import Archived, Lookup, select
+    from langchain_compaction.core.types import Message, Part
+
+    said = [Archived(n, f"m{n}", Message("user", (Part("text", f"note {n} about the export"),))) for n in range(300)]
+    folded = []
+    searched = recall._searched
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(recall, "_searched", lambda item: folded.append(item) or searched(item))
+        select(said, Lookup(query=" ".join(["note", "about", "the", "export"] * 30)))
+    assert len(folded) == len(said)
+
+
 def test_recall_of_long_messages_shows_the_whole_word_match_though_all_matches_fit_the_limit() -> None:
     """Eight long messages match "T-1": all within the limit of ten, not within 4,000 characters.
 
