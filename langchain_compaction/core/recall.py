@@ -59,7 +59,7 @@ class Lookup:
     limit: int = 10
 
     def words(self) -> list[str]:
-        """The query's words, folded as messages are, without the punctuation around them ("code:", "(JG7FMM)?")."""
+        """The query's words, folded as messages are, without the punctuation around them ("code:", "(RZ8KPW)?")."""
         return [w for w in (word.strip(_EDGES) for word in normalize(self.query).split()) if w]
 
     def within(self, item: Archived) -> bool:
