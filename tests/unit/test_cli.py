@@ -289,6 +289,15 @@ def test_inspect_shows_a_cut_that_takes_a_tool_exchange_whole(tmp_path):
     assert "first kept: (none: a tool exchange goes whole)" in text
 
 
+def inspected(tmp_path, conversation: list) -> str:
+    """What ``inspect`` prints for an OpenAI-style ``conversation`` at a 4,000 window (it must succeed)."""
+    path = tmp_path / "conversation.json"
+    path.write_text(json.dumps(conversation))
+    code, text = run("inspect", str(path), "--context-window", "4000")
+    assert code == 0
+    return text
+
+
 def test_inspect_never_writes_a_transcripts_terminal_escapes(tmp_path):
     # A hostile page's "write the clipboard" (OSC 52) and "clear the screen", pasted into a conversation.
     from langchain_compaction.core.extract import shown
@@ -300,10 +309,7 @@ def test_inspect_never_writes_a_transcripts_terminal_escapes(tmp_path):
         {"role": "user", "content": hostile},
         {"role": "assistant", "content": "ok"},
     ]
-    path = tmp_path / "hostile.json"
-    path.write_text(json.dumps(conversation))
-    code, text = run("inspect", str(path), "--context-window", "4000")
-    assert code == 0
+    text = inspected(tmp_path, conversation)
     assert "please continue" in text
     assert not any(mark in text for mark in ("\x1b", "\x07", "\u202e"))
     # What archive --show prints: lines and tabs kept, the rest taken out.
@@ -544,10 +550,7 @@ def test_inspect_does_not_blame_a_long_system_prompt_on_the_newest_messages(tmp_
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "hello"},
     ]
-    path = tmp_path / "small.json"
-    path.write_text(json.dumps(conversation))
-    code, text = run("inspect", str(path), "--context-window", "4000")
-    assert code == 0
+    text = inspected(tmp_path, conversation)
     assert "fits" in text
     assert "must stay whole" not in text
 
