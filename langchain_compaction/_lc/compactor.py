@@ -358,9 +358,8 @@ class Compactor:
                 mark.update(addition.mark)
         mark.update(record)
         written: list[BaseMessage] = [summary_message(content, mark, summary_id(record))]
-        if shape.bridge:
-            written.append(bridge_message(shape.request))
-        output = [*(original[i] for i in shape.head), *written, *(original[i] for i in shape.kept)]
+        written += [bridge_message(shape.request)] * shape.bridge
+        output = shape.arranged(original, written)
         self.cache.forget(original[i].id for i in set(range(plan.start, plan.cut)).difference(shape.kept))
         written_tokens = sum(count_messages(written, [to_core(m) for m in written], self.options))
         result = compaction_result(plan, shape, job.counts, written_tokens, report=report, options=options)

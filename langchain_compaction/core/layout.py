@@ -311,10 +311,25 @@ def layout(messages: Sequence[Message], plan: Plan, options: CompactionOptions) 
     # user's (or that has none): an agent compacted mid-loop keeps its tool
     # call first, or nothing (a thinking loop summarized whole).
     bridge = options.ensure_user_turn and (not kept or messages[kept[0]].role != "user")
-    request = open_request(messages, kept, plan.cut) if bridge else ""
+    # A provider's fenced prefix that opens with the user's turn ends with its
+    # block's reply: a loop kept after it would follow one assistant turn with
+    # another and open without its thinking. The bridge goes after the prefix.
+    fenced = len(plan.provider_prefix)
+    after = (
+        fenced if options.ensure_user_turn and not bridge and fenced and _opens_otherwise(messages, kept, fenced) else 0
+    )
+    bridge = bridge or after > 0
+    request = open_request(messages, kept[after:], plan.cut) if bridge else ""
     if request and options.redact is not None:  # (what the bridge repeats goes through redact= like the summary)
         request = clip(apply_redactor(options.redact, request), BRIDGE_REQUEST_CHARS)
-    return Layout(plan.keep_head, bridge, kept, request)
+    return Layout(plan.keep_head, bridge, kept, request, after)
+
+
+def _opens_otherwise(messages: Sequence[Message], kept: Sequence[int], fenced: int) -> bool:
+    """Whether what is kept after a fenced prefix ending with a reply opens with another turn than the user's."""
+    return (
+        fenced < len(kept) and messages[kept[fenced - 1]].role == "assistant" and messages[kept[fenced]].role != "user"
+    )
 
 
 BRIDGE_REQUEST_KEY = "request"

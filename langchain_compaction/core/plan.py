@@ -12,10 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
+from typing import TypeVar
 
 from langchain_compaction.core.cut import find_cut, forced_cut, valid_boundaries, whole_if_over
 from langchain_compaction.core.record import KEPT_NOTHING_KEY
 from langchain_compaction.core.types import Message, Scanned
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,12 +32,21 @@ class Layout:
         request: What the bridge repeats of the user's request a tool loop
             still works on, when the compaction took it into the summary
             (``core.layout.open_request``); "" for the one-line bridge.
+        bridge_after: How many of ``kept`` come before the bridge: the
+            provider's fenced prefix, when what follows it does not open
+            with the user's turn (0: the bridge follows the summary).
     """
 
     head: tuple[int, ...]
     bridge: bool
     kept: tuple[int, ...]
     request: str = ""
+    bridge_after: int = 0
+
+    def arranged(self, messages: Sequence[_T], written: Sequence[_T]) -> list[_T]:
+        """The compacted list: ``written`` (the summary, then the bridge if any) among ``messages`` kept."""
+        kept, after = [messages[i] for i in self.kept], self.bridge_after
+        return [*(messages[i] for i in self.head), *written[:1], *kept[:after], *written[1:], *kept[after:]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,8 +264,15 @@ def misplaced(messages: Sequence[Message]) -> bool:
     """
     start = summary_block(messages)
     if isinstance(messages, Scanned):  # this runs on every turn: where the summaries are is known
-        return bool(messages.summaries) and messages.summaries[-1] >= start
-    return any(map(_IS_SUMMARY, messages[start:]))  # C-level
+        if not messages.summaries or messages.summaries[-1] < start:
+            return False
+        found: Sequence[int] = [i for i in messages.summaries if i >= start]
+    elif not any(map(_IS_SUMMARY, messages[start:])):  # C-level
+        return False
+    else:
+        found = [i for i in range(start, len(messages)) if messages[i].is_summary]
+    # (A bridge right after a provider's compaction block opens the loop kept after that fenced part: in place.)
+    return not all(messages[i].label == "bridge" and i and messages[i - 1].has_compaction_block for i in found)
 
 
 def reordered(messages: Sequence[Message], ensure_user_turn: bool = True) -> Layout:

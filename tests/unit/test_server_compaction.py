@@ -108,3 +108,38 @@ def test_a_tool_call_made_with_a_compaction_block_keeps_its_result():
     assert result is not None
     position = next(i for i, m in enumerate(out) if m is messages[2])
     assert out[position + 1] is messages[3]  # the result follows its call
+
+
+def test_a_thinking_loop_kept_after_a_server_block_opens_with_the_library_s_user_turn():
+    # Compacted mid-loop, the user's request that opened the loop went into the summary: the block's reply
+    # was followed by the loop's first reply, two assistant turns, and Claude refused a loop in progress
+    # that did not open with thinking. The bridge, repeating the request, now follows the fenced part.
+    from tests.conftest import assert_valid_anthropic_request
+
+    thinking = {"type": "thinking", "thinking": "next", "signature": "sig"}
+    history = [
+        HumanMessage("start the billing migration " * 20, id="h0"),
+        AIMessage([{"type": "compaction", "content": "Summary: migrating billing."}, {"type": "text", "text": "On."}]),
+    ]
+    for step in range(5):
+        history += [
+            HumanMessage(f"step {step} " + "detail " * 80),
+            AIMessage([thinking, {"type": "text", "text": "ok"}]),
+        ]
+    history.append(HumanMessage("now run the lookups for every region", id="request"))
+    for k in range(6):
+        call = {"name": "lookup", "args": {"q": str(k)}, "id": f"toolu_{k}", "type": "tool_call"}
+        history.append(
+            AIMessage(
+                [thinking, {"type": "tool_use", "id": f"toolu_{k}", "name": "lookup", "input": {}}], tool_calls=[call]
+            )
+        )
+        history.append(ToolMessage("row " * 300, tool_call_id=f"toolu_{k}"))
+    result, out = compact(lambda p: "## Goal\n- migrate billing", history, CompactionOptions(context_window=4_000))
+    assert result is not None
+    assert_valid_anthropic_request(out)
+    block = next(
+        i for i, m in enumerate(out) if isinstance(m.content, list) and m.content[0].get("type") == "compaction"
+    )
+    assert isinstance(out[block + 1], HumanMessage)
+    assert "now run the lookups for every region" in str(out[block + 1].content)
