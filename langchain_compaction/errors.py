@@ -19,6 +19,8 @@ to the underlying exception.
 
 from __future__ import annotations
 
+import inspect
+
 __all__ = [
     "CompactionError",
     "ConfigurationError",
@@ -124,3 +126,20 @@ class StoreError(CompactionError):
     def __init__(self, message: str, *, operation: str) -> None:
         self.operation = operation
         super().__init__(message)
+
+
+def unbindable(function: object, arguments: tuple[object, ...]) -> str:
+    """The signature of a ``function`` that cannot be called with ``arguments``, as text; "" when it can.
+
+    "" too when it has no signature to read (a builtin): the call will say.
+    """
+    try:
+        # (The function as called: a decorator's wrapper, not what functools.wraps names.)
+        signature = inspect.signature(function, follow_wrapped=False)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return ""
+    try:
+        signature.bind(*arguments)
+    except TypeError:
+        return str(signature)
+    return ""

@@ -33,7 +33,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.errors import ConfigurationError, unbindable
 
 DEFAULT_RESERVE_TOKENS = 16384
 """Tokens kept free for the model's reply (pi's default)."""
@@ -145,10 +145,10 @@ def _check_text(name: str, value: object) -> None:
         raise ConfigurationError(name, value, "pass a non-empty string, or None for the default")
 
 
-def check_callable(name: str, value: object, advice: str) -> None:
-    """``value`` callable or ``None``, or the error that says what to pass."""
-    if value is not None and not callable(value):
-        raise ConfigurationError(name, value, advice)
+def check_callable(name: str, value: object, advice: str, called_with: tuple[object, ...] = ()) -> None:
+    """``value`` callable (with ``called_with``: it takes those arguments) or ``None``, or the error."""
+    if value is not None and (not callable(value) or (called_with and (takes := unbindable(value, called_with)))):
+        raise ConfigurationError(name, value, f"{advice}; it takes {takes}" if callable(value) else advice)
 
 
 LEGACY_KEYWORDS: dict[str, str] = {
@@ -341,12 +341,9 @@ class CompactionOptions:
         self._check_budgets()
         for name in ("summary_prompt", "update_prompt", "system_prompt"):
             _check_text(name, getattr(self, name))
-        check_callable(
-            "token_counter",
-            self.token_counter,
-            "pass a callable over a list of messages, e.g. count_tokens_approximately",
-        )
-        check_callable("redact", self.redact, "pass a function from text to text, e.g. redact_secrets")
+        advice = "pass a callable over a list of messages, e.g. count_tokens_approximately"
+        check_callable("token_counter", self.token_counter, advice, called_with=([],))
+        check_callable("redact", self.redact, "pass a function from text to text, e.g. redact_secrets", ("text",))
         check_flag("ensure_user_turn", self.ensure_user_turn)
         if self.timeout is not None:
             check_seconds("timeout", self.timeout, "pass a positive number of seconds, or None")

@@ -22,6 +22,7 @@ from langgraph.constants import TAG_NOSTREAM
 
 from langchain_compaction.core.effects import refuse_awaitable
 from langchain_compaction.core.engine import Summarizer, blocking_summary
+from langchain_compaction.core.options import check_callable
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import ConfigurationError, SummarizationError
@@ -406,13 +407,4 @@ def as_summarizer(model: object, *, field: str = "model") -> Summarizer:
 
 def _check_takes_a_prompt(function: Callable[..., Any], field: str) -> None:
     """Refuse, at construction, a function that cannot be called with the prompt alone."""
-    try:
-        # (The function as called: a decorator's wrapper, not what functools.wraps names.)
-        signature = inspect.signature(function, follow_wrapped=False)
-    except (TypeError, ValueError):  # a builtin without a signature: the call will say
-        return
-    try:
-        signature.bind("prompt")
-    except TypeError:
-        msg = f"a function called with the prompt text alone, f(prompt) -> summary text; it has {signature}"
-        raise ConfigurationError(field, function, msg) from None
+    check_callable(field, function, "a function called with the prompt text alone, f(prompt) -> summary text", ("p",))

@@ -382,6 +382,15 @@ def test_token_counter_must_be_callable() -> None:
     assert "token_counter=42" in str(info.value)
 
 
+def test_a_token_counter_or_redactor_that_cannot_take_its_argument_is_refused_at_construction() -> None:
+    # It was accepted, then failed inside the agent's run with a bare TypeError from the counting.
+    with pytest.raises(ConfigurationError, match=r"token_counter=.*it takes \(\)"):
+        CompactionOptions(token_counter=lambda: 0)
+    with pytest.raises(ConfigurationError, match=r"redact=.*it takes \(text, mode\)"):
+        CompactionOptions(redact=lambda text, mode: text)
+    CompactionOptions(token_counter=count_tokens_approximately, redact=lambda text, *rest: text)  # (these take it)
+
+
 def test_a_summary_budget_that_leaves_no_room_is_refused_at_construction() -> None:
     # It was taken, and a compaction at window 4,000 grew the context from 3,960 to 9,537 tokens.
     with pytest.raises(ConfigurationError) as info:
