@@ -93,7 +93,7 @@ from langchain_compaction._lc.convert import to_core, to_core_list
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, count_messages, counting
 from langchain_compaction._lc.events import COMPACTION_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
-from langchain_compaction._lc.overhead import ToolSchemas, added_messages, held_as_sent
+from langchain_compaction._lc.overhead import ToolSchemas, added_messages, held_as_sent, sent_tools
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.effects import Flow, adrive, drive, twin, user_call
 from langchain_compaction.core.options import CompactionOptions
@@ -404,7 +404,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         # A compaction made here is written to this graph's own state (a model
         # call cannot command the parent graph), but filed with the parent's.
         conversation = self._delivery.filed_under(conversation_of(config, messages))
-        preamble = Preamble(system, tuple(request.tools), overhead)
+        preamble = Preamble(system, sent_tools(request), overhead)
         aligned: CacheAligned | None = self._turn.feature(CacheAligned)
         if aligned is not None:
             aligned.remember(conversation.key, preamble)
@@ -495,6 +495,6 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
                 tokens = count_messages([system], [to_core(system)], self.options)[0]
                 self._system_tokens = (system, tokens)
                 total += tokens
-        total += self._tool_tokens.tokens(request.tools)
+        total += self._tool_tokens.tokens(sent_tools(request))
         added = added_messages(request.messages, request.state.get("messages") or [])
         return total, total + (sum(count_messages(added, to_core_list(added), self.options)) if added else 0)

@@ -1,6 +1,6 @@
-"""What a model request carries besides the state's messages: the tool schemas (``ToolSchemas``), messages added.
+"""What a model request carries besides the state's messages: its tools (``ToolSchemas``), messages added.
 
-The middleware adds them, with the system prompt, to the size the trigger
+The middleware adds them (``sent_tools``: a structured output's too), with the system prompt, to the size the trigger
 compares with the threshold; a message an outer middleware adds to one call
 (``added_messages``) counts too, and one it edited (``held_as_sent``) keeps
 the request's compaction out of the state.
@@ -70,3 +70,35 @@ def added_messages(sent: Sequence[BaseMessage], held: Sequence[BaseMessage]) -> 
         return []  # (every call: the common case is told without building the state's ids)
     ids = {m.id for m in held}
     return [m for m in sent if m.id is None or m.id not in ids]
+
+
+def sent_tools(request: Any) -> tuple[Any, ...]:
+    """The tools a request goes out with: its own, and a ``ToolStrategy``'s structured-output tools.
+
+    ``create_agent`` binds those after every middleware has run, so the
+    request does not list them; they are sent, counted and read by a prompt
+    cache all the same (a cache-aligned summary request sends them too).
+    """
+    tools = tuple(getattr(request, "tools", ()) or ())
+    try:
+        from langchain.agents.structured_output import OutputToolBinding, ToolStrategy
+    except ImportError:  # (no langchain: no create_agent either)
+        return tools
+    strategy = getattr(request, "response_format", None)
+    if not isinstance(strategy, ToolStrategy):
+        return tools
+    return (*tools, *(_output_tool(spec, OutputToolBinding) for spec in strategy.schema_specs))
+
+
+def _output_tool(spec: Any, binding: Any) -> Any:
+    """The structured-output tool of ``spec``, made once per spec (the same object each call: counted once)."""
+    known = _OUTPUT_TOOLS.get(id(spec))
+    if known is not None and known[0] is spec:
+        return known[1]
+    tool = binding.from_schema_spec(spec).tool
+    _OUTPUT_TOOLS.put(id(spec), (spec, tool))
+    return tool
+
+
+_OUTPUT_TOOLS: Bounded[tuple[Any, Any]] = Bounded(TOOLS_REMEMBERED)
+"""Structured-output tools made, by their schema spec (held, so that its id is not reused)."""

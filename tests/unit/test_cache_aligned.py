@@ -318,6 +318,36 @@ def test_under_create_agent_the_summary_request_carries_the_agents_system_prompt
     assert [m.content for m in sent[1:-1]] == [m.content for m in agent_request[1 : len(sent) - 1]]
 
 
+def test_under_create_agent_a_structured_outputs_tool_is_among_the_tools_the_summary_request_carries():
+    # create_agent binds a ToolStrategy's tool after every middleware: the summary request went without it,
+    # so a cache that reads the tools first served none of the agent's prefix.
+    from langchain.agents import create_agent
+    from langchain.agents.structured_output import ToolStrategy
+    from langchain_core.tools import tool
+    from pydantic import BaseModel
+
+    from langchain_compaction import CompactionMiddleware
+
+    class Answer(BaseModel):
+        text: str
+
+    @tool
+    def lookup(order: str) -> str:
+        """Look an order up."""
+        return f"order {order}: shipped"
+
+    agent_model = ToolRecording(messages=iter([AIMessage(f"answer {i} " * 120) for i in range(40)]), inputs=[])
+    summarizer = ToolRecording(messages=iter([AIMessage(REPLY) for _ in range(10)]), inputs=[], bound=[])
+    options = CompactionOptions(context_window=8_000, keep_recent_tokens=2_000)
+    middleware = CompactionMiddleware(summarizer, options, features=ALIGNED)
+    agent = create_agent(agent_model, tools=[lookup], middleware=[middleware], response_format=ToolStrategy(Answer))
+    messages: list = []
+    for turn in range(14):
+        messages = agent.invoke({"messages": [*messages, HumanMessage(f"question {turn} " * 120)]})["messages"]
+    assert summarizer.inputs, "the window should have compacted"
+    assert [t.name for t in summarizer.bound[0]] == ["lookup", "Answer"]
+
+
 def test_cache_aligned_input_tokens_are_the_prefix_sent() -> None:
     """summarizer_input_tokens reports what a cache-aligned request sent: the prefix and the instruction."""
     messages = chat(6, size=50)
