@@ -40,7 +40,8 @@ _SECRETISH = r"(?=[^\s'\"]{0,256}?(?:[0-9!@#$%^&*+=~?_\-]|(?-i:[^\s'\"][A-Z])))"
 # (Every repetition below is bounded, or stops at what ends it: a long line of
 # look-alikes, which tool output may be, costs linear time.)
 
-_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+_COOKIE_VALUE = re.compile(r"(=[^\S\n]*)(?!\[REDACTED)[^;\s]+")
+_PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     # PEM private keys, whole blocks.
     (
         re.compile(
@@ -58,6 +59,26 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
             r"[A-Za-z0-9_\-]{20,}"
         ),
         "[REDACTED API KEY]",
+    ),
+    # OpenRouter's (sk-or-v1-) and DeepSeek's: lowercase hex, no capital to tell them by.
+    (re.compile(r"\bsk-(?:or-v1-)?[0-9a-f]{32,}\b"), "[REDACTED API KEY]"),
+    # Groq, xAI, Replicate, DigitalOcean, Shopify, Perplexity, Linear, Notion, Google OAuth, Telegram bots.
+    (
+        re.compile(
+            r"\b(?:gsk_[A-Za-z0-9]{40,}|xai-[A-Za-z0-9]{40,}|r8_[A-Za-z0-9]{30,}|dop_v1_[a-f0-9]{64}"
+            r"|shp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}|pplx-[A-Za-z0-9]{40,}|lin_api_[A-Za-z0-9]{30,}"
+            r"|secret_[A-Za-z0-9]{43}|ya29\.[A-Za-z0-9_\-]{30,}|\d{8,10}:AA[A-Za-z0-9_\-]{33})(?![A-Za-z0-9_\-])"
+        ),
+        "[REDACTED API KEY]",
+    ),
+    # Session cookies: whoever holds one is logged in. Each value of a Cookie or Set-Cookie header (its
+    # names stay), and curl's -b / --cookie.
+    (re.compile(r"(?i)\b(?:set-)?cookie:[^\n'\"]+"), lambda found: _COOKIE_VALUE.sub(r"\1[REDACTED]", found.group())),
+    (
+        re.compile(
+            r"(\bcurl(?=\s)[^\n;&|]{0,300}?\s(?:-b|--cookie)\s+['\"]?(?:[^\s=;'\"]+=)?)(?![^\s;'\"]*\[REDACTED)[^\s;'\"]+"
+        ),
+        r"\1[REDACTED]",
     ),
     # Stripe's live and test keys (sk_live_, rk_test_, whsec_ ...), Hugging Face and npm tokens.
     (re.compile(r"\b(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"), "[REDACTED API KEY]"),

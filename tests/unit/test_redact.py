@@ -142,6 +142,30 @@ CASES += [
     ),
     ("token as a url's user alone", f"https://{HEX40}@github.com/a/b.git", HEX40, "https://[REDACTED]@"),
 ]
+OPENROUTER = "sk-" + "or-v1-" + "8f7a6b5c4d3e2f10" * 4
+DEEPSEEK = "sk-" + "3f9a8b7c6d5e4f30" * 2
+GROQ = "gsk_" + "Zq8Wm3Xv7Nc2Lp5Kt9Hr4Gd6Fb1Sj0Ya7Uw2Ie5Ox3Qn8Tm6R"
+XAI = "xai-" + "Lq7Ws2Ex9Rc4Tv1Yb6Un3Im8Ok5Pz0Aj7Sh2Dg4Fk9Gl6Hm1Jn3Kq8Lw5Ze2Xr7Ct4Vy9Bu6Ni1Mo0Pa3Sd8Fg5Hj2"
+SESSION = "8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c"
+CASES += [
+    ("openrouter key", f"OPENROUTER_API_KEY={OPENROUTER}", OPENROUTER, "[REDACTED"),
+    ("deepseek key", f"client = OpenAI(api_key='{DEEPSEEK}', base_url=url)", DEEPSEEK, "[REDACTED API KEY]"),
+    ("groq key", f"the Groq key is {GROQ}", GROQ, "[REDACTED API KEY]"),
+    ("xai key", f"XAI: {XAI}", XAI, "[REDACTED API KEY]"),
+    (
+        "cookie header",
+        f"curl -H 'Cookie: sessionid={SESSION}' https://app",
+        SESSION,
+        "sessionid=[REDACTED]",
+    ),
+    (
+        "set-cookie",
+        f"HTTP/1.1 200 OK\nSet-Cookie: session={SESSION}; HttpOnly",
+        SESSION,
+        "session=[REDACTED]; HttpOnly",
+    ),
+    ("curl -b", f"curl -b 'connect.sid={SESSION}' https://app/me", SESSION, "-b 'connect.sid=[REDACTED]"),
+]
 SECRETS = [secret for _, _, secret, _ in CASES]
 
 
