@@ -27,9 +27,9 @@ MAX_KEY_CHARS = 160
 
 # A user's rule or preference, or a correction of the agent (matched lower-cased, ``_lays_down``).
 _CONSTRAINT = re.compile(
-    r"\b(?:never|always|don['\u2019]?t|do not|must|mustn['\u2019]?t|only|avoid|make sure|"
+    r"\b(?:never(?![^\S\n]+mind\b)|always|don['\u2019]?t|do not|must|mustn['\u2019]?t|only|avoid|make sure|"
     r"should(?:n['\u2019]?t| not)|no longer|"
-    r"instead of|keep|prefer|not allowed|forbidden|from now on|going forward|"
+    r"instead of|keep|prefer|not allowed|forbidden|from now on|going forward|under no circumstances|"
     r"please (?:answer|reply|respond|write|use|call|name)|"
     # "never" and "always" in the languages users most often write to agents in; only the
     # unambiguous words (a bare "no", "ne", "не" or "لا" is every other sentence).
@@ -40,6 +40,7 @@ _CONSTRAINT = re.compile(
 _CONSTRAINT_WORDS = (
     *("never", "always", "don", "do not", "must", "only", "avoid", "make sure", "should", "no longer"),
     *("instead of", "keep", "prefer", "not allowed", "forbidden", "from now on", "going forward", "please"),
+    "under no circumstances",
     *("nunca", "siempre", "jamás", "jamais", "toujours", "niemals", "immer", "никогда", "всегда", "нельзя"),
     *("أبدا", "دائما", "不要", "永远", "总是", "必须", "禁止", "别再", "絶対", "しないで", "必ず", "절대", "항상"),
 )

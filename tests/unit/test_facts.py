@@ -272,6 +272,19 @@ def test_the_section_goes_through_redact() -> None:
 # -- the rules, each decided on real traffic -------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("said", "rules"),
+    [
+        ("Never mind the docs, just fix the bug.", []),
+        ("never mind, what's the weather?", []),
+        ("Never mind that, never push to main.", ["Never mind that, never push to main."]),
+        ("Under no circumstances deploy on Friday.", ["Under no circumstances deploy on Friday."]),
+    ],
+)
+def test_never_mind_is_no_rule_and_under_no_circumstances_is_one(said: str, rules: list[str]) -> None:
+    assert constraints(said) == rules
+
+
 def test_constraints_are_the_users_rules_preferences_and_corrections() -> None:
     text = (
         "The export crashes. Never edit tests/fixtures.json, and don't bump any dependency. "
