@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_left, insort
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Generic, TypeVar
@@ -348,6 +348,26 @@ _NARROWING = re.compile(
 )
 
 
+# Options that run nothing (a version, a help text, a dry run, a build or a listing of the tests alone).
+_RUNS_NOTHING = frozenset({"--version", "--help", "-h", "--dry-run", "--no-run", "--listtests", "--list-tests"})
+
+
+def _narrowed(program: str, words: Sequence[str]) -> bool:
+    """Whether a command may leave out part of its target: a test filter, or a run of nothing (``CallReading``)."""
+    rest = words[1:]
+    if any(word.partition("=")[0].lower() in _RUNS_NOTHING for word in rest):
+        return True
+    if program in _TEST_RUNNERS:
+        return any(map(_NARROWING.fullmatch, rest))
+    if program == "make":
+        return any(word in ("-n", "--just-print", "--recon") for word in rest)
+    if program == "go":  # go test -run TestX
+        return any(word == "-run" or word.startswith("-run=") for word in rest)
+    if program == "cargo":  # cargo test add: a filter
+        return rest[:1] == ["test"] and any(not word.startswith("-") for word in rest[1:])
+    return program in ("jest", "vitest") and any(word.partition("=")[0] in ("-t", "--testNamePattern") for word in rest)
+
+
 def read_call(call: ToolCall) -> CallReading:
     """What ``call`` was about, read once and kept on it (a call is read at every compaction that holds it)."""
     known = call.known_reading
@@ -361,7 +381,7 @@ def read_call(call: ToolCall) -> CallReading:
     program, target = _program_and_target(words) if shell else (call.name, command)
     use = file_use(call, args, None)
     edits_last_opened = use is None and file_use(call, args, "\x00") is not None
-    narrowed = (program in _TEST_RUNNERS or "--dry-run" in words) and any(map(_NARROWING.fullmatch, words[1:]))
+    narrowed = _narrowed(program, words)
     reading = CallReading(use, edits_last_opened, key, command, shell, program, target, narrowed)
     object.__setattr__(call, "known_reading", reading)
     return reading

@@ -245,10 +245,10 @@ def _words(text: str) -> int:
 
 # -- a tool's output: the error it reports --------------------------------------------------
 
-# An exception or a compiler's "error:" says what went wrong; a failure count
-# or an exit status only that something did.
+# An exception or a compiler's "error:" (rustc's "error[E0308]:", tsc's "error TS2322:") says what went
+# wrong; a failure count or an exit status only that something did.
 # (No pattern starts with a repeated class: each text position is tried once.)
-_SPECIFIC_ERROR = r"(?:Error|Exception)(?:\b|\w*:)|\berror(?:\[\w+\])?:|\bfatal:|\bpanic:"
+_SPECIFIC_ERROR = r"(?:Error|Exception)(?:\b|\w*:)|\berror(?:\[\w+\]| TS\d+)?:|\bfatal:|\bpanic:"
 # (A tally of none is a clean run's: "3 passed; 0 failed", "Failed:     0, Passed: 3". Go's test runner
 # says "--- FAIL: TestX", "FAIL<tab>package" or FAIL alone; npm says "npm ERR!" or "npm error".)
 # (The lookahead names every branch's first character: the other positions of a

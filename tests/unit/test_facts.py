@@ -40,7 +40,7 @@ from langchain_compaction.core.readings import agent_names, error_in, error_line
 from langchain_compaction.core.redact import redact_secrets
 from langchain_compaction.core.section import facts_in_section, fitting, render_section
 from langchain_compaction.core.tokens import estimate_tokens
-from langchain_compaction.core.types import Fact
+from langchain_compaction.core.types import Fact, Message, Part, ToolCall
 from langchain_compaction.features import CheckedFacts, Pins
 from tests.conftest import load_transcript
 
@@ -477,6 +477,35 @@ def test_every_kind_of_error_line_is_found_in_a_longer_output(line: str) -> None
     # pattern passes a position whose character no branch starts with.
     output = "collecting the results of the run\n" + line + "\nthe rest of the output follows here\n"
     assert error_lines(output) == [line]
+
+
+@pytest.mark.parametrize(
+    ("failed", "output", "clean"),
+    [
+        ("pytest tests/test_a.py", "FAILED tests/test_a.py::test_x - AssertionError: boom", "pytest --version"),
+        ("make build", "make: *** [Makefile:3: build] Error 1", "make -n build"),
+        ("cargo test", "error[E0308]: mismatched types", "cargo test --no-run"),
+        ("npx jest", "Tests:       1 failed, 3 passed, 4 total", "npx jest --listTests"),
+        ("python train.py", "ValueError: bad shape", "python train.py --help"),
+        ("go test ./...", "--- FAIL: TestAdd (0.00s)", "go test -run TestSub ./..."),
+        ("cargo test", "test add ... FAILED", "cargo test sub"),
+    ],
+)
+def test_a_run_of_nothing_or_of_other_tests_resolves_no_failure(failed: str, output: str, clean: str) -> None:
+    # A version, a help text, a dry run or a filter to other tests ran clean: the failure stands.
+    calls = [
+        ToolCall("c1", "bash", json.dumps({"command": failed})),
+        ToolCall("c2", "bash", json.dumps({"command": clean})),
+    ]
+    messages = [
+        Message("user", (Part("text", "Fix the build."),)),
+        Message("assistant", tool_calls=(calls[0],)),
+        Message("tool", (Part("text", output),), tool_call_id="c1"),
+        Message("assistant", tool_calls=(calls[1],)),
+        Message("tool", (Part("text", "ok"),), tool_call_id="c2"),
+    ]
+    facts = gather([], messages, range(len(messages)), [])
+    assert [f.text for f in facts if f.kind == "error"], f"{clean!r} resolved {failed!r}"
 
 
 def test_error_lines_prefer_the_exception_to_the_count() -> None:
@@ -1029,6 +1058,10 @@ def test_an_older_request_that_names_something_outlives_the_small_talk_after_it(
         ("FAIL: 0", ""),
         ("PASS    test_a\nFAIL    test_b (known, xfail)", ""),
         ("--- FAIL: TestParse (0.00s)", "--- FAIL: TestParse (0.00s)"),
+        (
+            "src/app.ts(3,7): error TS2322: Type 'string' is not assignable to type 'number'.",
+            "src/app.ts(3,7): error TS2322: Type 'string' is not assignable to type 'number'.",
+        ),
     ],
 )
 def test_a_runs_tally_of_none_failed_is_no_error_and_go_and_npm_failures_are(output: str, error: str) -> None:
