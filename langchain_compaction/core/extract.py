@@ -122,12 +122,17 @@ _REVOKE = re.compile(
     r"|\bnever ?mind\s+(?:about\s+)?(?:the\s+|my\s+)?(?P<b>[^.;!?,\n]{1,80}?)\s+(?:rule|thing|instruction|part)\b"
     # (Subjects start and end with a non-space: a run of spaces around one is
     # read one way, not split every way between the subject and the spaces.)
-    r"|(?:^|[.;!?,]\s*)(?P<c>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
+    # (After a colon too: "I changed my mind: new dependencies are fine"; a leading "actually" is no subject.)
+    r"|(?:^|[.;:!?,]\s*)(?:(?:actually|well|so|also|oh|and)\s+)?"
+    r"(?P<c>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
     r"(?:\s+(?:now|again|after all|with me|by me))?"
     # (Where it is fine is part of the subject: "tabs are fine in Python files" is not about Makefiles.)
     r"(?:\s+(?P<p>(?:in|inside|within|under|on)\s+(?!(?:general|principle|me|us)\b)[^.;!?,\n]{1,60}))?\b"
     # ("You can forget the X rule" is the forgetting above, not a permission to forget.)
     # ("You may never ...", "You can only ..." lay a rule down.)
+    # "Don't worry about pandas". (Not "stop using tabs" or "no need for tabs": after "never use tabs" they
+    # say it again, and a revocation takes back a rule whichever way it went.)
+    r"|\bdon['\u2019]?t worry about (?P<m>[^.;!?\n]+)"
     r"|\byou (?:may|can) (?:now |again |go ahead and )?"
     r"(?!(?:forget|ignore|disregard|scratch|drop|never|not|only|no longer|no)\b)(?P<d>[^.;!?\n]+)",
     re.IGNORECASE,
@@ -183,7 +188,7 @@ def _permits(text: str) -> bool:
 # Every revocation holds one of these (lowercased): a cheap test before the regex.
 _REVOKE_WORDS = (
     *("forget", "ignore", "disregard", "scratch", "drop", "mind", " fine", " ok", "allowed", "acceptable"),
-    *("you may", "you can", "free to", "no longer", "anymore", "any more"),
+    *("you may", "you can", "free to", "no longer", "anymore", "any more", "worry"),
 )
 
 

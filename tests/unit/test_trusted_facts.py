@@ -977,6 +977,18 @@ def test_a_rule_typed_as_users_type_it_is_kept(rule: str) -> None:
     assert _rules("Fix the flaky login test.", rule, "thanks, carry on") == [rule]
 
 
+@pytest.mark.parametrize(
+    "lifted",
+    ["Actually pandas is fine.", "I changed my mind: pandas is fine.", "Don't worry about pandas."],
+)
+def test_a_rule_is_taken_back_the_everyday_ways(lifted: str) -> None:
+    # Only "pandas is fine now" took it back: a leading "actually", a colon before the subject, or
+    # "don't worry about" left "Don't use pandas." among the user's constraints.
+    assert _rules("Refactor the payment module. Don't use pandas.", lifted) == []
+    # And taking pandas back keeps a rule about something else.
+    assert _rules("Don't use pandas. Never push to main.", lifted) == ["Never push to main."]
+
+
 def test_a_permission_revokes_no_rule_it_only_opens() -> None:
     """ "Feel free to refactor" takes back no rule whose permission part names refactoring; a status report none."""
     kept = _rules(
