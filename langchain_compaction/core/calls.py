@@ -126,16 +126,18 @@ def _program_and_target(words: list[str]) -> tuple[str, str]:
 def run_on(target: str) -> str:
     """A command's target as runs on it are compared: relative to the project, without a closing slash.
 
-    A run of the whole project (``pytest .``) has no target, as ``pytest``
-    alone has none: it holds every target (``holds``).
+    A run of the whole project (``pytest .``, ``go test ./...``) has no target,
+    as ``pytest`` alone has none: it holds every target (``holds``); Go's
+    ``pkg/...`` is ``pkg`` and what is under it.
 
     Example:
-        >>> run_on("./tests/"), run_on("."), run_on("../lib"), run_on("/")
-        ('tests', '', '../lib', '/')
+        >>> run_on("./tests/"), run_on("."), run_on("../lib"), run_on("/"), run_on("./..."), run_on("./api/...")
+        ('tests', '', '../lib', '/', '', 'api')
     """
     while target.startswith("./"):
         target = target[2:]
-    return "" if target in (".", "") else target.rstrip("/") or target
+    target = target.removesuffix("/...") if target != "/..." else target
+    return "" if target in (".", "", "...") else target.rstrip("/") or target
 
 
 def _arguments(segment: list[str]) -> list[str]:

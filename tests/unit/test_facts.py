@@ -508,6 +508,22 @@ def test_a_run_of_nothing_or_of_other_tests_resolves_no_failure(failed: str, out
     assert [f.text for f in facts if f.kind == "error"], f"{clean!r} resolved {failed!r}"
 
 
+def test_a_clean_go_test_of_every_package_resolves_one_packages_failure() -> None:
+    # "./..." is every package, as "pytest ." is every test: the failure of ./calc stayed listed.
+    calls = [
+        ToolCall(f"c{i}", "bash", json.dumps({"command": c})) for i, c in enumerate(["go test ./calc", "go test ./..."])
+    ]
+    messages = [Message("user", (Part("text", "Fix the build."),))]
+    for call, output in zip(
+        calls, ["--- FAIL: TestAdd (0.00s)\nFAIL\texample.com/calc\t0.002s", "ok  \texample.com/calc"]
+    ):
+        messages += [
+            Message("assistant", tool_calls=(call,)),
+            Message("tool", (Part("text", output),), tool_call_id=call.id),
+        ]
+    assert not [f for f in gather([], messages, range(len(messages)), []) if f.kind == "error"]
+
+
 def test_error_lines_prefer_the_exception_to_the_count() -> None:
     assert error_line("collected 3 items\nE   ValueError: bad offset 14\n1 failed") == "E ValueError: bad offset 14"
     assert error_line("make: *** [Makefile:192: build] Error 2") == "make: *** [Makefile:192: build] Error 2"
