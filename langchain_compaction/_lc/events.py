@@ -93,7 +93,8 @@ def in_place(
     if len(places) != len(current):
         return None
     wanted = [places.get(m.id) if m.id is not None else None for m in target]
-    free = [i for i in range(len(current)) if i not in set(wanted)]
+    taken = set(wanted)
+    free = [i for i in range(len(current)) if i not in taken]
     update: list[Any] = []
     ids: list[str | None] = []
     last = -1
