@@ -35,13 +35,16 @@ def step_channels(configurable: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return channels if isinstance(channels, Mapping) else None
 
 
+def _starts(channel: str) -> str | None:
+    """The node a trigger channel starts: an edge's (``branch:to:<node>``), a fan-in's (``join:<a>+<b>:<node>``)."""
+    if channel.startswith("branch:to:"):
+        return channel[len("branch:to:") :]
+    return channel.rpartition(":")[2] if channel.startswith("join:") else None
+
+
 def _triggers_another(channel: str, node: str) -> bool:
     """Whether ``channel`` starts a node other than ``node``: an edge's, a fan-in's or the sent tasks'."""
-    if channel == "__pregel_tasks":
-        return True
-    if channel.startswith("branch:to:"):
-        return channel != f"branch:to:{node}"
-    return channel.startswith("join:") and not channel.endswith(f":{node}")
+    return channel == "__pregel_tasks" or _starts(channel) not in (None, node)
 
 
 def live_beside(configurable: Mapping[str, Any], node: str) -> bool | None:
@@ -70,11 +73,7 @@ def pulled(checkpoint: Mapping[str, Any], node: str) -> bool:
     nodes writes ``join:<a>+<b>:<node>``.
     """
     seen = (checkpoint.get("versions_seen") or {}).get(node) or {}
-    triggers = (
-        (channel, version)
-        for channel, version in (checkpoint.get("channel_versions") or {}).items()
-        if channel == f"branch:to:{node}" or (channel.startswith("join:") and channel.endswith(f":{node}"))
-    )
+    triggers = ((c, version) for c, version in (checkpoint.get("channel_versions") or {}).items() if _starts(c) == node)
     return any(seen.get(channel) is None or version > seen[channel] for channel, version in triggers)
 
 
@@ -91,13 +90,10 @@ def beside(checkpoint: Mapping[str, Any], node: str) -> bool:
     if values.get("__pregel_tasks"):
         return True
     versions = checkpoint.get("channel_versions") or {}
-    own = {
-        version
-        for channel, version in versions.items()
-        if channel == f"branch:to:{node}" or (channel.startswith("join:") and channel.endswith(f":{node}"))
-    }
+    own = {version for channel, version in versions.items() if _starts(channel) == node}
+    # (Only an edge's trigger of another node counts here; the step's channels, ``live_beside``, show a fan-in's.)
     return any(
-        channel.startswith("branch:to:") and channel != f"branch:to:{node}" and versions.get(channel) in own
+        channel.startswith("branch:to:") and _starts(channel) != node and versions.get(channel) in own
         for channel in values
     )
 
