@@ -103,7 +103,8 @@ def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead:
     anchor = usage_anchor(messages)
     if anchor is not None:
         index, reported = anchor
-        if reported * FOREIGN_USAGE >= sum(islice(counts, index + 1)) or _measures(messages, counts, index, reported):
+        before = sum(islice(counts, index + 1))
+        if reported * FOREIGN_USAGE >= before or _measures(messages, index, reported, before):
             return reported + sum(islice(counts, index + 1, None))
     # A provider-side compaction block (Claude's ``compaction`` content) drops
     # everything before it from what the provider reads: only the system
@@ -117,14 +118,14 @@ def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead:
     return sum(islice(counts, lead)) + sum(islice(counts, block, None)) + overhead
 
 
-def _measures(messages: Sequence[Message], counts: Sequence[int], index: int, reported: int) -> bool:
-    """Whether a usage under a quarter of the estimate measured this conversation all the same.
+def _measures(messages: Sequence[Message], index: int, reported: int, before: int) -> bool:
+    """Whether a usage under a quarter of the estimate (``before``: up to the reply) measured this conversation.
 
     Images and PDFs are estimated at a fixed cost that a provider may bill far
     under (Gemini about 258 tokens a page): the text before the reply decides.
     """
     attached = sum(attachment_tokens(m) for m in islice(messages, index + 1))
-    return attached > 0 and reported * FOREIGN_USAGE >= sum(islice(counts, index + 1)) - attached
+    return attached > 0 and reported * FOREIGN_USAGE >= before - attached
 
 
 def over_threshold(messages: Sequence[Message], counts: Sequence[int], threshold: int, overhead: int = 0) -> bool:
