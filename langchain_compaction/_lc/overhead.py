@@ -1,9 +1,11 @@
-"""What a model request carries besides the state's messages: its tools (``ToolSchemas``), messages added.
+"""What a model request carries besides the state's messages: its tools (``sent_tools``), messages added.
 
-The middleware adds them (``sent_tools``: a structured output's too), with the system prompt, to the size the trigger
-compares with the threshold; a message an outer middleware adds to one call
-(``added_messages``) counts too, and one it edited (``held_as_sent``) keeps
-the request's compaction out of the state.
+The middleware adds them, with the system prompt, to the size the trigger
+compares with the threshold (``ToolSchemas``); a message an outer middleware
+adds to one call (``added_messages``) counts too, and one it edited
+(``held_as_sent``) keeps the request's compaction out of the state. (Read by
+the middleware alone, so ``langchain`` is installed: a structured output's
+tools are made by it.)
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from langchain.agents.structured_output import OutputToolBinding, ToolStrategy
 from langchain_core.messages import BaseMessage
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
@@ -80,22 +83,18 @@ def sent_tools(request: Any) -> tuple[Any, ...]:
     cache all the same (a cache-aligned summary request sends them too).
     """
     tools = tuple(getattr(request, "tools", ()) or ())
-    try:
-        from langchain.agents.structured_output import OutputToolBinding, ToolStrategy
-    except ImportError:  # (no langchain: no create_agent either)
-        return tools
     strategy = getattr(request, "response_format", None)
     if not isinstance(strategy, ToolStrategy):
         return tools
-    return (*tools, *(_output_tool(spec, OutputToolBinding) for spec in strategy.schema_specs))
+    return (*tools, *map(_output_tool, strategy.schema_specs))
 
 
-def _output_tool(spec: Any, binding: Any) -> Any:
+def _output_tool(spec: Any) -> Any:
     """The structured-output tool of ``spec``, made once per spec (the same object each call: counted once)."""
     known = _OUTPUT_TOOLS.get(id(spec))
     if known is not None and known[0] is spec:
         return known[1]
-    tool = binding.from_schema_spec(spec).tool
+    tool = OutputToolBinding.from_schema_spec(spec).tool
     _OUTPUT_TOOLS.put(id(spec), (spec, tool))
     return tool
 
