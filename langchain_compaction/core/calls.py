@@ -344,13 +344,9 @@ class CallReading:
 
 
 _TEST_RUNNERS = frozenset({"pytest", "py.test"})
-# The options that leave tests out, or run none, as the stage's words (``python -m`` is a runner, gone already).
-_NARROWING = re.compile(
-    r"(?:-[A-Za-z]*[km]|--deselect|--collect-only|--co|--ignore(?:-glob)?|--dry-run)(?:=\S*)?|-k\S+"
-)
-
-
-# Options that run nothing (a version, a help text, a dry run, a build or a listing of the tests alone).
+# pytest's options that leave tests out, or run none, as the stage's words (``python -m`` is a runner, gone already).
+_NARROWING = re.compile(r"(?:-[A-Za-z]*[km]|--deselect|--collect-only|--co|--ignore(?:-glob)?)(?:=\S*)?|-k\S+")
+# Any program's options that run nothing (a version, a help text, a dry run, a build or a listing of the tests alone).
 _RUNS_NOTHING = frozenset({"--version", "--help", "-h", "--dry-run", "--no-run", "--listtests", "--list-tests"})
 
 
