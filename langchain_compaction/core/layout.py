@@ -51,9 +51,8 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
 # A line of the prompt's template copied as it is: "[What ... ?]", "- [x] [Completed tasks]" (any box: "- [y]").
 _WORD = re.compile(r"\w+")
 # (Each run of spaces is read by one ``\s*``: two side by side were quadratic on a long blank line.)
-_PLACEHOLDER = re.compile(
-    r"^\s*(?:(?:[-*]|\d+\.)\s*)?(?:\[[^\]\n]{0,2}\]\s*)?\[[^\]\n]{3,}\](?:\s*:\s*\[[^\]\n]*\])?\s*$"
-)
+_ITEM = r"^\s*(?:(?:[-*]|\d+\.)\s*)?(?:\[[^\]\n]{0,2}\]\s*)?"  # a list item's bullet and check box, if any
+_PLACEHOLDER = re.compile(_ITEM + r"\[[^\]\n]{3,}\](?:\s*:\s*\[[^\]\n]*\])?\s*$")
 # Every line of the prompts but their headings (a heading the prompt asks for
 # is the summary's own, not an echo), folded.
 _PROMPTS = (prompts.CHECKPOINT_PROMPT, prompts.UPDATE_PROMPT, prompts.SYSTEM_PROMPT, prompts.CACHE_ALIGNED_PROMPT)
@@ -68,7 +67,7 @@ _ANY_PROMPT_LINE = frozenset(
 # other word. A model that writes its own items in the template's style
 # ("- [x] [Added retry logic to src/client.py]") keeps them.
 _BRACKETED = re.compile(r"\[([^\]\n]{3,})\]")
-_BULLET = re.compile(r"^\s*(?:(?:[-*]|\d+\.)\s*)?(?:\[[^\]\n]{0,2}\]\s*)?")
+_BULLET = re.compile(_ITEM)
 
 
 def _words(text: str) -> frozenset[str]:
