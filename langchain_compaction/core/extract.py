@@ -155,7 +155,8 @@ _NOT_GRANTED = re.compile(
     re.IGNORECASE,
 )
 # A permission whose object is a pronoun approves one thing at hand, not a kind of thing.
-_ONE_OFF = re.compile(r"\b(?:it|this|that|them|these|those)(?:\s+(?:now|too|again|today|then|anyway))?\W*$", re.I)
+_POINTERS = "it|this|that|them|these|those"  # (a thing at hand, said before: here and in ``_PRONOUN``)
+_ONE_OFF = re.compile(rf"\b(?:{_POINTERS})(?:\s+(?:now|too|again|today|then|anyway))?\W*$", re.I)
 # A condition after a permission, in its sentence: "voicemails are fine if it's urgent".
 _CONDITION = re.compile(r"\b(?:if|as long as|so long as|provided|providing|unless|when|whenever|once)\b", re.I)
 _LEAD_START = re.compile(r"[.!?]\s+|\n")
@@ -434,7 +435,7 @@ def _unrevoked(rule: str, subjects: Sequence[frozenset[str]]) -> str:
     return f"{left}." if left and len(left) < len(rule) - 1 and rules_in(left) else ""
 
 
-_PRONOUN = re.compile(r"\b(?:it|them|this|that|these|those|there)\b", re.I)
+_PRONOUN = re.compile(rf"\b(?:{_POINTERS}|there)\b", re.I)
 
 
 RULES_PER_MESSAGE = 3
