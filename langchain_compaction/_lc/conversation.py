@@ -31,7 +31,7 @@ from langgraph.types import Command
 from langchain_compaction._lc.convert import canonical, content_size, prefix_digest
 from langchain_compaction._lc.counting import LAST_CALLS_REMEMBERED
 from langchain_compaction._lc.events import in_place
-from langchain_compaction._lc.steps import beside, parent_checkpoint, pulled, runs_beside_others
+from langchain_compaction._lc.steps import beside, configurable_of, parent_checkpoint, pulled, runs_beside_others
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow
 from langchain_compaction.errors import ConfigurationError
@@ -96,25 +96,20 @@ class Conversation:
         return Conversation(self.thread, self.namespace[:-1], self.prefix)
 
 
-def _configurable(config: Any) -> dict[str, Any]:
-    configurable = config.get("configurable") if isinstance(config, dict) else None
-    return configurable if isinstance(configurable, dict) else {}
-
-
 def _task(config: Any) -> str:
     """The run's checkpoint namespace with its task ids: which parent task this is (the per-task caches' key)."""
-    return str(_configurable(config).get("checkpoint_ns") or "")
+    return str(configurable_of(config).get("checkpoint_ns") or "")
 
 
 def thread_of(config: Any) -> str | None:
     """The thread id of a run's config (``None`` when there is none; 0 and "" are threads, as LangGraph keeps them)."""
-    value = _configurable(config).get("thread_id")
+    value = configurable_of(config).get("thread_id")
     return None if value is None else str(value)
 
 
 def namespace_of(config: Any) -> tuple[str, ...]:
     """The graphs around the running node, outermost first, without task ids (see the module docstring)."""
-    raw = str(_configurable(config).get("checkpoint_ns") or "")
+    raw = str(configurable_of(config).get("checkpoint_ns") or "")
     parts = [_recast(p) for p in raw.split("|") if p and not p.isdigit()]
     return tuple(parts[:-1])
 
@@ -318,7 +313,7 @@ class Delivery:
         a subgraph added as a node from a graph run inside a node function or
         a tool: the compaction stays here. Read once per parent task.
         """
-        configurable = _configurable(config)
+        configurable = configurable_of(config)
         where = _task(config)
         known = self._holds.get(where)
         if known is not None:

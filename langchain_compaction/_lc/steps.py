@@ -28,6 +28,12 @@ CONFIG_KEY_READ = "__pregel_read"
 """Where LangGraph gives every task of a run its reader of the state's channels (no public name for it)."""
 
 
+def configurable_of(config: Any) -> dict[str, Any]:
+    """A run's ``configurable`` (``{}`` when its config has none)."""
+    configurable = config.get("configurable") if isinstance(config, dict) else None
+    return configurable if isinstance(configurable, dict) else {}
+
+
 def step_channels(configurable: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The running step's channels, from LangGraph's task reader (no public interface: ``None`` if it differs)."""
     read = configurable.get(CONFIG_KEY_READ)
@@ -131,10 +137,10 @@ def runs_beside_others(config: Any) -> Flow[bool]:
     Read from the step's channels (``live_beside``); where they cannot be
     read, at the top of the graph from the step's checkpoint, else ``False``.
     """
-    configurable = config.get("configurable") if isinstance(config, dict) else None
-    namespace = str((configurable or {}).get("checkpoint_ns") or "")
+    configurable = configurable_of(config)
+    namespace = str(configurable.get("checkpoint_ns") or "")
     node = namespace.rpartition("|")[2].partition(":")[0]
-    if not isinstance(configurable, dict) or not node:
+    if not node:
         return False
     live = live_beside(configurable, node)
     if live is not None or "|" in namespace:
