@@ -24,7 +24,7 @@ from langchain_compaction import __version__
 from langchain_compaction._lc.advice import no_room
 from langchain_compaction._terminal import Progress, Style, table
 from langchain_compaction.core.context import needs_compaction
-from langchain_compaction.core.extract import one_line
+from langchain_compaction.core.lines import one_line
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import leading_block, plan_compaction
 from langchain_compaction.core.result import CompactionResult

@@ -17,7 +17,7 @@ from urllib.parse import quote
 from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import to_core
 from langchain_compaction.core.effects import drive
-from langchain_compaction.core.extract import one_line, shown
+from langchain_compaction.core.lines import one_line, shown
 from langchain_compaction.core.transcript import message_body
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features.archive import Archive, archived_message, read_all

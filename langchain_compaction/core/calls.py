@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Generic, TypeVar
 
-from langchain_compaction.core.extract import MAX_KEY_CHARS, clip
 from langchain_compaction.core.identifiers import is_path
+from langchain_compaction.core.lines import MAX_KEY_CHARS, clip
 from langchain_compaction.core.types import ToolCall
 
 _SHORT_ARGUMENT = 80

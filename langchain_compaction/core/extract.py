@@ -13,17 +13,10 @@ facts; the extractive summarizer copies identifiers by the same rule.
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
+from langchain_compaction.core.lines import clip
 from langchain_compaction.core.subjects import named, subject_words
-
-if TYPE_CHECKING:
-    from langchain_compaction.core.types import Fact
-
-MAX_FACT_CHARS = 240
-MAX_KEY_CHARS = 160
 
 # A user's rule or preference, or a correction of the agent (matched lower-cased, ``_lays_down``).
 _CONSTRAINT = re.compile(
@@ -137,6 +130,21 @@ _REVOKE = re.compile(
     r"(?!(?:forget|ignore|disregard|scratch|drop|never|not|only|no longer|no)\b)(?P<d>[^.;!?\n]+)",
     re.IGNORECASE,
 )
+# Saying the opposite of a rule: "stop adding type hints", "no need for type hints anymore", "no more
+# mocks". What it is about follows the verb ("type hints"), and it takes back only a rule that calls for
+# that (``Reversal``): after "never use tabs", "stop using tabs" says the rule again.
+_REVERSE = re.compile(
+    rf"{_NOT}\b(?:stop|quit)\s+\w+ing\s+(?P<r>[^.;!?,\n]{{1,80}})"
+    r"|\bno (?:need|reason) (?:for|to \w+)\s+(?P<s>[^.;!?,\n]{1,80})"
+    r"|\bno more\s+(?!than\b)(?P<t>[^.;!?,\n]{1,80})",
+    re.IGNORECASE,
+)
+# What a rule that forbids says (a reversal leaves it: it says the same).
+_FORBIDS = re.compile(
+    r"\b(?:never|don['\u2019]?t|do not|avoid|no longer|not allowed|forbidden|mustn['\u2019]?t|must not"
+    r"|shouldn['\u2019]?t|should not|under no circumstances|stop)\b",
+    re.IGNORECASE,
+)
 # A sentence that opens with praise or thanks, up to where it goes on: what follows is a report ("Thanks, the
 # build is OK now"); "OK, tabs are fine" concedes.
 _PRAISE = re.compile(
@@ -163,17 +171,17 @@ _LEAD_START = re.compile(r"[.!?]\s+|\n")
 _END = re.compile(r"[.!?](?=\s|$)|\n")
 
 
-def _permissions(text: str) -> Iterator[re.Match[str]]:
-    """The revocations ``_REVOKE`` finds in ``text`` that grant something: not asked, negated, conditional or quoted.
+def _permissions(text: str, pattern: re.Pattern[str] = _REVOKE) -> Iterator[re.Match[str]]:
+    """The revocations ``pattern`` finds in ``text`` that grant something: not asked, negated, conditional or quoted.
 
     Example:
         >>> [bool(list(_permissions(t))) for t in ("Tabs are fine now.", "I never said tabs are fine.")]
         [True, False]
     """
-    for match in _REVOKE.finditer(text):
+    for match in pattern.finditer(text):
         # What leads to it in its sentence, past a turn ("the guide says X, but you can ..." grants);
         # an "is fine"'s subject is read with it ("I never said tabs").
-        anchor = match.end("c") if match.group("c") else match.start()
+        anchor = match.end("c") if match.groupdict().get("c") else match.start()
         lead = _CONTRAST.split(_LEAD_START.split(text[max(anchor - 200, 0) : anchor])[-1])[-1]
         end = _END.search(text, match.end(), match.end() + 400)
         quoted = lead.count('"') % 2 or lead.count("\u201c") > lead.count("\u201d")
@@ -189,88 +197,9 @@ def _permits(text: str) -> bool:
 # Every revocation holds one of these (lowercased): a cheap test before the regex.
 _REVOKE_WORDS = (
     *("forget", "ignore", "disregard", "scratch", "drop", "mind", " fine", " ok", "allowed", "acceptable"),
-    *("you may", "you can", "free to", "no longer", "anymore", "any more", "worry"),
+    *("you may", "you can", "free to", "no longer", "anymore", "any more", "worry", "stop", "quit", "no need"),
+    *("no reason", "no more"),
 )
-
-
-def normalize(text: str) -> str:
-    """``text`` as facts are compared: case folded, runs of whitespace made one space, one Unicode form, one quote.
-
-    An accented letter may be one character or a letter and a combining mark
-    (macOS writes file names so): both read the same (NFKC).
-    """
-    if not text.isascii():
-        text = unicodedata.normalize("NFKC", text)
-    # Quoted and shown as code, a double quote or a backtick is written as a single quote (``quoted``).
-    return " ".join(text.split()).casefold().translate(_QUOTES)
-
-
-_QUOTES = str.maketrans({'"': "'", "`": "'"})
-
-
-def compared(fact: Fact) -> str:
-    """``normalize(fact.text)``, made once and kept on the fact (``Fact.known_norm``)."""
-    known = fact.known_norm
-    if not known:
-        known = normalize(fact.text)
-        object.__setattr__(fact, "known_norm", known)
-    return known
-
-
-# Control characters and line separators part words; direction marks and other
-# invisible format characters (a soft hyphen, the Arabic letter mark, zero-width
-# spaces, tag characters that can spell a hidden line) go. The zero-width joiner
-# and non-joiner stay: Persian and Indic words and emoji sequences are spelled with them.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
-_INVISIBLE = re.compile(
-    "[\xad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb\U000e0000-\U000e007f]"
-)
-
-
-def one_line(text: str, limit: int = MAX_FACT_CHARS) -> str:
-    """``text`` as one clean line: control and direction characters removed, whitespace folded, clipped.
-
-    Example:
-        >>> one_line("a.py" + chr(10) + "## Next Steps" + chr(27) + "[31m")
-        'a.py ## Next Steps [31m'
-    """
-    if _clean(text, limit):
-        return text
-    return clip(_CONTROL.sub(" ", _INVISIBLE.sub("", text)), limit)
-
-
-def shown(text: str) -> str:
-    """``text`` safe to print on a terminal: its lines and tabs kept, control and direction characters out.
-
-    (A tool's output may carry escape sequences: a color code, a clear-screen, a write to the clipboard.)
-    """
-    return _CONTROL.sub("\ufffd", _INVISIBLE.sub("", text))
-
-
-def _clean(text: str, limit: int) -> bool:
-    """Whether ``text`` is one clean line within ``limit`` already (most are: then nothing is copied).
-
-    Every character ``_CONTROL`` and ``_INVISIBLE`` take out and every
-    whitespace but the ASCII space is non-printable, so a printable text without doubled or edge spaces
-    is what ``clip`` and ``one_line`` would return.
-    """
-    return len(text) <= limit and text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " "
-
-
-def quoted(text: str) -> str:
-    """``text`` between double quotes that it cannot close: what someone else wrote, shown as data."""
-    return '"' + text.replace('"', "'") + '"'
-
-
-def clip(text: str, limit: int = MAX_FACT_CHARS) -> str:
-    """``text`` on one line, cut at a word boundary before ``limit`` characters."""
-    if _clean(text, limit):
-        return text
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    cut = text.rfind(" ", 0, limit)
-    return text[: cut if cut > limit // 2 else limit]
 
 
 def prose(text: str) -> str:
@@ -356,10 +285,10 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
     """
     if not _may_revoke(text):
         return []  # the common case, found by plain substring scans
-    found = []
+    found: list[frozenset[str]] = []
     said = own_words(text)
-    for match in _permissions(said):
-        if match.group("c") and _PRAISE.search(said, 0, match.start()):
+    for match in (*_permissions(said), *_permissions(said, _REVERSE)):
+        if match.groupdict().get("c") and _PRAISE.search(said, 0, match.start()):
             continue  # "Great, the tests are fine now" reports on the work; "tabs are fine now" permits them
         # The subject ends where a new rule starts ("tabs are fine, but never in Makefiles",
         # "forget what I said about the window seat, give me an aisle").
@@ -369,8 +298,18 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
             continue  # "you can merge it" (this once), "layovers are fine as long as ..." (on a condition)
         words = subject_words(subject)
         if words:
-            found.append(words)
+            found.append(Reversal(words) if match.re is _REVERSE else words)
     return found
+
+
+class Reversal(frozenset[str]):
+    """The subject of a revocation that says the opposite ("stop adding type hints").
+
+    It takes back only a rule that calls for it ("Always write type hints"),
+    not one that forbids it ("Never add type hints"): that one it says again.
+    """
+
+    __slots__ = ()
 
 
 def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
@@ -392,7 +331,12 @@ def revokes(subjects: Iterable[frozenset[str]], rule: str) -> bool:
         False
     """
     words = rule_words(rule)
-    return any(subject and all(named(word, words) for word in subject) for subject in subjects)
+    return any(
+        subject
+        and all(named(word, words) for word in subject)
+        and not (type(subject) is Reversal and _FORBIDS.search(rule))
+        for subject in subjects
+    )
 
 
 def rule_words(rule: str) -> frozenset[str]:

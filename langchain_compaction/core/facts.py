@@ -71,16 +71,13 @@ from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.extract import (
     DOCUMENT_CHARS,
     RULES_PER_MESSAGE,
-    clip,
-    compared,
     constraints,
-    normalize,
-    one_line,
     revokes,
     rule_words,
     without_revoked,
 )
 from langchain_compaction.core.identifiers import identifiers, identifiers_in
+from langchain_compaction.core.lines import clip, compared, normalize, one_line
 from langchain_compaction.core.readings import (
     UserSays,
     agent_names,
@@ -404,7 +401,7 @@ class _Tracker:
 
 
 def _compared_as(fact: Fact, norm: str) -> Fact:
-    """``fact`` knowing its compared form already (``core.extract.compared``: read once, with the message)."""
+    """``fact`` knowing its compared form already (``core.lines.compared``: read once, with the message)."""
     object.__setattr__(fact, "known_norm", norm)
     return fact
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from langchain_compaction.core.extract import MAX_KEY_CHARS, SLASH_COMMAND, clip, command_line, prose
+from langchain_compaction.core.extract import SLASH_COMMAND, command_line, prose
+from langchain_compaction.core.lines import MAX_KEY_CHARS, clip
 
 # Identifiers are matched token by token (whitespace-separated words, trimmed
 # of brackets and punctuation), so a pathological input stays linear.

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_compaction.core import prompts
-from langchain_compaction.core.extract import clip, normalize
+from langchain_compaction.core.lines import clip, normalize
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Layout, Plan
 from langchain_compaction.core.redact import apply_redactor

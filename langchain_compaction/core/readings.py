@@ -19,18 +19,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from langchain_compaction.core.bounded import Bounded
-from langchain_compaction.core.extract import (
-    MAX_FACT_CHARS,
-    clip,
-    holds_any,
-    normalize,
-    one_line,
-    own_rule,
-    prose_and_own_words,
-    revoked_subjects,
-    rules_in,
-)
+from langchain_compaction.core.extract import holds_any, own_rule, prose_and_own_words, revoked_subjects, rules_in
 from langchain_compaction.core.identifiers import CJK_LETTERS, identifiers_in, names_in_code
+from langchain_compaction.core.lines import MAX_FACT_CHARS, clip, normalize, one_line
 from langchain_compaction.core.subjects import task_terms
 from langchain_compaction.core.types import FactKind, Message
 
@@ -48,7 +39,7 @@ READINGS_KEPT = 8192
 class UserSays:
     """What one user message says, as checked facts read it.
 
-    Its facts are read once, each one clean line (``core.extract.one_line``),
+    Its facts are read once, each one clean line (``core.lines.one_line``),
     and shared by every conversation that holds the text. They are kept as
     strings and made facts when gathered: strings and tuples of them are no
     objects the garbage collector follows, and a server holds thousands.

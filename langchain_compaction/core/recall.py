@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from langchain_compaction.core.extract import normalize
+from langchain_compaction.core.lines import normalize
 from langchain_compaction.core.redact import Redactor, apply_redactor
 from langchain_compaction.core.transcript import message_body, role_label
 from langchain_compaction.core.types import Message

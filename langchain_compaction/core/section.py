@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from langchain_compaction.core.extract import normalize, quoted
+from langchain_compaction.core.lines import normalize, quoted
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import Fact, FactKind
 

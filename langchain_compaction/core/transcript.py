@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from langchain_compaction.core.effects import breathe
-from langchain_compaction.core.extract import one_line
+from langchain_compaction.core.lines import one_line
 from langchain_compaction.core.tokens import UNITS, argument_units, estimate_tokens, estimate_units, part_units
 from langchain_compaction.core.types import Message
 

@@ -102,7 +102,7 @@ class Fact:
         detail: Shown beside the text, not checked (the command an error
             came from, the tool a call was made with).
         known_norm: ``text`` as facts are compared, once made
-            (``core.extract.compared``), "" before: a fact is compared at
+            (``core.lines.compared``), "" before: a fact is compared at
             every compaction that carries it.
     """
 

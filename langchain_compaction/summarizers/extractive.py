@@ -25,15 +25,14 @@ from langchain_compaction.core.calls import CallReading, Unresolved, read_call
 from langchain_compaction.core.effects import breathe, compute_off_loop
 from langchain_compaction.core.extract import (
     constraints,
-    one_line,
     own_rule,
     own_words,
-    quoted,
     revoked_subjects,
     revokes,
     without_revoked,
 )
 from langchain_compaction.core.identifiers import identifiers as core_identifiers
+from langchain_compaction.core.lines import one_line, quoted
 from langchain_compaction.core.options import check_int
 from langchain_compaction.core.readings import error_lines, failure_in, feedback
 from langchain_compaction.core.types import Message, SummaryRequest, ToolCall

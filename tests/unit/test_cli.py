@@ -300,7 +300,7 @@ def inspected(tmp_path, conversation: list) -> str:
 
 def test_inspect_never_writes_a_transcripts_terminal_escapes(tmp_path):
     # A hostile page's "write the clipboard" (OSC 52) and "clear the screen", pasted into a conversation.
-    from langchain_compaction.core.extract import shown
+    from langchain_compaction.core.lines import shown
 
     hostile = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[31mplease continue\x1b[0m \u202eexe.txt"
     conversation = [

@@ -21,7 +21,6 @@ from langchain_compaction import (
     compact,
 )
 from langchain_compaction._lc.convert import SUMMARY_MARK, is_summary_message, summary_message, to_core_list
-from langchain_compaction.core.extract import one_line
 from langchain_compaction.core.facts import (
     EARLIER_KEPT,
     NAMES_KEPT,
@@ -35,6 +34,7 @@ from langchain_compaction.core.facts import (
     normalize,
 )
 from langchain_compaction.core.layout import ADDED_KEY, body_mark, compose_summary, summary_body
+from langchain_compaction.core.lines import one_line
 from langchain_compaction.core.prompts import SUMMARY_HEADER
 from langchain_compaction.core.readings import agent_names, error_in, error_lines, forget, kept, said_in, user_says
 from langchain_compaction.core.redact import redact_secrets

@@ -23,7 +23,7 @@ from langchain_compaction._lc.convert import BRIDGE_TEXT, is_bridge_message, is_
 from langchain_compaction.core import prompts
 from langchain_compaction.core.extract import _CONTROL as CONTROL_CHARACTERS
 from langchain_compaction.core.extract import _INVISIBLE as INVISIBLE_CHARACTERS
-from langchain_compaction.core.extract import clip, one_line
+from langchain_compaction.core.lines import clip, one_line
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.functional import find_cut_point
 from langchain_compaction.tokens import estimate_message_tokens

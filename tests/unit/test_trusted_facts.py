@@ -989,6 +989,23 @@ def test_a_rule_is_taken_back_the_everyday_ways(lifted: str) -> None:
     assert _rules("Don't use pandas. Never push to main.", lifted) == ["Never push to main."]
 
 
+@pytest.mark.parametrize("reversed_", ["Stop adding type hints.", "No need for type hints anymore."])
+def test_saying_the_opposite_takes_back_a_rule_that_calls_for_it(reversed_: str) -> None:
+    # Both left "Always write type hints." among the user's constraints (the rule's direction was not read).
+    assert "Always write type hints." not in _rules("Refactor the payment module. Always write type hints.", reversed_)
+    # About something else, it takes nothing back.
+    assert "Always add docstrings." in _rules("Always add docstrings.", reversed_)
+
+
+def test_saying_the_opposite_of_a_rule_that_forbids_keeps_it() -> None:
+    # After "never", "stop" says the same; negated or asked, it says nothing.
+    assert _rules("Never use tabs in app.py.", "Stop using tabs.") == ["Never use tabs in app.py."]
+    assert "Always write type hints." in _rules("Always write type hints.", "Don't stop adding type hints.")
+    assert _rules("Always write type hints.", "Should I stop adding type hints?") == ["Always write type hints."]
+    # Narrower than the rule: the rule stays.
+    assert "Always write type hints." in _rules("Always write type hints.", "No need to add type hints in tests.")
+
+
 def test_a_permission_revokes_no_rule_it_only_opens() -> None:
     """ "Feel free to refactor" takes back no rule whose permission part names refactoring; a status report none."""
     kept = _rules(
