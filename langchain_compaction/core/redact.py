@@ -28,7 +28,7 @@ _SECRET_NAME = (
     r"|credentials?)\b"
 )
 # A name for a password, whose value may be a phrase (spaces and all) when quoted.
-_PASSWORD_NAME = r"\b(?:[A-Za-z0-9]+[_-]){0,16}[A-Za-z0-9]{0,40}?(?:password|passwd|passphrase|pwd|secret)\b"
+_PASSWORD_NAME = r"\b(?:[A-Za-z0-9]+[_-]){0,16}[A-Za-z0-9]{0,40}?(?:password|passwd|passphrase|pwd|pw|secret)\b"
 # A value that names where a secret comes from, or none, rather than holding one: code reads and passes
 # secrets without holding them (os.environ["API_KEY"], ${POSTGRES_PASSWORD}, api_key=api_key, password: str).
 _NO_SECRET = (
@@ -142,6 +142,16 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
         ),
         r"\1[REDACTED]",
     ),
+    # sshpass -p, redis-cli -a, openssl's pass:, and any long option named for a password given its
+    # value after a space (--password X, --db-pass X: with "=" the key=value rule below takes it).
+    (
+        re.compile(
+            r"(((?:\bsshpass(?=\s)[^\n;&|]{0,200}?\s-p|\bredis-cli(?=\s)[^\n;&|]{0,200}?\s-a)\s*"
+            r"|\s-(?:pass|passin|passout)\s+pass:|\s--(?:[a-z0-9]+-){0,4}(?:password|passwd|pass)\s+)['\"]?)"
+            r"(?=[^\s'\"-])(?!\[REDACTED)[^\s'\"]+"
+        ),
+        r"\1[REDACTED]",
+    ),
     # A password said in prose: "the admin password is Hunter2Secret!" (a word that looks made up: "the
     # password was reset yesterday" and "the password is correct" say nothing secret).
     # ("The password for the staging db is now: X" too), and a .netrc's "password X" (a line of its own,
@@ -206,7 +216,8 @@ def redact_secrets(text: str) -> str:
     Slack and Discord webhook URLs, Google API keys, JWTs, bearer, basic and
     ``token`` authorization values, passwords in URLs (``redis://:pw@``
     too) and credentials in their query strings, ``mysql -p`` and ``curl -u``
-    passwords, ``docker login -p`` passwords, a password said in prose ("the
+    passwords, ``docker login -p``, ``sshpass -p``, ``redis-cli -a``, openssl's
+    ``pass:`` and ``--password X`` passwords, a password said in prose ("the
     password is ..."), Azure connection-string keys, and assignments to names that say
     secret (``password=``, ``PGPASSWORD=``, ``DB_PASSWORD=``,
     ``aws_secret_access_key =``, ``SECRET_KEY =``, ``api_key:``,

@@ -120,6 +120,11 @@ CASES += [
     ("mysql -p", f"mysql -u root -p{CLI_PASSWORD} app < dump.sql", CLI_PASSWORD, "-p[REDACTED]"),
     ("curl -u", f"curl -u admin:{CLI_PASSWORD} https://api.example.com", CLI_PASSWORD, "admin:[REDACTED]"),
     ("mysql -p in a tool call", f'{{"command": "mysql -uroot -p{CLI_PASSWORD} app"}}', CLI_PASSWORD, "-p[REDACTED]"),
+    ("sshpass -p", f"sshpass -p '{CLI_PASSWORD}' ssh deploy@web1", CLI_PASSWORD, "-p '[REDACTED]'"),
+    ("redis-cli -a", f"redis-cli -h cache -a {CLI_PASSWORD} ping", CLI_PASSWORD, "-a [REDACTED]"),
+    ("openssl pass:", f"openssl pkcs12 -in a.p12 -passin pass:{CLI_PASSWORD}", CLI_PASSWORD, "pass:[REDACTED]"),
+    ("--password X", f"pg_dump --db-password {CLI_PASSWORD} app", CLI_PASSWORD, "--db-password [REDACTED]"),
+    ("pw: in prose", f"the staging pw: {CLI_PASSWORD}", CLI_PASSWORD, "pw: [REDACTED]"),
     ("a long name", f"MY_APP_PROD_EU_WEST_1_DB_PASSWORD={PG}", PG, "PASSWORD=[REDACTED]"),
     ("url password, host with a port", f"redis://:{SLASHED}@localhost:6379", SLASHED, "redis://:[REDACTED]@"),
     # (An "&" in a generated password is part of it; only a query string's "&name=" ends a value.)
@@ -468,6 +473,7 @@ def test_the_chat_memory_recall_tool_redacts_with_the_memory_s_own_hook() -> Non
         "http://[::1]:8080/@scope/pkg",
         'api_key: "is passed in the header, see docs"',
         "mysql -u root -p app",
+        "ls -a /tmp && mytool --password --user bob && mytool --password-file /run/secrets/db",
         # Prose about a password that says none, and code that names where a secret comes from.
         "The password was reset yesterday by your team, and the password is correct but login fails.",
         "The passcode was sent to my phone.",
@@ -503,7 +509,8 @@ def test_redaction_is_linear_on_long_lines_of_look_alikes() -> None:
         "from langchain_compaction.core.redact import redact_secrets\n"
         "for text in ('mysql ' * 50_000, 'curl -u ' * 40_000, 'x://' * 80_000, 'http://a:' * 35_000,\n"
         '             \'a-\' * 150_000, \'{"name":"mysql-N","cmd":"curl http://x/health"}\' * 5_000,\n'
-        "             'The password is' + ' ' * 40_000, chr(10) * 40_000 + 'password'):\n"
+        "             'The password is' + ' ' * 40_000, chr(10) * 40_000 + 'password', 'sshpass ' * 50_000,\n"
+        "             ' --password' * 40_000, 'redis-cli -h' * 40_000):\n"
         "    assert redact_secrets(text).count('[REDACTED') == 0\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
