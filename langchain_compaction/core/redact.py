@@ -190,9 +190,12 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
         r"\1[REDACTED]",
     ),
     # A password's value unquoted runs to the next space, commas, quotes and backslashes in it
-    # (DB_PASSWORD=Xk9,mQ2zR7 is one password).
+    # (DB_PASSWORD=Xk9,mQ2zR7 is one password), or to a connection string's next field (";Encrypt=true").
     (
-        re.compile(rf"(?i)({_PASSWORD_NAME}\s*[:=]\s*)(?!\[REDACTED|\\?[\"']){_NO_SECRET}\S{{4,256}}"),
+        re.compile(
+            rf"(?i)({_PASSWORD_NAME}\s*[:=]\s*)(?!\[REDACTED|\\?[\"']){_NO_SECRET}"
+            r"(?:[^\s;]|;(?![A-Za-z][A-Za-z ]{0,39}=)){4,256}"
+        ),
         r"\1[REDACTED]",
     ),
     (

@@ -579,3 +579,10 @@ def test_facts_carried_from_a_summary_made_before_redact_was_set_are_redacted_to
     assert secret not in str(summary.content)
     assert secret not in str(summary.additional_kwargs)
     assert "DB_PASSWORD=[REDACTED]" in str(summary.content)  # (the rule itself stays)
+
+
+def test_a_connection_string_keeps_the_fields_after_its_password() -> None:
+    # The password's unquoted value ran to the next space, masking ";Encrypt=true;..." with it.
+    text = "Server=db1;Database=app;User Id=bob;Password=Xk9;mQ2zR7;Encrypt=true;TrustServerCertificate=yes"
+    masked = redact_secrets(text)
+    assert masked == "Server=db1;Database=app;User Id=bob;Password=[REDACTED];Encrypt=true;TrustServerCertificate=yes"
