@@ -58,10 +58,10 @@ def unread_exchange(messages: Sequence[Message], counts: Sequence[int], cut: int
     them yet) and the cut took them all: what they said reaches the model
     only through the summary.
     """
-    if cut < len(messages) or not messages or messages[-1].role != "tool":
+    if cut < len(messages) or not messages or not messages[-1].is_result:
         return None
     start = len(messages) - 1
-    while start > 0 and messages[start].role == "tool":
+    while start > 0 and messages[start].is_result:
         start -= 1
     names = dict.fromkeys(call.name for call in messages[start].tool_calls if call.name)
     return ", ".join(names) or "a tool", sum(counts[start:])

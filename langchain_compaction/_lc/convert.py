@@ -301,6 +301,16 @@ def _assistant(message: AIMessage) -> Message:
         for call in message.invalid_tool_calls
     )
     skip = frozenset(str(c.id) for c in calls if c.id)
+    # A call written only as a tool_use block (an Anthropic-SDK history through convert_to_messages):
+    # it is a call all the same, answered by a user turn's tool_result block (``_answers``).
+    blocks = message.content if isinstance(message.content, list) else ()
+    calls += tuple(
+        ToolCall(ident, str(block.get("name") or ""), json_text(block.get("input", {}), sort_keys=False))
+        for block in blocks
+        if isinstance(block, dict) and block.get("type") == "tool_use" and (ident := _id_of(block, "id"))
+        if ident not in skip
+    )
+    skip = frozenset(str(c.id) for c in calls if c.id)
     parts = _parts(message.content, skip)
     legacy = message.additional_kwargs.get("function_call")
     if isinstance(legacy, dict) and not calls:
@@ -398,7 +408,7 @@ def _convert(message: BaseMessage) -> Message:
             # Users migrate from LangChain's middleware: its summary is updated, not read as the user's goal.
             label = "langchain summary"
             return Message("user", _parts(message.content), is_summary=True, label=label, id=message.id)
-        return Message("user", _parts(message.content), name=message.name, id=message.id)
+        return Message("user", _parts(message.content), name=message.name, id=message.id, answers=_answers(message))
     if isinstance(message, ToolMessage):
         return Message(
             "tool",
@@ -415,6 +425,22 @@ def _convert(message: BaseMessage) -> Message:
         role = _CHAT_ROLES.get(message.role.lower(), "other")
         return Message(role, _parts(message.content), label=message.role, id=message.id)
     return Message("other", _parts(message.content), label=message.type, id=message.id)
+
+
+def _id_of(block: dict[str, Any], key: str) -> str:
+    """A block's id under ``key`` ("" when it has none: such a block pairs with nothing)."""
+    value = block.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def _answers(message: HumanMessage) -> tuple[str, ...]:
+    """The ids of the calls a user turn's ``tool_result`` blocks answer (Anthropic's block form)."""
+    if not isinstance(message.content, list):
+        return ()
+    found = (
+        _id_of(b, "tool_use_id") for b in message.content if isinstance(b, dict) and b.get("type") == "tool_result"
+    )
+    return tuple(i for i in found if i)
 
 
 def to_core_list(messages: Sequence[object]) -> list[Message]:

@@ -39,11 +39,19 @@ def tool_pairs(messages: Sequence[Message]) -> list[tuple[int, int]]:
             for call in message.tool_calls:
                 if call.id:
                     latest_call[call.id] = index
-        elif message.role == "tool" and message.tool_call_id:
-            caller = latest_call.get(message.tool_call_id)
-            if caller is not None:
-                pairs.append((caller, index))
+        else:
+            for answered in results_for(message):
+                caller = latest_call.get(answered)
+                if caller is not None:
+                    pairs.append((caller, index))
     return pairs
+
+
+def results_for(message: Message) -> tuple[str, ...]:
+    """The ids of the calls ``message`` answers: a tool result's, or a user turn's ``tool_result`` blocks'."""
+    if message.role == "tool":
+        return (message.tool_call_id,) if message.tool_call_id else ()
+    return message.answers
 
 
 def valid_boundaries(messages: Sequence[Message]) -> list[bool]:
@@ -72,7 +80,7 @@ def valid_boundaries(messages: Sequence[Message]) -> list[bool]:
     open_pairs = 0
     for index in range(count):
         open_pairs += spans[index]
-        valid.append(open_pairs == 0 and messages[index].role != "tool")
+        valid.append(open_pairs == 0 and not messages[index].is_result)
     valid.append(True)
     opening = thinking_loop_opening(messages)
     if opening is not None:
@@ -238,7 +246,8 @@ def _whole_loop(messages: Sequence[Message], counts: Sequence[int], cut: int, ro
 def _answered(messages: Sequence[Message]) -> bool:
     """Whether every tool call in ``messages`` has its result among them."""
     calls = {c.id for m in messages for c in m.tool_calls}
-    return calls <= {m.tool_call_id for m in messages if m.role == "tool"}
+    answered = {m.tool_call_id for m in messages if m.role == "tool"}
+    return calls <= answered.union(*(m.answers for m in messages))
 
 
 def forced_cut(
@@ -287,4 +296,4 @@ def forced_cut(
 def _in_progress(messages: Sequence[Message]) -> bool:
     """Whether ``messages`` end inside a tool exchange (on a tool result, or a reply that calls tools)."""
     last = messages[-1] if messages else None
-    return last is not None and (last.role == "tool" or (last.role == "assistant" and bool(last.tool_calls)))
+    return last is not None and (last.is_result or (last.role == "assistant" and bool(last.tool_calls)))

@@ -143,6 +143,10 @@ class Message:
             written back after it (they are not covered by it).
         pinned: The user pinned it: never summarized, written back after the
             summary every time.
+        answers: For a user turn in Anthropic's block form (what
+            ``convert_to_messages`` makes of an Anthropic or Bedrock history),
+            the ids of the calls its ``tool_result`` blocks answer: it must
+            stay with them, as a tool result does.
         mark: For a message this library wrote, its mark as stored (the
             conversation record; each feature reads its own key, see
             ``core.record``); empty otherwise.
@@ -162,6 +166,7 @@ class Message:
     kept_from: str | None = None
     kept_before: tuple[str, ...] = ()
     pinned: bool = False
+    answers: tuple[str, ...] = ()
     mark: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     has_compaction_block: bool = field(init=False, default=False)
     """Whether the message carries a provider-side compaction block (derived from ``parts``)."""
@@ -183,6 +188,11 @@ class Message:
         if len(parts) == 1:  # most messages: read on every compaction, so without a generator
             return parts[0].text if parts[0].kind in _READABLE else ""
         return "\n".join(p.text for p in parts if p.kind in _READABLE)
+
+    @property
+    def is_result(self) -> bool:
+        """Whether it answers tool calls: a tool's result, or a user turn of ``tool_result`` blocks (``answers``)."""
+        return self.role == "tool" or bool(self.answers)
 
     @property
     def carries_summary(self) -> bool:

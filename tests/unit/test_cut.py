@@ -16,7 +16,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from langchain_compaction._lc.convert import summary_message, to_core_list
+from langchain_compaction._lc.convert import is_summary_message, summary_message, to_core_list
 from langchain_compaction.core.cut import find_cut, forced_cut, thinking_loop_opening, tool_pairs, valid_boundaries
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.types import Message, ToolCall
@@ -507,3 +507,72 @@ def test_a_thinking_loop_with_a_result_to_come_is_never_summarized_whole() -> No
     assert thinking_loop_opening(core) == 1
     assert find_cut(core, counts, 200, most=300) < len(core)
     assert forced_cut(core, counts=counts, most=300) < len(core)
+
+
+def _block_exchange(n: int) -> list[BaseMessage]:
+    """A tool exchange in Anthropic's block form, as ``convert_to_messages`` makes it of an Anthropic-SDK history."""
+    from langchain_core.messages import convert_to_messages
+
+    return convert_to_messages(
+        [
+            {"role": "user", "content": f"turn {n}: check the next module " * 5},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Reading."},
+                    {"type": "tool_use", "id": f"toolu_{n:03d}a", "name": "read_file", "input": {"path": f"m{n}.py"}},
+                    {"type": "tool_use", "id": f"toolu_{n:03d}b", "name": "read_file", "input": {"path": f"t{n}.py"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": f"toolu_{n:03d}a", "content": "x = 1\n" * 60},
+                    {"type": "tool_result", "tool_use_id": f"toolu_{n:03d}b", "content": "assert f()\n" * 40},
+                ],
+            },
+            {"role": "assistant", "content": f"Module {n} looks fine. " * 12},
+        ]
+    )
+
+
+def test_a_tool_exchange_in_anthropic_block_form_is_never_split() -> None:
+    # The tool_use blocks were no calls and the tool_result turn a user's: the cut kept a
+    # tool_result whose tool_use it summarized (Anthropic: "unexpected tool_use_id").
+    messages = [m for n in range(6) for m in _block_exchange(n)]
+    core = to_core_list(messages)
+    assert [c.id for c in core[1].tool_calls] == ["toolu_000a", "toolu_000b"]
+    assert core[2].answers == ("toolu_000a", "toolu_000b")
+    assert (1, 2) in tool_pairs(core)
+    for budget in _budgets(messages):
+        cut = find_cut_point(messages, budget)
+        assert cut == 0 or not core[cut].answers, f"budget {budget}: the cut lands on a tool_result turn"
+
+
+def test_the_node_keeps_a_block_form_exchange_whole_in_a_graph() -> None:
+    from conftest import assert_valid_anthropic_request
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from langchain_compaction import CompactionNode, ExtractiveSummarizer
+
+    for keep in (300, 450, 600, 900):
+        turns = iter(range(1, 100))
+
+        def agent(state: MessagesState, turns: Any = turns) -> dict[str, list[BaseMessage]]:
+            return {"messages": _block_exchange(next(turns))[1:]}
+
+        builder = StateGraph(MessagesState)
+        options = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=keep)
+        builder.add_node("compact", CompactionNode(ExtractiveSummarizer(), options))
+        builder.add_node("agent", agent)
+        builder.add_edge(START, "compact")
+        builder.add_edge("compact", "agent")
+        graph = builder.compile(checkpointer=InMemorySaver())
+        config = {"configurable": {"thread_id": f"k{keep}"}}
+        compacted = 0
+        for turn in range(25):
+            state = graph.invoke({"messages": [HumanMessage(f"turn {turn}: check the next module " * 5)]}, config)
+            compacted += any(is_summary_message(m) for m in state["messages"])
+            assert_valid_anthropic_request(state["messages"])
+        assert compacted, "the run never compacted (test setup)"
