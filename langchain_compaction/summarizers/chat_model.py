@@ -354,7 +354,26 @@ class CallableSummarizer:
     def summarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Call the function; see ``Summarizer``."""
         fix = "call acompact / ainvoke instead, or pass a blocking function"
-        return _reply(refuse_awaitable(self.function(self._input(request)), self.function, "model", fix))
+        if self._is_async():
+            return _reply(refuse_awaitable(self.function(self._input(request)), self.function, "model", fix))
+        return _reply(
+            refuse_awaitable(self._step().invoke(self._input(request), _config(request)), self.function, "model", fix)
+        )
+
+    def _step(self) -> RunnableLambda[str, Any]:
+        """The function as a step of the caller's run, tagged as the summary's (``_config``).
+
+        A chat model the function calls inherits the tags, so its tokens stay
+        out of the user's ``stream_mode="messages"`` stream and an
+        ``astream_events`` filter on ``SUMMARY_TAG`` holds them back, as for a
+        chat model passed itself.
+        """
+        return RunnableLambda(self.function, name=self.name)
+
+    def _is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.function) or inspect.iscoroutinefunction(
+            getattr(self.function, "__call__", None)  # noqa: B004 - async callable objects
+        )
 
     async def asummarize(self, request: SummaryRequest) -> str | SummaryReply:
         """Await an async function; run a blocking one in a worker thread.
@@ -362,12 +381,11 @@ class CallableSummarizer:
         A blocking function called on the event loop would stall every other
         task and could not be interrupted by ``timeout``.
         """
-        if inspect.iscoroutinefunction(self.function) or inspect.iscoroutinefunction(
-            getattr(self.function, "__call__", None)  # noqa: B004 - async callable objects
-        ):
-            result = await self.function(self._input(request))
+        if self._is_async():
+            result = await self._step().ainvoke(self._input(request), _config(request))
         else:
-            result = await blocking_summary(request, self.function, self._input(request))
+            step = self._step()
+            result = await blocking_summary(request, step.invoke, self._input(request), _config(request))
             if inspect.isawaitable(result):
                 result = await result
         return _reply(result)

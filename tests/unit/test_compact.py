@@ -948,6 +948,44 @@ def test_summary_tokens_do_not_stream_from_a_langgraph_node() -> None:
     assert "SUMMARYWORD" not in streamed
 
 
+@pytest.mark.parametrize("kind", ["def", "async def"])
+async def test_a_function_around_a_chat_model_streams_no_summary_token(kind: str) -> None:
+    # The function's chat model ran untagged: its tokens reached the user's "messages" stream and
+    # passed an astream_events filter on SUMMARY_TAG.
+    summary_model = GenericFakeChatModel(messages=itertools.cycle(["## Goal\n- SUMMARYWORD the plan"]))
+    answerer = GenericFakeChatModel(messages=itertools.cycle(["ANSWERWORD " * 5]))
+
+    def summarize(prompt: str) -> Any:
+        return summary_model.invoke(prompt).content
+
+    async def asummarize(prompt: str) -> Any:
+        return (await summary_model.ainvoke(prompt)).content
+
+    async def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
+        return {"messages": [await answerer.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    options = CompactionOptions(context_window=4_000, reserve_tokens=500, keep_recent_tokens=1_000)
+    builder.add_node("compact", CompactionNode(summarize if kind == "def" else asummarize, options))
+    builder.add_node("agent", agent)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    app = builder.compile()
+    streamed, events, history = [], [], _long_conversation(12, 120)
+    for _ in range(2):
+        async for chunk, _meta in app.astream({"messages": history}, stream_mode="messages"):
+            streamed.append(str(chunk.content))
+        async for event in app.astream_events({"messages": history}, version="v2", exclude_tags=[SUMMARY_TAG]):
+            if event["event"] == "on_chat_model_stream":
+                events.append(str(event["data"]["chunk"].content))
+    summaries = [m for m in (await app.ainvoke({"messages": history}))["messages"] if is_summary_message(m)]
+    assert summaries  # it compacted, with that model
+    assert "SUMMARYWORD" in str(summaries[0].content)
+    assert "ANSWERWORD" in "".join(streamed)
+    assert "SUMMARYWORD" not in "".join(streamed)
+    assert "SUMMARYWORD" not in "".join(events)
+
+
 # --- bad input --------------------------------------------------------------------------
 
 
