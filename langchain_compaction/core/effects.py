@@ -32,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, ClassVar, Generic, ParamSpec, TypeVar
 
 from langchain_compaction.errors import ConfigurationError
 
@@ -62,19 +62,23 @@ class Running:
     """A blocking call on a daemon thread of its own, which the caller may stop waiting for.
 
     A blocking call cannot be interrupted in Python. A caller that stops
-    waiting (a timeout, a cancelled task) abandons it: the thread runs on and
-    counts in ``abandoned()`` until the call ends. The thread is a daemon, not
-    one of asyncio's default executor's: abandoned calls never take the
-    threads other work needs, and ``asyncio.run`` does not wait for them when
-    it ends.
+    waiting (a timeout, a cancelled task) abandons it: the thread runs on and,
+    once past its ``deadline`` (at once without one), counts in ``abandoned()``
+    until the call ends: a call cancelled well within its time (a client that
+    disconnected) is still doing what it was allowed to. The thread is a
+    daemon, not one of asyncio's default executor's: abandoned calls never
+    take the threads other work needs, and ``asyncio.run`` does not wait for
+    them when it ends.
     """
 
     _lock = threading.Lock()
-    _abandoned = 0
+    _left_running: ClassVar[set[Running]] = set()
 
     def __init__(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self.done = threading.Event()
         self.outcome: tuple[bool, Any] = (False, None)
+        self.deadline: float | None = None
+        """When the caller's time for it runs out (``time.monotonic()``), if it has a limit."""
         self._left = False
         self._callbacks: list[Callable[[], None]] = []
         context = contextvars.copy_context()
@@ -84,8 +88,10 @@ class Running:
 
     @classmethod
     def abandoned(cls) -> int:
-        """How many abandoned calls are still running."""
-        return cls._abandoned
+        """How many abandoned calls are still running past their deadline."""
+        now = time.monotonic()
+        with cls._lock:
+            return sum(1 for call in cls._left_running if call.deadline is None or call.deadline <= now)
 
     def start(self, on_done: Callable[[], None] | None = None) -> Running:
         """Start the call; ``on_done`` runs on its thread when it ends."""
@@ -102,8 +108,7 @@ class Running:
         finally:
             with Running._lock:
                 self.done.set()
-                if self._left:
-                    Running._abandoned -= 1
+                Running._left_running.discard(self)
             for callback in self._callbacks:
                 callback()
 
@@ -113,7 +118,7 @@ class Running:
             if self.done.is_set() or self._left:
                 return False
             self._left = True
-            Running._abandoned += 1
+            Running._left_running.add(self)
             return True
 
     def result(self) -> Any:
@@ -138,6 +143,11 @@ async def off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwar
     Returns:
         What it returns.
     """
+    return await settled(Running(function, *args, **kwargs))  # type: ignore[no-any-return]
+
+
+async def settled(call: Running) -> Any:
+    """Start ``call`` and await its end (``off_loop``); a caller cancelled meanwhile abandons it."""
     loop = asyncio.get_running_loop()
     ended = loop.create_future()
 
@@ -149,13 +159,13 @@ async def off_loop(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwar
         with contextlib.suppress(RuntimeError):  # the loop has closed meanwhile: nobody waits
             loop.call_soon_threadsafe(settle)
 
-    call = Running(function, *args, **kwargs).start(wake)
+    call.start(wake)
     try:
         await ended
     except asyncio.CancelledError:
         call.abandon()
         raise
-    return call.result()  # type: ignore[no-any-return]
+    return call.result()
 
 
 def _new_worker() -> ThreadPoolExecutor:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from langchain_compaction.core.effects import Flow, Running, computing, off_loop, twin
+from langchain_compaction.core.effects import Flow, Running, computing, settled, twin
 from langchain_compaction.core.flow import Outcome, SummaryFlow, relief
 from langchain_compaction.core.types import SummaryReply, SummaryRequest, Usage
 from langchain_compaction.errors import (
@@ -154,9 +155,11 @@ async def blocking_summary(request: SummaryRequest, function: Callable[..., _T],
     client) awaits; one that awaits its client natively is never refused for
     threads it does not use.
     """
+    call = Running(function, *args)
     if request.timeout is not None:
         _check_abandoned(request, request.timeout)
-    return await off_loop(function, *args)
+        call.deadline = time.monotonic() + request.timeout
+    return await settled(call)  # type: ignore[no-any-return]
 
 
 def _call_with_timeout(summarizer: Summarizer, request: SummaryRequest, timeout: float | None) -> object:
@@ -165,7 +168,9 @@ def _call_with_timeout(summarizer: Summarizer, request: SummaryRequest, timeout:
     _check_abandoned(request, timeout)
     # A blocking call cannot be interrupted; run it on a daemon thread with the
     # caller's context (callbacks, tracing) and stop waiting at the deadline.
-    call = Running(summarizer.summarize, request).start()
+    call = Running(summarizer.summarize, request)
+    call.deadline = time.monotonic() + timeout
+    call.start()
     if not call.done.wait(timeout) and call.abandon():
         raise SummaryTimeoutError(timeout, chunk_index=request.chunk_index, chunk_count=request.chunk_count)
     return call.result()

@@ -50,6 +50,7 @@ from langchain_compaction import (
 from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import is_summary_message
 from langchain_compaction.core.effects import Running
+from langchain_compaction.core.engine import MAX_ABANDONED_CALLS
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import (
@@ -780,6 +781,43 @@ def test_an_async_summarizer_is_not_refused_for_threads_other_calls_abandoned() 
         result, _ = asyncio.run(acompact(answering, long_history(), options))
         assert result is not None
         assert "answered" in result.summary
+    finally:
+        release.set()
+    wait_for(lambda: Running.abandoned() == 0, 5.0)
+
+
+def test_calls_cancelled_within_their_deadline_do_not_refuse_other_conversations() -> None:
+    """A client that disconnects cancels its run: the blocking call runs on within its timeout, and is
+    no reason to refuse another conversation's compaction (four such made every other one fail at once)."""
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def hanging(prompt: str) -> str:
+        started.release()
+        release.wait(30)
+        return "## Goal\n- x"
+
+    async def cancel_one() -> None:
+        task = asyncio.ensure_future(
+            acompact(hanging, long_history(), CompactionOptions(context_window=3_000, timeout=2.0))
+        )
+        await asyncio.to_thread(started.acquire, True, 5.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        for _ in range(MAX_ABANDONED_CALLS):
+            asyncio.run(cancel_one())
+        assert Running.abandoned() == 0  # running, but within their time
+        result, _ = compact(
+            lambda prompt: "## Goal\n- another conversation", long_history(), CompactionOptions(timeout=2.0)
+        )
+        assert result is not None
+        # Past their deadline, still running: now they count.
+        wait_for(lambda: Running.abandoned() == MAX_ABANDONED_CALLS, 5.0)
+        with pytest.raises(SummaryTimeoutError, match="still running past their timeout"):
+            compact(hanging, long_history(), CompactionOptions(context_window=3_000, timeout=2.0))
     finally:
         release.set()
     wait_for(lambda: Running.abandoned() == 0, 5.0)
