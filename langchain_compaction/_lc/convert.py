@@ -286,7 +286,7 @@ def _usage_total(message: AIMessage, parts: tuple[Part, ...]) -> int:
     details = usage.get("output_token_details") or {}
     reasoning = int(details.get("reasoning") or 0) if isinstance(details, Mapping) else 0
     if reasoning:
-        carried = sum(estimate_tokens(p.text) for p in parts if p.kind == "reasoning")
+        carried = sum(estimate_tokens(p.text) for p in parts if p.kind == "reasoning" and not p.unsent)
         output = max(output - reasoning, 0) + min(carried, reasoning)
     return int(usage.get("input_tokens") or 0) + output
 
@@ -317,6 +317,9 @@ def _assistant(message: AIMessage) -> Message:
         # OpenAI's legacy function calling: the call is shown and counted (a part, not a tool call: its
         # result, a FunctionMessage, carries no call id to pair it by).
         parts = (*parts, Part("data", f"function_call {legacy.get('name', '')}({legacy.get('arguments', '')})"))
+    thought = message.additional_kwargs.get("reasoning_content")
+    if isinstance(thought, str) and thought.strip():
+        parts = (Part("reasoning", thought, unsent=True), *parts)  # (thought before it answered)
     refusal = message.additional_kwargs.get("refusal")
     if isinstance(refusal, str) and refusal.strip():
         parts = (*parts, Part("text", refusal))  # (ChatOpenAI keeps a refusal there, the content empty)

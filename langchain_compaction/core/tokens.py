@@ -195,7 +195,7 @@ def estimate_message(message: Message) -> int:
     for part in message.parts:
         if part.kind == "image":
             total += _attached(part)
-        else:
+        elif not part.unsent:
             total += part_units(part) // UNITS
     for call in message.tool_calls:
         total += TOOL_CALL_OVERHEAD_TOKENS + estimate_tokens(call.name) + argument_units(call) // UNITS

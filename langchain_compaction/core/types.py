@@ -39,6 +39,9 @@ class Part:
             (``core.tokens.IMAGE_TOKENS``).
         signed: For a ``reasoning`` part, that it is Claude's thinking (a block the
             API wants back, signed, at the start of a tool loop: ``core.cut``).
+        unsent: For a ``reasoning`` part, that no request carries it back
+            (DeepSeek's, Ollama's and Groq's ``reasoning_content``, kept beside
+            the content): shown to the summarizer, not counted.
         known_units: The estimate of ``text`` once made (``core.tokens.part_units``),
             -1 before: a part is counted on the turn it arrives and shown to
             the summarizer later, and its text is not read twice for it.
@@ -48,6 +51,7 @@ class Part:
     text: str
     tokens: int = 0
     signed: bool = False
+    unsent: bool = False
     known_units: int = field(default=-1, init=False, compare=False, repr=False)
 
 

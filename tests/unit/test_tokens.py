@@ -451,3 +451,26 @@ def test_should_compact_with_options_uses_the_token_counter() -> None:
     assert should_compact(messages, 10_000, 1_000) is False
     assert should_compact(messages, options=heavy) is True
     assert bool(CompactionNode(lambda p: "## Goal\n- x", heavy).invoke({"messages": messages})) is True
+
+
+def test_reasoning_kept_beside_the_content_is_shown_to_the_summarizer_but_not_counted() -> None:
+    # ChatDeepSeek, ChatOllama(reasoning=True) and ChatGroq keep the model's reasoning in
+    # additional_kwargs["reasoning_content"], and no request sends it back: it was never shown.
+    reason = "ROOTCAUSE the off-by-one is in tokenizer.py line 212, the loop runs to <= len"
+    call = [{"id": "call_1", "name": "read_file", "args": {"path": "tokenizer.py"}, "type": "tool_call"}]
+    thinking = AIMessage("", additional_kwargs={"reasoning_content": reason}, tool_calls=call)
+    plain = AIMessage("", tool_calls=call)
+    assert estimate_message_tokens([thinking]) == estimate_message_tokens([plain])
+    history: list[BaseMessage] = [HumanMessage("Why does the tokenizer drop the last token?"), thinking]
+    history += [ToolMessage("tokenizer.py: 400 lines " * 20, tool_call_id="call_1"), AIMessage("Found it.")]
+    for i in range(12):
+        history += [HumanMessage(f"next step {i} " * 40), AIMessage(f"done step {i} " * 40)]
+    prompts: list[str] = []
+
+    def summarize(prompt: str) -> str:
+        prompts.append(prompt)
+        return "## Goal\n- fix the tokenizer"
+
+    result, _ = compact(summarize, history, CompactionOptions(context_window=3_000, keep_recent_tokens=400))
+    assert result is not None
+    assert "ROOTCAUSE" in "\n".join(prompts)
