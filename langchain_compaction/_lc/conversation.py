@@ -28,9 +28,9 @@ from typing import Any, Literal, TypeVar
 from langchain_core.messages import BaseMessage
 from langgraph.types import Command
 
-from langchain_compaction._lc.convert import canonical, content_size, prefix_digest
 from langchain_compaction._lc.counting import LAST_CALLS_REMEMBERED
 from langchain_compaction._lc.events import in_place
+from langchain_compaction._lc.identity import canonical, content_size, prefix_digest
 from langchain_compaction._lc.steps import beside, configurable_of, parent_checkpoint, pulled, runs_beside_others
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow

@@ -28,14 +28,8 @@ from typing import Any, TypeVar, cast
 
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
-from langchain_compaction._lc.convert import (
-    content_size,
-    fingerprint,
-    is_bridge_message,
-    is_langchain_summary,
-    to_core,
-    to_core_list,
-)
+from langchain_compaction._lc.convert import is_bridge_message, is_langchain_summary, to_core, to_core_list
+from langchain_compaction._lc.identity import content_size, fingerprint
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.context import FOREIGN_USAGE, trusted_usage
 from langchain_compaction.core.effects import Call, blocking, computing, inline, twin

@@ -34,7 +34,8 @@ from typing import Any
 import anthropic
 from langchain_core.messages import BaseMessage
 
-from langchain_compaction._lc.convert import fingerprint, json_text
+from langchain_compaction._lc.convert import json_text
+from langchain_compaction._lc.identity import fingerprint
 from langchain_compaction.anthropic import validity, wire
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.errors import ConfigurationError

@@ -39,7 +39,8 @@ from langchain_core.messages import BaseMessage, message_to_dict, messages_from_
 from langgraph.store.base import BaseStore, GetOp, Item, PutOp
 
 from langchain_compaction._lc.conversation import Conversation, thread_label
-from langchain_compaction._lc.convert import fingerprint, to_core
+from langchain_compaction._lc.convert import to_core
+from langchain_compaction._lc.identity import fingerprint
 from langchain_compaction._lc.storable import storable, stored
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.core.options import CompactionOptions

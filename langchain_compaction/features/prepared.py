@@ -17,7 +17,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
 
 from langchain_compaction._lc.conversation import Conversation
-from langchain_compaction._lc.convert import prefix_digest
+from langchain_compaction._lc.identity import prefix_digest
 from langchain_compaction._lc.storable import storable, stored
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.core.result import CompactionResult

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from langchain_core.messages import BaseMessage, SystemMessage, message_to_dict
 
-from langchain_compaction._lc.convert import SUMMARY_MARK, fingerprint, is_compaction_message, same_message, starts_with
+from langchain_compaction._lc.convert import SUMMARY_MARK, is_compaction_message
+from langchain_compaction._lc.identity import fingerprint, same_message, starts_with
 
 JOURNAL_MARK = "langchain_compaction_journal"
 """Key in ``additional_kwargs`` of the journal's marker message."""

@@ -22,8 +22,9 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage
 
 from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED
-from langchain_compaction._lc.convert import fingerprint, to_core_list
+from langchain_compaction._lc.convert import to_core_list
 from langchain_compaction._lc.counting import count_messages
+from langchain_compaction._lc.identity import fingerprint
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Call, Flow, adrive, drive, in_forked_child, twin
 from langchain_compaction.core.options import CompactionOptions

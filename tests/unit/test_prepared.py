@@ -41,8 +41,9 @@ from langchain_compaction import (
     compact,
 )
 from langchain_compaction._lc.conversation import Conversation, thread_label
-from langchain_compaction._lc.convert import SUMMARY_MARK, is_compaction_message, is_summary_message, prefix_digest
+from langchain_compaction._lc.convert import SUMMARY_MARK, is_compaction_message, is_summary_message
 from langchain_compaction._lc.events import PREPARE_EVENT
+from langchain_compaction._lc.identity import prefix_digest
 from langchain_compaction.archive import ARCHIVE_NAMESPACE
 from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import ConfigurationError

@@ -474,3 +474,51 @@ def test_reasoning_kept_beside_the_content_is_shown_to_the_summarizer_but_not_co
     result, _ = compact(summarize, history, CompactionOptions(context_window=3_000, keep_recent_tokens=400))
     assert result is not None
     assert "ROOTCAUSE" in "\n".join(prompts)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        {
+            "type": "text",
+            "text": "Python 3.14 came out in October 2025.",
+            "annotations": [{"type": "citation", "url": "https://docs.example.org/v1", "title": "What's new"}],
+        },
+        {
+            "type": "output_text",
+            "text": "Python 3.14 came out in October 2025.",
+            "annotations": [
+                {"type": "url_citation", "url": "https://docs.example.org/oai", "title": "What's new", "start_index": 0}
+            ],
+        },
+        {
+            "type": "text",
+            "text": "Python 3.14 came out in October 2025.",
+            "citations": [
+                {
+                    "type": "web_search_result_location",
+                    "url": "https://docs.example.org/ant",
+                    "title": "What's new",
+                    "cited_text": "came out",
+                    "encrypted_index": "x",
+                }
+            ],
+        },
+    ],
+    ids=["langchain citation", "openai url_citation", "anthropic citations"],
+)
+def test_the_sources_a_text_block_cites_are_shown_to_the_summarizer(block: dict[str, Any]) -> None:
+    # Only the text reached the summarizer: after compaction the agent could not say where a fact came from.
+    history: list[BaseMessage] = [HumanMessage("When did Python 3.14 come out? Cite sources."), AIMessage([block])]
+    for i in range(12):
+        history += [HumanMessage(f"next question {i} " * 40), AIMessage(f"answer {i} " * 40)]
+    prompts: list[str] = []
+
+    def summarize(prompt: str) -> str:
+        prompts.append(prompt)
+        return "## Goal\n- research"
+
+    compact(summarize, history, CompactionOptions(context_window=3_000, keep_recent_tokens=400))
+    shown = "\n".join(prompts)
+    assert "October 2025" in shown
+    assert f"What's new <{block.get('annotations', block.get('citations'))[0]['url']}>" in shown
