@@ -21,8 +21,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_compaction import CompactionOptions, CompactionResult, acompact, compact
 from langchain_compaction._lc.convert import BRIDGE_TEXT, is_bridge_message, is_compaction_message, is_summary_message
 from langchain_compaction.core import prompts
-from langchain_compaction.core.extract import _CONTROL as CONTROL_CHARACTERS
-from langchain_compaction.core.extract import _INVISIBLE as INVISIBLE_CHARACTERS
+from langchain_compaction.core.lines import _CONTROL as CONTROL_CHARACTERS
+from langchain_compaction.core.lines import _INVISIBLE as INVISIBLE_CHARACTERS
 from langchain_compaction.core.lines import clip, one_line
 from langchain_compaction.core.tokens import estimate_tokens
 from langchain_compaction.functional import find_cut_point
