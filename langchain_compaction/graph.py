@@ -44,6 +44,7 @@ from langchain_compaction._lc.conversation import Delivery, Nesting, thread_of
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
+from langchain_compaction._lc.runconfig import current
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.context import context_tokens
 from langchain_compaction.core.effects import Flow, adrive, drive
@@ -320,7 +321,8 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> dict[str, Any] | Command[Any]:
         """The async twin of ``invoke`` (what ``graph.ainvoke`` calls)."""
-        return (await adrive(self._flow(input, config)))[1]
+        with current(config):  # (Python 3.10: LangGraph could not make it current)
+            return (await adrive(self._flow(input, config)))[1]
 
     def __call__(self, state: Any, config: RunnableConfig | None = None) -> dict[str, Any] | Command[Any]:
         """Run the node on a state dict; see ``invoke``."""

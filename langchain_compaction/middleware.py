@@ -84,7 +84,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from langchain_core.exceptions import ContextOverflowError
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage
-from langchain_core.runnables import RunnableConfig
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
@@ -94,6 +93,7 @@ from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, count_messages
 from langchain_compaction._lc.events import COMPACTION_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
 from langchain_compaction._lc.overhead import ToolSchemas, added_messages, held_as_sent, sent_tools
+from langchain_compaction._lc.runconfig import current, run_config
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.effects import Flow, adrive, drive, twin, user_call
 from langchain_compaction.core.options import CompactionOptions
@@ -106,16 +106,6 @@ from langchain_compaction.features.recall import recall_tool
 __all__ = ["COMPACTION_EVENT", "OVERHEAD_KEY", "CompactionAgentState", "CompactionMiddleware"]
 
 logger = logging.getLogger("langchain_compaction")
-
-
-def _current_config() -> RunnableConfig | None:
-    """The running node's config (``None`` outside a graph, as when a hook is called directly)."""
-    try:
-        from langgraph.config import get_config
-
-        return get_config()
-    except RuntimeError:
-        return None
 
 
 OVERHEAD_KEY = "compaction_overhead_tokens"
@@ -282,7 +272,8 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         self, state: CompactionAgentState, runtime: Runtime[Any]
     ) -> dict[str, Any] | Command[Any] | None:
         """The async twin of ``before_model``."""
-        return await adrive(self._state_flow(state, runtime))
+        with current(run_config(runtime)):  # (Python 3.10: LangGraph could not make it current)
+            return await adrive(self._state_flow(state, runtime))
 
     def wrap_model_call(
         self,
@@ -298,7 +289,8 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> _CallResult:
         """The async twin of ``wrap_model_call``."""
-        return await adrive(self._call_flow(request, handler))
+        with current(run_config(getattr(request, "runtime", None))):
+            return await adrive(self._call_flow(request, handler))
 
     # -- the flows ----------------------------------------------------------------
 
@@ -321,7 +313,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
 
     def _state_flow(self, state: Mapping[str, Any], runtime: Any = None) -> Flow[dict[str, Any] | Command[Any] | None]:
         messages: list[BaseMessage] = state.get("messages") or []
-        config = _current_config()
+        config = run_config()
         own, conversation, parent = yield from self._delivery.conversation(config, messages)
         self._delivery.too_deep(config)  # said on the first turn at that depth, before any compaction
         place = Place(conversation, getattr(runtime, "store", None), config, state.get(OVERHEAD_KEY) or 0)
@@ -400,7 +392,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         overhead, beside = yield counting(self.options, self._overhead, request)  # the system prompt and tools
         system = () if request.system_message is None else (request.system_message,)
         messages: list[BaseMessage] = list(request.messages)
-        config = _current_config()
+        config = run_config()
         # A compaction made here is written to this graph's own state (a model
         # call cannot command the parent graph), but filed with the parent's.
         conversation = self._delivery.filed_under(conversation_of(config, messages))

@@ -25,6 +25,7 @@ from langchain_core.messages import (
 )
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.outputs import ChatResult
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -1220,8 +1221,10 @@ async def test_what_each_stream_mode_shows_of_a_compaction(mode: str) -> None:
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
-    async def aagent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [await model.ainvoke(state["messages"])]}
+    async def aagent(state: MessagesState, config: RunnableConfig) -> dict[str, Any]:
+        # (The config passed on: before Python 3.11 an async node's is not current, and a chat
+        # model called without it streams nothing.)
+        return {"messages": [await model.ainvoke(state["messages"], config)]}
 
     builder = StateGraph(MessagesState)
     builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- SUMMARY-TEXT", SMALL))

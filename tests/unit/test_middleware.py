@@ -654,7 +654,14 @@ def test_token_counts_are_cached_per_message() -> None:
     assert seen > 5 * len(counted)
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+# Before Python 3.11 LangGraph cannot hand an async hook or create_agent's model node the run's
+# callbacks (no current config in an asyncio task): custom events and streamed tokens never reach them.
+NO_ASYNC_CALLBACKS = pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="before Python 3.11 an async node's callbacks are not current"
+)
+
+
+@pytest.mark.parametrize("mode", ["sync", pytest.param("async", marks=NO_ASYNC_CALLBACKS)])
 async def test_compaction_is_dispatched_as_a_custom_event(mode: str) -> None:
     class Events(BaseCallbackHandler):
         def __init__(self) -> None:
@@ -675,7 +682,7 @@ async def test_compaction_is_dispatched_as_a_custom_event(mode: str) -> None:
 
 
 @pytest.mark.parametrize("where", ["before_model", "wrap_model_call"])
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", pytest.param("async", marks=NO_ASYNC_CALLBACKS)])
 async def test_summary_calls_do_not_stream_to_the_user(where: str, mode: str) -> None:
     # One reply per summary call (a region may be summarized in chunks).
     summary_model = GenericFakeChatModel(messages=iter([AIMessage("## Goal\n- SECRET-SUMMARY-TEXT")] * 10))
@@ -1074,6 +1081,7 @@ def test_two_tools_of_one_name_and_description_are_counted_apart() -> None:
     assert overheads[1] > overheads[0] + 10_000
 
 
+@NO_ASYNC_CALLBACKS
 async def test_astream_events_leaves_the_summary_out_when_its_tag_is_excluded() -> None:
     # astream_events shows every chat model's tokens, the summarizer's too (LangGraph honours the
     # nostream tag only in stream_mode="messages"); a UI excludes the library's tag.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
-from typing import Annotated, Any, NotRequired, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from helpers_turns import ToolCallingFake, cfg, short_summary, words
@@ -27,6 +27,7 @@ from langgraph.errors import GraphRecursionError
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Send
+from typing_extensions import NotRequired
 
 from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions
 from langchain_compaction._lc.convert import is_summary_message, to_core_list
