@@ -25,9 +25,9 @@ messages) as it goes to the model. So:
   same update LangChain's middleware returns; nothing when under budget.
 * Overflow recovery lives in ``wrap_model_call`` too, because only it sees the
   model call fail: on ``ContextOverflowError`` (ChatAnthropic maps "prompt is
-  too long" to it) it compacts (to the window the error states, when none was
-  known; else with a forced cut), retries once and persists the result as
-  above. A second overflow propagates, and the state is unchanged.
+  too long" to it), or another error that says so (``_lc.overflow``), it
+  compacts (to the window the error states, when none was known; else with a
+  forced cut), retries once and persists the result as above. A second overflow propagates, and the state is unchanged.
 
 Compacting only in ``wrap_model_call`` would also count exactly, but every
 compaction would then be a side effect of the model node; recording the
@@ -60,7 +60,6 @@ middleware would switch models.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Annotated, Any, TypeAlias, cast
 
@@ -82,7 +81,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     )
     raise ImportError(msg) from exc
 
-from langchain_core.exceptions import ContextOverflowError
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage
 from langgraph.runtime import Runtime
 from langgraph.types import Command
@@ -92,6 +90,7 @@ from langchain_compaction._lc.convert import to_core, to_core_list
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, count_messages, counting
 from langchain_compaction._lc.events import COMPACTION_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
+from langchain_compaction._lc.overflow import overflowed, stated_limit
 from langchain_compaction._lc.overhead import ToolSchemas, added_messages, held_as_sent, sent_tools
 from langchain_compaction._lc.runconfig import current, run_config
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
@@ -127,32 +126,6 @@ _OBSERVER_FIX = "pass a plain function, or run the agent with ainvoke / astream,
 _CallResult: TypeAlias = "ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]"
 
 
-# How providers state the limit a request went over: Anthropic's "prompt is too
-# long: 210019 tokens > 200000 maximum", OpenAI's "maximum context length is
-# 128000 tokens".
-_STATED_LIMIT = re.compile(
-    r"(\d[\d,]*)\s+(?:tokens\s+)?maximum\b|maximum context length is\s+(\d[\d,]*)", re.IGNORECASE
-)
-
-
-def stated_limit(message: str) -> int | None:
-    """The context window an overflow error states, if it states one.
-
-    Example:
-        >>> stated_limit("prompt is too long: 210019 tokens > 200000 maximum")
-        200000
-        >>> stated_limit("This model's maximum context length is 128,000 tokens. However, you requested 130,000")
-        128000
-        >>> stated_limit("prompt is too long") is None
-        True
-    """
-    found = _STATED_LIMIT.search(message)
-    if found is None:
-        return None
-    limit = int((found.group(1) or found.group(2)).replace(",", ""))
-    return limit if limit > 0 else None
-
-
 class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adapter):
     """Keeps a ``create_agent`` conversation inside the model's context window.
 
@@ -162,7 +135,8 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
     message) and the most recent ``keep_recent_tokens`` are kept verbatim,
     never separating a tool call from its results. The state's messages are
     replaced, so the checkpointed thread really shrinks. When the model still
-    rejects the request as too long (``ContextOverflowError``), the middleware
+    rejects the request as too long (``ContextOverflowError``, or an error of
+    another class that says so, as langchain-openai's may), the middleware
     compacts and retries once (with a forced cut when no window is known).
 
     Without ``context_window`` (0, unknown) it reads the window from the agent
@@ -369,7 +343,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
             type(model).__name__,
         )
 
-    def _learn_limit(self, error: ContextOverflowError) -> None:
+    def _learn_limit(self, error: Exception) -> None:
         """With no window known, take the one the provider's error states, so the retry is made to fit it."""
         if self._turn.options.context_window > 0:
             return
@@ -415,7 +389,9 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         compacted = yield from self._compaction(messages, place, "auto")
         try:
             response = yield twin(handler, handler, self._with_messages(request, compacted))
-        except ContextOverflowError as error:
+        except Exception as error:
+            if not overflowed(error):
+                raise
             logger.warning("the model rejected the context as too long (%s); compacting and retrying once", error)
             self._learn_limit(error)
             compacted = yield from self._compaction(compacted or messages, place, "overflow")

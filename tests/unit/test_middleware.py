@@ -71,6 +71,15 @@ def add(a: int, b: int) -> int:
 # -- a fake tool-calling model ------------------------------------------------------
 
 
+class _InvalidRequest(Exception):
+    """What langchain-openai 1.8 raises for an overflow under openai 3.x: no ContextOverflowError.
+
+    (openai 3 leaves the code out of the message langchain-openai reads it from; the code is an attribute.)
+    """
+
+    code = "context_length_exceeded"
+
+
 class ToolCallingFakeModel(GenericFakeChatModel):
     """LangChain's GenericFakeChatModel with ``bind_tools``, a request log and overflows.
 
@@ -81,6 +90,7 @@ class ToolCallingFakeModel(GenericFakeChatModel):
 
     requests: list[list[BaseMessage]] = Field(default_factory=list)
     overflow_above: int | None = None
+    overflow_as_openai: bool = False  # raise what langchain-openai 1.8 raises under openai 3.x instead
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ToolCallingFakeModel:
         return self
@@ -90,8 +100,11 @@ class ToolCallingFakeModel(GenericFakeChatModel):
     ) -> ChatResult:
         self.requests.append(list(messages))
         if self.overflow_above is not None and estimate_message_tokens(messages) > self.overflow_above:
-            msg = f"prompt is too long: {estimate_message_tokens(messages)} tokens > {self.overflow_above} maximum"
-            raise ContextOverflowError(msg)
+            sent = estimate_message_tokens(messages)
+            if self.overflow_as_openai:
+                msg = f"Error code: 400 - This model's maximum context length is {self.overflow_above} tokens. "
+                raise _InvalidRequest(msg + f"However, your messages resulted in {sent} tokens.")
+            raise ContextOverflowError(f"prompt is too long: {sent} tokens > {self.overflow_above} maximum")
         return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
 
 
@@ -349,6 +362,19 @@ async def test_overflow_compacts_and_retries_once(mode: str) -> None:
     await run(agent, {"messages": [HumanMessage("and then?")]}, config(), mode)
     assert len(model.requests) == 3
     assert is_summary_message(model.requests[2][1])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_an_overflow_raised_as_another_error_is_recovered_from_too(mode: str) -> None:
+    # It propagated: only ContextOverflowError was taken for an overflow.
+    model = ToolCallingFakeModel(messages=text_script(5), overflow_above=800, overflow_as_openai=True)
+    middleware = CompactionMiddleware(lambda p: SUMMARY, CompactionOptions())
+    agent = create_agent(model, tools=[lookup], middleware=[middleware], checkpointer=InMemorySaver())
+    out = await run(agent, {"messages": [*history(10), HumanMessage("what next?")]}, config(), mode)
+    assert len(model.requests) == 2
+    assert estimate_message_tokens(model.requests[1]) <= 800
+    assert middleware.options.context_window == 800  # the window the error states
+    assert out["messages"][-1].content == "reply 0"
 
 
 @pytest.mark.parametrize(

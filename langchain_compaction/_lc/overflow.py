@@ -1,0 +1,62 @@
+"""What a provider's error says when a request was too long for the model's window.
+
+LangChain's providers raise ``ContextOverflowError`` for it, when they
+recognize the error: langchain-openai 1.8 with openai 3.x does not (the code
+``context_length_exceeded`` is no longer in the message it reads), and raises
+``OpenAIInvalidRequestError``. The middleware recovers from an overflow
+however it was raised (``overflowed``), and learns the window it states.
+"""
+
+from __future__ import annotations
+
+import re
+
+from langchain_core.exceptions import ContextOverflowError
+
+# What a provider says of a request over the window, and the code OpenAI gives it.
+_OVERFLOW = re.compile(
+    r"maximum context length is|prompt is too long|context_length_exceeded|exceeds the context window"
+    r"|input tokens exceed the configured limit|context window exceeds",
+    re.IGNORECASE,
+)
+_OVERFLOW_CODES = frozenset({"context_length_exceeded"})
+
+
+def overflowed(error: BaseException) -> bool:
+    """Whether ``error`` says the request was over the model's window, whatever class its client raised.
+
+    Example:
+        >>> overflowed(ValueError("This model's maximum context length is 128000 tokens.")), overflowed(ValueError("x"))
+        (True, False)
+    """
+    return (
+        isinstance(error, ContextOverflowError)
+        or getattr(error, "code", None) in _OVERFLOW_CODES
+        or _OVERFLOW.search(str(error)) is not None
+    )
+
+
+# How providers state the limit a request went over: Anthropic's "prompt is too
+# long: 210019 tokens > 200000 maximum", OpenAI's "maximum context length is
+# 128000 tokens".
+_STATED_LIMIT = re.compile(
+    r"(\d[\d,]*)\s+(?:tokens\s+)?maximum\b|maximum context length is\s+(\d[\d,]*)", re.IGNORECASE
+)
+
+
+def stated_limit(message: str) -> int | None:
+    """The context window an overflow error states, if it states one.
+
+    Example:
+        >>> stated_limit("prompt is too long: 210019 tokens > 200000 maximum")
+        200000
+        >>> stated_limit("This model's maximum context length is 128,000 tokens. However, you requested 130,000")
+        128000
+        >>> stated_limit("prompt is too long") is None
+        True
+    """
+    found = _STATED_LIMIT.search(message)
+    if found is None:
+        return None
+    limit = int((found.group(1) or found.group(2)).replace(",", ""))
+    return limit if limit > 0 else None
