@@ -236,14 +236,14 @@ def _assistant(message: AIMessage) -> Message:
     skip = frozenset(str(c.id) for c in calls if c.id)
     # A call written only as a tool_use block (an Anthropic-SDK history through convert_to_messages):
     # it is a call all the same, answered by a user turn's tool_result block (``_answers``).
-    blocks = message.content if isinstance(message.content, list) else ()
-    calls += tuple(
-        ToolCall(ident, str(block.get("name") or ""), json_text(block.get("input", {}), sort_keys=False))
-        for block in blocks
-        if isinstance(block, dict) and block.get("type") == "tool_use" and (ident := _id_of(block, "id"))
-        if ident not in skip
-    )
-    skip = frozenset(str(c.id) for c in calls if c.id)
+    if isinstance(message.content, list):  # (most replies are a string: nothing to look through)
+        calls += tuple(
+            ToolCall(ident, str(block.get("name") or ""), json_text(block.get("input", {}), sort_keys=False))
+            for block in message.content
+            if isinstance(block, dict) and block.get("type") == "tool_use" and (ident := _id_of(block, "id"))
+            if ident not in skip
+        )
+        skip = frozenset(str(c.id) for c in calls if c.id)
     parts = _parts(message.content, skip)
     legacy = message.additional_kwargs.get("function_call")
     if isinstance(legacy, dict) and not calls:
