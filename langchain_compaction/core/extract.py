@@ -130,19 +130,22 @@ _REVOKE = re.compile(
     r"(?!(?:forget|ignore|disregard|scratch|drop|never|not|only|no longer|no)\b)(?P<d>[^.;!?\n]+)",
     re.IGNORECASE,
 )
-# Saying the opposite of a rule: "stop adding type hints", "no need for type hints anymore", "no more
-# mocks". What it is about follows the verb ("type hints"), and it takes back only a rule that calls for
-# that (``Reversal``): after "never use tabs", "stop using tabs" says the rule again.
+# Saying the opposite of a rule: "stop adding type hints", "no need for type hints anymore". What it is
+# about follows the verb ("type hints": adding and writing them is one thing to stop), and it takes back
+# only a rule that calls for that (``Reversal``): after "never use tabs", "stop using tabs" says the rule
+# again. "No need to V X" keeps its verb ("no need to explain the tests" is not about running them).
+# (A subject ends at "and": "stop everything and run the tests" is no reversal of running them.)
 _REVERSE = re.compile(
-    rf"{_NOT}\b(?:stop|quit)\s+\w+ing\s+(?P<r>[^.;!?,\n]{{1,80}})"
-    r"|\bno (?:need|reason) (?:for|to \w+)\s+(?P<s>[^.;!?,\n]{1,80})"
-    r"|\bno more\s+(?!than\b)(?P<t>[^.;!?,\n]{1,80})",
+    rf"{_NOT}\b(?:stop|quit)\s+(?!(?:every|any|no|some)thing\b)\w+ing\s+(?P<r>(?:(?!\band\b)[^.;!?,\n]){{1,80}})"
+    r"|\bno need for\s+(?P<s>(?:(?!\band\b)[^.;!?,\n]){1,80})"
+    r"|\bno need to\s+(?P<t>(?:(?!\band\b)[^.;!?,\n]){1,80})",
     re.IGNORECASE,
 )
-# What a rule that forbids says (a reversal leaves it: it says the same).
+# What a rule that forbids something says (a reversal leaves it: it may say the same, "always use spaces
+# instead of tabs" and "stop using tabs"). When in doubt the rule stays.
 _FORBIDS = re.compile(
     r"\b(?:never|don['\u2019]?t|do not|avoid|no longer|not allowed|forbidden|mustn['\u2019]?t|must not"
-    r"|shouldn['\u2019]?t|should not|under no circumstances|stop)\b",
+    r"|shouldn['\u2019]?t|should not|under no circumstances|stop|instead of|rather than|out of|without|not|no)\b",
     re.IGNORECASE,
 )
 # A sentence that opens with praise or thanks, up to where it goes on: what follows is a report ("Thanks, the
@@ -198,7 +201,6 @@ def _permits(text: str) -> bool:
 _REVOKE_WORDS = (
     *("forget", "ignore", "disregard", "scratch", "drop", "mind", " fine", " ok", "allowed", "acceptable"),
     *("you may", "you can", "free to", "no longer", "anymore", "any more", "worry", "stop", "quit", "no need"),
-    *("no reason", "no more"),
 )
 
 
@@ -288,7 +290,7 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
     found: list[frozenset[str]] = []
     said = own_words(text)
     for match in (*_permissions(said), *_permissions(said, _REVERSE)):
-        if match.groupdict().get("c") and _PRAISE.search(said, 0, match.start()):
+        if (match.groupdict().get("c") or match.re is _REVERSE) and _PRAISE.search(said, 0, match.start()):
             continue  # "Great, the tests are fine now" reports on the work; "tabs are fine now" permits them
         # The subject ends where a new rule starts ("tabs are fine, but never in Makefiles",
         # "forget what I said about the window seat, give me an aisle").

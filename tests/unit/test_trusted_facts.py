@@ -1006,6 +1006,23 @@ def test_saying_the_opposite_of_a_rule_that_forbids_keeps_it() -> None:
     assert "Always write type hints." in _rules("Always write type hints.", "No need to add type hints in tests.")
 
 
+@pytest.mark.parametrize(
+    ("rule", "said"),
+    [
+        # A rule that calls for one thing instead of another forbids the other: "stop" says it again.
+        ("Always use spaces instead of tabs.", "Stop using tabs."),
+        ("Always use logging instead of print statements.", "Stop using print statements!"),
+        ("Keep tabs out of Python files.", "No more tabs, please."),
+        # Another verb, a report, "everything": none takes it back.
+        ("Always run the tests before committing.", "No need to explain the tests."),
+        ("Always fix lint errors before pushing.", "Thanks, no more lint errors now."),
+        ("Always run the tests before committing.", "Stop everything and run the tests."),
+    ],
+)
+def test_what_only_looks_like_saying_the_opposite_keeps_the_rule(rule: str, said: str) -> None:
+    assert rule in _rules(rule, said)
+
+
 def test_a_permission_revokes_no_rule_it_only_opens() -> None:
     """ "Feel free to refactor" takes back no rule whose permission part names refactoring; a status report none."""
     kept = _rules(
