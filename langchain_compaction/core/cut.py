@@ -127,7 +127,7 @@ def thinking_loop_opening(messages: Sequence[Message]) -> int | None:
     """
     if not _in_progress(messages):
         return None
-    start = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "user"), -1) + 1
+    start = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].asks), -1) + 1
     opening = next((i for i in range(start, len(messages)) if messages[i].role == "assistant"), None)
     if opening is None or not _thinks(messages[opening]):
         return None

@@ -337,11 +337,6 @@ BRIDGE_REQUEST_CHARS = 1_000
 """The most characters of the user's request a bridge repeats."""
 
 
-def _asks(message: Message) -> bool:
-    """Whether ``message`` is a user turn of the user's (not one of ``tool_result`` blocks: a tool's answer)."""
-    return message.role == "user" and not message.answers
-
-
 def open_request(messages: Sequence[Message], kept: Sequence[int], cut: int) -> str:
     """The user's request a tool loop still works on, when a compaction takes it into the summary ("" if none).
 
@@ -352,11 +347,11 @@ def open_request(messages: Sequence[Message], kept: Sequence[int], cut: int) -> 
     the last user message (LangChain's ``LLMToolSelectorMiddleware`` picks the
     tools by it), not a line about the summary.
     """
-    if not messages or not messages[-1].is_result or any(_asks(messages[i]) for i in kept):
+    if not messages or not messages[-1].is_result or any(messages[i].asks for i in kept):
         return ""
     for index in range(cut - 1, -1, -1):
         message = messages[index]
-        if not _asks(message):
+        if not message.asks:
             continue
         if message.label == "bridge":
             carried = message.mark.get(BRIDGE_REQUEST_KEY)

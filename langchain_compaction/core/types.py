@@ -194,6 +194,15 @@ class Message:
         return "\n".join(p.text for p in parts if p.kind in _READABLE)
 
     @property
+    def asks(self) -> bool:
+        """Whether it is a user turn in the user's own words (not one of ``tool_result`` blocks alone).
+
+        Anthropic's rule too: a turn of tool results continues the assistant's
+        tool loop; one that also holds the user's text starts a new turn.
+        """
+        return self.role == "user" and (not self.answers or bool(self.text.strip()))
+
+    @property
     def is_result(self) -> bool:
         """Whether it answers tool calls: a tool's result, or a user turn of ``tool_result`` blocks (``answers``)."""
         return self.role == "tool" or bool(self.answers)

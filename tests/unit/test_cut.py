@@ -576,3 +576,50 @@ def test_the_node_keeps_a_block_form_exchange_whole_in_a_graph() -> None:
             compacted += any(is_summary_message(m) for m in state["messages"])
             assert_valid_anthropic_request(state["messages"])
         assert compacted, "the run never compacted (test setup)"
+
+
+def _thinking_loop_in_blocks() -> list[BaseMessage]:
+    """A Claude tool loop with extended thinking, in Anthropic's block form (results in user turns)."""
+    messages: list[BaseMessage] = [
+        HumanMessage("Old question.", id="h00"),
+        AIMessage("Old answer. " * 300, id="a00"),
+        HumanMessage("Refactor the payment module step by step.", id="h0"),
+    ]
+    for i in range(10):
+        content: list[Any] = [{"type": "thinking", "thinking": "Plan it. " * 40, "signature": "c2ln" * 20}][: i == 0]
+        use = {"type": "tool_use", "id": f"toolu_{i}", "name": "read_file", "input": {"path": f"f{i}.py"}}
+        messages.append(AIMessage([*content, {"type": "text", "text": f"Step {i}."}, use], id=f"a{i}"))
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": f"line {i} " * 200}
+        messages.append(HumanMessage([result], id=f"r{i}"))
+    return messages
+
+
+def test_a_thinking_loop_in_block_form_keeps_its_opening() -> None:
+    # A tool_result turn was taken for the user's: the loop's opening (its thinking block) was
+    # looked for after it, not found, and the kept part opened with a later step (Claude refuses).
+    from conftest import assert_valid_anthropic_request
+
+    from langchain_compaction import ExtractiveSummarizer, compact
+
+    options = CompactionOptions(context_window=8_000, reserve_tokens=1_000, keep_recent_tokens=1_500)
+    _, compacted = compact(ExtractiveSummarizer(), _thinking_loop_in_blocks(), options)
+    assert_valid_anthropic_request(compacted, thinking=True)
+
+
+def test_the_bridge_repeats_the_user_s_words_that_came_with_tool_results() -> None:
+    # A user turn of tool_result blocks and the user's new words was skipped as a tool's answer: the
+    # bridge repeated the request it replaced.
+    from langchain_compaction import ExtractiveSummarizer, compact
+
+    messages: list[BaseMessage] = [HumanMessage("Refactor the payment module step by step.", id="h0")]
+    for i in range(20):
+        use = {"type": "tool_use", "id": f"toolu_{i}", "name": "read_file", "input": {"path": f"f{i}.py"}}
+        messages.append(AIMessage([{"type": "text", "text": f"Step {i}."}, use], id=f"a{i}"))
+        blocks: list[Any] = [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": f"line {i} " * 60}]
+        if i == 5:
+            blocks.append({"type": "text", "text": "Change of plan: write the migration for the orders table instead."})
+        messages.append(HumanMessage(blocks, id=f"r{i}"))
+    options = CompactionOptions(context_window=8_000, reserve_tokens=1_000, keep_recent_tokens=800)
+    _, compacted = compact(ExtractiveSummarizer(), messages, options)
+    bridge = next(m for m in compacted if isinstance(m, HumanMessage) and str(m.id).startswith("compaction-bridge"))
+    assert "orders table" in str(bridge.content)
