@@ -356,11 +356,10 @@ class CallableSummarizer:
         fix = "call acompact / ainvoke instead, or pass a blocking function"
         if self._is_async():
             return _reply(refuse_awaitable(self.function(self._input(request)), self.function, "model", fix))
-        return _reply(
-            refuse_awaitable(self._step().invoke(self._input(request), _config(request)), self.function, "model", fix)
-        )
+        answer = self._step().invoke(self._input(request), _config(request))[0]
+        return _reply(refuse_awaitable(answer, self.function, "model", fix))
 
-    def _step(self) -> RunnableLambda[str, Any]:
+    def _step(self) -> RunnableLambda[str, tuple[Any]]:
         """The function as a step of the caller's run, tagged as the summary's (``_config``).
 
         A chat model the function calls inherits the tags, so its tokens stay
@@ -368,7 +367,17 @@ class CallableSummarizer:
         ``astream_events`` filter on ``SUMMARY_TAG`` holds them back, as for a
         chat model passed itself.
         """
-        return RunnableLambda(self.function, name=self.name)
+        function = self.function
+
+        # Called with the prompt alone, its answer boxed: RunnableLambda would hand a function that names
+        # a ``config`` parameter the run's config, and invoke an answer that is a Runnable.
+        def step(prompt: str) -> tuple[Any]:
+            return (function(prompt),)
+
+        async def astep(prompt: str) -> tuple[Any]:
+            return (await function(prompt),)
+
+        return RunnableLambda(astep if self._is_async() else step, name=self.name)
 
     def _is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.function) or inspect.iscoroutinefunction(
@@ -382,10 +391,10 @@ class CallableSummarizer:
         task and could not be interrupted by ``timeout``.
         """
         if self._is_async():
-            result = await self._step().ainvoke(self._input(request), _config(request))
+            result = (await self._step().ainvoke(self._input(request), _config(request)))[0]
         else:
             step = self._step()
-            result = await blocking_summary(request, step.invoke, self._input(request), _config(request))
+            result = (await blocking_summary(request, step.invoke, self._input(request), _config(request)))[0]
             if inspect.isawaitable(result):
                 result = await result
         return _reply(result)

@@ -986,6 +986,27 @@ async def test_a_function_around_a_chat_model_streams_no_summary_token(kind: str
     assert "SUMMARYWORD" not in "".join(events)
 
 
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_summarizer_function_is_called_with_the_prompt_alone(mode: str) -> None:
+    # Run as a step of the run, it was handed the run's config in a parameter named config, and
+    # a Runnable it returned was invoked with the prompt.
+    from langchain_core.runnables import RunnableLambda
+
+    seen: list[Any] = []
+    own = {"style": "terse"}
+
+    def summarize(prompt: str, config: dict[str, str] = own) -> str:
+        seen.append(config)
+        return "## Goal\n- refactor payments"
+
+    result, _ = await run(mode, summarize, _long_conversation(12, 200), CompactionOptions(context_window=4_000))
+    assert result is not None
+    assert seen
+    assert all(config is own for config in seen)
+    with pytest.raises(SummarizationError):
+        await run(mode, lambda prompt: RunnableLambda(lambda _: "## Goal\n- x"), _long_conversation(12, 200))
+
+
 # --- bad input --------------------------------------------------------------------------
 
 
