@@ -25,15 +25,22 @@ _OVERFLOW_CODES = frozenset({"context_length_exceeded"})
 def overflowed(error: BaseException) -> bool:
     """Whether ``error`` says the request was over the model's window, whatever class its client raised.
 
+    Only a provider's answer counts (an error with the HTTP status of a request refused, 400 or 413): a
+    guardrail's ``ValueError`` or an interrupt that quotes "prompt is too long" is no overflow to retry.
+
     Example:
-        >>> overflowed(ValueError("This model's maximum context length is 128000 tokens.")), overflowed(ValueError("x"))
+        >>> class BadRequest(Exception):
+        ...     status_code = 400
+        >>> overflowed(BadRequest("This model's maximum context length is 128000 tokens.")), overflowed(
+        ...     ValueError("prompt is too long")
+        ... )
         (True, False)
     """
-    return (
-        isinstance(error, ContextOverflowError)
-        or getattr(error, "code", None) in _OVERFLOW_CODES
-        or _OVERFLOW.search(str(error)) is not None
-    )
+    if isinstance(error, ContextOverflowError):
+        return True
+    if getattr(error, "status_code", None) not in (400, 413):
+        return False
+    return getattr(error, "code", None) in _OVERFLOW_CODES or _OVERFLOW.search(str(error)) is not None
 
 
 # How providers state the limit a request went over: Anthropic's "prompt is too

@@ -77,6 +77,7 @@ class _InvalidRequest(Exception):
     (openai 3 leaves the code out of the message langchain-openai reads it from; the code is an attribute.)
     """
 
+    status_code = 400
     code = "context_length_exceeded"
 
 
@@ -375,6 +376,23 @@ async def test_an_overflow_raised_as_another_error_is_recovered_from_too(mode: s
     assert estimate_message_tokens(model.requests[1]) <= 800
     assert middleware.options.context_window == 800  # the window the error states
     assert out["messages"][-1].content == "reply 0"
+
+
+def test_an_error_that_only_quotes_an_overflow_is_no_overflow() -> None:
+    # A guardrail's ValueError saying "prompt is too long" was taken for the provider's: the
+    # conversation was summarized, retried, and the window learned from its text.
+    class Guardrail(AgentMiddleware):  # type: ignore[type-arg]
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            raise ValueError("input policy: prompt is too long: 2100 tokens > 2000 maximum for this tenant")
+
+    calls: list[str] = []
+    middleware = CompactionMiddleware(lambda p: calls.append(p) or SUMMARY, CompactionOptions())
+    model = ToolCallingFakeModel(messages=text_script(5))
+    agent = create_agent(model, middleware=[middleware, Guardrail()], checkpointer=InMemorySaver())
+    with pytest.raises(ValueError, match="input policy"):
+        agent.invoke({"messages": [*history(10), HumanMessage("what next?")]}, config())
+    assert calls == []
+    assert middleware.options.context_window == 0
 
 
 @pytest.mark.parametrize(
