@@ -142,15 +142,16 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
         ),
         r"\1[REDACTED]",
     ),
-    # sshpass -p, redis-cli -a, openssl's pass:, and any long option named for a password given its
-    # value after a space (--password X, --db-pass X: with "=" the key=value rule below takes it).
+    # sshpass's -p (among its own options, before the command it runs: "ssh -p 2222" is a port),
+    # redis-cli's -a, openssl's pass:, and any long option named for a password given a value
+    # (--password X, --db-pass=X; not --no-password or --ask-pass). A quoted value goes whole.
     (
         re.compile(
-            r"(((?:\bsshpass(?=\s)[^\n;&|]{0,200}?\s-p|\bredis-cli(?=\s)[^\n;&|]{0,200}?\s-a)\s*"
-            r"|\s-(?:pass|passin|passout)\s+pass:|\s--(?:[a-z0-9]+-){0,4}(?:password|passwd|pass)\s+)['\"]?)"
-            r"(?=[^\s'\"-])(?!\[REDACTED)[^\s'\"]+"
+            r"((?:\bsshpass(?:\s+-[a-oq-zA-Z]\S*)*\s+-p|\bredis-cli(?=\s)[^\n;&|]{0,200}?\s-a)\s*"
+            r"|\s-(?:pass|passin|passout)\s+pass:|\s--(?!no-|ask-)(?:[a-z0-9]+-){0,4}(?:password|passwd|pass)(?:\s+|=))"
+            r"(?:(['\"])(?!\[REDACTED)[^'\"\n]{1,256}\2|(?=[^\s'\"-])(?!\[REDACTED)[^\s'\"]+)"
         ),
-        r"\1[REDACTED]",
+        lambda found: f"{found.group(1)}{found.group(2) or ''}[REDACTED]{found.group(2) or ''}",
     ),
     # A password said in prose: "the admin password is Hunter2Secret!" (a word that looks made up: "the
     # password was reset yesterday" and "the password is correct" say nothing secret).
@@ -194,7 +195,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
     (
         re.compile(
             rf"(?i)({_PASSWORD_NAME}\s*[:=]\s*)(?!\[REDACTED|\\?[\"']){_NO_SECRET}"
-            r"(?:[^\s;]|;(?![A-Za-z][A-Za-z ]{0,39}=)){4,256}"
+            # (A short one too, when a connection string's next field follows it: "Password=abc;Encrypt=...".)
+            r"(?:(?:[^\s;]|;(?![A-Za-z][A-Za-z ]{0,39}=)){4,256}|[^\s;]{1,3}(?=;[A-Za-z][A-Za-z ]{0,39}=))"
         ),
         r"\1[REDACTED]",
     ),

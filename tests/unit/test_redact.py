@@ -124,6 +124,12 @@ CASES += [
     ("redis-cli -a", f"redis-cli -h cache -a {CLI_PASSWORD} ping", CLI_PASSWORD, "-a [REDACTED]"),
     ("openssl pass:", f"openssl pkcs12 -in a.p12 -passin pass:{CLI_PASSWORD}", CLI_PASSWORD, "pass:[REDACTED]"),
     ("--password X", f"pg_dump --db-password {CLI_PASSWORD} app", CLI_PASSWORD, "--db-password [REDACTED]"),
+    (
+        "--password 'a b'",
+        f"tool --password '{CLI_PASSWORD} and more words' x",
+        CLI_PASSWORD,
+        "--password '[REDACTED]' x",
+    ),
     ("pw: in prose", f"the staging pw: {CLI_PASSWORD}", CLI_PASSWORD, "pw: [REDACTED]"),
     ("a long name", f"MY_APP_PROD_EU_WEST_1_DB_PASSWORD={PG}", PG, "PASSWORD=[REDACTED]"),
     ("url password, host with a port", f"redis://:{SLASHED}@localhost:6379", SLASHED, "redis://:[REDACTED]@"),
@@ -474,6 +480,8 @@ def test_the_chat_memory_recall_tool_redacts_with_the_memory_s_own_hook() -> Non
         'api_key: "is passed in the header, see docs"',
         "mysql -u root -p app",
         "ls -a /tmp && mytool --password --user bob && mytool --password-file /run/secrets/db",
+        "createdb --no-password billing && ansible-playbook --ask-pass deploy.yml",
+        "sshpass -e ssh -p 2222 deploy@web1 && sshpass -f pw.txt ssh -p 22 deploy@web2",
         # Prose about a password that says none, and code that names where a secret comes from.
         "The password was reset yesterday by your team, and the password is correct but login fails.",
         "The passcode was sent to my phone.",
@@ -586,3 +594,4 @@ def test_a_connection_string_keeps_the_fields_after_its_password() -> None:
     text = "Server=db1;Database=app;User Id=bob;Password=Xk9;mQ2zR7;Encrypt=true;TrustServerCertificate=yes"
     masked = redact_secrets(text)
     assert masked == "Server=db1;Database=app;User Id=bob;Password=[REDACTED];Encrypt=true;TrustServerCertificate=yes"
+    assert redact_secrets("Server=db1;Password=abc;Encrypt=true") == "Server=db1;Password=[REDACTED];Encrypt=true"
