@@ -235,7 +235,7 @@ def _assistant(message: AIMessage) -> Message:
     )
     skip = frozenset(str(c.id) for c in calls if c.id)
     # A call written only as a tool_use block (an Anthropic-SDK history through convert_to_messages):
-    # it is a call all the same, answered by a user turn's tool_result block (``_answers``).
+    # it is a call all the same, answered by a user turn's tool_result block (``_results``).
     if isinstance(message.content, list):  # (most replies are a string: nothing to look through)
         calls += tuple(
             ToolCall(ident, str(block.get("name") or ""), json_text(block.get("input", {}), sort_keys=False))
@@ -344,7 +344,7 @@ def _convert(message: BaseMessage) -> Message:
             # Users migrate from LangChain's middleware: its summary is updated, not read as the user's goal.
             label = "langchain summary"
             return Message("user", _parts(message.content), is_summary=True, label=label, id=message.id)
-        return Message("user", _parts(message.content), name=message.name, id=message.id, answers=_answers(message))
+        return Message("user", _parts(message.content), name=message.name, id=message.id, results=_results(message))
     if isinstance(message, ToolMessage):
         return Message(
             "tool",
@@ -369,14 +369,15 @@ def _id_of(block: dict[str, Any], key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _answers(message: HumanMessage) -> tuple[str, ...]:
-    """The ids of the calls a user turn's ``tool_result`` blocks answer (Anthropic's block form)."""
+def _results(message: HumanMessage) -> tuple[Message, ...]:
+    """A user turn's ``tool_result`` blocks (Anthropic's block form), each as the tool result it is."""
     if not isinstance(message.content, list):
         return ()
-    found = (
-        _id_of(b, "tool_use_id") for b in message.content if isinstance(b, dict) and b.get("type") == "tool_result"
+    return tuple(
+        Message("tool", _parts(block.get("content")), tool_call_id=ident, is_error=block.get("is_error") is True)
+        for block in message.content
+        if isinstance(block, dict) and block.get("type") == "tool_result" and (ident := _id_of(block, "tool_use_id"))
     )
-    return tuple(i for i in found if i)
 
 
 def to_core_list(messages: Sequence[object]) -> list[Message]:

@@ -238,6 +238,8 @@ class _Tracker:
         if message.is_summary:
             return
         if message.role == "user":
+            for result in message.results:  # (its tool_result blocks: a tool's output, not the user's words)
+                self._result(result, record=record)
             self._user(said_in(message), record=record)
         elif message.role == "assistant":
             for call in message.tool_calls:

@@ -147,10 +147,11 @@ class Message:
             written back after it (they are not covered by it).
         pinned: The user pinned it: never summarized, written back after the
             summary every time.
-        answers: For a user turn in Anthropic's block form (what
+        results: For a user turn in Anthropic's block form (what
             ``convert_to_messages`` makes of an Anthropic or Bedrock history),
-            the ids of the calls its ``tool_result`` blocks answer: it must
-            stay with them, as a tool result does.
+            its ``tool_result`` blocks, each as a tool result (the call's id,
+            the result's content, its error flag): the turn must stay with the
+            calls they answer (``answers``), and what they say is a tool's.
         mark: For a message this library wrote, its mark as stored (the
             conversation record; each feature reads its own key, see
             ``core.record``); empty otherwise.
@@ -170,7 +171,7 @@ class Message:
     kept_from: str | None = None
     kept_before: tuple[str, ...] = ()
     pinned: bool = False
-    answers: tuple[str, ...] = ()
+    results: tuple[Message, ...] = ()
     mark: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     has_compaction_block: bool = field(init=False, default=False)
     """Whether the message carries a provider-side compaction block (derived from ``parts``)."""
@@ -194,18 +195,23 @@ class Message:
         return "\n".join(p.text for p in parts if p.kind in _READABLE)
 
     @property
+    def answers(self) -> tuple[str, ...]:
+        """The ids of the calls its ``results`` answer."""
+        return tuple(r.tool_call_id for r in self.results if r.tool_call_id)
+
+    @property
     def asks(self) -> bool:
         """Whether it is a user turn in the user's own words (not one of ``tool_result`` blocks alone).
 
         Anthropic's rule too: a turn of tool results continues the assistant's
         tool loop; one that also holds the user's text starts a new turn.
         """
-        return self.role == "user" and (not self.answers or bool(self.text.strip()))
+        return self.role == "user" and (not self.results or bool(self.text.strip()))
 
     @property
     def is_result(self) -> bool:
         """Whether it answers tool calls: a tool's result, or a user turn of ``tool_result`` blocks (``answers``)."""
-        return self.role == "tool" or bool(self.answers)
+        return self.role == "tool" or bool(self.results)
 
     @property
     def carries_summary(self) -> bool:

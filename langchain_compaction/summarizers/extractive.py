@@ -291,7 +291,7 @@ class ExtractiveSummarizer:
         if previous_summary:
             _parse_previous(previous_summary, summary)
         results: dict[str | None, Message] = {
-            m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id
+            r.tool_call_id: r for m in messages for r in (m, *m.results) if r.role == "tool" and r.tool_call_id
         }
         # A result that does not name its tool is its call's (one name for its lines wherever they are said).
         callers: dict[str | None, ToolCall] = {
@@ -332,6 +332,8 @@ class ExtractiveSummarizer:
     ) -> bool:
         """Add what ``message`` tells to ``summary``; whether it is a user request."""
         breathe()  # called per message: on the library's worker thread, let the event loop in
+        for result in message.results:  # (a user turn's tool_result blocks: a tool's output)
+            self._read(summary, result, results, failures, callers)
         text = message.text
         if message.role == "user" and text.strip():
             return self._user(summary, text)

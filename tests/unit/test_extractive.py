@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
 from bench.fact_survival import replay
 from bench.workloads import coding_session, load_transcripts, planted_transcript
@@ -438,3 +438,32 @@ def test_what_a_support_agent_did_or_promised_is_a_key_decision() -> None:
     assert "Friday" in decisions
     assert "SORRY15" in decisions
     assert "booked a courier" in decisions
+
+
+def test_tool_results_in_anthropic_block_form_are_read_as_the_tools() -> None:
+    # The tool_use blocks were read as calls, their tool_result answers never: every call was
+    # listed as "no result yet", and the error a result reported was not in the summary.
+    from langchain_compaction import CompactionOptions, compact
+    from langchain_compaction._lc.convert import to_core_list
+    from langchain_compaction.core.facts import gather
+
+    messages: list[BaseMessage] = [HumanMessage("Fix the failing build.", id="h0")]
+    for i in range(8):
+        use = {"type": "tool_use", "id": f"t{i}", "name": "bash", "input": {"command": f"pytest tests/test_{i}.py"}}
+        out = "ImportError: cannot import name PaymentGateway from billing.core" if i == 1 else "ok " * 300
+        result = {"type": "tool_result", "tool_use_id": f"t{i}", "content": out, "is_error": i == 1}
+        messages += [
+            AIMessage([{"type": "text", "text": f"Step {i}"}, use], id=f"a{i}"),
+            HumanMessage([result], id=f"r{i}"),
+        ]
+    messages.append(AIMessage("Working on it.", id="z"))
+    options = CompactionOptions(context_window=6_000, reserve_tokens=1_000, keep_recent_tokens=500)
+    _, compacted = compact(ExtractiveSummarizer(), messages, options)
+    summary = str(compacted[0].content)
+    assert "PaymentGateway" in summary
+    assert "no result yet" not in summary
+    # Checked facts read it as the tool's error too, not as the user's words.
+    core = to_core_list(messages)
+    facts = gather((), core, range(len(core)), ())
+    assert any(f.kind == "error" and "PaymentGateway" in f.text for f in facts)
+    assert not any(f.kind == "request" and "PaymentGateway" in f.text for f in facts)
