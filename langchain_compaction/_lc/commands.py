@@ -275,15 +275,33 @@ def idle_thread(graph: Any, config: Any) -> Flow[tuple[Any, bool]]:
             "(graph.invoke(None, config)) and compact once the run has ended",
         )
     if snapshot.next and not failed:
-        # Written as the node's update, the compaction would make what runs next follow the node's edges:
-        # a run paused at an interrupt (a tool call awaiting approval) would lose its pause, and the call its result.
+        _refuse_mid_run(graph, config, snapshot.next, interrupted)
+    return snapshot, failed
+
+
+def _refuse_mid_run(graph: Any, config: Any, pending: Sequence[str], interrupted: bool) -> None:
+    """Refuse a thread a run has not finished: paused (``ConfigurationError``), or running or stopped."""
+    # Written as the node's update, the compaction would make what runs next follow the node's edges:
+    # a run paused at an interrupt (a tool call awaiting approval) would lose its pause, and the call its result.
+    waits = set(getattr(graph, "interrupt_before_nodes", None) or ()) | set(
+        getattr(graph, "interrupt_after_nodes", None) or ()
+    )
+    nodes = ", ".join(pending)
+    if interrupted or "*" in waits or waits & set(pending):
         raise ConfigurationError(
             "config",
             thread_of(config),
-            f"the thread is paused mid-run (next: {', '.join(snapshot.next)}, an interrupt or interrupt_before); "
-            "resume it and compact once the run has ended, or let the graph's CompactionNode compact on its turn",
+            f"the thread is paused mid-run (next: {nodes}, at an interrupt); resume it and compact once the run "
+            "has ended, or let the graph's CompactionNode compact on its turn",
         )
-    return snapshot, failed
+    # No pause the graph knows of: a run is going on the thread (another process's turn), or one stopped
+    # before it ended (a process that died, an interrupt_before given to that run). Resumed now, a run
+    # still going would take its step twice.
+    msg = (
+        f"the thread is mid-run (next: {nodes}): another run is going on it, or one stopped before it ended; "
+        "compact it once the run has ended (a run that stopped is finished with graph.invoke(None, config))"
+    )
+    raise CompactionError(msg)
 
 
 def onto_current(config: Any, read: Any, now: Any, update: Any, key: str) -> Any:

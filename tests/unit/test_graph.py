@@ -820,6 +820,43 @@ def test_compact_thread_refuses_a_thread_paused_mid_run_and_one_it_cannot_name()
         compact_thread(graph, {"configurable": {"thread": "paused"}})
 
 
+def test_compact_thread_refuses_a_thread_a_run_is_going_on_without_calling_it_paused() -> None:
+    # Another process's turn in progress was called "paused mid-run", and told to resume it: resumed
+    # meanwhile, the run's step would be taken twice.
+    import threading
+
+    from langchain_compaction.errors import CompactionError
+
+    entered, release = threading.Event(), threading.Event()
+
+    def agent(state: CompactionState) -> dict[str, Any]:
+        entered.set()
+        release.wait(10)
+        return {"messages": [AIMessage("done " * 30)]}
+
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- deploy", CompactionOptions()))
+    builder.add_node("agent", agent)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "agent")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = thread("running")
+    turn = threading.Thread(
+        target=graph.invoke, args=({"messages": [HumanMessage("deploy " * 40)]}, config), kwargs={"durability": "sync"}
+    )
+    turn.start()
+    try:
+        assert entered.wait(10)
+        with pytest.raises(CompactionError, match="another run is going on it") as refused:
+            compact_thread(graph, config)
+        assert not isinstance(refused.value, ConfigurationError)
+    finally:
+        release.set()
+        turn.join(10)
+    assert graph.get_state(config).next == ()
+    compact_thread(graph, config, instructions="keep the deploy")  # once the run has ended: no refusal
+
+
 def test_compact_thread_rescues_a_thread_a_failed_step_stopped_and_the_run_resumes() -> None:
     # The model refused the request as too long: the run stopped at the model
     # with the error (no interrupt). Compacted, the thread resumes there.
