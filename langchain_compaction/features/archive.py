@@ -79,6 +79,17 @@ def _padded(position: int) -> str:
     return str(position).zfill(_WIDTH)
 
 
+def _fix_for(error: Exception) -> str:
+    """What to do about a store error whose cause is known ("" otherwise)."""
+    if "transaction within a transaction" in str(error):
+        # sqlite3.connect(path) opens each write's transaction itself, and SqliteStore opens its own.
+        return (
+            "; a SqliteStore on a plain sqlite3.connect(path) cannot write: build it with "
+            "SqliteStore.from_conn_string(path), or on sqlite3.connect(path, isolation_level=None)"
+        )
+    return ""
+
+
 @dataclass(frozen=True, slots=True)
 class Archive(Feature):
     """Keep every message a compaction removes in the graph's LangGraph store, and let the agent read it back.
@@ -206,7 +217,7 @@ class Archive(Feature):
                 return None
             msg = (
                 f"archiving the compacted messages failed ({type(error).__name__}: {error}); "
-                "the state was not changed and no summary was asked for"
+                f"the state was not changed and no summary was asked for{_fix_for(error)}"
             )
             raise StoreError(msg, operation="archive") from error
         present = len(commit.removed) - written

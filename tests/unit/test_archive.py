@@ -1235,6 +1235,35 @@ async def test_compactions_cancelled_mid_summary_archive_each_message_once() -> 
     assert max(archived.values()) == 1, archived.most_common(3)
 
 
+def test_a_sqlite_store_on_a_plain_connection_fails_naming_the_fix(tmp_path: Any) -> None:
+    # "cannot start a transaction within a transaction", turn after turn, and nothing said what to do.
+    import sqlite3
+    from contextlib import closing
+
+    from langgraph.store.sqlite import SqliteStore
+
+    from langchain_compaction.errors import StoreError
+
+    with closing(sqlite3.connect(str(tmp_path / "store.db"), check_same_thread=False)) as connection:
+        store = SqliteStore(connection)
+        store.setup()
+        node = CompactionNode(short_summary, CompactionOptions(context_window=3_000), features=with_archive())
+        graph = compaction_graph(
+            node,
+            lambda state: {"messages": [AIMessage(words("answer", 100))]},
+            checkpointer=InMemorySaver(),
+            store=store,
+        )
+        failures = []
+        for turn in range(30):
+            try:
+                graph.invoke({"messages": [HumanMessage(words(f"question {turn}", 100))]}, cfg("plain"))
+            except StoreError as error:
+                failures.append(str(error))
+        assert failures
+        assert all("SqliteStore.from_conn_string(path)" in failure for failure in failures)
+
+
 def test_a_tool_artifact_that_is_not_json_is_archived_as_text_on_sqlite(tmp_path: Any) -> None:
     # Rows with dates from a content-and-artifact tool: the checkpointer takes
     # them, the store's JSON did not, and every compaction raised StoreError.
