@@ -14,9 +14,13 @@ import re
 from langchain_core.exceptions import ContextOverflowError
 
 # What a provider says of a request over the window, and the code OpenAI gives it.
+# (Anthropic's other answer: "input length and `max_tokens` exceed context limit"; Gemini's "input token
+# count ... exceeds the maximum number of tokens allowed"; Mistral's "too large for model with N maximum
+# context length"; xAI's "maximum prompt length is".)
 _OVERFLOW = re.compile(
     r"maximum context length is|prompt is too long|context_length_exceeded|exceeds the context window"
-    r"|input tokens exceed the configured limit|context window exceeds",
+    r"|input tokens exceed the configured limit|context window exceeds|exceed context limit"
+    r"|input token count.{0,80}exceeds the maximum|maximum context length\b|maximum prompt length is",
     re.IGNORECASE,
 )
 _OVERFLOW_CODES = frozenset({"context_length_exceeded"})
@@ -38,9 +42,26 @@ def overflowed(error: BaseException) -> bool:
     """
     if isinstance(error, ContextOverflowError):
         return True
-    if getattr(error, "status_code", None) not in (400, 413):
+    if _status(error) not in (400, 413):
         return False
     return getattr(error, "code", None) in _OVERFLOW_CODES or _OVERFLOW.search(str(error)) is not None
+
+
+def _status(error: BaseException) -> object:
+    """The HTTP status a client's error carries (``None`` when it carries none).
+
+    As its own (OpenAI's, Anthropic's), its response's (httpx's
+    ``HTTPStatusError``), or its response metadata's (botocore's
+    ``ClientError``: Bedrock).
+    """
+    status = getattr(error, "status_code", None)
+    if status is not None:
+        return status
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):
+        metadata = response.get("ResponseMetadata")
+        return metadata.get("HTTPStatusCode") if isinstance(metadata, dict) else None
+    return getattr(response, "status_code", None)
 
 
 # How providers state the limit a request went over: Anthropic's "prompt is too

@@ -7,7 +7,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import pytest
 from conftest import as_state, assert_compacted, assert_valid_anthropic_request, split_compacted
@@ -376,6 +376,32 @@ async def test_an_overflow_raised_as_another_error_is_recovered_from_too(mode: s
     assert estimate_message_tokens(model.requests[1]) <= 800
     assert middleware.options.context_window == 800  # the window the error states
     assert out["messages"][-1].content == "reply 0"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # Anthropic's other answer (input plus max_tokens over the window), as langchain-anthropic raises it.
+        "input length and `max_tokens` exceed context limit: 198000 + 8192 > 200000, decrease input length",
+        # Bedrock's, through botocore: the status only in the response's metadata.
+        "bedrock",
+    ],
+)
+def test_each_provider_s_way_of_saying_too_long_is_an_overflow(error: str) -> None:
+    from langchain_compaction._lc.overflow import overflowed
+
+    class Refused(Exception):
+        status_code = 400
+
+    class ClientError(Exception):  # (botocore's shape: no status_code, a response dict)
+        response: ClassVar[dict[str, Any]] = {"ResponseMetadata": {"HTTPStatusCode": 400}}
+
+    if error == "bedrock":
+        raised: Exception = ClientError("ValidationException: prompt is too long: 210019 tokens > 200000 maximum")
+    else:
+        raised = Refused(error)
+    assert overflowed(raised)
+    assert not overflowed(ValueError(str(raised)))  # the same words from no provider
 
 
 def test_an_error_that_only_quotes_an_overflow_is_no_overflow() -> None:
