@@ -344,7 +344,7 @@ def _convert(message: BaseMessage) -> Message:
             # Users migrate from LangChain's middleware: its summary is updated, not read as the user's goal.
             label = "langchain summary"
             return Message("user", _parts(message.content), is_summary=True, label=label, id=message.id)
-        return Message("user", _parts(message.content), name=message.name, id=message.id, results=_results(message))
+        return _user(message)
     if isinstance(message, ToolMessage):
         return Message(
             "tool",
@@ -367,6 +367,15 @@ def _id_of(block: dict[str, Any], key: str) -> str:
     """A block's id under ``key`` ("" when it has none: such a block pairs with nothing)."""
     value = block.get(key)
     return value if isinstance(value, str) else ""
+
+
+def _user(message: HumanMessage) -> Message:
+    """A user turn; its ``tool_result`` blocks are its ``results``, shown and counted as the tools' output."""
+    results = _results(message)
+    content = message.content
+    if results and isinstance(content, list):
+        content = [b for b in content if not (isinstance(b, dict) and _id_of(b, "tool_use_id"))]
+    return Message("user", _parts(content), name=message.name, id=message.id, results=results)
 
 
 def _results(message: HumanMessage) -> tuple[Message, ...]:

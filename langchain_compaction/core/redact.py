@@ -10,11 +10,12 @@ the application knows what counts as secret.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from langchain_compaction.core.types import Fact, Message, Part, ToolCall
+from langchain_compaction.core.types import Fact, Message, ToolCall
 from langchain_compaction.errors import SummarizationError
 
 Redactor = Callable[[str], str]
@@ -258,9 +259,34 @@ def redact_message(message: Message, redactor: Redactor) -> Message:
     """
     # An image part's text is its description: its kind, media type and URL,
     # whose user:password@ or token= query redacts like any other text.
-    parts = tuple(Part(p.kind, apply_redactor(redactor, p.text), p.tokens) if p.text else p for p in message.parts)
-    calls = tuple(ToolCall(c.id, c.name, apply_redactor(redactor, c.arguments)) for c in message.tool_calls)
-    return replace(message, parts=parts, tool_calls=calls)
+    parts = tuple(replace(p, text=apply_redactor(redactor, p.text)) if p.text else p for p in message.parts)
+    calls = tuple(ToolCall(c.id, c.name, _redacted_arguments(c.arguments, redactor)) for c in message.tool_calls)
+    results = tuple(redact_message(r, redactor) for r in message.results)  # (a user turn's tool_result blocks)
+    return replace(message, parts=parts, tool_calls=calls, results=results)
+
+
+def _redacted_arguments(arguments: str, redactor: Redactor) -> str:
+    """A call's JSON arguments redacted value by value, then whole.
+
+    JSON writes a line break as ``\\n``: a rule that reads a command's first
+    word after a line break ("mysql -p...") would not see it in the text;
+    read whole, a value keeps its key ("password": "...").
+    """
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return apply_redactor(redactor, arguments)
+    return apply_redactor(redactor, json.dumps(_redacted_value(value, redactor), ensure_ascii=False))
+
+
+def _redacted_value(value: object, redactor: Redactor) -> object:
+    if isinstance(value, str):
+        return apply_redactor(redactor, value)
+    if isinstance(value, list):
+        return [_redacted_value(item, redactor) for item in value]
+    if isinstance(value, dict):
+        return {key: _redacted_value(item, redactor) for key, item in value.items()}
+    return value
 
 
 def redact_facts(facts: Sequence[Fact], redactor: Redactor) -> list[Fact]:

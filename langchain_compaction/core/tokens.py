@@ -201,4 +201,6 @@ def estimate_message(message: Message) -> int:
         total += TOOL_CALL_OVERHEAD_TOKENS + estimate_tokens(call.name) + argument_units(call) // UNITS
     if message.tool_call_id:
         total += estimate_tokens(message.tool_call_id)
+    for result in message.results:  # (a user turn's tool_result blocks)
+        total += estimate_message(result) - MESSAGE_OVERHEAD_TOKENS
     return total

@@ -31,8 +31,11 @@ CUT_MARKER = "[... {count:,} characters of this message cut here: head and tail 
 
 
 def role_label(message: Message) -> str:
-    """The role label pi's compaction uses (``[User]``, ``[Assistant]``, ...)."""
-    label = _ROLE_LABELS.get(message.role)
+    """The role label pi's compaction uses (``[User]``, ``[Assistant]``, ...).
+
+    A user turn of ``tool_result`` blocks alone is a tool result: what it says is no user's words.
+    """
+    label = _ROLE_LABELS.get("tool" if message.results and not message.asks else message.role)
     if label is not None:
         return label
     return f"[{message.label or message.role}]"
@@ -86,6 +89,11 @@ def _made_body(message: Message) -> tuple[str, int]:
         label = f"(tool call {call.name}, id {call.id or '-'}) "
         lines.append(label + call.arguments)
         units += estimate_units(label) + argument_units(call)
+    for result in message.results:  # (a user turn's tool_result blocks: each the tool's output, with its call)
+        label = f"(tool result, call {result.tool_call_id}{', status=error' if result.is_error else ''})\n"
+        body, body_units = _body(result)
+        lines.append(label + body)
+        units += estimate_units(label) + body_units
     return "\n".join(lines), units + _NEWLINE_UNITS * max(len(lines) - 1, 0)
 
 

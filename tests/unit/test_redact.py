@@ -595,3 +595,44 @@ def test_a_connection_string_keeps_the_fields_after_its_password() -> None:
     masked = redact_secrets(text)
     assert masked == "Server=db1;Database=app;User Id=bob;Password=[REDACTED];Encrypt=true;TrustServerCertificate=yes"
     assert redact_secrets("Server=db1;Password=abc;Encrypt=true") == "Server=db1;Password=[REDACTED];Encrypt=true"
+
+
+def _block_form_session(command: str, output: str, *, error: bool = False) -> list[BaseMessage]:
+    """A bash call and its result in Anthropic's block form, then enough turns to compact them away."""
+    from langchain_core.messages import convert_to_messages
+
+    def call(n: int, text: str) -> dict[str, Any]:
+        use = {"type": "tool_use", "id": f"t{n}", "name": "bash", "input": {"command": text}}
+        return {"role": "assistant", "content": [{"type": "text", "text": f"Step {n}."}, use]}
+
+    def result(n: int, text: str, failed: bool = False) -> dict[str, Any]:
+        block = {"type": "tool_result", "tool_use_id": f"t{n}", "content": text, "is_error": failed}
+        return {"role": "user", "content": [block]}
+
+    history: list[Any] = [{"role": "user", "content": "Restore the db from dump.sql."}]
+    history += [call(1, command), result(1, output, error)]
+    for n in range(2, 30):
+        history += [call(n, f"echo {n}"), result(n, "ok " * 100)]
+    history.append({"role": "assistant", "content": "Done."})
+    return convert_to_messages(history)
+
+
+def test_secrets_in_block_form_tool_results_and_multi_line_commands_are_masked() -> None:
+    # A tool_result's text was never redacted (checked facts, the offline summary and the mark held a
+    # token), and a multi-line command's passwords were not seen behind JSON's escaped line breaks.
+    token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    command = f"set -e\nmysql -u root -p{CLI_PASSWORD} app < dump.sql\nsshpass -p {CLI_PASSWORD}x ssh root@db"
+    output = (
+        f"fatal: could not read from https://{token}@github.com/acme/app.git\nmachine h login bob\npassword Zq9xWv3Lm"
+    )
+    messages = _block_form_session(command, output, error=True)
+    prompts: list[str] = []
+    options = CompactionOptions(
+        context_window=6_000, reserve_tokens=1_000, keep_recent_tokens=500, redact=redact_secrets
+    )
+    compact(lambda prompt: prompts.append(prompt) or "## Goal\n- restore the db", messages, options)
+    _, offline = compact(ExtractiveSummarizer(), messages, options)
+    seen = "\n".join([*prompts, str(offline[0].content), str(offline[0].additional_kwargs)])
+    for secret in (token, CLI_PASSWORD, "Zq9xWv3Lm"):
+        assert secret not in seen
+    assert "github.com/acme/app.git" in "\n".join(prompts)  # the rest of the output is shown
