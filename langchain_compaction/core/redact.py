@@ -158,12 +158,15 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
     # password was reset yesterday" and "the password is correct" say nothing secret).
     # ("The password for the staging db is now: X" too), and a .netrc's "password X" (a line of its own,
     # or after its machine and login).
+    # (Quoted, it is taken whole whatever it looks like: "the password is "correct horse battery staple"".)
     (
         re.compile(
             r"(?i)(\b(?:password|passphrase|passcode|passwd)(?:\s{1,8}for\s{1,8}[^\n.:;]{1,60}?)?\s{1,8}(?:is|was)"
-            r"(?:\s{1,8}now)?(?:\s{0,8}:)?\s{1,8}['\"]?)(?!\[REDACTED)" + _SECRETISH + r"[^\s'\"]{4,}"
+            r"(?:\s{1,8}now)?(?:\s{0,8}:)?\s{1,8})(?:(['\"])(?!\[REDACTED)[^'\"\n]{4,256}\2|(?!\[REDACTED)"
+            + _SECRETISH
+            + r"[^\s'\"]{4,})"
         ),
-        r"\1[REDACTED]",
+        lambda found: f"{found.group(1)}{found.group(2) or ''}[REDACTED]{found.group(2) or ''}",
     ),
     (
         re.compile(
@@ -189,6 +192,15 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
     # any other value to the next space. An empty value is left alone.
     (
         re.compile(rf"(?i)({_PASSWORD_NAME}\\?[\"']?\s*[:=]\s*(\\?[\"']))(?!\[REDACTED)(?:(?!\2)[^\n]){{1,256}}(?=\2)"),
+        r"\1[REDACTED]",
+    ),
+    # Another secret's quoted value is taken whole too when it looks made up ("x9Kp2 LmQ7vRt"): a phrase
+    # after a key's name ("api_key": "is passed in the header") says what it is, not what it holds.
+    (
+        re.compile(
+            rf"(?i)({_SECRET_NAME}\\?[\"']?\s*[:=]\s*(\\?[\"']))(?!\[REDACTED){_NO_SECRET}{_SECRETISH}"
+            r"(?:(?!\2)[^\n]){1,256}(?=\2)"
+        ),
         r"\1[REDACTED]",
     ),
     # A password's value unquoted runs to the next space, commas, quotes and backslashes in it

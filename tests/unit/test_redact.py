@@ -636,3 +636,16 @@ def test_secrets_in_block_form_tool_results_and_multi_line_commands_are_masked()
     for secret in (token, CLI_PASSWORD, "Zq9xWv3Lm"):
         assert secret not in seen
     assert "github.com/acme/app.git" in "\n".join(prompts)  # the rest of the output is shown
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ('SECRET_KEY = "x9Kp2 LmQ7vRt"', "LmQ7vRt"),
+        ('AWS_SECRET_ACCESS_KEY = "wJalrXUtnFEMI K7MDENGbPxRfiCY"', "K7MDENGbPxRfiCY"),
+        ('the password is "correct horse battery staple"', "battery staple"),
+    ],
+)
+def test_a_quoted_secret_with_a_space_is_masked_whole(text: str, secret: str) -> None:
+    # Only its first word was masked, or (a passphrase of plain words said in prose) none of it.
+    assert secret not in redact_secrets(text)
