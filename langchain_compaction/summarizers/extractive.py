@@ -183,6 +183,22 @@ def _resolve(summary: Checkpoint, clean: CallReading, failures: Unresolved[set[s
             summary.revise(section, lambda item: "" if item in gone else item)
 
 
+# A failed call as the Blocked section writes it (``_add_call``): "✗ tool(key=value) failed: "line"".
+_BLOCKED_CALL = re.compile(
+    r"^✗ (?P<name>[^\s(]+)\((?P<key>command|cmd|path|file_path|query|url|pattern)=(?P<value>.*)\) failed: "
+    r"\"(?P<problem>.*)\"$"
+)
+
+
+def _carried_failures(summary: Checkpoint, failures: Unresolved[set[str]]) -> None:
+    """The failed calls an earlier summary lists under Blocked, filed again: a clean run now takes them back."""
+    for item in list(summary.sections["Blocked"].values()):
+        found = _BLOCKED_CALL.match(item.text)
+        if found is not None:
+            reading = read_call(ToolCall(None, found["name"], json.dumps({found["key"]: found["value"]})))
+            failures.add(reading.program, reading.target, {item.text, _reported(found["name"], found["problem"])})
+
+
 def _all_core(messages: object) -> TypeGuard[Sequence[Message]]:
     """Whether ``messages`` is a list of the core's messages (what the library itself passes)."""
     return (
@@ -298,6 +314,7 @@ class ExtractiveSummarizer:
             c.id: c for m in messages if m.role == "assistant" for c in m.tool_calls if c.id
         }
         failures: Unresolved[set[str]] = Unresolved()  # each failed call's lines, by program and target
+        _carried_failures(summary, failures)
         requests: list[str] = []
         answered = False
         for message in messages:

@@ -467,3 +467,25 @@ def test_tool_results_in_anthropic_block_form_are_read_as_the_tools() -> None:
     facts = gather((), core, range(len(core)), ())
     assert any(f.kind == "error" and "PaymentGateway" in f.text for f in facts)
     assert not any(f.kind == "request" and "PaymentGateway" in f.text for f in facts)
+
+
+def test_an_update_of_its_own_summary_takes_back_a_failure_a_clean_run_resolved() -> None:
+    # The earlier summary's Blocked line stayed after a later clean run of the same pytest target.
+    def call(n: int, command: str, output: str, failed: bool = False) -> list[BaseMessage]:
+        use = {"id": f"t{n}", "name": "bash", "args": {"command": command}}
+        return [
+            AIMessage(f"Step {n}.", tool_calls=[use], id=f"a{n}"),
+            ToolMessage(output, tool_call_id=f"t{n}", status="error" if failed else "success", id=f"r{n}"),
+        ]
+
+    def filler(first: int, last: int) -> list[BaseMessage]:
+        return [m for n in range(first, last) for m in call(n, f"echo {n}", "ok " * 100)]
+
+    options = CompactionOptions(context_window=6_000, reserve_tokens=1_000, keep_recent_tokens=500)
+    failing = "FAILED tests/test_api.py::test_login - KeyError: 'token'\n1 failed"
+    first: list[BaseMessage] = [HumanMessage("Fix CI.", id="h0"), *call(1, "pytest tests/test_api.py", failing, True)]
+    _, state = compact(ExtractiveSummarizer(), [*first, *filler(2, 25), AIMessage("Looking into it.")], options)
+    assert "KeyError" in str(state[0].content)
+    second = [*call(30, "pytest tests/test_api.py", "5 passed in 0.21s"), *filler(31, 55), AIMessage("All green.")]
+    _, state = compact(ExtractiveSummarizer(), [*state, *second], options)
+    assert "KeyError" not in str(state[0].content)
