@@ -85,10 +85,17 @@ def _shape(item: object, where: str) -> Format:
 # "input_audio" and "file"; an image with a "source" is Anthropic's).
 _ANTHROPIC_BLOCKS = frozenset(
     {"tool_use", "tool_result", "thinking", "redacted_thinking", "document", "search_result", "container_upload"}
+    # (Claude's server-side compaction block: what the API wrote in place of the turns it summarized.)
+    | {"compaction"}
     # Anthropic's server tools (web search and fetch, code execution, MCP): a transcript may hold no other.
     | {"server_tool_use", "mcp_tool_use", "mcp_tool_result", "web_search_tool_result", "web_fetch_tool_result"}
     | {"code_execution_tool_result", "bash_code_execution_tool_result", "text_editor_code_execution_tool_result"}
 )
+
+
+def _openai_only(item: dict[str, Any]) -> bool:
+    """Whether ``item`` has what only OpenAI's messages have: a ``tool`` role, ``tool_calls``, a ``tool_call_id``."""
+    return item.get("role") == "tool" or "tool_calls" in item or "tool_call_id" in item
 
 
 def _anthropic_block(block: object) -> bool:
@@ -160,6 +167,9 @@ def _from_anthropic(item: dict[str, Any], where: str) -> list[BaseMessage]:
     content = _text_of(item.get("content"), where)
     if role == "system":
         return [SystemMessage(content=content)]
+    if role not in ("user", "assistant"):
+        msg = f'unknown role {role!r}; Anthropic messages are "user" or "assistant"'
+        raise ConversationFileError(msg, where=where)
     if isinstance(content, str):
         return [HumanMessage(content=content) if role == "user" else AIMessage(content=content)]
     if role == "assistant":
@@ -169,9 +179,6 @@ def _from_anthropic(item: dict[str, Any], where: str) -> list[BaseMessage]:
             if isinstance(b, dict) and b.get("type") == "tool_use"
         ]
         return [AIMessage(content=content, tool_calls=calls)]
-    if role != "user":
-        msg = f'unknown role {role!r}; Anthropic messages are "user" or "assistant"'
-        raise ConversationFileError(msg, where=where)
     out: list[BaseMessage] = []
     rest: list[Any] = []
     for block in content:
@@ -185,7 +192,7 @@ def _from_anthropic(item: dict[str, Any], where: str) -> list[BaseMessage]:
             )
         else:
             rest.append(block)
-    if rest:
+    if rest or not out:  # (an empty turn stays one: nothing read is dropped)
         out.append(HumanMessage(content=rest))
     return out
 
@@ -343,8 +350,14 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
     shape, shapes = _file_shape(items)
     messages: list[BaseMessage] = [] if system is None else [*_system_messages(system, name)]
     originals: list[tuple[int, object]] = [(-1, system)] * len(messages)
-    if system is not None or "anthropic" in shapes:
+    # A "tool" message or "tool_calls" is OpenAI's alone: Claude's thinking blocks kept in such a file's
+    # replies (convert_to_openai_messages of a ChatAnthropic history) do not make it Anthropic's.
+    openai = any(isinstance(item, dict) and _openai_only(item) for item, _ in items)
+    if (system is not None or "anthropic" in shapes) and not openai:
         shape = "anthropic"
+    elif openai:
+        shape = "openai" if shape == "anthropic" else shape
+        shapes = ["openai" if kind == "anthropic" else kind for kind in shapes]
     for number, (actual, (item, where)) in enumerate(zip(shapes, items)):
         assert isinstance(item, dict)  # _shape checked it
         kind: Format = "anthropic" if shape == "anthropic" and actual != "langchain" else actual
@@ -363,7 +376,7 @@ def _to_anthropic(messages: Sequence[BaseMessage], *, inline: bool = False) -> l
             out.append({"role": "system", "content": message.content})
         elif isinstance(message, SystemMessage):
             content = message.content
-            system += [{"type": "text", "text": content}] if isinstance(content, str) else content
+            system += ([{"type": "text", "text": content}] if content else []) if isinstance(content, str) else content
         elif isinstance(message, ToolMessage):
             block = {
                 "type": "tool_result",

@@ -289,3 +289,45 @@ def test_a_file_holding_only_its_messages_in_an_object_is_written_back_as_that_o
         written = json.loads(dump_conversation(compacted, conversation.format, read=conversation))
         assert isinstance(written, type(body))
         assert 0 < len(written["messages"] if isinstance(written, dict) else written) < len(messages)
+
+
+def test_an_openai_file_whose_replies_keep_claude_s_thinking_is_read_as_openai() -> None:
+    # convert_to_openai_messages of a ChatAnthropic history with extended thinking: the thinking blocks
+    # made it Anthropic's, its tool_calls were dropped and each "tool" message became the assistant's.
+    from langchain_core.messages import convert_to_openai_messages
+
+    messages: list[Any] = [HumanMessage("The suite fails; fix it.")]
+    for i in range(3):
+        thinking = [
+            {"type": "thinking", "thinking": f"look at file {i}", "signature": "c2ln"},
+            {"type": "text", "text": "."},
+        ]
+        call = {"name": "read_file", "args": {"path": f"m{i}.py"}, "id": f"toolu_{i}", "type": "tool_call"}
+        messages += [
+            AIMessage(thinking, tool_calls=[call]),
+            ToolMessage(f"def f{i}(): pass", tool_call_id=f"toolu_{i}"),
+        ]
+    read = parse_conversation(json.dumps(convert_to_openai_messages(messages)))
+    assert read.format == "openai"
+    assert [type(m) for m in read.messages] == [type(m) for m in messages]
+    assert sum(len(m.tool_calls) for m in read.messages if isinstance(m, AIMessage)) == 3
+
+
+def test_anthropic_files_keep_a_server_compaction_block_an_empty_turn_and_no_empty_system() -> None:
+    compaction = {"type": "compaction", "content": "earlier turns, summarized by the API"}
+    request = {
+        "model": "claude-sonnet-4-5",
+        "system": "",
+        "messages": [
+            {"role": "user", "content": "Go on."},
+            {"role": "assistant", "content": [compaction, {"type": "text", "text": "Going on."}]},
+            {"role": "user", "content": []},
+            {"role": "assistant", "content": "Still here."},
+        ],
+    }
+    read = parse_conversation(json.dumps(request))
+    assert read.format == "anthropic"  # (the compaction block alone says so: it was read as OpenAI's)
+    assert len([m for m in read.messages if not isinstance(m, SystemMessage)]) == 4  # (the empty turn was dropped)
+    written = json.loads(dump_conversation(read.messages, "anthropic"))
+    system = written.get("system", []) if isinstance(written, dict) else []
+    assert all(block.get("text") for block in system)  # ("" became an empty text block, which the API refuses)
