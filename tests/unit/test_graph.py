@@ -834,12 +834,8 @@ def test_compact_thread_refuses_a_thread_a_run_is_going_on_without_calling_it_pa
         release.wait(10)
         return {"messages": [AIMessage("done " * 30)]}
 
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", CompactionNode(lambda p: "## Goal\n- deploy", CompactionOptions()))
-    builder.add_node("agent", agent)
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", "agent")
-    graph = builder.compile(checkpointer=InMemorySaver())
+    node = CompactionNode(lambda p: "## Goal\n- deploy", CompactionOptions())
+    graph = compaction_graph(node, agent, checkpointer=InMemorySaver())
     config = thread("running")
     turn = threading.Thread(
         target=graph.invoke, args=({"messages": [HumanMessage("deploy " * 40)]}, config), kwargs={"durability": "sync"}

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.graph import MessagesState
 from langgraph.store.memory import InMemoryStore
 
 from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions
@@ -43,14 +43,11 @@ async def test_the_async_node_archives_into_the_graph_s_store() -> None:
     async def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
         return {"messages": [AIMessage(f"answer {len(state['messages'])} " * 40)]}
 
+    from conftest import compaction_graph
+
     node = CompactionNode(lambda prompt: "## Goal\n- answer", OPTIONS, features=[*default_features(), Archive()])
-    builder = StateGraph(MessagesState)
-    builder.add_node("compact", node)
-    builder.add_node("agent", agent)
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", "agent")
     store = InMemoryStore()
-    graph = builder.compile(checkpointer=InMemorySaver(), store=store)
+    graph = compaction_graph(node, agent, checkpointer=InMemorySaver(), store=store)
     config: Any = {"configurable": {"thread_id": "t1"}}
     for turn in range(20):
         await graph.ainvoke({"messages": [HumanMessage(f"question {turn} " * 40)]}, config)

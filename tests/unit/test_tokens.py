@@ -461,19 +461,25 @@ def test_reasoning_kept_beside_the_content_is_shown_to_the_summarizer_but_not_co
     thinking = AIMessage("", additional_kwargs={"reasoning_content": reason}, tool_calls=call)
     plain = AIMessage("", tool_calls=call)
     assert estimate_message_tokens([thinking]) == estimate_message_tokens([plain])
-    history: list[BaseMessage] = [HumanMessage("Why does the tokenizer drop the last token?"), thinking]
-    history += [ToolMessage("tokenizer.py: 400 lines " * 20, tool_call_id="call_1"), AIMessage("Found it.")]
+    opening = [HumanMessage("Why does the tokenizer drop the last token?"), thinking]
+    opening += [ToolMessage("tokenizer.py: 400 lines " * 20, tool_call_id="call_1"), AIMessage("Found it.")]
+    assert "ROOTCAUSE" in _shown_to_the_summarizer(opening)
+
+
+def _shown_to_the_summarizer(opening: list[BaseMessage]) -> str:
+    """What the summarizer is shown of ``opening``, compacted away by the turns after it."""
+    history = list(opening)
     for i in range(12):
         history += [HumanMessage(f"next step {i} " * 40), AIMessage(f"done step {i} " * 40)]
     prompts: list[str] = []
 
     def summarize(prompt: str) -> str:
         prompts.append(prompt)
-        return "## Goal\n- fix the tokenizer"
+        return "## Goal\n- continue"
 
     result, _ = compact(summarize, history, CompactionOptions(context_window=3_000, keep_recent_tokens=400))
     assert result is not None
-    assert "ROOTCAUSE" in "\n".join(prompts)
+    return "\n".join(prompts)
 
 
 @pytest.mark.parametrize(
@@ -509,16 +515,6 @@ def test_reasoning_kept_beside_the_content_is_shown_to_the_summarizer_but_not_co
 )
 def test_the_sources_a_text_block_cites_are_shown_to_the_summarizer(block: dict[str, Any]) -> None:
     # Only the text reached the summarizer: after compaction the agent could not say where a fact came from.
-    history: list[BaseMessage] = [HumanMessage("When did Python 3.14 come out? Cite sources."), AIMessage([block])]
-    for i in range(12):
-        history += [HumanMessage(f"next question {i} " * 40), AIMessage(f"answer {i} " * 40)]
-    prompts: list[str] = []
-
-    def summarize(prompt: str) -> str:
-        prompts.append(prompt)
-        return "## Goal\n- research"
-
-    compact(summarize, history, CompactionOptions(context_window=3_000, keep_recent_tokens=400))
-    shown = "\n".join(prompts)
+    shown = _shown_to_the_summarizer([HumanMessage("When did Python 3.14 come out? Cite sources."), AIMessage([block])])
     assert "October 2025" in shown
     assert f"What's new <{block.get('annotations', block.get('citations'))[0]['url']}>" in shown
