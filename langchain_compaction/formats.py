@@ -85,8 +85,7 @@ def _shape(item: object, where: str) -> Format:
 # "input_audio" and "file"; an image with a "source" is Anthropic's).
 _ANTHROPIC_BLOCKS = frozenset(
     {"tool_use", "tool_result", "thinking", "redacted_thinking", "document", "search_result", "container_upload"}
-    # (Claude's server-side compaction block: what the API wrote in place of the turns it summarized.)
-    | {"compaction"}
+    | {"compaction"}  # (Claude's server-side compaction block: what the API wrote for the turns it summarized)
     # Anthropic's server tools (web search and fetch, code execution, MCP): a transcript may hold no other.
     | {"server_tool_use", "mcp_tool_use", "mcp_tool_result", "web_search_tool_result", "web_fetch_tool_result"}
     | {"code_execution_tool_result", "bash_code_execution_tool_result", "text_editor_code_execution_tool_result"}
@@ -94,7 +93,7 @@ _ANTHROPIC_BLOCKS = frozenset(
 
 
 def _openai_only(item: dict[str, Any]) -> bool:
-    """Whether ``item`` has what only OpenAI's messages have: a ``tool`` role, ``tool_calls``, a ``tool_call_id``."""
+    """Whether ``item`` has what only OpenAI's messages have (a ``tool`` role, ``tool_calls``): the file is OpenAI's."""
     return item.get("role") == "tool" or "tool_calls" in item or "tool_call_id" in item
 
 
@@ -350,14 +349,12 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
     shape, shapes = _file_shape(items)
     messages: list[BaseMessage] = [] if system is None else [*_system_messages(system, name)]
     originals: list[tuple[int, object]] = [(-1, system)] * len(messages)
-    # A "tool" message or "tool_calls" is OpenAI's alone: Claude's thinking blocks kept in such a file's
-    # replies (convert_to_openai_messages of a ChatAnthropic history) do not make it Anthropic's.
+    # (Claude's thinking blocks kept in an OpenAI file's replies, as convert_to_openai_messages writes them.)
     openai = any(isinstance(item, dict) and _openai_only(item) for item, _ in items)
     if (system is not None or "anthropic" in shapes) and not openai:
         shape = "anthropic"
     elif openai:
-        shape = "openai" if shape == "anthropic" else shape
-        shapes = ["openai" if kind == "anthropic" else kind for kind in shapes]
+        shape, shapes = "openai", ["openai" if kind == "anthropic" else kind for kind in shapes]
     for number, (actual, (item, where)) in enumerate(zip(shapes, items)):
         assert isinstance(item, dict)  # _shape checked it
         kind: Format = "anthropic" if shape == "anthropic" and actual != "langchain" else actual
