@@ -141,6 +141,8 @@ _REVERSE = re.compile(
     r"|\bno need to\s+(?P<t>(?:(?!\band\b)[^.;!?,\n]){1,80})",
     re.IGNORECASE,
 )
+# A negation before a reversal, in its sentence ("should not stop", "don't ever stop", "never, ever stop").
+_NEGATED = re.compile(r"(?:\b(?:not|never|dont)|n['\u2019]t)\b[^.;:!?\n]*$", re.IGNORECASE)
 # What a rule that forbids something says (a reversal leaves it: it may say the same, "always use spaces
 # instead of tabs" and "stop using tabs"). When in doubt the rule stays.
 _FORBIDS = re.compile(
@@ -290,6 +292,8 @@ def revoked_subjects(text: str) -> list[frozenset[str]]:
     found: list[frozenset[str]] = []
     said = own_words(text)
     for match in (*_permissions(said), *_permissions(said, _REVERSE)):
+        if match.re is _REVERSE and _NEGATED.search(said, max(match.start() - 30, 0), match.start()):
+            continue  # "you should not stop adding type hints", "never, ever stop ..." say the rule again
         if (match.groupdict().get("c") or match.re is _REVERSE) and _PRAISE.search(said, 0, match.start()):
             continue  # "Great, the tests are fine now" reports on the work; "tabs are fine now" permits them
         # The subject ends where a new rule starts ("tabs are fine, but never in Makefiles",

@@ -1017,6 +1017,10 @@ def test_saying_the_opposite_of_a_rule_that_forbids_keeps_it() -> None:
         ("Always run the tests before committing.", "No need to explain the tests."),
         ("Always fix lint errors before pushing.", "Thanks, no more lint errors now."),
         ("Always run the tests before committing.", "Stop everything and run the tests."),
+        # Negated a few words before "stop", it says the rule again.
+        ("Always write type hints.", "You should not stop adding type hints."),
+        ("Always write type hints.", "Please don't ever stop adding type hints."),
+        ("Always write type hints.", "Never, ever stop adding type hints."),
     ],
 )
 def test_what_only_looks_like_saying_the_opposite_keeps_the_rule(rule: str, said: str) -> None:
