@@ -40,18 +40,11 @@ def tool_pairs(messages: Sequence[Message]) -> list[tuple[int, int]]:
                 if call.id:
                     latest_call[call.id] = index
         else:
-            for answered in results_for(message):
-                caller = latest_call.get(answered)
+            for answered in message.answers:
+                caller = latest_call.get(answered) if answered else None
                 if caller is not None:
                     pairs.append((caller, index))
     return pairs
-
-
-def results_for(message: Message) -> tuple[str, ...]:
-    """The ids of the calls ``message`` answers: a tool result's, or a user turn's ``tool_result`` blocks'."""
-    if message.role == "tool":
-        return (message.tool_call_id,) if message.tool_call_id else ()
-    return message.answers
 
 
 def valid_boundaries(messages: Sequence[Message]) -> list[bool]:
@@ -246,8 +239,7 @@ def _whole_loop(messages: Sequence[Message], counts: Sequence[int], cut: int, ro
 def _answered(messages: Sequence[Message]) -> bool:
     """Whether every tool call in ``messages`` has its result among them."""
     calls = {c.id for m in messages for c in m.tool_calls}
-    answered = {m.tool_call_id for m in messages if m.role == "tool"}
-    return calls <= answered.union(*(m.answers for m in messages))
+    return calls <= {answered for m in messages for answered in m.answers}
 
 
 def forced_cut(

@@ -195,9 +195,11 @@ class Message:
         return "\n".join(p.text for p in parts if p.kind in _READABLE)
 
     @property
-    def answers(self) -> tuple[str, ...]:
-        """The ids of the calls its ``results`` answer."""
-        return tuple(r.tool_call_id for r in self.results if r.tool_call_id)
+    def answers(self) -> tuple[str | None, ...]:
+        """The ids of the calls it answers: a tool result's own (``None`` when it names none), or its ``results``'."""
+        if self.role == "tool":
+            return (self.tool_call_id,)
+        return tuple(r.tool_call_id for r in self.results)
 
     @property
     def asks(self) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from langchain_compaction.core.cut import results_for, thinking_loop_opening
+from langchain_compaction.core.cut import thinking_loop_opening
 from langchain_compaction.core.options import CompactionOptions, check_int, check_names
 from langchain_compaction.core.types import Message
 from langchain_compaction.features.base import Addition, Draft, Feature
@@ -31,7 +31,7 @@ def _exchanges(messages: Sequence[Message], start: int, cut: int) -> dict[int, t
         if message.role == "assistant" and message.tool_calls:
             groups[i] = [i]
             owner.update((c.id, i) for c in message.tool_calls if c.id)
-        elif (caller := next((owner[a] for a in results_for(message) if a in owner), None)) is not None:
+        elif (caller := next((owner[a] for a in message.answers if a in owner), None)) is not None:
             groups[caller].append(i)
     out: dict[int, tuple[int, ...]] = {}
     for group in groups.values():
