@@ -235,7 +235,7 @@ def _assistant(message: AIMessage) -> Message:
     )
     skip = frozenset(str(c.id) for c in calls if c.id)
     # A call written only as a tool_use block (an Anthropic-SDK history through convert_to_messages):
-    # it is a call all the same, answered by a user turn's tool_result block (``_results``).
+    # it is a call all the same, answered by a user turn's tool_result block (``_user``).
     if isinstance(message.content, list):  # (most replies are a string: nothing to look through)
         calls += tuple(
             ToolCall(ident, str(block.get("name") or ""), json_text(block.get("input", {}), sort_keys=False))
@@ -371,22 +371,21 @@ def _id_of(block: dict[str, Any], key: str) -> str:
 
 def _user(message: HumanMessage) -> Message:
     """A user turn; its ``tool_result`` blocks are its ``results``, shown and counted as the tools' output."""
-    results = _results(message)
     content = message.content
-    if results and isinstance(content, list):
-        content = [b for b in content if not (isinstance(b, dict) and _id_of(b, "tool_use_id"))]
-    return Message("user", _parts(content), name=message.name, id=message.id, results=results)
-
-
-def _results(message: HumanMessage) -> tuple[Message, ...]:
-    """A user turn's ``tool_result`` blocks (Anthropic's block form), each as the tool result it is."""
-    if not isinstance(message.content, list):
-        return ()
-    return tuple(
+    if not isinstance(content, list):
+        return Message("user", _parts(content), name=message.name, id=message.id)
+    results = tuple(
         Message("tool", _parts(block.get("content")), tool_call_id=ident, is_error=block.get("is_error") is True)
-        for block in message.content
-        if isinstance(block, dict) and block.get("type") == "tool_result" and (ident := _id_of(block, "tool_use_id"))
+        for block in content
+        if isinstance(block, dict) and (ident := _result_of(block))
     )
+    own = [block for block in content if not (isinstance(block, dict) and _result_of(block))] if results else content
+    return Message("user", _parts(own), name=message.name, id=message.id, results=results)
+
+
+def _result_of(block: dict[str, Any]) -> str:
+    """The call a ``tool_result`` block (Anthropic's block form) answers; "" for any other block."""
+    return _id_of(block, "tool_use_id") if block.get("type") == "tool_result" else ""
 
 
 def to_core_list(messages: Sequence[object]) -> list[Message]:
