@@ -103,6 +103,10 @@ def _first_line(text: str) -> str:
     return ""
 
 
+# The arguments that say what a call was about, in the order a brief looks for them.
+_BRIEF_KEYS = ("command", "cmd", "path", "file_path", "query", "url", "pattern")
+
+
 def _args_brief(arguments: str) -> str:
     """A short, readable form of a tool call's JSON arguments."""
     try:
@@ -112,7 +116,7 @@ def _args_brief(arguments: str) -> str:
     if isinstance(value, dict):
         if not value:
             return ""
-        for key in ("command", "cmd", "path", "file_path", "query", "url", "pattern"):
+        for key in _BRIEF_KEYS:
             if isinstance(value.get(key), str):
                 return _clip(f"{key}={value[key]}", 160)
         return _clip(", ".join(f"{k}={v}" for k, v in value.items()), 160)
@@ -185,8 +189,7 @@ def _resolve(summary: Checkpoint, clean: CallReading, failures: Unresolved[set[s
 
 # A failed call as the Blocked section writes it (``_add_call``): "✗ tool(key=value) failed: "line"".
 _BLOCKED_CALL = re.compile(
-    r"^✗ (?P<name>[^\s(]+)\((?P<key>command|cmd|path|file_path|query|url|pattern)=(?P<value>.*)\) failed: "
-    r"\"(?P<problem>.*)\"$"
+    rf"^✗ (?P<name>[^\s(]+)\((?P<key>{'|'.join(_BRIEF_KEYS)})=(?P<value>.*)\) failed: \"(?P<problem>.*)\"$"
 )
 
 
