@@ -38,9 +38,16 @@ _NO_SECRET = (
 )
 # A word that looks made up (a digit, a symbol, or a capital past its first letter), as a password said in prose does.
 _SECRETISH = r"(?=[^\s'\"]{0,256}?(?:[0-9!@#$%^&*+=~?_\-]|(?-i:[^\s'\"][A-Z])))"
+
+
+def _masked_keeping_quotes(found: re.Match[str]) -> str:
+    """A value masked after what leads to it (group 1), inside its quotes (group 2) when it had them."""
+    quote = found.group(2) or ""
+    return f"{found.group(1)}{quote}[REDACTED]{quote}"
+
+
 # (Every repetition below is bounded, or stops at what ends it: a long line of
 # look-alikes, which tool output may be, costs linear time.)
-
 _COOKIE_VALUE = re.compile(r"(=[^\S\n]*)(?!\[REDACTED)[^;\s]+")
 _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
     # PEM private keys, whole blocks.
@@ -152,7 +159,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
             r"|\s-(?:pass|passin|passout)\s+pass:|\s--(?!no-|ask-)(?:[a-z0-9]+-){0,4}(?:password|passwd|pass)(?:\s+|=))"
             r"(?:(['\"])(?!\[REDACTED)[^'\"\n]{1,256}\2|(?=[^\s'\"-])(?!\[REDACTED)[^\s'\"]+)"
         ),
-        lambda found: f"{found.group(1)}{found.group(2) or ''}[REDACTED]{found.group(2) or ''}",
+        _masked_keeping_quotes,
     ),
     # A password said in prose: "the admin password is Hunter2Secret!" (a word that looks made up: "the
     # password was reset yesterday" and "the password is correct" say nothing secret).
@@ -166,7 +173,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
             + _SECRETISH
             + r"[^\s'\"]{4,})"
         ),
-        lambda found: f"{found.group(1)}{found.group(2) or ''}[REDACTED]{found.group(2) or ''}",
+        _masked_keeping_quotes,
     ),
     (
         re.compile(
