@@ -18,9 +18,9 @@ from langchain_core.exceptions import ContextOverflowError
 # count ... exceeds the maximum number of tokens allowed"; Mistral's "too large for model with N maximum
 # context length"; xAI's "maximum prompt length is".)
 _OVERFLOW = re.compile(
-    r"maximum context length is|prompt is too long|context_length_exceeded|exceeds the context window"
+    r"maximum context length\b|prompt is too long|context_length_exceeded|exceeds the context window"
     r"|input tokens exceed the configured limit|context window exceeds|exceed context limit"
-    r"|input token count.{0,80}exceeds the maximum|maximum context length\b|maximum prompt length is",
+    r"|input token count.{0,80}exceeds the maximum|maximum prompt length is",
     re.IGNORECASE,
 )
 _OVERFLOW_CODES = frozenset({"context_length_exceeded"})
