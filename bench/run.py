@@ -1,6 +1,6 @@
 """Benchmarks against the peers, side by side in one process.
 
-Run: python bench/run.py [--quick]   (install the bench extra first: pip install -e ".[bench]")
+Run: python bench/run.py [--quick]   (install the bench group first: pip install -e . --group bench)
 
 Systems, each on the same input in the same run:
   ours       CompactionNode (the LangGraph node), through its public invoke()
