@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from langchain_compaction.core.bounded import Bounded
@@ -55,7 +55,7 @@ class UserSays:
         terms: Its words that may name what the task is about.
         request: What it asks for, clipped, and its key (the compared form);
             ``None`` for a harness's feedback or a slash command.
-        task: The request again, if it states a task (``TASK_CHARS``), else "".
+        asked: What it asks for, clipped, as written ("" for no request): ``task`` reads it.
     """
 
     revoked: tuple[frozenset[str], ...]
@@ -63,7 +63,23 @@ class UserSays:
     identifiers: tuple[tuple[str, str], ...]
     terms: tuple[str, ...]
     request: tuple[str, str] | None
-    task: str
+    asked: str
+    known_task: str | None = field(default=None, init=False, compare=False, repr=False)
+
+    @property
+    def task(self) -> str:
+        """The request again, if it states a task (``TASK_CHARS``), else "".
+
+        Read when first asked, not with the rest: only the messages read before
+        a conversation's task is known are asked (most of a long one's are not).
+        """
+        known = self.known_task
+        if known is None:
+            request = self.asked
+            states = _states_a_task(request, set(self.terms)) and not feedback(request)
+            known = one_line(clip(request, TASK_CHARS)) if states else ""
+            object.__setattr__(self, "known_task", known)
+        return known
 
 
 def user_says(text: str) -> UserSays:
@@ -90,7 +106,6 @@ def _read(text: str) -> UserSays:
     if not request or feedback(words) or request.startswith("/"):
         request = ""  # a harness's feedback on a call, or a slash command, is no request (and never the task)
     terms = task_terms(words)
-    task = clip(request, TASK_CHARS) if _states_a_task(request, terms) and not feedback(request) else ""
     return UserSays(
         revoked=tuple(revoked_subjects(text)),
         rules=tuple(
@@ -101,7 +116,7 @@ def _read(text: str) -> UserSays:
         identifiers=found,
         terms=tuple(sorted(terms)),
         request=(line, f"request:{normalize(request)}") if (line := one_line(request)) else None,
-        task=one_line(task),
+        asked=request,
     )
 
 
