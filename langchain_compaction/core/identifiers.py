@@ -73,10 +73,18 @@ _MAX_TOKEN_CHARS = 200
 _CODE_NAME = re.compile(
     r"\b(?:[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][a-z0-9]+[A-Z][A-Za-z0-9]*|[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]+)\b"
 )
-# Tried only where a word starts, and it scans that word once: linear. (A dot
-# counts only before a letter or digit, as in a file name: a word that ends a
-# sentence is no identifier.)
-_MAYBE_IDENTIFIER = re.compile(r"(?<!\S)(?=\S*(?:[\d/@$€£¥]|\.\w))\S+")
+# What makes a word a candidate. (A dot counts only before a letter or digit,
+# as in a file name: a word that ends a sentence is no identifier.)
+_IDENTIFIER_MARK = re.compile(r"[\d/@$€£¥]|\.\w")
+
+
+def _maybe_identifiers(text: str) -> list[str]:
+    """The words of ``text`` that hold a digit, a slash, an @, a currency sign or an inner dot.
+
+    Split in C, and a word of letters alone is let go without a pattern (a
+    pattern tried at every position of the text took twice as long).
+    """
+    return [word for word in text.split() if not word.isalpha() and _IDENTIFIER_MARK.search(word)]
 
 
 def identifiers(text: str, *, code_names: bool = True, max_code_names: int | None = None) -> list[str]:
@@ -108,7 +116,7 @@ def identifiers_in(words: str, *, code_names: bool = True, max_code_names: int |
     dated = _dates(words, found)
     # Only words with a digit, a dot inside, a slash, an @ or a currency sign can be
     # identifiers: one pass finds them, plain words are never looked at.
-    for word in _MAYBE_IDENTIFIER.findall(words if words.isascii() else _NON_ASCII_GLUE.sub(" ", words)):
+    for word in _maybe_identifiers(words if words.isascii() else _NON_ASCII_GLUE.sub(" ", words)):
         for token in _tokens(word):
             if len(token) > _MAX_TOKEN_CHARS or "://" in token or not _TOKEN.fullmatch(token) or encoded(token):
                 continue
