@@ -82,6 +82,9 @@ def _dense_runs(text: str) -> int:
     run only counts when its character class keeps changing, as it does in
     base64 and hex but not in words.
     """
+    # (A run holds no space: a text with no word that long has none, found by a split in C.)
+    if len(max(text.split(), key=len, default="")) < 48:
+        return 0
     total = 0
     for match in _DENSE_RUN.finditer(text):
         run = match.group()
