@@ -265,7 +265,7 @@ class _Tracker:
             return
         request = Fact("request", *said.request)
         self.named[("earlier", request.key)] = bool(said.identifiers)  # (read with the message: when it is older)
-        if said.task and ("task", "task") not in self.facts:
+        if ("task", "task") not in self.facts and said.task:  # (read only until the task is known)
             self._keep(Fact("task", said.task, "task"))
         # The newest requests: what the user is after now in full, and, shorter,
         # the one before (the task it continues); older ones are the summary's.
