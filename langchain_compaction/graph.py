@@ -44,7 +44,7 @@ from langchain_compaction._lc.conversation import Delivery, Nesting, thread_of
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
-from langchain_compaction._lc.runconfig import current
+from langchain_compaction._lc.runconfig import current, current_store
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.context import context_tokens
 from langchain_compaction.core.effects import Flow, adrive, drive
@@ -359,10 +359,12 @@ def _compactors_within(graph: Pregel[Any, Any, Any, Any], path: tuple[str, ...] 
 
 
 def _locate(
-    graph: Pregel[Any, Any, Any, Any], node: str | None, model: Any, options: CompactionOptions | None
+    graph: Pregel[Any, Any, Any, Any], node: str | None, model: Any, options: CompactionOptions | None, key: str | None
 ) -> tuple[str | None, CompactionNode]:
-    """The graph's compaction node (and its name), or a stand-in built from ``model``."""
+    """The graph's compaction node (and its name), or a stand-in built from ``model`` (reading ``key``)."""
     found = {name: spec.bound for name, spec in graph.nodes.items() if isinstance(spec.bound, CompactionNode)}
+    if key is not None and any(bound.messages_key != key for bound in found.values()):
+        raise ConfigurationError("messages_key", key, "the graph's CompactionNode reads its own key: leave it out")
     if node is not None:
         if node not in found:
             raise ConfigurationError(
@@ -389,7 +391,7 @@ def _locate(
         raise ConfigurationError(
             "model", None, "this graph has no CompactionNode; pass model=... (and options=...) to compact it"
         )
-    return None, CompactionNode(model, options)
+    return None, CompactionNode(model, options, messages_key=key or "messages")
 
 
 def compact_thread(
@@ -400,6 +402,7 @@ def compact_thread(
     model: Any = None,
     node: str | None = None,
     options: CompactionOptions | None = None,
+    messages_key: str | None = None,
 ) -> CompactionResult | None:
     """Compact a checkpointed thread now, with optional custom instructions.
 
@@ -419,6 +422,8 @@ def compact_thread(
             graph has no ``CompactionNode``.
         node: The compaction node's name, when the graph has several.
         options: Options when the graph has no ``CompactionNode``.
+        messages_key: The state key of the message list, when the graph has
+            no ``CompactionNode`` (default ``"messages"``).
 
     Returns:
         The result, or ``None`` when there was nothing to compact (nothing is
@@ -444,7 +449,8 @@ def compact_thread(
         >>> compact_thread(graph, config, instructions="keep the plan").messages_removed
         2
     """
-    return drive(_thread_flow(graph, config, instructions, model=model, node=node, options=options))
+    flow = _thread_flow(graph, config, instructions, model=model, node=node, options=options, key=messages_key)
+    return drive(flow)
 
 
 async def acompact_thread(
@@ -455,9 +461,11 @@ async def acompact_thread(
     model: Any = None,
     node: str | None = None,
     options: CompactionOptions | None = None,
+    messages_key: str | None = None,
 ) -> CompactionResult | None:
     """The async twin of ``compact_thread`` (``aget_state`` / ``aupdate_state``)."""
-    return await adrive(_thread_flow(graph, config, instructions, model=model, node=node, options=options))
+    flow = _thread_flow(graph, config, instructions, model=model, node=node, options=options, key=messages_key)
+    return await adrive(flow)
 
 
 def _thread_flow(
@@ -468,11 +476,12 @@ def _thread_flow(
     model: Any,
     node: str | None,
     options: CompactionOptions | None,
+    key: str | None,
 ) -> Flow[CompactionResult | None]:
     if not isinstance(graph, Pregel):
         hint = "builder.compile(checkpointer=...)" if hasattr(graph, "compile") else "one with a checkpointer"
         raise ConfigurationError("graph", graph, f"pass the compiled graph, {hint}")
-    name, compactor = _locate(graph, node, model, options)
+    name, compactor = _locate(graph, node, model, options, key)
     snapshot, failed = yield from idle_thread(graph, config)
     summarizer = None if model is None else as_summarizer(model)
     # Outside a run, the graph's store is the one the node would see inside it.
@@ -482,13 +491,3 @@ def _thread_flow(
         key = getattr(compactor, "messages_key", "messages")
         yield from write_compaction(graph, config, snapshot, update, key=key, node=name, resume=failed)
     return result
-
-
-def current_store() -> Any:
-    """The LangGraph store of the graph being run, or ``None`` (none given, or not inside a graph)."""
-    try:
-        from langgraph.config import get_store
-
-        return get_store()
-    except (ImportError, RuntimeError, KeyError):
-        return None

@@ -200,6 +200,15 @@ def _replaces(operator: Callable[[Any, Any], Any]) -> bool:
 
 def read_messages(state: Any, key: str) -> list[BaseMessage]:
     """The message list under ``key`` of a graph state (a dict or an object), checked."""
+    if isinstance(state, (BaseMessage, str, bytes)) or (isinstance(state, Sequence) and not hasattr(state, key)):
+        # A message list, or what a functional-API entrypoint returned: it holds no list under ``key``
+        # (a graph state is a dict, a dataclass or a model); read as one, it would never be compacted.
+        msg = (
+            f"the state is of type {type(state).__name__}, not a graph state holding a message list under "
+            f"{key!r}: the node reads {{{key!r}: messages}}; a functional-API entrypoint compacts the list it "
+            "keeps itself (langchain_compaction.auto_compact)"
+        )
+        raise InvalidMessagesError(msg)
     value = state.get(key) if isinstance(state, Mapping) else getattr(state, key, None)
     if value is None:
         return []

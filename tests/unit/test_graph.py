@@ -1015,6 +1015,53 @@ def test_compact_thread_needs_a_node_or_a_model() -> None:
     assert len(graph.get_state(config).values["messages"]) == 2
 
 
+class _HistoryState(TypedDict):
+    history: Annotated[list[AnyMessage], add_messages]
+
+
+def test_compact_thread_with_a_model_compacts_the_messages_key_it_is_given() -> None:
+    # A graph that keeps its messages under another key and has no node: the
+    # stand-in reads that key (the warning it gave before said to pass it, which
+    # compact_thread did not take).
+    builder = StateGraph(_HistoryState)
+    builder.add_node("echo", lambda s: {})
+    builder.add_edge(START, "echo")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = thread("history")
+    graph.invoke({"history": [HumanMessage("a"), AIMessage("b"), HumanMessage("c")]}, config)
+    result = compact_thread(graph, config, model=lambda prompt: "## Goal\n- c", messages_key="history")
+    assert result is not None
+    assert result.messages_removed == 2
+    assert len(graph.get_state(config).values["history"]) == 2
+    # With a node, the node's own key is the one read: another is refused, not ignored.
+    graph, _summarizer, _ = _idle_agent()
+    with pytest.raises(ConfigurationError, match="reads its own key"):
+        compact_thread(graph, thread("own"), messages_key="history")
+
+
+def test_a_state_that_is_no_graph_state_is_refused_with_the_fix() -> None:
+    # The node called on the message list itself, and compact_thread on a
+    # functional-API thread (its state is what the entrypoint returned): each
+    # read nothing and compacted nothing, silently, however long the list.
+    history = [HumanMessage("hello " * 2000, id="1"), AIMessage("x " * 400, id="2"), HumanMessage("go on", id="3")]
+    node = CompactionNode(lambda prompt: "## Goal\n- x", CompactionOptions(context_window=1_000))
+    assert node({"messages": history})
+    with pytest.raises(InvalidMessagesError, match=r"type list, not a graph state.*\{'messages': messages\}"):
+        node(history)  # type: ignore[arg-type]
+    from langgraph.func import entrypoint
+
+    @entrypoint(checkpointer=InMemorySaver())
+    def chat(text: str, *, previous: list[AnyMessage] | None = None) -> entrypoint.final[AIMessage, list[AnyMessage]]:
+        kept = [*(previous or []), HumanMessage(text * 500), AIMessage("ok " * 300)]
+        return entrypoint.final(value=kept[-1], save=kept)
+
+    config = thread("functional")
+    for text in ("a ", "b ", "c "):
+        chat.invoke(text, config)
+    with pytest.raises(InvalidMessagesError, match=r"type AIMessage.*auto_compact"):
+        compact_thread(chat, config, model=lambda prompt: "## Goal\n- x")
+
+
 def test_compact_command_compacts_and_never_reaches_the_model() -> None:
     graph, summarizer, model = _idle_agent()
     config = thread("cmd")
