@@ -25,7 +25,7 @@ from langchain_compaction._lc.advice import no_room
 from langchain_compaction._terminal import Progress, Style, table
 from langchain_compaction.core.context import needs_compaction
 from langchain_compaction.core.lines import one_line
-from langchain_compaction.core.options import CompactionOptions
+from langchain_compaction.core.options import Budget, CompactionOptions
 from langchain_compaction.core.plan import leading_block, plan_compaction
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.transcript import message_body
@@ -80,12 +80,18 @@ def _model(args: argparse.Namespace) -> Any:
 
 
 def _inspect_report(
-    args: argparse.Namespace, messages: list[BaseMessage], core: list[Message], counts: list[int], fmt: str
+    args: argparse.Namespace,
+    messages: list[BaseMessage],
+    core: list[Message],
+    counts: list[int],
+    fmt: str,
+    *,
+    overhead: int,
 ) -> dict[str, Any]:
     from langchain_compaction._lc.compactor import planning_options
 
-    # The keep budget a compaction plans with: over what it cannot remove (the leading system prompt).
-    options = planning_options(_options(args), core, counts)
+    # The keep budget a compaction plans with: over what it cannot remove (the leading system prompt, the tools).
+    options = planning_options(_options(args), core, counts, overhead)
     by_type: Counter[str] = Counter()
     number: Counter[str] = Counter()
     by_role: Counter[str] = Counter()
@@ -100,10 +106,10 @@ def _inspect_report(
     # summaries; the leading system prompt and the provider's prefix stay.
     summarized = [] if plan is None else [*(i for i in plan.previous_summaries if i < plan.start), *plan.region]
     total, t_summarized = sum(counts), sum(counts[i] for i in summarized)
-    over = needs_compaction(core, counts, options)
+    over = needs_compaction(core, counts, options, overhead)
     # (The leading system prompt is never summarized: it is not among the newest messages kept.)
     fixed = sum(counts[: leading_block(core)])
-    held = _held(options, plan, total - sum(counts[i] for i in summarized) - fixed)
+    held = _held(options, plan, total - sum(counts[i] for i in summarized) - fixed, overhead=overhead)
     return {
         "file": args.file,
         "format": fmt,
@@ -122,6 +128,7 @@ def _inspect_report(
         "summarized": {"messages": len(summarized), "tokens": t_summarized},
         "kept": {"messages": len(messages) - len(summarized), "tokens": total - t_summarized},
         "fixed_tokens": fixed,
+        "overhead_tokens": overhead,  # what the request sends besides its messages (its tools), every time
     }
 
 
@@ -131,6 +138,8 @@ def _print_inspect(
     style = Style(out)
     total, by_type, number = report["tokens"], report["tokens_by_type"], report["count_by_type"]
     print(style.bold(f"{args.file}: {report['messages']} messages, ~{total:,} tokens ({report['format']})"), file=out)
+    if report["overhead_tokens"]:
+        print(f"plus ~{report['overhead_tokens']:,} tokens of tool schemas sent with every request", file=out)
     rows = [[t, str(number[t]), f"{by_type[t]:,}", f"{by_type[t] / max(total, 1):.0%}"] for t in sorted(by_type)]
     print(table(rows, ["type", "messages", "tokens", "share"], style), file=out)
     if report["threshold"] is not None:
@@ -159,11 +168,14 @@ def _print_inspect(
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     from langchain_compaction._lc.counting import counts_and_core
+    from langchain_compaction._lc.request_file import request_overhead
 
     messages, conversation = _read(args.file)
-    counts, core = counts_and_core(messages, _options(args))
+    options = _options(args)
+    counts, core = counts_and_core(messages, options)
     fmt = conversation.format + ("+jsonl" if conversation.jsonl else "")
-    report = _inspect_report(args, messages, core, counts, fmt)
+    overhead = request_overhead(conversation.request, options)
+    report = _inspect_report(args, messages, core, counts, fmt, overhead=overhead)
     if args.json:
         del report["count_by_type"]
         print(json.dumps(report, indent=2), file=out)
@@ -172,7 +184,7 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _print_result(result: CompactionResult, out: TextIO, style: Style) -> None:
+def _print_result(result: CompactionResult, out: TextIO, style: Style, overhead: int) -> None:
     rows = [
         ["messages removed", str(result.messages_removed)],
         ["messages kept", str(result.messages_kept)],
@@ -182,6 +194,8 @@ def _print_result(result: CompactionResult, out: TextIO, style: Style) -> None:
         ["summarizer calls", str(result.summarizer_calls)],
         ["summarizer input tokens", f"{result.summarizer_input_tokens:,}"],
     ]
+    if overhead:  # (the request's size is the messages' tokens after and these)
+        rows.insert(4, ["+ tool schemas, every request", f"{overhead:,}"])
     print(table(rows, ["compaction", "value"], style), file=out)
 
 
@@ -199,20 +213,17 @@ def _writable(path: str | None) -> None:
         raise ConfigurationError("--output", path, "it cannot be written (permission denied)")
 
 
-def _held(options: CompactionOptions | None, plan: object, kept: int, keep: int = 0) -> str:
+def _held(options: CompactionOptions | None, plan: object, kept: int, keep: int = 0, *, overhead: int = 0) -> str:
     """Why a conversation over the threshold is not compacted ("" when it would be), or why there is no cut.
 
-    The fixed part (the system prompt and leading system messages) may leave
-    no room; or nothing comes before the messages that must stay whole.
+    The fixed part (the system prompt, leading system messages, and the
+    request's ``overhead``: its tool schemas) may leave no room; or nothing
+    comes before the messages that must stay whole.
     """
     if options is not None:
         budget = options.budget
         if no_room(budget):
-            return (
-                f"the system prompt and leading system messages take {budget.fixed:,} tokens of the "
-                f"{budget.threshold:,} a request may hold, so no compaction can bring it under; a larger "
-                "--context-window or a shorter system prompt is the fix"
-            )
+            return _no_room(budget, overhead)
         if plan is not None:
             return ""
         keep = budget.keep
@@ -225,7 +236,28 @@ def _held(options: CompactionOptions | None, plan: object, kept: int, keep: int 
     )
 
 
-def _what_happened(result: CompactionResult | None, args: argparse.Namespace, messages: list[BaseMessage]) -> str:
+def _no_room(budget: Budget, overhead: int) -> str:
+    """What the fixed part takes when it leaves a compaction no room (``advice.no_room``), and the fix."""
+    head = budget.fixed - overhead
+    taken = {
+        "the system prompt and leading system messages": head,
+        "the tool schemas sent with every request": overhead,
+    }
+    # (A part of a quarter of the whole or more is worth making smaller.)
+    fixes = ["a larger --context-window", *(["a shorter system prompt"] * (head * 4 >= budget.fixed))]
+    fixes += ["fewer tools"] * (overhead * 4 >= budget.fixed)
+    parts = [(what, tokens) for what, tokens in taken.items() if tokens]
+    return (
+        " and ".join(f"{what} (~{tokens:,})" if len(parts) > 1 else what for what, tokens in parts)
+        + f" take ~{budget.fixed:,} tokens of the {budget.threshold or 0:,} a request may hold (window "
+        f"{budget.window:,} minus reserve {budget.reserve:,}): no room is left for the conversation, so no "
+        f"compaction can make the request fit; {', '.join(fixes[:-1])} or {fixes[-1]} is the fix"
+    )
+
+
+def _what_happened(
+    result: CompactionResult | None, args: argparse.Namespace, messages: list[BaseMessage], overhead: int
+) -> str:
     if result is not None:
         kind = "a manual compaction (forced cut)" if result.forced else "a compaction"
         why = "--force" if args.force else "no --context-window" if not args.context_window else "over the threshold"
@@ -236,17 +268,34 @@ def _what_happened(result: CompactionResult | None, args: argparse.Namespace, me
 
         given = _options(args)
         counts, core = counts_and_core(messages, given)
-        options = planning_options(given, core, counts)  # as the compaction plans
-        if needs_compaction(core, counts, options):
+        options = planning_options(given, core, counts, overhead)  # as the compaction plans
+        if needs_compaction(core, counts, options, overhead):
             plan = plan_compaction(core, counts, options.budget.keep, force=False, most=options.budget.most_kept)
             kept = sum(counts[leading_block(core) :]) if plan is None else sum(counts[plan.cut :])
-            why = _held(options, plan, kept) or "the compaction was not made"
-            over = (
-                f"the conversation (~{sum(counts):,} tokens) is over the threshold of {options.budget.threshold or 0:,}"
-            )
+            why = _held(options, plan, kept, overhead=overhead) or "the compaction was not made"
+            tools = f", and ~{overhead:,} of tool schemas with it" if overhead else ""
+            threshold = options.budget.threshold or 0
+            over = f"the conversation (~{sum(counts):,} tokens{tools}) is over the threshold of {threshold:,}"
             return f"nothing done: {over}, but {why}"
         return "nothing done: the conversation fits the window (pass --force to compact anyway)"
     return "nothing to compact"
+
+
+def _checked_overhead(
+    args: argparse.Namespace, options: CompactionOptions, messages: list[BaseMessage], conversation: Conversation
+) -> int:
+    """The tokens the request sends besides its messages (its tools); a window they leave no room is refused."""
+    from langchain_compaction._lc.compactor import planning_options
+    from langchain_compaction._lc.counting import counts_and_core
+    from langchain_compaction._lc.request_file import request_overhead
+
+    overhead = request_overhead(conversation.request, options)
+    if args.context_window:
+        counts, core = counts_and_core(messages, options)
+        budget = planning_options(options, core, counts, overhead).budget
+        if no_room(budget):
+            raise ConfigurationError("--context-window", args.context_window, _no_room(budget, overhead))
+    return overhead
 
 
 def _compact(args: argparse.Namespace, out: TextIO) -> int:
@@ -260,14 +309,18 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
     _writable(args.output)
     messages, conversation = _read(args.file)
     options = _options(args)
+    overhead = _checked_overhead(args, options, messages, conversation)  # (before any summary is paid for)
     summarizer = Progress(as_summarizer(_model(args)), sys.stderr, args.json)
     # With a window, compact only when over it (as the adapters do); without
     # one, or with --force, compact now.
+    instructions = args.instructions or ""
     if args.context_window and not args.force:
-        result, compacted = auto_compact(summarizer, messages, options, custom_instructions=args.instructions or "")
+        result, compacted = auto_compact(
+            summarizer, messages, options, custom_instructions=instructions, overhead_tokens=overhead
+        )
     else:
-        result, compacted = compact(summarizer, messages, options, args.instructions or "")
-    happened = _what_happened(result, args, messages)
+        result, compacted = compact(summarizer, messages, options, instructions, overhead_tokens=overhead)
+    happened = _what_happened(result, args, messages, overhead)
     text = dump_conversation(compacted, conversation.format, jsonl=conversation.jsonl, read=conversation)
     if args.output:  # (whole or not at all: ``-o`` may name the input, which a failed write must not cut)
         try:
@@ -276,6 +329,7 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
             raise ConfigurationError("--output", args.output, f"it could not be written ({exc.strerror})") from exc
     if args.json:
         payload = {"result": result.to_dict() if result else None, "what": happened, "output": args.output}
+        payload["overhead_tokens"] = overhead
         if not args.output:
             payload["messages"] = json.loads(dump_conversation(compacted, "langchain"))
         print(json.dumps(payload, indent=2, ensure_ascii=False), file=out)
@@ -285,7 +339,7 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
     report = out if args.output else sys.stderr
     print(happened, file=report)  # once: what happened, then the figures if anything did
     if result is not None:
-        _print_result(result, report, Style(report))
+        _print_result(result, report, Style(report), overhead)
     if args.output:
         print(f"wrote {len(compacted)} messages to {args.output}", file=out)
     else:

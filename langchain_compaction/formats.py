@@ -35,6 +35,7 @@ from langchain_core.messages import (
 )
 
 from langchain_compaction._lc.convert import is_summary_message
+from langchain_compaction._lc.request_file import anthropic_request
 from langchain_compaction.errors import ConversationFileError
 
 __all__ = ["Conversation", "ConversationFileError", "Format", "dump_conversation", "parse_conversation"]
@@ -351,7 +352,7 @@ def parse_conversation(data: bytes | str, *, name: str = "input") -> Conversatio
     originals: list[tuple[int, object]] = [(-1, system)] * len(messages)
     # (Claude's thinking blocks kept in an OpenAI file's replies, as convert_to_openai_messages writes them.)
     openai = any(isinstance(item, dict) and _openai_only(item) for item, _ in items)
-    if (system is not None or "anthropic" in shapes) and not openai:
+    if (system is not None or "anthropic" in shapes or anthropic_request(request)) and not openai:
         shape = "anthropic"
     elif openai:
         shape, shapes = "openai", ["openai" if kind == "anthropic" else kind for kind in shapes]
@@ -419,8 +420,7 @@ def dump_conversation(
     Returns:
         The file's text.
     """
-    items: Any
-    items = messages_to_dict(list(messages)) if shape == "langchain" else _written(messages, shape, read)
+    items: Any = messages_to_dict(list(messages)) if shape == "langchain" else _written(messages, shape, read)
     if read is not None and read.request is not None and not jsonl:
         # A whole request (model, tools, ...; or just its messages): written back as an object, its messages compacted.
         items = {**read.request, **(items if isinstance(items, dict) else {"messages": items})}

@@ -38,6 +38,7 @@ def should_compact(
     reserve_tokens: int | None = None,
     *,
     options: CompactionOptions | None = None,
+    overhead_tokens: int = 0,
 ) -> bool:
     """Whether automatic compaction should fire: exactly what the adapters decide.
 
@@ -53,6 +54,8 @@ def should_compact(
         context_window: The model's window.
         reserve_tokens: Tokens kept free for the reply.
         options: The options in force, instead of the two numbers.
+        overhead_tokens: Tokens every request sends besides ``messages``
+            (see ``auto_compact``), added to the context.
 
     Returns:
         True when the context exceeds the threshold.
@@ -63,7 +66,12 @@ def should_compact(
         True
         >>> should_compact([HumanMessage("a" * 4_000)], options=CompactionOptions(context_window=200_000))
         False
+        >>> should_compact(
+        ...     [HumanMessage("a" * 4_000)], options=CompactionOptions(context_window=200_000), overhead_tokens=190_000
+        ... )
+        True
     """
+    overhead = _overhead(overhead_tokens)
     if options is None:
         if context_window is None or reserve_tokens is None:
             msg = "pass context_window and reserve_tokens, or options=CompactionOptions(...)"
@@ -73,11 +81,11 @@ def should_compact(
         if context_window <= 0 or reserve_tokens <= 0:
             return False
         counts, core = counts_and_core(messages, CompactionOptions())
-        return over_threshold(core, counts, context_window - reserve_tokens)
+        return over_threshold(core, counts, context_window - reserve_tokens, overhead)
     if context_window is not None or reserve_tokens is not None:
         raise ConfigurationError("options", options, "pass either options= or context_window and reserve_tokens")
     counts, core = counts_and_core(messages, _required(options))
-    return needs_compaction(core, counts, options)
+    return needs_compaction(core, counts, options, overhead)
 
 
 def find_cut_point(messages: Sequence[BaseMessage], keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS) -> int:
@@ -117,9 +125,10 @@ def _compaction(
     *,
     trigger: Trigger,
     features: Sequence[Feature] | None,
+    overhead: object,
 ) -> Flow[tuple[CompactionResult | None, list[BaseMessage]]]:
     turn = Turn.build(model, options, fallback, features, where="function")
-    place = Place(Conversation(None))
+    place = Place(Conversation(None), overhead=_overhead(overhead))
     outcome: Outcome = yield from turn.run(messages, place, trigger=trigger, instructions=instructions)
     if outcome.result is None or outcome.messages is None:
         return None, messages if isinstance(messages, list) else list(messages)
@@ -134,6 +143,7 @@ def compact(
     *,
     fallback: Any = None,
     features: Sequence[Feature] | None = None,
+    overhead_tokens: int = 0,
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """Summarize the older messages and keep the recent ones.
 
@@ -152,6 +162,9 @@ def compact(
             ``fallback_used=True``.
         features: The features (``langchain_compaction.features``; checked
             facts and pins when ``None``).
+        overhead_tokens: Tokens every request sends besides ``messages``
+            (see ``auto_compact``): the cut is planned over them, so the
+            compacted messages leave them room.
 
     Returns:
         ``(result, new_messages)``, or ``(None, messages)`` when there is
@@ -170,7 +183,16 @@ def compact(
         (2, True)
     """
     return drive(
-        _compaction(model, messages, options, fallback, custom_instructions, trigger="force", features=features)
+        _compaction(
+            model,
+            messages,
+            options,
+            fallback,
+            custom_instructions,
+            trigger="force",
+            features=features,
+            overhead=overhead_tokens,
+        )
     )
 
 
@@ -182,10 +204,20 @@ async def acompact(
     *,
     fallback: Any = None,
     features: Sequence[Feature] | None = None,
+    overhead_tokens: int = 0,
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """The async twin of ``compact``: the same flow, awaiting the model, never blocking the loop."""
     return await adrive(
-        _compaction(model, messages, options, fallback, custom_instructions, trigger="force", features=features)
+        _compaction(
+            model,
+            messages,
+            options,
+            fallback,
+            custom_instructions,
+            trigger="force",
+            features=features,
+            overhead=overhead_tokens,
+        )
     )
 
 
@@ -197,6 +229,7 @@ def auto_compact(
     fallback: Any = None,
     features: Sequence[Feature] | None = None,
     custom_instructions: str = "",
+    overhead_tokens: int = 0,
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """Compact only when the conversation is over the threshold.
 
@@ -214,13 +247,26 @@ def auto_compact(
             facts and pins when ``None``), ``ClearToolOutputs`` among them.
         custom_instructions: Appended to the summary prompt when one is made
             (see ``compact``).
+        overhead_tokens: Tokens every request sends besides ``messages``: its
+            tool schemas, a system prompt given apart, a structured output's
+            schema (``CompactionMiddleware`` counts an agent's itself). Added
+            to the context compared with the threshold, and held fixed when
+            the cut is planned, so the compacted messages fit the window with
+            them. 0 (the default): none.
 
     Returns:
         ``(result, new_messages)``, or ``(None, messages)`` when nothing was needed.
     """
     return drive(
         _compaction(
-            model, messages, _required(options), fallback, custom_instructions, trigger="auto", features=features
+            model,
+            messages,
+            _required(options),
+            fallback,
+            custom_instructions,
+            trigger="auto",
+            features=features,
+            overhead=overhead_tokens,
         )
     )
 
@@ -233,13 +279,26 @@ async def aauto_compact(
     fallback: Any = None,
     features: Sequence[Feature] | None = None,
     custom_instructions: str = "",
+    overhead_tokens: int = 0,
 ) -> tuple[CompactionResult | None, list[BaseMessage]]:
     """The async twin of ``auto_compact``."""
     return await adrive(
         _compaction(
-            model, messages, _required(options), fallback, custom_instructions, trigger="auto", features=features
+            model,
+            messages,
+            _required(options),
+            fallback,
+            custom_instructions,
+            trigger="auto",
+            features=features,
+            overhead=overhead_tokens,
         )
     )
+
+
+def _overhead(tokens: object) -> int:
+    advice = "0 or more: the tokens every request sends besides the messages"
+    return check_int("overhead_tokens", tokens, minimum=0, advice=advice)
 
 
 def _required(options: object) -> CompactionOptions:

@@ -91,8 +91,9 @@ from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE, count_messages
 from langchain_compaction._lc.events import COMPACTION_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
 from langchain_compaction._lc.overflow import overflowed, stated_limit
-from langchain_compaction._lc.overhead import ToolSchemas, added_messages, held_as_sent, sent_tools
+from langchain_compaction._lc.overhead import added_messages, held_as_sent, sent_tools
 from langchain_compaction._lc.runconfig import current, run_config
+from langchain_compaction._lc.schemas import ToolSchemas
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.effects import Flow, adrive, drive, twin, user_call
 from langchain_compaction.core.options import CompactionOptions

@@ -5,11 +5,14 @@ four characters per token; code, JSON, CJK text and base64 charged more, so
 they are not undercounted); ``estimate_message_tokens`` adds up everything a
 provider bills for a list of messages. They are the library's built-in count,
 used wherever ``CompactionOptions.token_counter`` is not set.
+``estimate_tool_tokens`` prices the tool schemas a request sends with every
+call, as the middleware and the command line count them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from langchain_core.messages import BaseMessage
 
@@ -17,7 +20,7 @@ from langchain_compaction._lc.convert import to_core_list
 from langchain_compaction.core import tokens as _core
 from langchain_compaction.core.tokens import estimate_message
 
-__all__ = ["estimate_message_tokens", "estimate_tokens"]
+__all__ = ["estimate_message_tokens", "estimate_tokens", "estimate_tool_tokens"]
 
 
 def estimate_message_tokens(messages: Sequence[BaseMessage]) -> int:
@@ -55,3 +58,28 @@ def estimate_tokens(text: str) -> int:
         msg = f"estimate_tokens takes text (a str), not a {kind}; for messages use estimate_message_tokens"
         raise TypeError(msg)
     return _core.estimate_tokens(text)
+
+
+def estimate_tool_tokens(tools: Sequence[Any]) -> int:
+    """Estimate the tokens tool schemas take in a request, as the middleware and the command line count them.
+
+    Each schema is priced as a provider receives it (name, description and
+    JSON-schema parameters, as JSON text), plus a per-tool framing. A request
+    sends them with every call: pass the estimate as ``overhead_tokens`` to
+    ``auto_compact`` (or ``compact``, ``should_compact``) so that the
+    compacted messages fit the window with them.
+
+    Args:
+        tools: LangChain tools (``BaseTool``, ``@tool`` functions) or schema
+            dicts in any provider's shape.
+
+    Returns:
+        The estimated total.
+
+    Example:
+        >>> estimate_tool_tokens([{"name": "ls", "description": "List a folder.", "input_schema": {"type": "object"}}])
+        32
+    """
+    from langchain_compaction._lc.schemas import ToolSchemas  # (langchain_core's tool module, loaded on use)
+
+    return ToolSchemas().tokens(tools)

@@ -1,11 +1,11 @@
 """What a model request carries besides the state's messages: its tools (``sent_tools``), messages added.
 
 The middleware adds them, with the system prompt, to the size the trigger
-compares with the threshold (``ToolSchemas``); a message an outer middleware
-adds to one call (``added_messages``) counts too, and one it edited
-(``held_as_sent``) keeps the request's compaction out of the state. (Read by
-the middleware alone, so ``langchain`` is installed: a structured output's
-tools are made by it.)
+compares with the threshold (``_lc.schemas.ToolSchemas`` counts the tools); a
+message an outer middleware adds to one call (``added_messages``) counts too,
+and one it edited (``held_as_sent``) keeps the request's compaction out of the
+state. (Read by the middleware alone, so ``langchain`` is installed: a
+structured output's tools are made by it.)
 """
 
 from __future__ import annotations
@@ -15,48 +15,9 @@ from typing import Any
 
 from langchain.agents.structured_output import OutputToolBinding, ToolStrategy
 from langchain_core.messages import BaseMessage
-from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from langchain_compaction._lc.convert import json_text
+from langchain_compaction._lc.schemas import TOOLS_REMEMBERED
 from langchain_compaction.core.bounded import Bounded
-from langchain_compaction.core.tokens import estimate_tokens
-
-TOOLS_REMEMBERED = 512
-"""Tool schemas whose token counts a ``ToolSchemas`` keeps."""
-
-TOOL_SCHEMA_OVERHEAD_TOKENS = 8
-"""Per-tool framing a provider adds around each schema."""
-
-
-class ToolSchemas:
-    """The tokens the tool schemas of a request take, each tool counted once (bounded).
-
-    A tool object is counted once, and held so that its id is not reused (two
-    tools of one name may differ in their parameters: a per-conversation enum
-    of files); a dict schema by its text. The schema is estimated as a
-    provider receives it (name, description, JSON-schema parameters) as JSON
-    text.
-    """
-
-    def __init__(self) -> None:
-        self._known: Bounded[tuple[object, int]] = Bounded(TOOLS_REMEMBERED)
-
-    def tokens(self, tools: Sequence[Any]) -> int:
-        """The tokens ``tools`` take in a request."""
-        total = 0
-        for tool in tools:
-            schema = None if isinstance(tool, BaseTool) else json_text(tool)
-            key: object = id(tool) if schema is None else schema
-            known = self._known.get(key)
-            if known is not None and (schema is not None or known[0] is tool):
-                total += known[1]
-                continue
-            text = schema if schema is not None else json_text(convert_to_openai_tool(tool))
-            tokens = TOOL_SCHEMA_OVERHEAD_TOKENS + estimate_tokens(text)
-            self._known.put(key, (tool, tokens))
-            total += tokens
-        return total
 
 
 def held_as_sent(sent: Sequence[BaseMessage], held: Sequence[BaseMessage], compacted: Sequence[BaseMessage]) -> bool:

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.messages import messages_from_dict
@@ -404,11 +405,14 @@ def test_a_system_prompt_that_leaves_no_room_is_named_as_the_reason(tmp_path, ca
     path.write_text(json.dumps(messages))
     _, text = run("inspect", str(path), "--context-window", "5000")
     assert "but no automatic compaction: the system prompt and leading system messages take" in text
-    assert main(["compact", str(path), "--context-window", "5000", "-o", str(tmp_path / "out.json")]) == 0
-    said = capsys.readouterr().out
-    assert "nothing done" in said
+    # No compaction could make the request fit: compact refuses the window, before any work, and writes nothing.
+    assert main(["compact", str(path), "--context-window", "5000", "-o", str(tmp_path / "out.json")]) == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1
     assert "the system prompt and leading system messages take" in said
+    assert "a larger --context-window or a shorter system prompt is the fix" in said
     assert "nothing comes before" not in said
+    assert not (tmp_path / "out.json").exists()
 
 
 def _openai_chat(turns: int) -> list[dict[str, object]]:
@@ -518,7 +522,7 @@ def test_compact_can_mask_secrets_in_what_the_summarizer_sees(tmp_path):
 
 
 def test_inspect_says_would_compact_only_when_compact_would(tmp_path):
-    """A system prompt over the threshold alone: over it, but held (no room), so compact does nothing."""
+    """A system prompt over the threshold alone: over it, but held (no room), so compact refuses the window."""
     conversation = [{"role": "system", "content": "You are helpful. " * 700}]
     for i in range(30):
         conversation += [
@@ -528,10 +532,10 @@ def test_inspect_says_would_compact_only_when_compact_would(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(conversation))
     inspected = json.loads(run("inspect", str(path), "--context-window", "3000", "--json")[1])
-    compacted = json.loads(run("compact", str(path), "--context-window", "3000", "--json")[1])
     assert inspected["over_threshold"] is True
     assert inspected["held"]
-    assert inspected["would_compact"] is (compacted["result"] is not None) is False
+    assert inspected["would_compact"] is False
+    assert run("compact", str(path), "--context-window", "3000", "--json") == (2, "")
 
 
 def test_compact_writes_to_standard_output_for_a_dash(tmp_path, ponyc, monkeypatch):
@@ -583,3 +587,135 @@ def test_ctrl_c_during_a_long_compaction_says_one_line_and_exits_130(
     assert err.getvalue().strip().splitlines()[-1] == "langchain-compaction: interrupted"
     assert "Traceback" not in err.getvalue()
     assert not output.exists()
+
+
+# --- a saved request's tools: sent with every call, counted as the fixed part ----------------
+
+
+def _tool(i: int) -> dict[str, Any]:
+    """A tool's name, description and JSON-schema parameters (about 500 tokens)."""
+    words = ("path", "file", "line", "value", "option", "mode", "flag", "count", "range", "encoding")
+    properties = {
+        f"arg_{j}": {
+            "type": "string",
+            "description": f"argument {j} of tool {i}: " + " ".join(words[(i * j + k) % 10] for k in range(25)),
+        }
+        for j in range(6)
+    }
+    description = f"Tool {i} does one thing and does it well. " * 12
+    return {"name": f"tool_{i}", "description": description, "parameters": {"type": "object", "properties": properties}}
+
+
+def _request(shape: str) -> dict[str, Any]:
+    """A saved request whose 80 messages fit a 32,000 window alone (~24,000 tokens), and whose 20 tools do not."""
+    words = ("alpha", "beta", "gamma", "delta", "fix", "the", "bug", "in", "module", "parser")
+    chat = [
+        {"role": role, "content": f"{role} {i}: " + " ".join(words[(i * 7 + k * 3) % 10] for k in range(230))}
+        for i in range(40)
+        for role in ("user", "assistant")
+    ]
+    schemas = [_tool(i) for i in range(20)]
+    if shape == "openai":
+        tools = [{"type": "function", "function": schema} for schema in schemas]
+        system = [{"role": "system", "content": "You are a careful agent."}]
+        return {"model": "gpt-4o", "tools": tools, "messages": [*system, *chat]}
+    tools = [{"name": s["name"], "description": s["description"], "input_schema": s["parameters"]} for s in schemas]
+    request = {"model": "claude-sonnet-4-5", "max_tokens": 1024, "tools": tools, "messages": chat}
+    # (Without a "system", only the tools' input_schema says the request is Anthropic's: its messages are text.)
+    return request if shape == "anthropic-no-system" else {**request, "system": "You are a careful agent."}
+
+
+def _sent(request: dict[str, Any]) -> int:
+    """The tokens a request sends with every call, counted afresh: its messages and its tools."""
+    from langchain_compaction._lc.counting import counts_and_core
+    from langchain_compaction._lc.schemas import ToolSchemas
+    from langchain_compaction.core.options import CompactionOptions
+
+    counts, _ = counts_and_core(parse_conversation(json.dumps(request)).messages, CompactionOptions())
+    return sum(counts) + ToolSchemas().tokens(request.get("tools") or [])
+
+
+SHAPES = ["openai", "anthropic", "anthropic-no-system"]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_request_files_tools_are_counted_so_the_compacted_request_fits_with_them(tmp_path, shape):
+    """Window 32,000 (reserve 4,000): the messages fit alone; with the tools they go over, and come out under."""
+    request = _request(shape)
+    path, written = tmp_path / "request.json", tmp_path / "out.json"
+    path.write_text(json.dumps(request))
+    assert _sent({**request, "tools": []}) < 28_000 < 32_000 < _sent(request)
+    inspected = json.loads(run("inspect", str(path), "--context-window", "32000", "--json")[1])
+    assert inspected["overhead_tokens"] == _sent(request) - _sent({**request, "tools": []}) > 9_000
+    assert inspected["would_compact"] is True
+    code, text = run("compact", str(path), "--context-window", "32000", "-o", str(written))
+    assert code == 0, text
+    assert f"+ tool schemas, every request  {inspected['overhead_tokens']:>10,}" in text
+    out = json.loads(written.read_text())
+    assert out["tools"] == request["tools"]
+    assert _sent(out) <= 28_000  # tools included, under the window less the reserve
+    if shape != "openai":  # an Anthropic request: the summary in "system", no role the Messages API refuses
+        assert parse_conversation(json.dumps(out)).format == "anthropic"
+        assert {m["role"] for m in out["messages"]} == {"user", "assistant"}
+        assert "summary" in json.dumps(out["system"])
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("force", [False, True])
+def test_tools_that_leave_the_window_no_room_are_one_line_with_the_figures_and_the_fix(tmp_path, capsys, shape, force):
+    """Window 11,000 (reserve 1,375): the ~10,000 tokens of tools are over what a request may hold; nothing can fit."""
+    from langchain_compaction._lc.schemas import ToolSchemas
+
+    request = _request(shape)
+    path, written = tmp_path / "request.json", tmp_path / "out.json"
+    path.write_text(json.dumps(request))
+    argv = ["compact", str(path), "--context-window", "11000", "-o", str(written), *(["--force"] * force)]
+    assert main(argv) == 2
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert said.err.count("\n") == 1
+    assert "Traceback" not in said.err
+    assert "the tool schemas sent with every request" in said.err
+    assert f"~{ToolSchemas().tokens(request['tools']):,}" in said.err
+    assert "of the 9,625 a request may hold (window 11,000 minus reserve 1,375)" in said.err
+    assert said.err.endswith("a larger --context-window or fewer tools is the fix\n")
+    assert not written.exists()
+    inspected = json.loads(run("inspect", str(path), "--context-window", "11000", "--json")[1])
+    assert inspected["held"]
+    assert inspected["would_compact"] is False
+
+
+def test_a_request_files_tools_are_counted_without_the_agents_extra(tmp_path):
+    """The tool estimate needs langchain-core alone: the CLI counts tools where ``langchain`` is not installed."""
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(_request("openai")))
+    code = (
+        "import sys\n"
+        "sys.modules['langchain'] = None\n"  # (every ``import langchain...`` fails, as without the extra)
+        "from langchain_compaction.cli import main\n"
+        f"raise SystemExit(main(['inspect', {str(path)!r}, '--context-window', '32000', '--json']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert json.loads(done.stdout)["overhead_tokens"] > 9_000
+
+
+def test_a_structured_outputs_schema_and_instructions_are_sent_every_time_too(tmp_path):
+    """Besides its tools, a request sends an output schema (not a bare JSON switch) and instructions given apart."""
+    from langchain_compaction.tokens import estimate_tool_tokens
+
+    path = tmp_path / "request.json"
+
+    def overhead(**fields: object) -> int:
+        path.write_text(json.dumps({"model": "m", **fields, "messages": [{"role": "user", "content": "hi"}]}))
+        return json.loads(run("inspect", str(path), "--json")[1])["overhead_tokens"]
+
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "description": "the answer " * 50}}}
+    openai_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    anthropic_format = {"type": "json_schema", "schema": schema}
+    assert overhead() == 0
+    assert overhead(response_format={"type": "json_object"}) == 0
+    assert overhead(response_format=openai_format) == estimate_tool_tokens([openai_format]) > 100
+    assert overhead(output_config={"format": anthropic_format}) == estimate_tool_tokens([anthropic_format])
+    assert overhead(text={"format": anthropic_format}) == estimate_tool_tokens([anthropic_format])
+    assert overhead(instructions="Answer in one line. " * 50) > 200

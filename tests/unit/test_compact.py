@@ -39,6 +39,7 @@ from langchain_compaction import (
     CompactionOptions,
     CompactionResult,
     ExtractiveSummarizer,
+    aauto_compact,
     acompact,
     auto_compact,
     compact,
@@ -1621,3 +1622,55 @@ def test_a_summary_budget_under_256_tokens_is_what_the_summarizer_is_asked_for()
     assert asked
     assert max(asked) == 150
     assert estimate_tokens(result.summary) <= 150
+
+
+# --- what every request sends besides the messages ---------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_overhead_tokens_count_toward_the_threshold_and_the_compaction_leaves_them_room(mode: str) -> None:
+    """A request's tool schemas (overhead_tokens) count, as the middleware counts an agent's: the result fits with them."""
+    options = CompactionOptions(context_window=32_000)
+    threshold = options.budget.threshold
+    assert threshold == 28_000
+    history = chat(20, 200)
+    tools = 10_000
+    assert estimate_message_tokens(history) < threshold < estimate_message_tokens(history) + tools
+    assert not should_compact(history, options=options)
+    assert should_compact(history, options=options, overhead_tokens=tools)
+    assert should_compact(history, 32_000, 4_000, overhead_tokens=tools)  # (pi's signature too)
+
+    async def auto(**kwargs: Any) -> tuple[CompactionResult | None, list[BaseMessage]]:
+        if mode == "sync":
+            return auto_compact(ExtractiveSummarizer(), history, options, **kwargs)
+        return await aauto_compact(ExtractiveSummarizer(), history, options, **kwargs)
+
+    assert (await auto())[0] is None  # the messages alone fit
+    result, out = await auto(overhead_tokens=tools)
+    assert result is not None
+    assert estimate_message_tokens(out) + tools <= threshold
+    assert not result.over_budget  # (judged with the overhead)
+    # A forced compaction plans over the overhead too: it keeps less than without it.
+    plain, _ = await run(mode, ExtractiveSummarizer(), history, options)
+    forced, out = await run(mode, ExtractiveSummarizer(), history, options, overhead_tokens=tools)
+    assert plain is not None
+    assert forced is not None
+    assert forced.messages_kept < plain.messages_kept
+    assert estimate_message_tokens(out) + tools <= threshold
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "8000"])
+def test_a_bad_overhead_is_refused_naming_the_argument(bad: object) -> None:
+    history = chat(3)
+    calls: list[Any] = [
+        lambda: should_compact(history, options=CompactionOptions(context_window=8_000), overhead_tokens=bad),
+        lambda: compact(ExtractiveSummarizer(), history, overhead_tokens=bad),
+        lambda: auto_compact(
+            ExtractiveSummarizer(), history, CompactionOptions(context_window=8_000), overhead_tokens=bad
+        ),
+        lambda: asyncio.run(acompact(ExtractiveSummarizer(), history, overhead_tokens=bad)),
+    ]
+    for call in calls:
+        with pytest.raises(ConfigurationError, match="overhead_tokens") as caught:
+            call()
+        assert caught.value.field == "overhead_tokens"

@@ -331,3 +331,31 @@ def test_anthropic_files_keep_a_server_compaction_block_an_empty_turn_and_no_emp
     written = json.loads(dump_conversation(read.messages, "anthropic"))
     system = written.get("system", []) if isinstance(written, dict) else []
     assert all(block.get("text") for block in system)  # ("" became an empty text block, which the API refuses)
+
+
+TEXT_ONLY = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": [{"type": "text", "text": "hi"}]}]
+
+
+@pytest.mark.parametrize(
+    ("fields", "shape"),
+    [
+        ({"tools": [{"name": "ls", "input_schema": {"type": "object"}}]}, "anthropic"),  # Anthropic's tool
+        ({"anthropic_version": "bedrock-2023-05-31"}, "anthropic"),  # Bedrock's and Vertex AI's body
+        ({"tools": [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]}, "openai"),
+        ({"max_tokens": 1024}, "openai"),  # (either API takes it: no sign of one or the other)
+    ],
+)
+def test_a_text_only_request_without_system_is_read_by_what_its_fields_say(fields: dict[str, Any], shape: str) -> None:
+    """Text alone reads the same in both formats: an Anthropic request's own fields (its tools) tell it apart.
+
+    Read as OpenAI's, its compaction's summary went into "messages" as a "system" message, which the
+    Messages API refuses; read as Anthropic's, it goes to the top-level "system".
+    """
+    read = parse_conversation(json.dumps({"model": "m", **fields, "messages": TEXT_ONLY}))
+    assert read.format == shape
+    written = json.loads(dump_conversation([SystemMessage("the summary"), *read.messages], read.format, read=read))
+    if shape == "anthropic":
+        assert written["system"] == [{"type": "text", "text": "the summary"}]
+        assert [m["role"] for m in written["messages"]] == ["user", "assistant"]
+    else:
+        assert written["messages"][0] == {"role": "system", "content": "the summary"}

@@ -55,7 +55,7 @@ HOMES = {
         "InProcessLock",
         "PostgresAdvisoryLock",
     ],
-    "langchain_compaction.tokens": ["estimate_message_tokens", "estimate_tokens"],
+    "langchain_compaction.tokens": ["estimate_message_tokens", "estimate_tokens", "estimate_tool_tokens"],
     "langchain_compaction.functional": [
         "aauto_compact",
         "acompact",
