@@ -19,7 +19,7 @@ from langchain_core.messages import BaseMessage
 from typing_extensions import Self
 
 from langchain_compaction._lc.advice import Told
-from langchain_compaction._lc.convert import SUMMARY_MARK, bridge_message, summary_message, to_core
+from langchain_compaction._lc.convert import bridge_message, cleared_copy, summary_message, to_core
 from langchain_compaction._lc.counting import (
     DEFAULT_CACHE_SIZE,
     LAST_CALLS_REMEMBERED,
@@ -367,14 +367,11 @@ class Compactor:
         return replace(result, summary=text, repeated=job.repeated, parts=parts), output
 
     def _cleared(self, job: Job, clearing: ClearingPlan) -> Output:
+        """The list with the outputs ``clearing`` names replaced by their placeholders (``cleared_copy``)."""
         output = list(job.messages)
-        for index, text in zip(clearing.indices, clearing.contents):
-            message = output[index]
-            mark = {"kind": "cleared", "tokens": job.counts[index]}
-            output[index] = message.model_copy(
-                update={"content": text, "additional_kwargs": {**message.additional_kwargs, SUMMARY_MARK: mark}}
-            )
-        replaced = [output[i] for i in clearing.indices]
+        for index, texts in clearing.by_message().items():
+            output[index] = cleared_copy(output[index], texts, job.counts[index])
+        replaced = [output[i] for i in clearing.messages]
         placeholders = sum(count_messages(replaced, [to_core(m) for m in replaced], self.options))
         result = ClearToolOutputs.result(clearing, job.counts, placeholders)
         return result, output
@@ -438,8 +435,8 @@ def taken_out(core: Sequence[Message], kept: Iterable[int]) -> tuple[list[int], 
 def leaves(message: Message) -> bool:
     """Whether a message taken out of the state leaves it for good.
 
-    Not what the library wrote, nor the placeholder of an output cleared (and
-    so archived) earlier.
+    Not what the library wrote, nor a message with an output cleared earlier
+    (archived whole then: a user turn's other tool_result blocks cleared later too).
     """
     return not written_here(message) and message.mark.get("kind") != "cleared"
 

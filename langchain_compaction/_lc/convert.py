@@ -388,6 +388,33 @@ def _result_of(block: dict[str, Any]) -> str:
     return _id_of(block, "tool_use_id") if block.get("type") == "tool_result" else ""
 
 
+def cleared_copy(message: BaseMessage, texts: Mapping[int | None, str], tokens: int) -> BaseMessage:
+    """A copy of ``message`` (same id) whose tool outputs a clearing names are its placeholders, marked as cleared.
+
+    ``texts``: per output, its placeholder; ``None`` for the whole content (a
+    tool message), else a ``tool_result`` block's place among the turn's
+    results (as ``_user`` reads them), whose content it becomes (its
+    ``tool_use_id``, ``is_error`` and other keys kept, every other block the
+    same object). ``tokens``: the message's size, unless it was cleared
+    before (the mark keeps its first).
+    """
+    earlier = message.additional_kwargs.get(SUMMARY_MARK)
+    if isinstance(earlier, dict) and earlier.get("kind") == "cleared" and isinstance(earlier.get("tokens"), int):
+        tokens = earlier["tokens"]
+    content: Any = texts.get(None)
+    if content is None:
+        content, number = list(message.content), 0
+        for at, block in enumerate(content):
+            if isinstance(block, dict) and _result_of(block):
+                if number in texts:
+                    content[at] = {**block, "content": texts[number]}
+                number += 1
+    mark = {"kind": "cleared", "tokens": tokens}
+    return message.model_copy(
+        update={"content": content, "additional_kwargs": {**message.additional_kwargs, SUMMARY_MARK: mark}}
+    )
+
+
 def to_core_list(messages: Sequence[object]) -> list[Message]:
     """Convert a whole list; see ``to_core``."""
     return [to_core(m, i) for i, m in enumerate(message_list(messages))]

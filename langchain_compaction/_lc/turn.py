@@ -47,6 +47,7 @@ from langchain_compaction._lc.compactor import (
     Output,
     Trigger,
     commit_of,
+    leaves,
     log,
     summary_id,
     taken_out,
@@ -325,7 +326,7 @@ class Turn(Compactor):
     def _made(self, job: Job, place: Place, summarizer: Summarizer | None) -> Flow[Output | None]:
         """The compaction of ``job``: committed first (the archive), then summarized and finished."""
         if job.clearing is not None:
-            removed = list(job.clearing.indices)
+            removed = [i for i in job.clearing.messages if leaves(job.core[i])]
             size = context_tokens(job.core, job.counts, place.overhead)
             parts = yield from self._commit(
                 job.messages, job.core, removed=removed, record={}, place=place, size=size, cleared=True

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import operator
+from typing import Any
+
 import pytest
+from conftest import assert_valid_anthropic_request
 from langchain_anthropic import ChatAnthropic
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+    convert_to_messages,
+)
+from pydantic import Field
 
 from langchain_compaction import CompactionOptions, aauto_compact, auto_compact
-from langchain_compaction._lc.convert import to_core_list
+from langchain_compaction._lc.convert import PIN_KEY, to_core_list
 from langchain_compaction.core.tokens import estimate_message
 from langchain_compaction.features import ClearToolOutputs, default_features
 from langchain_compaction.features.clearing import CLEARED_PREFIX, plan_clearing
@@ -211,3 +224,293 @@ def test_clearing_protects_every_result_when_there_are_fewer_than_keep_tool_uses
     plan = plan_clearing(core, counts, keep_recent_tokens=200, target_tokens=1_500, keep_tool_uses=1, min_tokens=10)
     assert plan is not None
     assert plan.indices == (1,)
+
+
+# -- Anthropic's block form: tool_result blocks in user turns ------------------------------------
+
+
+def block_session(turns: int, output_chars: int = 2800, *, start: int = 0) -> list[BaseMessage]:
+    """An Anthropic-SDK history through ``convert_to_messages``: tool_use blocks, then user turns of tool_result blocks.
+
+    Each turn calls ``cat`` and ``grep`` at once; ``grep`` reports an error
+    every seventh turn; every fifth turn the user also writes beside the
+    results. No message carries a ``tool_calls`` entry or a ToolMessage.
+    """
+    raw: list[dict[str, Any]] = [] if start else [{"role": "user", "content": "Audit the repository."}]
+    for turn in range(start, start + turns):
+        cat, grep = f"toolu_{turn:03d}_cat", f"toolu_{turn:03d}_grep"
+        raw.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": f"Looking at file {turn}."},
+                    {"type": "tool_use", "id": cat, "name": "cat", "input": {"path": f"src/file_{turn}.py"}},
+                    {"type": "tool_use", "id": grep, "name": "grep", "input": {"pattern": f"def f{turn}"}},
+                ],
+            }
+        )
+        text = [{"type": "text", "text": f"line of file {turn}\n" * (output_chars // 16)}]
+        found = f"match in file {turn}\n" * (output_chars // 40)
+        results: list[dict[str, Any]] = [
+            {"type": "tool_result", "tool_use_id": cat, "content": text},
+            {"type": "tool_result", "tool_use_id": grep, "content": found, "is_error": turn % 7 == 3},
+        ]
+        if turn % 5 == 4:
+            results.append({"type": "text", "text": f"Also look at module {turn}, please."})
+        raw.append({"role": "user", "content": results})
+    return convert_to_messages(raw)
+
+
+def results_of(messages: list[BaseMessage]) -> list[dict[str, Any]]:
+    """Every tool_result block, in order."""
+    return [
+        b
+        for m in messages
+        if isinstance(m, HumanMessage) and isinstance(m.content, list)
+        for b in m.content
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    ]
+
+
+def is_cleared_block(block: dict[str, Any]) -> bool:
+    return isinstance(block["content"], str) and block["content"].startswith(CLEARED_PREFIX)
+
+
+def assert_blocks_cleared_in_place(
+    before: list[BaseMessage], after: list[BaseMessage], cleared: int, same: Any = operator.is_
+) -> None:
+    """Only user turns were rewritten, block by block: a cleared block keeps its id, error flag and place.
+
+    ``same``: what "untouched" means (the same objects; equal ones after a checkpoint's round trip).
+    """
+    assert len(after) == len(before)
+    calls = {
+        b["id"]: b["name"] for m in before if isinstance(m.content, list) for b in m.content if b["type"] == "tool_use"
+    }
+    seen = 0
+    for old, new in zip(before, after):
+        if same(new, old):
+            continue
+        assert isinstance(new, HumanMessage)
+        assert (new.id, new.additional_kwargs["langchain_compaction"]["kind"]) == (old.id, "cleared")
+        assert len(new.content) == len(old.content)
+        for was, now in zip(old.content, new.content):
+            if was.get("type") != "tool_result" or not is_cleared_block(now):
+                assert same(now, was)  # the user's own text and the results kept: untouched
+                continue
+            seen += 1
+            assert now["tool_use_id"] == was["tool_use_id"]
+            assert now.get("is_error") == was.get("is_error")
+            # The placeholder names the tool (from its tool_use block) and the call.
+            assert f"{calls[was['tool_use_id']]} (call {was['tool_use_id']})" in now["content"]
+            assert ("reported an error" in now["content"]) == (was.get("is_error") is True)
+    assert seen == cleared > 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_block_form_tool_results_are_cleared_instead_of_summarized(mode):
+    messages = block_session(20)
+    assert estimate_message_tokens(messages) > 18_000
+    run = auto_compact if mode == "sync" else aauto_compact
+    result = run(never_called, messages, options(), features=clearing())
+    result, out = (await result) if mode == "async" else result
+    assert result is not None
+    assert result.summarizer_calls == 0
+    cleared = result.part("clearing").get("cleared", 0)
+    assert_blocks_cleared_in_place(messages, out, cleared)
+    # Turns that held the user's words beside their results were rewritten too, the words kept.
+    assert any(any(b["type"] == "text" for b in new.content) for old, new in zip(messages, out) if new is not old)
+    assert result.compacted_tokens == estimate_message_tokens(out) < 18_000
+    assert_valid_anthropic_request(out)
+    # Oldest first, block by block; the newest keep_tool_uses (3) blocks stay.
+    flags = [is_cleared_block(b) for b in results_of(out)]
+    assert flags == [True] * cleared + [False] * (len(flags) - cleared)
+    assert not any(flags[-3:])
+
+
+def test_each_tool_result_block_is_one_tool_result_for_the_plan():
+    big, small = "x " * 4_000, "ok " * 10  # about 2,000 tokens; 7
+    messages = [
+        HumanMessage("go"),
+        AIMessage(
+            [
+                {"type": "tool_use", "id": "toolu_a", "name": "cat", "input": {"path": "a"}},
+                {"type": "tool_use", "id": "toolu_b", "name": "grep", "input": {"pattern": "b"}},
+            ]
+        ),
+        HumanMessage(
+            [
+                {"type": "tool_result", "tool_use_id": "toolu_a", "content": big},
+                {"type": "tool_result", "tool_use_id": "toolu_b", "content": small},
+            ]
+        ),
+        AIMessage(
+            [
+                {"type": "tool_use", "id": "toolu_c", "name": "grep", "input": {"pattern": "c"}},
+                {"type": "tool_use", "id": "toolu_d", "name": "cat", "input": {"path": "d"}},
+            ]
+        ),
+        HumanMessage(
+            [
+                {"type": "tool_result", "tool_use_id": "toolu_c", "content": big},
+                {"type": "tool_result", "tool_use_id": "toolu_d", "content": big},
+            ]
+        ),
+        HumanMessage("go on " * 100),
+    ]
+    core = to_core_list(messages)
+    counts = [estimate_message(m) for m in core]
+
+    def plan(*, target: int, keep: int = 200, **kw: Any) -> Any:
+        kw = {"keep_tool_uses": 1, "min_tokens": 50, **kw}
+        return plan_clearing(core, counts, keep_recent_tokens=keep, target_tokens=sum(counts) - target, **kw)
+
+    # keep_tool_uses counts blocks: only toolu_d (the newest) is kept; toolu_b is under min_tokens.
+    everything = plan(target=3_500)
+    assert everything is not None
+    assert (everything.indices, everything.blocks, everything.messages) == ((2, 4), (0, 0), (2, 4))
+    assert "cat (call toolu_a)" in everything.contents[0]
+    assert "grep (call toolu_c)" in everything.contents[1]
+    assert plan(target=3_500, keep_tool_uses=2) is None  # toolu_c is kept now: not enough
+    assert plan(target=3_500, protected=(2,)) is None  # a protected turn: none of its blocks
+    assert plan(target=3_500, keep=4_500) is None  # the last turn inside the keep budget
+    assert plan(target=1_500, protected=(2,)).blocks == (0,)  # type: ignore[union-attr]
+    assert plan(target=1_500, exclude_tools=("cat",)).indices == (4,)  # type: ignore[union-attr]
+    # A pinned turn is never cleared either.
+    messages[2] = messages[2].model_copy(update={"additional_kwargs": {PIN_KEY: True}})
+    core = to_core_list(messages)
+    assert plan(target=3_500) is None
+    assert plan(target=1_500).indices == (4,)  # type: ignore[union-attr]
+
+
+def test_a_turn_cleared_in_part_is_cleared_further_later_never_a_placeholder_twice():
+    messages = block_session(20)
+    _, once = auto_compact(never_called, messages, options(), features=clearing())
+    partly = [i for i, m in enumerate(once) if m is not messages[i] and not all(map(is_cleared_block, results_of([m])))]
+    assert len(partly) == 1  # clearing stopped inside a turn: its first block cleared, the second kept
+    grown = [*once, *block_session(10, start=20)]
+    assert estimate_message_tokens(grown) > 18_000
+    result, out = auto_compact(never_called, grown, options(), features=clearing())
+    assert result is not None
+    assert result.summarizer_calls == 0
+    (index,) = partly
+    assert all(map(is_cleared_block, results_of([out[index]])))  # its second block now
+    # The rewritten turn keeps the size it had before any clearing; its first placeholder stays as it was.
+    assert out[index].additional_kwargs == once[index].additional_kwargs
+    assert out[index].content[0] == once[index].content[0]
+    for block in results_of(out):
+        assert str(block["content"]).count(CLEARED_PREFIX) <= 1
+    assert sum(map(is_cleared_block, results_of(out))) == (
+        sum(map(is_cleared_block, results_of(once))) + result.part("clearing")["cleared"]
+    )
+    assert_valid_anthropic_request(out)
+
+
+def test_the_node_clears_block_form_tool_results_in_the_state():
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from langchain_compaction import CompactionNode
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("compact", CompactionNode(never_called, options(), features=clearing()))
+    builder.add_edge(START, "compact")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "blocks"}}
+    sent = block_session(20)
+    state = graph.invoke({"messages": sent}, config)["messages"]
+    before = graph.get_state_history(config)
+    given = next(s for s in before if s.next == ("compact",)).values["messages"]  # the state as the node read it
+    assert [m.id for m in state] == [m.id for m in given]
+    cleared = sum(is_cleared_block(b) for b in results_of(state))
+    assert_blocks_cleared_in_place(given, state, cleared, operator.eq)
+    assert estimate_message_tokens(state) < 18_000
+    assert_valid_anthropic_request(state)
+
+
+def test_the_middleware_clears_block_form_tool_results():
+    from langchain_compaction import CompactionMiddleware
+
+    messages = block_session(20)
+    middleware = CompactionMiddleware(never_called, options(), features=clearing())
+    update = middleware.before_model({"messages": messages}, None)  # type: ignore[arg-type]
+    assert update is not None
+    written = update["messages"][1:]  # (after the instruction that replaces the list)
+    cleared = sum(is_cleared_block(b) for b in results_of(written))
+    assert_blocks_cleared_in_place(messages, written, cleared)
+    assert_valid_anthropic_request(written)
+
+
+class _Recording(GenericFakeChatModel):
+    """A fake chat model that keeps each request it is sent."""
+
+    requests: list[list[BaseMessage]] = Field(default_factory=list)
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> _Recording:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        self.requests.append(list(messages))
+        return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_an_agent_sends_the_model_its_block_form_history_cleared(mode):
+    from langchain.agents import create_agent
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from langchain_compaction import CompactionMiddleware
+
+    model = _Recording(messages=iter([AIMessage("The report: nothing is wrong.")]))
+    middleware = CompactionMiddleware(never_called, options(), features=clearing())
+    agent = create_agent(model, middleware=[middleware], checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": f"agent-{mode}"}}
+    payload = {"messages": block_session(20)}  # it ends on the user's turn of tool results
+    state = agent.invoke(payload, config) if mode == "sync" else await agent.ainvoke(payload, config)
+    (request,) = model.requests
+    assert any(is_cleared_block(b) for b in results_of(request))
+    assert estimate_message_tokens(request) < 18_000
+    assert_valid_anthropic_request(request, ends_with_user=True)
+    kept = state["messages"][:-1]
+    assert [results_of(kept)] == [results_of(request)]  # the state holds what was sent
+    assert state["messages"][-1].content == "The report: nothing is wrong."
+
+
+def test_with_an_archive_a_block_form_turn_is_archived_whole_once_when_first_cleared():
+    from helpers_turns import archive_items
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, StateGraph
+    from langgraph.store.memory import InMemoryStore
+
+    from langchain_compaction import CompactionNode
+    from langchain_compaction.features import Archive
+    from langchain_compaction.features.archive import archived_message
+    from langchain_compaction.graph import CompactionState
+
+    store = InMemoryStore()
+    node = CompactionNode(never_called, options(), features=[*clearing(), Archive()], result_key="compaction")
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_edge(START, "compact")
+    graph = builder.compile(checkpointer=InMemorySaver(), store=store)
+    config = {"configurable": {"thread_id": "archived-blocks"}}
+    originals = block_session(20)
+    once = graph.invoke({"messages": originals}, config)
+    first = [m for m in once["messages"] if m.additional_kwargs.get("langchain_compaction")]
+    assert once["compaction"]["parts"]["archive"] == {"archived": len(first), "present": 0}
+    partly = [m for m in first if not all(map(is_cleared_block, results_of([m])))]
+    assert len(partly) == 1  # its first block cleared, the second kept
+    twice = graph.invoke({"messages": block_session(10, start=20)}, config)
+    assert twice["compaction"]["summarizer_calls"] == 0
+    second = [m for m in twice["messages"] if m.additional_kwargs.get("langchain_compaction")]
+    (turn,) = (m for m in second if m.id == partly[0].id)
+    assert all(map(is_cleared_block, results_of([turn])))  # cleared further...
+    # ...and not archived again: its item is the original, written when it was first cleared.
+    assert twice["compaction"]["parts"]["archive"] == {"archived": len(second) - len(first), "present": 0}
+    items = archive_items(store, "archived-blocks")
+    assert sorted(i.value["id"] for i in items) == sorted(m.id for m in second)
+    for item in items:
+        message = archived_message(item.value)
+        assert results_of([message])
+        assert not any(map(is_cleared_block, results_of([message])))
+        assert CLEARED_PREFIX not in str(message.content)
