@@ -97,8 +97,13 @@ class Conversation:
 
 
 def _task(config: Any) -> str:
-    """The run's checkpoint namespace with its task ids: which parent task this is (the per-task caches' key)."""
-    return str(configurable_of(config).get("checkpoint_ns") or "")
+    """Which parent task runs this subgraph: the run's namespace with task ids, less the node's (the caches' key).
+
+    Every node call of one subgraph run has a namespace of its own (the
+    agent's model calls of one turn, each ``before_model`` a task), and they
+    share their parent's task and its checkpoint.
+    """
+    return str(configurable_of(config).get("checkpoint_ns") or "").rpartition("|")[0]
 
 
 def thread_of(config: Any) -> str | None:
@@ -245,7 +250,7 @@ class Delivery:
         self._holds: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)  # per parent task (its checkpoint_ns)
         self._filed: Bounded[Conversation] = Bounded(CONVERSATIONS_REMEMBERED)  # the parent's, where it holds it
         # The parent's state as this task was given it (``to_parent`` carries up what the run changed), held
-        # from the read of the parent's checkpoint to the compaction of the same node call.
+        # from the read of the parent's checkpoint to the compaction of a node call of the same parent task.
         self._given: Bounded[dict[str, Any]] = Bounded(_GIVEN_REMEMBERED)
         self._warned: set[str] = set()
 
@@ -265,7 +270,10 @@ class Delivery:
             return own, own, None
         sent = self._sent.pop(own.key)
         took = sent is not None and len(messages) >= sent[0] and prefix_digest(messages[: sent[0]]) == sent[1]
-        # (The node runs again on the list it sent up: the parent holds it, whatever its last checkpoint says.)
+        if took:
+            # The node runs again on the list it sent up: the parent holds it, whatever its last checkpoint says,
+            # for the rest of this run too (the node the parent's edge leads to runs beside it once: no branch).
+            self._holds.put(_task(config), True)
         if not took and not (yield from self._parent_holds(config, messages, messages_key, parent)):
             self.say(
                 "own",

@@ -126,7 +126,7 @@ def flat_summary_calls(turns: int) -> int:
     return len(summarizer.prompts)
 
 
-def agent_in_subgraph(requests: Requests, nested: str) -> Any:
+def agent_in_subgraph(requests: Requests, nested: str, after: bool = False) -> Any:
     @tool
     def lookup(order: str) -> str:
         """Look an order up."""
@@ -151,6 +151,9 @@ def agent_in_subgraph(requests: Requests, nested: str) -> Any:
     parent = StateGraph(MessagesState)
     parent.add_node("agent", agent)
     parent.add_edge(START, "agent")
+    if after:  # a parent node the agent's static edge leads to
+        parent.add_node("after", lambda state: {})
+        parent.add_edge("agent", "after")
     return parent.compile(checkpointer=InMemorySaver())
 
 
@@ -177,6 +180,31 @@ def test_create_agent_in_a_subgraph_keeps_every_request_valid(nested: str) -> No
         assert 1 in counts
         assert all(not (a == 2 and b == 2) for a, b in itertools.pairwise(counts)), counts
         assert len(final) < 30
+
+
+def test_an_agent_followed_by_a_parent_node_is_not_told_to_keep_its_compactions(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After a send-up the parent runs the agent again beside the node its edge leads to (README: "runs once more").
+
+    The re-run's first model call knows the list it sent up; its later ones
+    read the parent's checkpoint, found that node's trigger beside the
+    agent's, took it for a parallel branch and advised nested='own', which
+    would have stopped the parent from shrinking.
+    """
+    requests = Requests()
+    graph = agent_in_subgraph(requests, "parent", after=True)
+    config = {"configurable": {"thread_id": "after"}}
+    sizes = []
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for turn in range(30):
+            state = graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, config)
+            sizes.append(len(state["messages"]))
+    assert requests.invalid == []
+    assert [r.getMessage() for r in caplog.records if "nested='own'" in r.getMessage()] == []
+    held = graph.get_state(config).values["messages"]
+    assert summaries(held) == 1
+    assert max(sizes[10:]) < 30  # the parent shrank on every compaction
 
 
 def test_a_parent_whose_history_already_holds_summaries_mid_way_is_repaired() -> None:
