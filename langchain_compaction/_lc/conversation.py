@@ -171,16 +171,48 @@ _OPENINGS: Bounded[tuple[tuple[BaseMessage, ...], tuple[int, ...], str]] = Bound
 # -- where a compaction is written ----------------------------------------------------------
 
 
-def parent_node(config: Any) -> str | None:
-    """The parent graph's node that runs this subgraph, one level down; ``TOO_DEEP`` deeper; ``None`` at the top.
+def graph_levels(config: Any) -> tuple[tuple[str, bool], ...]:
+    """The tasks that run the graphs around the running node, outermost first, each with whether it is a ``@task``.
 
-    A node's ``checkpoint_ns`` names every enclosing node (``parent:<task>|node:<task>``);
-    ``Command(graph=Command.PARENT)`` reaches exactly one level up.
+    A node's ``checkpoint_ns`` names every task around it (``parent:<id>|node:<id>``),
+    but a task of LangGraph's functional API runs in the graph of the task that
+    called it (an ``@entrypoint``'s function, a node's): the caller is no graph
+    level. ``checkpoint_map`` tells, mapping each namespace that started tasks
+    to the checkpoint of the graph that ran them: a caller maps to its own
+    graph's, the checkpoint before it. (With no map, as in an async hook before
+    Python 3.11, every segment is a level.)
     """
-    namespace = namespace_of(config)
-    if not namespace:
+    configurable = configurable_of(config)
+    found = configurable.get("checkpoint_map")
+    checkpoints = found if isinstance(found, Mapping) else {}
+    parts = str(configurable.get("checkpoint_ns") or "").split("|")[:-1]  # (the last: the running node)
+    levels: list[tuple[str, bool]] = []
+    graph, called = checkpoints.get(""), False
+    for end, part in enumerate(parts, 1):
+        here = checkpoints.get("|".join(parts[:end]))
+        if here is not None and here == graph:
+            called = True  # it called the next task in its own graph
+            continue
+        if part and not part.isdigit():
+            levels.append((_recast(part), called))
+        graph, called = here, False
+    return tuple(levels)
+
+
+def parent_node(config: Any) -> str | None:
+    """The parent graph's node that runs this subgraph one level down (``IN_TASK``: a ``@task``); else ``TOO_DEEP``.
+
+    ``None`` at the top. ``Command(graph=Command.PARENT)`` reaches exactly one
+    level up, and from a graph run inside a ``@task`` it reaches the task, not
+    a graph's state.
+    """
+    levels = graph_levels(config)
+    if not levels:
         return None
-    return namespace[-1] if len(namespace) == 1 else TOO_DEEP
+    if len(levels) > 1:
+        return TOO_DEEP
+    node, called = levels[0]
+    return IN_TASK if called else node
 
 
 CONFIG_KEY_SEND = "__pregel_send"
@@ -192,6 +224,9 @@ Nesting = Literal["parent", "own"]
 
 TOO_DEEP = "\x00too deep"
 """What ``parent_node`` says of a subgraph nested more than one level down."""
+
+IN_TASK = "\x00in a task"
+"""What ``parent_node`` says of a graph one level down run inside a task of the functional API (``@task``)."""
 
 
 _AGENT_JUMP = "jump_to"
@@ -274,14 +309,17 @@ class Delivery:
             # The node runs again on the list it sent up: the parent holds it, whatever its last checkpoint says,
             # for the rest of this run too (the node the parent's edge leads to runs beside it once: no branch).
             self._holds.put(_task(config), True)
-        if not took and not (yield from self._parent_holds(config, messages, messages_key, parent)):
+        # (A graph run by a @task has no parent state to send to: a command would reach the task.)
+        if not took and (
+            parent == IN_TASK or not (yield from self._parent_holds(config, messages, messages_key, parent))
+        ):
             self.say(
                 "own",
                 "it runs on messages its parent's state does not hold, or beside other nodes of its parent (a task "
-                "sent with Send, parallel branches, a graph invoked inside a node function or a tool with messages "
-                "of its own, or a parent without a checkpointer): "
-                "it writes compactions to its own state there, since sending them up would replace the parent's "
-                "conversation; pass nested='own' to say so",
+                "sent with Send, parallel branches, a graph invoked inside a node function, a tool, an @entrypoint "
+                "or a @task with messages of its own, or a parent without a checkpointer): it writes compactions "
+                "to its own state there, which the graph returns, since sent up they would replace the parent's "
+                "conversation or reach a state that does not hold it; pass nested='own' to say so",
             )
             return own, own, None
         if sent is not None and not took:

@@ -898,3 +898,87 @@ def test_a_subgraph_with_a_key_the_parent_lacks_compacts_its_own_state() -> None
     namespaces = {tuple(ns) for ns in store.list_namespaces(prefix=("compaction_archive",))}
     assert namespaces, "the worker should have archived"
     assert ("compaction_archive", "t") not in namespaces
+
+
+# -- LangGraph's functional API: a graph run by an @entrypoint or a @task ------------------------------
+
+
+def _compacting_graph() -> Any:
+    """A compiled graph holding a ``CompactionNode`` before a model node, with no checkpointer of its own."""
+    sub = StateGraph(MessagesState)
+    sub.add_node("compact", CompactionNode(short_summary, CompactionOptions(context_window=3_000)))
+    sub.add_node("model", lambda state: {"messages": [AIMessage(words("answer", 60))]})
+    sub.add_edge(START, "compact")
+    sub.add_edge("compact", "model")
+    sub.add_edge("model", END)
+    return sub.compile()
+
+
+@pytest.mark.parametrize("by", ["task", "entrypoint"])
+def test_a_graph_run_by_the_functional_api_is_one_level_down(by: str, caplog: pytest.LogCaptureFixture) -> None:
+    """An entrypoint saves the list the graph returns, compacted: the graph is one level down, not two.
+
+    Run by a @task, the entrypoint's task and the @task counted as two graph
+    levels, and the node warned that its summaries land mid-history in the
+    outer graphs, whose state never shrinks: the saved list did shrink.
+    """
+    from langgraph.func import entrypoint, task
+
+    inner = _compacting_graph()
+
+    @task
+    def run_inner(history: list[BaseMessage]) -> list[BaseMessage]:
+        return list(inner.invoke({"messages": history})["messages"])
+
+    @entrypoint(checkpointer=InMemorySaver())
+    def chat(new: list[BaseMessage], *, previous: list[BaseMessage] | None = None) -> Any:
+        history = add_messages(previous or [], new)
+        out = run_inner(history).result() if by == "task" else inner.invoke({"messages": history})["messages"]
+        return entrypoint.final(value=out[-1], save=out)
+
+    config = cfg(by)
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for turn in range(30):
+            chat.invoke([HumanMessage(words(f"question {turn}", 60))], config)
+    saved = chat.checkpointer.get(config)["channel_values"]["__previous__"]  # what the entrypoint saved
+    assert is_summary_message(saved[0])
+    assert len(saved) < 30
+    said = [r.getMessage() for r in caplog.records if r.name == "langchain_compaction"]
+    assert len(said) == 1, said
+    assert f"@{by}" in said[0]  # it names the setup among its causes,
+    assert "nested='own'" in said[0]  # and the option that fits it
+
+
+def test_a_graph_run_by_a_task_of_a_parent_node_never_commands_the_task(caplog: pytest.LogCaptureFixture) -> None:
+    """A node function of a graph holding the messages calls a @task that runs the compacting graph.
+
+    A compaction sent up from there reaches the task, not the parent's
+    state, and the task returns nothing: with ``durability="exit"`` the
+    parent's last checkpoint would let it be sent.
+    """
+    from langgraph.func import task
+
+    inner = _compacting_graph()
+
+    @task
+    def run_inner(history: list[BaseMessage]) -> list[BaseMessage]:
+        return list(inner.invoke({"messages": history})["messages"])
+
+    def node(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [run_inner(state["messages"]).result()[-1]]}
+
+    parent = StateGraph(MessagesState)
+    parent.add_node("node", node)
+    parent.add_edge(START, "node")
+    parent.add_edge("node", END)
+    graph = parent.compile(checkpointer=InMemorySaver())
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for turn in range(30):
+            state = graph.invoke(
+                {"messages": [HumanMessage(words(f"question {turn}", 60))]}, cfg("n"), durability="exit"
+            )
+    assert [m.type for m in state["messages"][-2:]] == ["human", "ai"]
+    said = [r.getMessage() for r in caplog.records if r.name == "langchain_compaction"]
+    assert len(said) == 1, said
+    assert "nested more than one level" not in said[0]
+    assert "nested='own'" in said[0]
