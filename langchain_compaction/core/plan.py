@@ -271,6 +271,8 @@ def misplaced(messages: Sequence[Message]) -> bool:
         return False
     else:
         found = [i for i in range(start, len(messages)) if messages[i].is_summary]
+    if not any(message.carries_summary for message in messages):
+        return False  # bridges alone, their summary gone (an application removed it): nothing to order them after
     # (A bridge right after a provider's compaction block opens the loop kept after that fenced part: in place.)
     return not all(messages[i].label == "bridge" and i and messages[i - 1].has_compaction_block for i in found)
 

@@ -342,6 +342,23 @@ async def test_manual_compaction_on_a_tool_tail_keeps_the_exchange(mode: str) ->
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_a_bridge_whose_summary_was_taken_out_is_no_summary_to_move(mode: str) -> None:
+    # An application drops the summary from a compacted history and puts other
+    # messages before what is left (joining two tails): the bridge stands alone
+    # mid-history. It was read as a misplaced summary and the reordering found
+    # no summary to order by (a bare IndexError, in every adapter).
+    messages = conversation()[:8]
+    _, out = await run(mode, Recorder(), messages)
+    bridge = assert_compacted(out, messages, 6).bridge
+    assert bridge is not None
+    joined = [HumanMessage("first question", id="q1"), AIMessage("first answer", id="a1"), *out[2:]]
+    result, again = await run(mode, Recorder(), joined)
+    assert result is not None
+    assert not any(m is bridge for m in again[3:])  # the library's own turn is replaced, not kept twice
+    assert_valid_anthropic_request(again)
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_budget_compaction_is_not_forced(mode: str) -> None:
     messages = conversation()
     result, out = await run(mode, Recorder(), messages, CompactionOptions(keep_recent_tokens=25))
