@@ -59,10 +59,20 @@ _CHAT_ROLES: dict[str, Role] = {
 }
 
 
-def json_text(value: Any, *, sort_keys: bool = True) -> str:
-    """``value`` as JSON text, keys sorted unless told (``str(value)`` if it is not JSON data)."""
+def json_text(value: Any, *, sort_keys: bool = True, tight: bool = False) -> str:
+    """``value`` as JSON text, keys sorted unless told, without spaces if ``tight`` (``str(value)`` if no JSON data).
+
+    Raises:
+        InvalidMessagesError: The value is nested too deeply to write (about
+            a thousand levels: ``json.dumps`` gives up, as a provider's client would).
+    """
     try:
-        return json.dumps(value, ensure_ascii=False, sort_keys=sort_keys, default=str)
+        return json.dumps(
+            value, ensure_ascii=False, sort_keys=sort_keys, default=str, separators=(",", ":") if tight else None
+        )
+    except RecursionError:
+        msg = "a message holds a value nested too deeply to write as JSON, which no provider can be sent: flatten it"
+        raise InvalidMessagesError(msg) from None
     except (TypeError, ValueError):
         return str(value)
 

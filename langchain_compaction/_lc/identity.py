@@ -9,13 +9,12 @@ it. ``content_size`` tells a content replaced in place from the one counted.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, ToolMessage
 
-from langchain_compaction._lc.convert import SUMMARY_MARK
+from langchain_compaction._lc.convert import SUMMARY_MARK, json_text
 from langchain_compaction.core.effects import breathe
 
 
@@ -43,7 +42,7 @@ def content_size(message: object) -> int:
 
 def canonical(value: Any) -> str:
     """``value`` as key-sorted JSON: the same text for the same value, whatever the order of its keys."""
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+    return json_text(value, tight=True)
 
 
 def fingerprint(message: BaseMessage) -> str:

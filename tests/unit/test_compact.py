@@ -8,7 +8,7 @@ import json
 import re
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -1130,6 +1130,42 @@ def test_a_non_list_is_an_invalid_messages_error():
     for bad in (None, 5, "hello"):
         with pytest.raises(InvalidMessagesError):
             compact(lambda p: "x", bad)  # type: ignore[arg-type]
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    deep: dict[str, Any] = {"a": "leaf"}
+    for _ in range(levels):
+        deep = {"a": deep}
+    return deep
+
+
+_DEEP_TAILS: dict[str, Callable[[], list[BaseMessage]]] = {
+    "tool json": lambda: [
+        AIMessage("", id="a1", tool_calls=[{"name": "put", "args": {"value": "x"}, "id": "c1"}]),
+        ToolMessage([{"type": "json", "json": _nested(1_200)}], tool_call_id="c1", id="t1"),  # type: ignore[list-item]
+    ],
+    "call arguments": lambda: [
+        AIMessage("", id="a2", tool_calls=[{"name": "put", "args": _nested(1_200), "id": "c2"}])
+    ],
+}
+_ENTRIES: dict[str, Callable[[list[BaseMessage]], object]] = {
+    "compact": lambda m: compact(lambda p: "## Goal\n- x", m, CompactionOptions(keep_recent_tokens=1)),
+    "should_compact": lambda m: should_compact(m, options=CompactionOptions(context_window=300)),
+    "node": lambda m: CompactionNode(lambda p: "## Goal\n- x", CompactionOptions(context_window=300)).invoke(
+        {"messages": m}
+    ),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(_ENTRIES))
+@pytest.mark.parametrize("where", sorted(_DEEP_TAILS))
+def test_a_value_nested_too_deeply_for_json_is_an_invalid_messages_error(where: str, entry: str) -> None:
+    # A tool's JSON block or a call's arguments nested a thousand levels deep:
+    # json.dumps gives up (as a provider's client would), and the library let
+    # its RecursionError through, from every entry point and the node's digest.
+    messages = [HumanMessage("store it", id="h1"), *_DEEP_TAILS[where]()]
+    with pytest.raises(InvalidMessagesError, match="nested too deeply"):
+        _ENTRIES[entry](messages)
 
 
 # --- ChatAnthropic validity ------------------------------------------------------------
