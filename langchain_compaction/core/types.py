@@ -183,8 +183,12 @@ class Message:
     message is read at every compaction whose region or kept part holds it."""
 
     def __post_init__(self) -> None:
-        # Derived once: the trigger looks for the last block on every turn.
-        object.__setattr__(self, "has_compaction_block", any(p.kind == "compaction" for p in self.parts))
+        # Derived once: the trigger looks for the last block on every turn. (A loop, not
+        # ``any`` over a generator: made for every message converted, most with one part.)
+        for part in self.parts:
+            if part.kind == "compaction":
+                object.__setattr__(self, "has_compaction_block", True)
+                break
 
     @property
     def text(self) -> str:
