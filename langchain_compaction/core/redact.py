@@ -29,7 +29,17 @@ _SECRET_NAME = (
     r"|credentials?)\b"
 )
 # A name for a password, whose value may be a phrase (spaces and all) when quoted.
-_PASSWORD_NAME = r"\b(?:[A-Za-z0-9]+[_-]){0,16}[A-Za-z0-9]{0,40}?(?:password|passwd|passphrase|pwd|pw|secret)\b"
+# ("pw" is also power's and pulse width's: group "pw" says the name is that abbreviation, see _MEASUREMENT.)
+_PASSWORD_NAME = r"\b(?:[A-Za-z0-9]+[_-]){0,16}[A-Za-z0-9]{0,40}?(?:password|passwd|passphrase|pwd|(?P<pw>pw)|secret)\b"
+# A quantity: a number of up to five digits and a unit of measure as it is written (its case: "W", "kW", "ms",
+# "MiB", "%"), and nothing after them but the end of the value ("250W", "12.5 kW", "300ms"; not "1234abc",
+# "250Wx9", "123456a"). After "pw", which also abbreviates power and pulse width, a quantity is that ("gpu pw:
+# 250W"); after a name that can only mean a password it is one.
+_MEASUREMENT = (
+    r"(?-i:\d{1,5}(?:[.,]\d{1,3})?[^\S\n]?(?:%|°[CF]|[kKMGTmµun]?(?:Wh?|VA?|Ah?|Hz|J|Ω|ohm|i?B|b|bps|s|g|Pa)"
+    r"|[cmk]?m|min|h|hrs?|sec|dB[mi]?|rpm|psi|bar|fps|px|pt)"
+    r"(?=[.,;]?(?:[\s'\"\\)\]}]|$)))"
+)
 # A value that names where a secret comes from, or none, rather than holding one: code reads and passes
 # secrets without holding them (os.environ["API_KEY"], ${POSTGRES_PASSWORD}, api_key=api_key, password: str).
 _NO_SECRET = (
@@ -44,6 +54,61 @@ def _masked_keeping_quotes(found: re.Match[str]) -> str:
     """A value masked after what leads to it (group 1), inside its quotes (group 2) when it had them."""
     quote = found.group(2) or ""
     return f"{found.group(1)}{quote}[REDACTED]{quote}"
+
+
+# Where a command's name starts a word of a command line (at its start, after a space, a quote, a "(" or a
+# path's "/"), and the rest of that command up to one of its options.
+_COMMAND_START = r"(?<![^\s;&|(\"'`/])"
+_IN_COMMAND = r"(?=\s)[^\n;&|]{0,300}?\s"
+# An option's value: in quotes, whole (group 2 is the quote); else a word, which starts with no "-" (the next
+# option), no punctuation (a shell's "|" or ">", a Markdown "`" or ", " after the option's name in prose) and
+# is no "..." (a placeholder).
+_ARGUMENT = r"(?:(['\"])(?!\[REDACTED)[^'\"\n]{1,256}\2|(?=[^\s'\"`,;|&<>()\[\]{}-])(?!\[REDACTED|\.\.\.|…)[^\s'\"`]+)"
+# The commands whose option takes a user and a password in one value: curl's -u user:password, HTTPie's -a,
+# Samba's -U user%password.
+_USER_PASSWORD_COMMANDS = "|".join(
+    (
+        r"curl" + _IN_COMMAND + r"(?:-u|--user)",
+        r"https?" + _IN_COMMAND + r"(?:-a|--auth)",
+        r"(?:smbclient|rpcclient|smbcacls|smbget)" + _IN_COMMAND + r"(?:-U|--user)",
+    )
+)
+# The commands whose option takes a password there only ("-p" is a port to ssh, a database to mysql with a
+# space after it).
+_PASSWORD_COMMANDS = "|".join(
+    (
+        # Written against the option: mysql -pSECRET, 7-Zip's -pSECRET.
+        r"mysql(?:dump|admin)?" + _IN_COMMAND + r"-p",
+        r"7z[ar]?" + _IN_COMMAND + r"-p",
+        # sshpass's -p (among its own options, before the command it runs: "ssh -p 2222" is a port),
+        # redis-cli's -a, sqlcmd's and bcp's -P, the LDAP tools' -w, zip's -P, openssl's -k (enc) and -K,
+        # keytool's -new (keytool -storepasswd).
+        r"sshpass(?:\s+-[a-oq-zA-Z]\S*)*\s+-p\s*",
+        r"redis-cli" + _IN_COMMAND + r"-a\s*",
+        r"(?:sqlcmd|bcp)" + _IN_COMMAND + r"-P\s*",
+        r"ldap(?:search|add|modify|delete|modrdn|compare|passwd|whoami)" + _IN_COMMAND + r"-w\s*",
+        r"(?:un)?zip" + _IN_COMMAND + r"-P\s+",
+        r"openssl" + _IN_COMMAND + r"-[kK]\s+",
+        r"keytool" + _IN_COMMAND + r"-new\s+",
+        # A login's -p / --password (registries, OpenShift, Azure, Cloud Foundry), the MongoDB and Cassandra shells'.
+        r"(?:(?:docker|podman|helm|buildah|skopeo)\s+(?:registry\s+)?login|(?:oc|az|cf)\s+login"
+        r"|mongo(?:sh|dump|restore|export|import)?|cqlsh)" + _IN_COMMAND + r"(?:-p|--password)(?:\s+|=)",
+        # PowerShell's ConvertTo-SecureString "X" -AsPlainText.
+        r"(?i:ConvertTo-SecureString)\s+(?:-String\s+)?",
+    )
+)
+# The options that take a password whatever their command (after their "-"): openssl's -passin pass:X, Java's
+# keytool and jarsigner (-storepass, -keypass, -srcstorepass, -destkeypass ...), and any option named for a
+# password given a value (--password X, --db-pass=X, --passphrase X, a single-dash -password X; not
+# --no-password, --ask-pass or --password-file).
+_PASSWORD_OPTIONS = "|".join(
+    (
+        r"(?:pass|passin|passout)\s+pass:",
+        r"(?:src|dest)?(?:store|key)pass\s+",
+        r"-(?!no-|ask-)(?:[a-z0-9]+-){0,4}(?:password|passwd|passphrase|pass)(?:\s+|=)",
+        r"(?:password|passwd)(?:\s+|=)",
+    )
+)
 
 
 # (Every repetition below is bounded, or stops at what ends it: a long line of
@@ -109,8 +174,17 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
     (re.compile(r"\bSK[0-9a-fA-F]{32}\b"), "[REDACTED API KEY]"),
     (re.compile(r"\bpypi-[A-Za-z0-9_\-]{40,}"), "[REDACTED API KEY]"),
     (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"), "[REDACTED JWT]"),
-    # Authorization headers and bearer tokens.
-    (re.compile(r"(?i)\b(bearer|basic|(?<=authorization: )token)\s+[A-Za-z0-9._~+/=\-]{12,}"), r"\1 [REDACTED TOKEN]"),
+    # Authorization headers and bearer tokens: the whole token, to the space, quote or bracket that ends it (a
+    # "|", "@", "#" or ":" in it is part of it), in quotes of its own or not; never a word of prose ("basic
+    # authentication": a token looks made up), where one comes from ("Bearer ${TOKEN}", "<token>") nor a
+    # challenge's realm ("Basic realm=...").
+    (
+        re.compile(
+            r"(?i)(\b(?:bearer|basic|(?<=authorization: )token)\s+)((?:\\?['\"])?)"
+            r"(?!\[REDACTED|\$[{(\w]|%|realm=)" + _SECRETISH + r"[^\s'\"\\`,;(){}<>\[\]]{12,}(?<![.:])"
+        ),
+        r"\1\2[REDACTED TOKEN]",
+    ),
     # Passwords in URLs: scheme://user:password@host (the user may be empty).
     # A slash ends the part before the host, unless a host name follows the "@"
     # (dotted, or with a port: an unescaped slash in a password):
@@ -131,33 +205,41 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
         ),
         r"\1[REDACTED]",
     ),
-    # Passwords on command lines: mysql -pSECRET, curl -u user:SECRET (in the
-    # same command: a pipe, ";" or "&&" ends it).
+    # Passwords on command lines (in the same command: a pipe, ";" or "&&" ends it). A user:password given
+    # to one option (_USER_PASSWORD_COMMANDS; a quoted one goes whole).
     (
         re.compile(
-            r"((?:^|[\s;&|(\"'`/])mysql(?:dump|admin)?(?=\s)[^\n;&|]{0,200}?\s-p)(?=[^\s-])(?!\[REDACTED)[^\s'\"]+"
+            r"(" + _COMMAND_START + r"(?:" + _USER_PASSWORD_COMMANDS + r")(?:\s+|=)(['\"])?[^\s:%'\"]{1,64}[:%])"
+            r"(?!\[REDACTED)(?(2)[^'\"\n]{1,256}(?=\2)|[^\s'\"`]+)"
         ),
         r"\1[REDACTED]",
     ),
-    (
-        re.compile(r"(\bcurl(?=\s)[^\n;&|]{0,300}?\s(?:-u|--user)\s+['\"]?[^\s:'\"]{1,64}:)(?!\[REDACTED)[^\s'\"]+"),
-        r"\1[REDACTED]",
-    ),
+    # A password after the option its command takes it by, or an option named for one (_PASSWORD_COMMANDS,
+    # _PASSWORD_OPTIONS). A quoted value goes whole.
     (
         re.compile(
-            r"(\b(?:docker|podman|helm)\s+(?:registry\s+)?login(?=\s)[^\n;&|]{0,200}?\s(?:-p|--password)(?:\s+|=))"
-            r"(?!\[REDACTED)[^\s'\"]+"
+            r"(" + _COMMAND_START + r"(?:" + _PASSWORD_COMMANDS + r")|\s-(?:" + _PASSWORD_OPTIONS + r"))" + _ARGUMENT
         ),
-        r"\1[REDACTED]",
+        _masked_keeping_quotes,
     ),
-    # sshpass's -p (among its own options, before the command it runs: "ssh -p 2222" is a port),
-    # redis-cli's -a, openssl's pass:, and any long option named for a password given a value
-    # (--password X, --db-pass=X; not --no-password or --ask-pass). A quoted value goes whole.
+    # htpasswd -b takes its password as its last argument: "htpasswd -b[c] FILE USER PASSWORD", "htpasswd -nb USER
+    # PASSWORD".
     (
         re.compile(
-            r"((?:\bsshpass(?:\s+-[a-oq-zA-Z]\S*)*\s+-p|\bredis-cli(?=\s)[^\n;&|]{0,200}?\s-a)\s*"
-            r"|\s-(?:pass|passin|passout)\s+pass:|\s--(?!no-|ask-)(?:[a-z0-9]+-){0,4}(?:password|passwd|pass)(?:\s+|=))"
-            r"(?:(['\"])(?!\[REDACTED)[^'\"\n]{1,256}\2|(?=[^\s'\"-])(?!\[REDACTED)[^\s'\"]+)"
+            r"(" + _COMMAND_START + r"htpasswd(?=(?:\s+-(?:C\s+\d+|[A-Za-z]+)){0,5}?\s+-[A-Za-z]*b)"
+            r"(?:\s+-(?:C\s+\d+|[A-Za-z]+)){1,6}(?:\s+[^\s'\"<>|&;-]\S*){1,2}\s+)"
+            + _ARGUMENT
+            + r"(?=[^\S\n]*(?:[\n;&|<>)`]|$)|['\"\\])"  # (the last argument, or the end of a quoted command)
+        ),
+        _masked_keeping_quotes,
+    ),
+    # A password echoed into a login that reads it from its input: echo X | docker login --password-stdin
+    # (not where it comes from: echo "$CR_PAT").
+    (
+        re.compile(
+            r"(" + _COMMAND_START + r"echo\s+(?:-[neE]{1,3}\s+)?)"
+            r"(?:(['\"])(?!\[REDACTED|\$)[^'\"\n]{1,256}\2|(?=[^\s'\"$-])(?!\[REDACTED|\.\.\.|…)[^\s'\"|;&]+)"
+            r"(?=[^\S\n]*\|(?!\|)[^\n;&|]{0,200}?\s--password-stdin\b)"
         ),
         _masked_keeping_quotes,
     ),
@@ -198,7 +280,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
     # password's quoted value is taken whole, spaces and all (a passphrase);
     # any other value to the next space. An empty value is left alone.
     (
-        re.compile(rf"(?i)({_PASSWORD_NAME}\\?[\"']?\s*[:=]\s*(\\?[\"']))(?!\[REDACTED)(?:(?!\2)[^\n]){{1,256}}(?=\2)"),
+        re.compile(
+            rf"(?i)({_PASSWORD_NAME}\\?[\"']?\s*[:=]\s*(?P<quote>\\?[\"']))(?!\[REDACTED)"
+            rf"(?(pw)(?!{_MEASUREMENT}(?P=quote)))(?:(?!(?P=quote))[^\n]){{1,256}}(?=(?P=quote))"
+        ),
         r"\1[REDACTED]",
     ),
     # Another secret's quoted value is taken whole too when it looks made up ("x9Kp2 LmQ7vRt"): a phrase
@@ -214,7 +299,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
     # (DB_PASSWORD=Xk9,mQ2zR7 is one password), or to a connection string's next field (";Encrypt=true").
     (
         re.compile(
-            rf"(?i)({_PASSWORD_NAME}\s*[:=]\s*)(?!\[REDACTED|\\?[\"']){_NO_SECRET}"
+            rf"(?i)({_PASSWORD_NAME}\s*[:=]\s*)(?!\[REDACTED|\\?[\"']){_NO_SECRET}(?(pw)(?!{_MEASUREMENT}))"
             # (A short one too, when a connection string's next field follows it: "Password=abc;Encrypt=...".)
             r"(?:(?:[^\s;]|;(?![A-Za-z][A-Za-z ]{0,39}=)){4,256}|[^\s;]{1,3}(?=;[A-Za-z][A-Za-z ]{0,39}=))"
         ),
@@ -239,14 +324,21 @@ def redact_secrets(text: str) -> str:
     Stripe (``sk_live_``) and webhook keys, Hugging Face (``hf_``), npm and
     GitLab (``glpat-``) tokens, AWS access key ids, GitHub and Slack tokens,
     Slack and Discord webhook URLs, Google API keys, JWTs, bearer, basic and
-    ``token`` authorization values, passwords in URLs (``redis://:pw@``
-    too) and credentials in their query strings, ``mysql -p`` and ``curl -u``
-    passwords, ``docker login -p``, ``sshpass -p``, ``redis-cli -a``, openssl's
-    ``pass:`` and ``--password X`` passwords, a password said in prose ("the
+    ``token`` authorization values (the whole token, quoted or not), passwords
+    in URLs (``redis://:pw@`` too) and credentials in their query strings,
+    passwords on command lines (``mysql -p``, ``curl -u``, HTTPie's ``-a``,
+    Samba's ``-U user%pass``, a login's ``-p`` (docker, podman, helm, oc, az,
+    cf), the MongoDB and Cassandra shells' ``-p``, ``sshpass -p``,
+    ``redis-cli -a``, ``sqlcmd -P``, the LDAP tools' ``-w``, ``zip -P``,
+    ``7z -p``, openssl's ``-k``, ``-K`` and ``pass:``, keytool's and
+    jarsigner's ``-storepass`` and ``-keypass``, ``htpasswd -b``, a password
+    echoed into ``--password-stdin``, ``ConvertTo-SecureString``, and any
+    ``--password X`` or ``--passphrase X``), a password said in prose ("the
     password is ..."), Azure connection-string keys, and assignments to names that say
     secret (``password=``, ``PGPASSWORD=``, ``DB_PASSWORD=``,
     ``aws_secret_access_key =``, ``SECRET_KEY =``, ``api_key:``,
-    ``GITHUB_TOKEN=``, ``_authToken=``), a password's quoted value whole.
+    ``GITHUB_TOKEN=``, ``_authToken=``), a password's quoted value whole. A
+    quantity after ``pw`` (``gpu pw: 250W``) is a measurement and stays.
 
     Args:
         text: Any text.
