@@ -38,13 +38,14 @@ from langchain_compaction._lc.commands import (
     parse_compact_command,
     read_messages,
     route_after_compaction,
+    thread_run_config,
     write_compaction,
 )
-from langchain_compaction._lc.conversation import Delivery, Nesting, thread_of
+from langchain_compaction._lc.conversation import Delivery, Nesting
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
-from langchain_compaction._lc.runconfig import current, current_store
+from langchain_compaction._lc.runconfig import current
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.context import context_tokens
 from langchain_compaction.core.effects import Flow, adrive, drive
@@ -329,20 +330,6 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         return self.invoke(state, config)
 
 
-def _named(config: RunnableConfig | None) -> RunnableConfig:
-    # Callbacks, tags and metadata for the compaction's own run, and the thread
-    # (which conversation it is); the checkpoint itself is for the checkpointer.
-    base = config or {}
-    named = RunnableConfig(run_name="compact_thread")
-    for key in ("callbacks", "tags", "metadata"):
-        if key in base:
-            named[key] = base[key]
-    thread = thread_of(base)
-    if thread is not None:
-        named["configurable"] = {"thread_id": thread}
-    return named
-
-
 def _compactors_within(graph: Pregel[Any, Any, Any, Any], path: tuple[str, ...] = ()) -> list[str]:
     """Where compaction with an archive runs below the top level: an agent's middleware, a subgraph's node."""
     found: list[str] = []
@@ -485,9 +472,19 @@ def _thread_flow(
     snapshot, failed = yield from idle_thread(graph, config)
     summarizer = None if model is None else as_summarizer(model)
     # Outside a run, the graph's store is the one the node would see inside it.
-    flow = compactor._flow(snapshot.values, _named(config), instructions, summarizer, store=graph.store)
+    flow = compactor._flow(snapshot.values, thread_run_config(config), instructions, summarizer, store=graph.store)
     result, update = yield from flow
     if result is not None or isinstance(update, Command):
         key = getattr(compactor, "messages_key", "messages")
         yield from write_compaction(graph, config, snapshot, update, key=key, node=name, resume=failed)
     return result
+
+
+def current_store() -> Any:
+    """The LangGraph store of the graph being run, or ``None`` (none given, or not inside a graph)."""
+    try:
+        from langgraph.config import get_store
+
+        return get_store()
+    except (ImportError, RuntimeError, KeyError):
+        return None

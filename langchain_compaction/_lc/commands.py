@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, RemoveMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.channels.last_value import LastValue
 from langgraph.constants import END
@@ -232,6 +233,22 @@ def other_messages_key(state: Any, key: str) -> str | None:
 
 
 # -- compact_thread's reading and writing of a checkpointed thread ------------------------
+
+
+def thread_run_config(config: Any) -> RunnableConfig:
+    """The config of ``compact_thread``'s own run: the caller's callbacks, tags and metadata, and the thread.
+
+    (Which conversation it is; the checkpoint itself is for the checkpointer.)
+    """
+    base = config or {}
+    named = RunnableConfig(run_name="compact_thread")
+    for key in ("callbacks", "tags", "metadata"):
+        if key in base:
+            named[key] = base[key]
+    thread = thread_of(base)
+    if thread is not None:
+        named["configurable"] = {"thread_id": thread}
+    return named
 
 
 def idle_thread(graph: Any, config: Any) -> Flow[tuple[Any, bool]]:

@@ -45,16 +45,6 @@ def run_config(runtime: Any = None) -> RunnableConfig | None:
     return RunnableConfig(configurable=configurable)
 
 
-def current_store() -> Any:
-    """The LangGraph store of the graph being run, or ``None`` (none given, or not inside a graph)."""
-    try:
-        from langgraph.config import get_store
-
-        return get_store()
-    except (ImportError, RuntimeError, KeyError):
-        return None
-
-
 @contextmanager
 def current(config: RunnableConfig | None) -> Iterator[None]:
     """``config`` made the run's current config while the block runs, when none is (else nothing changes)."""
