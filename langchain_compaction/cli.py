@@ -288,12 +288,15 @@ def _checked_overhead(
     from langchain_compaction._lc.compactor import planning_options
     from langchain_compaction._lc.counting import counts_and_core
     from langchain_compaction._lc.request_file import request_overhead
+    from langchain_compaction.functional import should_compact
 
     overhead = request_overhead(conversation.request, options)
     if args.context_window:
         counts, core = counts_and_core(messages, options)
         budget = planning_options(options, core, counts, overhead).budget
-        if no_room(budget):
+        # (Only a request that needs compacting, or is told to compact, is refused: one that fits goes as it is.)
+        due = args.force or should_compact(messages, options=options, overhead_tokens=overhead)
+        if due and no_room(budget):
             raise ConfigurationError("--context-window", args.context_window, _no_room(budget, overhead))
     return overhead
 

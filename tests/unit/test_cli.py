@@ -685,6 +685,26 @@ def test_tools_that_leave_the_window_no_room_are_one_line_with_the_figures_and_t
     assert inspected["would_compact"] is False
 
 
+def test_a_request_that_fits_with_little_room_left_goes_as_it_is(tmp_path, capsys):
+    """Tools of ~6,800 tokens under a threshold of 7,000 and two short messages: it fits, so nothing is refused.
+
+    The no-room refusal is for a request that must be compacted; it was made
+    before anything asked whether one must, and refused this one with exit 2.
+    """
+    from langchain_compaction._lc.schemas import ToolSchemas
+
+    tools: list[dict[str, object]] = []
+    while ToolSchemas().tokens([*tools, tools[0] if tools else {}]) < 6_900:
+        tools.append({"name": f"t{len(tools)}", "description": "word " * 40, "input_schema": {"type": "object"}})
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    path, written = tmp_path / "request.json", tmp_path / "out.json"
+    path.write_text(json.dumps({"model": "m", "max_tokens": 100, "tools": tools, "messages": messages}))
+    window = ["--context-window", "8000", "--reserve-tokens", "1000"]
+    assert main(["compact", str(path), *window, "-o", str(written)]) == 0
+    assert "nothing done: the conversation fits the window" in capsys.readouterr().out
+    assert json.loads(written.read_text())["messages"] == messages
+
+
 def test_a_request_files_tools_are_counted_without_the_agents_extra(tmp_path):
     """The tool estimate needs langchain-core alone: the CLI counts tools where ``langchain`` is not installed."""
     path = tmp_path / "request.json"
