@@ -350,19 +350,15 @@ def _locate(
 ) -> tuple[str | None, CompactionNode]:
     """The graph's compaction node (and its name), or a stand-in built from ``model`` (reading ``key``)."""
     found = {name: spec.bound for name, spec in graph.nodes.items() if isinstance(spec.bound, CompactionNode)}
-    if key is not None and any(bound.messages_key != key for bound in found.values()):
-        raise ConfigurationError("messages_key", key, "the graph's CompactionNode reads its own key: leave it out")
-    if node is not None:
-        if node not in found:
-            raise ConfigurationError(
-                "node", node, f"this graph's compaction nodes are {sorted(found)}; pass one of them, or None"
-            )
-        return node, found[node]
-    if len(found) == 1:
-        name, bound = next(iter(found.items()))
-        return name, bound
-    if len(found) > 1:
+    if node is not None and node not in found:
+        raise ConfigurationError("node", node, f"this graph's compaction nodes are {sorted(found)}; pass one of them")
+    if node is None and len(found) > 1:
         raise ConfigurationError("node", None, f"this graph has several compaction nodes {sorted(found)}; name one")
+    if found:
+        name = node if node is not None else next(iter(found))
+        if key is not None and found[name].messages_key != key:
+            raise ConfigurationError("messages_key", key, f"node {name!r} reads {found[name].messages_key!r}")
+        return name, found[name]
     within = _compactors_within(graph)
     if within:
         # A stand-in would compact without their archive: what it removed

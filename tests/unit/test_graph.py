@@ -1019,6 +1019,11 @@ class _HistoryState(TypedDict):
     history: Annotated[list[AnyMessage], add_messages]
 
 
+class _NotesState(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    notes: Annotated[list[AnyMessage], add_messages]
+
+
 def test_compact_thread_with_a_model_compacts_the_messages_key_it_is_given() -> None:
     # A graph that keeps its messages under another key and has no node: the
     # stand-in reads that key (the warning it gave before said to pass it, which
@@ -1033,10 +1038,21 @@ def test_compact_thread_with_a_model_compacts_the_messages_key_it_is_given() -> 
     assert result is not None
     assert result.messages_removed == 2
     assert len(graph.get_state(config).values["history"]) == 2
-    # With a node, the node's own key is the one read: another is refused, not ignored.
+    # With a node, the node's own key is the one read: another is refused, not ignored; its own is fine.
     graph, _summarizer, _ = _idle_agent()
-    with pytest.raises(ConfigurationError, match="reads its own key"):
+    with pytest.raises(ConfigurationError, match="node 'compact' reads 'messages'"):
         compact_thread(graph, thread("own"), messages_key="history")
+    assert compact_thread(graph, thread("own"), messages_key="messages") is None  # (an empty thread)
+    # Two nodes: the key is checked against the one named (it was against every one).
+    builder = StateGraph(_NotesState)
+    builder.add_node("a", CompactionNode(lambda prompt: "## Goal\n- a"))
+    builder.add_node("b", CompactionNode(lambda prompt: "## Goal\n- b", messages_key="notes"))
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    two = builder.compile(checkpointer=InMemorySaver())
+    assert compact_thread(two, thread("two"), node="a", messages_key="messages") is None
+    with pytest.raises(ConfigurationError, match="node 'b' reads 'notes'"):
+        compact_thread(two, thread("two"), node="b", messages_key="messages")
 
 
 def test_a_state_that_is_no_graph_state_is_refused_with_the_fix() -> None:
