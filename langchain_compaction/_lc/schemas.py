@@ -7,10 +7,9 @@ needs ``langchain``, is ``_lc.overhead``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from langchain_compaction._lc.convert import json_text
@@ -46,14 +45,23 @@ class ToolSchemas:
         """The tokens ``tools`` take in a request."""
         total = 0
         for tool in tools:
-            schema = None if isinstance(tool, BaseTool) else json_text(tool)
+            # (A dict is a schema already; a tool, a function or a model class is converted as bind_tools would.)
+            schema = json_text(tool) if isinstance(tool, Mapping) else None
             key: object = id(tool) if schema is None else schema
             known = self._known.get(key)
             if known is not None and (schema is not None or known[0] is tool):
                 total += known[1]
                 continue
-            text = schema if schema is not None else json_text(convert_to_openai_tool(tool))
+            text = schema if schema is not None else _converted(tool)
             tokens = TOOL_SCHEMA_OVERHEAD_TOKENS + estimate_tokens(text)
             self._known.put(key, (tool, tokens))
             total += tokens
         return total
+
+
+def _converted(tool: Any) -> str:
+    """The schema of a tool that is no dict, as a provider receives it; its text when it cannot be converted."""
+    try:
+        return json_text(convert_to_openai_tool(tool))
+    except (TypeError, ValueError):
+        return json_text(tool)

@@ -518,3 +518,27 @@ def test_the_sources_a_text_block_cites_are_shown_to_the_summarizer(block: dict[
     shown = _shown_to_the_summarizer([HumanMessage("When did Python 3.14 come out? Cite sources."), AIMessage([block])])
     assert "October 2025" in shown
     assert f"What's new <{block.get('annotations', block.get('citations'))[0]['url']}>" in shown
+
+
+def test_tool_schemas_are_priced_alike_in_every_form_bind_tools_takes() -> None:
+    # A plain function and a Pydantic class were priced by their repr (19 and
+    # 16 tokens for a schema of 176), not converted as bind_tools converts them.
+    from langchain_core.tools import tool
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+    from pydantic import BaseModel, Field
+
+    from langchain_compaction.tokens import estimate_tool_tokens
+
+    def search(query: str, limit: int = 10) -> str:
+        """Search the company's document store for passages matching a query, ranked by relevance."""
+        return query * limit
+
+    class Search(BaseModel):
+        """Search the company's document store for passages matching a query, ranked by relevance."""
+
+        query: str = Field(description="what to look for")
+        limit: int = 10
+
+    as_dict = estimate_tool_tokens([convert_to_openai_tool(search)])
+    assert estimate_tool_tokens([search]) == estimate_tool_tokens([tool(search)]) == as_dict
+    assert estimate_tool_tokens([Search]) == estimate_tool_tokens([convert_to_openai_tool(Search)]) > as_dict // 2
