@@ -48,6 +48,9 @@ _NO_SECRET = (
 )
 # A word that looks made up (a digit, a symbol, or a capital past its first letter), as a password said in prose does.
 _SECRETISH = r"(?=[^\s'\"]{0,256}?(?:[0-9!@#$%^&*+=~?_\-]|(?-i:[^\s'\"][A-Z])))"
+# A token that looks made up, read within the token alone: a digit, a "+" or "/" (base64), or a capital after a small
+# letter. (Punctuation after a word of prose is no sign: "basic authentication?", "**Bearer authentication**".)
+_TOKENISH = r"(?=[^\s'\"\\`,;(){}<>\[\]]{0,256}?(?:[0-9+/]|(?-i:[a-z][A-Z])))"
 
 
 def _masked_keeping_quotes(found: re.Match[str]) -> str:
@@ -178,10 +181,17 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
     # "|", "@", "#" or ":" in it is part of it), in quotes of its own or not; never a word of prose ("basic
     # authentication": a token looks made up), where one comes from ("Bearer ${TOKEN}", "<token>") nor a
     # challenge's realm ("Basic realm=...").
+    (  # (In an Authorization header the value is a credential, however it looks.)
+        re.compile(
+            r"(?i)(\bauthorization:[ \t]*(?:bearer|basic|token)[ \t]+)((?:\\?['\"])?)"
+            r"(?!\[REDACTED|\$[{(\w]|%|<|realm=)[^\s'\"\\`,;(){}<>\[\]]{12,}(?<![.:])"
+        ),
+        r"\1\2[REDACTED TOKEN]",
+    ),
     (
         re.compile(
             r"(?i)(\b(?:bearer|basic|(?<=authorization: )token)\s+)((?:\\?['\"])?)"
-            r"(?!\[REDACTED|\$[{(\w]|%|realm=)" + _SECRETISH + r"[^\s'\"\\`,;(){}<>\[\]]{12,}(?<![.:])"
+            r"(?!\[REDACTED|\$[{(\w]|%|realm=)" + _TOKENISH + r"[^\s'\"\\`,;(){}<>\[\]]{12,}(?<![.:])"
         ),
         r"\1\2[REDACTED TOKEN]",
     ),

@@ -141,6 +141,9 @@ def test_each_command_line_shape_is_masked(name: str, text: str, secret: str, ma
         "pulse pw: 1.5 µs",
         # Prose about authentication schemes, a challenge's realm, where a token comes from.
         "The API uses basic authentication; Bearer authentication is described in RFC 6750.",
+        # (Punctuation after the word is no sign of a token: the look is read within the token.)
+        "Does the API use basic authentication? It supports **Basic authentication** and *bearer authentication*!",
+        "Switch from basic authentication-based login; the server accepts Bearer authentication=required.",
         'WWW-Authenticate: Basic realm="Restricted", Basic realm=Restricted',
         'return f"Basic realm={realm}, charset={charset}"',
         "curl -H 'Authorization: Bearer ${GITHUB_TOKEN}' -H \"Authorization: Bearer <your-access-token>\"",
@@ -253,3 +256,17 @@ def test_no_new_shape_reaches_the_summarizer_the_summary_its_facts_or_recall(kin
         assert "the gpu pw: 250W is the cap" in "\n".join(prompts)
     else:
         assert "[REDACTED" in summary
+
+
+def test_an_authorization_header_s_value_is_masked_however_it_looks() -> None:
+    # A header's value is a credential: masked though it has no digit or capital
+    # (in prose, "bearer" is followed by a token only when the token looks made up).
+    for token in ("abcdefghijklmnopqrstuvwx", "abcdefghijklmnop-qrstuvwx_yz"):
+        for text in (f"Authorization: Bearer {token}", f'curl -H "authorization: basic {token}" https://x'):
+            masked = redact_secrets(text)
+            assert token not in masked
+            assert "[REDACTED TOKEN]" in masked
+    assert (
+        redact_secrets("Authorization: Basic realm=CompanyIntranetRealm")
+        == "Authorization: Basic realm=CompanyIntranetRealm"
+    )
