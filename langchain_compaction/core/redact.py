@@ -86,18 +86,19 @@ _PASSWORD_COMMANDS = "|".join(
         # sshpass's -p (among its own options, before the command it runs: "ssh -p 2222" is a port),
         # redis-cli's -a, sqlcmd's and bcp's -P, the LDAP tools' -w, zip's -P, openssl's -k (enc) and -K,
         # keytool's -new (keytool -storepasswd).
-        r"sshpass(?:\s+-[a-oq-zA-Z]\S*)*\s+-p\s*",
-        r"redis-cli" + _IN_COMMAND + r"-a\s*",
-        r"(?:sqlcmd|bcp)" + _IN_COMMAND + r"-P\s*",
-        r"ldap(?:search|add|modify|delete|modrdn|compare|passwd|whoami)" + _IN_COMMAND + r"-w\s*",
-        r"(?:un)?zip" + _IN_COMMAND + r"-P\s+",
-        r"openssl" + _IN_COMMAND + r"-[kK]\s+",
-        r"keytool" + _IN_COMMAND + r"-new\s+",
+        # (The value is on the option's line: "-P" that ends a line is followed by prose, not a password.)
+        r"sshpass(?:\s+-[a-oq-zA-Z]\S*)*\s+-p[^\S\n]*",
+        r"redis-cli" + _IN_COMMAND + r"-a[^\S\n]*",
+        r"(?:sqlcmd|bcp)" + _IN_COMMAND + r"-P[^\S\n]*",
+        r"ldap(?:search|add|modify|delete|modrdn|compare|passwd|whoami)" + _IN_COMMAND + r"-w[^\S\n]*",
+        r"(?:un)?zip" + _IN_COMMAND + r"-P[^\S\n]+",
+        r"openssl" + _IN_COMMAND + r"-[kK][^\S\n]+",
+        r"keytool" + _IN_COMMAND + r"-new[^\S\n]+",
         # A login's -p / --password (registries, OpenShift, Azure, Cloud Foundry), the MongoDB and Cassandra shells'.
         r"(?:(?:docker|podman|helm|buildah|skopeo)\s+(?:registry\s+)?login|(?:oc|az|cf)\s+login"
         r"|mongo(?:sh|dump|restore|export|import)?|cqlsh)" + _IN_COMMAND + r"(?:-p|--password)(?:\s+|=)",
-        # PowerShell's ConvertTo-SecureString "X" -AsPlainText.
-        r"(?i:ConvertTo-SecureString)\s+(?:-String\s+)?",
+        # PowerShell's ConvertTo-SecureString "X" -AsPlainText (a quoted string: the cmdlet named in prose is none).
+        r"(?i:ConvertTo-SecureString(?:\s+-(?:AsPlainText|Force))*\s+(?:-String\s+)?)(?=['\"])",
     )
 )
 # The options that take a password whatever their command (after their "-"): openssl's -passin pass:X, Java's

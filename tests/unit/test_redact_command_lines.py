@@ -141,6 +141,10 @@ def test_each_command_line_shape_is_masked(name: str, text: str, secret: str, ma
         "pulse pw: 1.5 µs",
         # Prose about authentication schemes, a challenge's realm, where a token comes from.
         "The API uses basic authentication; Bearer authentication is described in RFC 6750.",
+        # The cmdlet named in prose; an option that ends its line (the password is asked for at the prompt).
+        "Use ConvertTo-SecureString to turn text into a SecureString; the ConvertTo-SecureString cmdlet converts it.",
+        "sqlcmd -S srv -U sa -P\nThen type the password at the prompt.",
+        "ldapsearch -x -D cn=admin -w\nEnter LDAP Password:",
         # (Punctuation after the word is no sign of a token: the look is read within the token.)
         "Does the API use basic authentication? It supports **Basic authentication** and *bearer authentication*!",
         "Switch from basic authentication-based login; the server accepts Bearer authentication=required.",
@@ -270,3 +274,13 @@ def test_an_authorization_header_s_value_is_masked_however_it_looks() -> None:
         redact_secrets("Authorization: Basic realm=CompanyIntranetRealm")
         == "Authorization: Basic realm=CompanyIntranetRealm"
     )
+
+
+def test_a_secure_string_s_value_is_masked_after_its_switches_in_any_case() -> None:
+    for text in (
+        "$p = ConvertTo-SecureString -AsPlainText -Force -String 'P@ssw0rd1'",
+        "$p = convertto-securestring -string 'P@ssw0rd1' -AsPlainText -Force",
+    ):
+        masked = redact_secrets(text)
+        assert "P@ssw0rd1" not in masked
+        assert "'[REDACTED]'" in masked
