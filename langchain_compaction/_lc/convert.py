@@ -71,7 +71,8 @@ def json_text(value: Any, *, sort_keys: bool = True, tight: bool = False) -> str
             value, ensure_ascii=False, sort_keys=sort_keys, default=str, separators=(",", ":") if tight else None
         )
     except RecursionError:
-        msg = "a message holds a value nested too deeply to write as JSON, which no provider can be sent: flatten it"
+        msg = "a value (in a message or a tool's schema) is nested too deeply to write as JSON, which no provider "
+        msg += "can be sent: flatten it"
         raise InvalidMessagesError(msg) from None
     except (TypeError, ValueError):
         return str(value)
