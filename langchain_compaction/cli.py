@@ -291,12 +291,12 @@ def _checked_overhead(
     from langchain_compaction.functional import should_compact
 
     overhead = request_overhead(conversation.request, options)
-    if args.context_window:
+    # (Only a request that needs compacting, or is told to compact, is refused: one that fits goes as it is,
+    # and its room is not planned.)
+    if args.context_window and (args.force or should_compact(messages, options=options, overhead_tokens=overhead)):
         counts, core = counts_and_core(messages, options)
         budget = planning_options(options, core, counts, overhead).budget
-        # (Only a request that needs compacting, or is told to compact, is refused: one that fits goes as it is.)
-        due = args.force or should_compact(messages, options=options, overhead_tokens=overhead)
-        if due and no_room(budget):
+        if no_room(budget):
             raise ConfigurationError("--context-window", args.context_window, _no_room(budget, overhead))
     return overhead
 
