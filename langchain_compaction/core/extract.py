@@ -135,10 +135,10 @@ _REVOKE = re.compile(
 # only a rule that calls for that (``Reversal``): after "never use tabs", "stop using tabs" says the rule
 # again. "No need to V X" keeps its verb ("no need to explain the tests" is not about running them).
 # (A subject ends at "and": "stop everything and run the tests" is no reversal of running them.)
+_UP_TO_AND = r"(?:(?!\band\b)[^.;!?,\n]){1,80}"  # (a reversal's subject)
 _REVERSE = re.compile(
-    rf"{_NOT}\b(?:stop|quit)\s+(?!(?:every|any|no|some)thing\b)\w+ing\s+(?P<r>(?:(?!\band\b)[^.;!?,\n]){{1,80}})"
-    r"|\bno need for\s+(?P<s>(?:(?!\band\b)[^.;!?,\n]){1,80})"
-    r"|\bno need to\s+(?P<t>(?:(?!\band\b)[^.;!?,\n]){1,80})",
+    rf"{_NOT}\b(?:stop|quit)\s+(?!(?:every|any|no|some)thing\b)\w+ing\s+(?P<r>{_UP_TO_AND})"
+    rf"|\bno need for\s+(?P<s>{_UP_TO_AND})|\bno need to\s+(?P<t>{_UP_TO_AND})",
     re.IGNORECASE,
 )
 # A negation before a reversal, in its sentence ("should not stop", "don't ever stop", "never, ever stop").
