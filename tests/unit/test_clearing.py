@@ -156,7 +156,8 @@ def test_clearing_options_are_validated():
         ClearToolOutputs(exclude_tools="grep")  # type: ignore[arg-type]
 
 
-def test_the_node_writes_cleared_outputs_into_the_state():
+def clearing_graph() -> Any:
+    """A checkpointed graph of one CompactionNode that clears (and never summarizes)."""
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.graph import START, MessagesState, StateGraph
 
@@ -165,7 +166,11 @@ def test_the_node_writes_cleared_outputs_into_the_state():
     builder = StateGraph(MessagesState)
     builder.add_node("compact", CompactionNode(never_called, options(), features=clearing()))
     builder.add_edge(START, "compact")
-    graph = builder.compile(checkpointer=InMemorySaver())
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+def test_the_node_writes_cleared_outputs_into_the_state():
+    graph = clearing_graph()
     config = {"configurable": {"thread_id": "c"}}
     state = graph.invoke({"messages": agent_session(20)}, config)
     cleared = [m for m in state["messages"] if isinstance(m, ToolMessage) and str(m.content).startswith(CLEARED_PREFIX)]
@@ -407,15 +412,7 @@ def test_a_turn_cleared_in_part_is_cleared_further_later_never_a_placeholder_twi
 
 
 def test_the_node_clears_block_form_tool_results_in_the_state():
-    from langgraph.checkpoint.memory import InMemorySaver
-    from langgraph.graph import START, MessagesState, StateGraph
-
-    from langchain_compaction import CompactionNode
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("compact", CompactionNode(never_called, options(), features=clearing()))
-    builder.add_edge(START, "compact")
-    graph = builder.compile(checkpointer=InMemorySaver())
+    graph = clearing_graph()
     config = {"configurable": {"thread_id": "blocks"}}
     sent = block_session(20)
     state = graph.invoke({"messages": sent}, config)["messages"]
