@@ -273,6 +273,10 @@ class Unresolved(Generic[_V]):
         held[start:end] = left
         return gone
 
+    def copy(self) -> Unresolved[_V]:
+        """An independent copy (the values themselves are shared: they are not changed)."""
+        return Unresolved({program: list(held) for program, held in self.held.items()}, dict(self.values), self._count)
+
 
 def written_files(result: str) -> list[str]:
     """The paths a successful result reports the harness applied edits to, in order (aider's report).

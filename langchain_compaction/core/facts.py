@@ -55,8 +55,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
+from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.calls import (
     SHELL,
     CallReading,
@@ -90,10 +92,6 @@ from langchain_compaction.core.section import (
     PRIORITY,
     SECTION_HEADING,
     SECTION_NOTE,
-    Within,
-    carried_over,
-    fitting,
-    line_of,
     render_section,
 )
 from langchain_compaction.core.subjects import Naming
@@ -105,8 +103,6 @@ __all__ = [
     "RULES_PER_MESSAGE",
     "SECTION_HEADING",
     "SECTION_NOTE",
-    "FactCheck",
-    "check_summary",
     "constraints",
     "error_line",
     "gather",
@@ -127,7 +123,7 @@ NAMES_KEPT = 8
 """How many of the code names the agent keeps using are kept (those met last)."""
 _REPEATED: frozenset[FactKind] = frozenset({"name", "term"})
 """Kept once met in two messages or more: the code names met last, the words the user repeated most."""
-_COUNTED: frozenset[FactKind] = frozenset({"task", "request", "earlier", *_REPEATED})
+COUNTED: frozenset[FactKind] = frozenset({"task", "request", "earlier", *_REPEATED})
 """The kinds whose number is bounded (``REQUESTS_KEPT``, ``EARLIER_KEPT``, ``NAMES_KEPT``, ``TERMS_KEPT``, one task)."""
 
 
@@ -187,6 +183,12 @@ class _Tracker:
     # The rules by their words (made at the first revocation); the task's and requests' keys (their rules go too).
     rules: Naming[tuple[FactKind, str]] | None = None
     asked: dict[tuple[FactKind, str], None] = field(default_factory=dict)
+
+    def copy(self) -> _Tracker:
+        """An independent copy: what either reads next does not change the other (the facts themselves are frozen)."""
+        # (Field by field, so a field added later is copied too: each is a dict, a list or
+        # a part with a ``copy`` of its own; a string or None is kept as it is.)
+        return _Tracker(**{f.name: _copied(getattr(self, f.name)) for f in fields(self)})
 
     def add(self, fact: Fact) -> None:
         cleaned = _cleaned(fact)
@@ -416,6 +418,12 @@ def gather(
 ) -> list[Fact]:
     """The facts in force after a compaction, oldest first.
 
+    Each message is read once: the facts as read up to the end of the region
+    are kept (``FOLDS_KEPT`` conversations), and a later compaction whose
+    region starts the same way, from the same carried facts (a prepared
+    summary applied, a retry, the region grown since a preparation), goes on
+    from there.
+
     Args:
         carried: The facts earlier summaries recorded (carried on).
         messages: The conversation.
@@ -426,74 +434,46 @@ def gather(
     Returns:
         The facts.
     """
-    tracker = _Tracker()
-    for fact in carried:
-        tracker.add(fact)
-    for index in region:
-        tracker.read(messages[index], record=True)
+    facts = tuple(carried)
+    read = [messages[index] for index in region]
+    key = (facts, id(read[0])) if read else None  # (the first message is held by the fold: its id is not reused)
+    tracker, start = _resumed(facts, read, _FOLDS.get(key))
+    for message in read[start:]:
+        tracker.read(message, record=True)
+    if key is not None and start < len(read):
+        _FOLDS.put(key, _Fold(read, tracker.copy()))
     for index in kept:
         tracker.read(messages[index], record=False)
     return tracker.result()
 
 
+FOLDS_KEPT = 64
+"""How many conversations' facts, as read up to the end of a compaction's region, are kept."""
+
+
 @dataclass(frozen=True, slots=True)
-class FactCheck:
-    """What checking a summary against the facts found.
+class _Fold:
+    """The facts as read from some carried facts through ``read`` (never changed: it is copied to go on)."""
 
-    Attributes:
-        facts: Every fact in force, to record with the summary and carry on
-            (those the summary states, those the section adds, the requests
-            and repeated words left out for room, bounded by count, and the
-            newest of the other facts left out, within the section's budget again).
-        section: The section the library adds ("" when the summary states every fact).
-        found: Facts in force.
-        in_summary: Of those, stated by the summary.
-        added: Added by the library in ``section``.
-        dropped: Left out for the section's budget (some carried on all the same).
-    """
-
-    facts: tuple[Fact, ...]
-    section: str
-    found: int
-    in_summary: int
-    added: int
-    dropped: int
+    read: list[Message]
+    tracker: _Tracker
 
 
-def check_summary(summary: str, facts: Sequence[Fact], budget: int) -> FactCheck:
-    """Check ``summary`` against ``facts``; the section that adds what it misses, within ``budget`` tokens.
+_FOLDS: Bounded[_Fold] = Bounded(FOLDS_KEPT)
 
-    Args:
-        summary: The summarizer's text.
-        facts: The facts in force, oldest first.
-        budget: The most tokens the section may take.
 
-    Returns:
-        The check.
+def _resumed(carried: tuple[Fact, ...], read: list[Message], fold: _Fold | None) -> tuple[_Tracker, int]:
+    """A tracker that has read ``carried`` and the first messages of ``read`` (how many): from ``fold`` if it fits."""
+    # (A list compares its items by identity first: the same message objects cost no field comparison.)
+    if fold is not None and len(fold.read) <= len(read) and read[: len(fold.read)] == fold.read:
+        return fold.tracker.copy(), len(fold.read)
+    tracker = _Tracker()
+    for fact in carried:
+        tracker.add(fact)
+    return tracker, 0
 
-    Example:
-        >>> facts = [Fact("constraint", "Never edit tests/fixtures.json."), Fact("identifier", "RZ8KPW")]
-        >>> check = check_summary("## Goal\\n- rebook RZ8KPW", facts, 200)
-        >>> (check.in_summary, check.added), check.section.splitlines()[-1]
-        ((1, 1), '- "Never edit tests/fixtures.json."')
-    """
-    stated = normalize(summary)
-    norm = {id(f): compared(f) for f in facts}
-    missing = [f for f in facts if norm[id(f)] not in stated]
-    chosen = fitting(missing, norm, budget)
-    # Added: listed, or stated by another fact's line (a path inside a constraint).
-    listed = {id(f) for f in chosen}
-    within = Within("\n".join(normalize(line_of(f)) for f in chosen))
-    added = [f for f in missing if id(f) in listed or within(norm[id(f)])]
-    dropped = {id(f) for f in missing} - {id(f) for f in added}
-    # What is left out may fit under a later summary (a cut that keeps less leaves more room).
-    dropped -= carried_over([f for f in missing if id(f) in dropped and f.kind not in _COUNTED], budget)
-    kept = tuple(f for f in facts if id(f) not in dropped or f.kind in _COUNTED)
-    return FactCheck(
-        facts=kept,
-        section=render_section(chosen),
-        found=len(facts),
-        in_summary=len(facts) - len(missing),
-        added=len(added),
-        dropped=len(missing) - len(added),
-    )
+
+def _copied(value: Any) -> Any:
+    """``value``, or its copy when it has one (a dict, a list, a counter, ``Unresolved``, ``Naming``)."""
+    copy = getattr(value, "copy", None)
+    return copy() if copy is not None else value

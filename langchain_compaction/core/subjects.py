@@ -119,6 +119,10 @@ class Naming(Generic[_K]):
         found = set().union(*held[0])
         return {item for item in found if all(any(item in s for s in sets) for sets in held[1:])}
 
+    def copy(self) -> Naming[_K]:
+        """An independent copy."""
+        return Naming({key: set(items) for key, items in self.by_key.items()})
+
 
 _COMMON_WORDS = """
     about above after again against also always another anything around because been before being below

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, get_args
 
-from langchain_compaction.core.facts import check_summary, gather
+from langchain_compaction.core.check import check_summary
+from langchain_compaction.core.facts import gather
 from langchain_compaction.core.options import CompactionOptions, check_int
 from langchain_compaction.core.redact import redact_facts, redact_message
 from langchain_compaction.core.section import facts_in_section

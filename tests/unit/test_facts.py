@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from langchain_core.chat_history import InMemoryChatMessageHistory
@@ -21,12 +22,13 @@ from langchain_compaction import (
     compact,
 )
 from langchain_compaction._lc.convert import SUMMARY_MARK, is_summary_message, summary_message, to_core_list
+from langchain_compaction.core import facts as facts_module
+from langchain_compaction.core.check import check_summary
 from langchain_compaction.core.facts import (
     EARLIER_KEPT,
     NAMES_KEPT,
     RULES_PER_MESSAGE,
     SECTION_HEADING,
-    check_summary,
     constraints,
     error_line,
     gather,
@@ -163,6 +165,39 @@ def test_facts_are_carried_on_and_resolved_across_compactions() -> None:
     # ... and the file read, then edited, is one fact: a modified file.
     assert section.count("app/export.py") == 1
     assert section.index("Files modified:") < section.index("app/export.py")
+
+
+def test_facts_read_before_are_gone_on_from_and_come_out_as_read_afresh() -> None:
+    # A preparation reads the region, the threshold turn a longer one (or the
+    # same again): it goes on from what was read, never from another timeline's.
+    name = "own-invoice-export"
+    messages = to_core_list(load_transcript(name))
+    carried = gather([], messages, range(6), range(6, 9))  # (an earlier summary's facts)
+    region, kept = range(6, len(messages) - 4), range(len(messages) - 4, len(messages))
+
+    def afresh(region: range, kept: range, edited: dict[int, str] | None = None) -> list[Fact]:
+        fresh = to_core_list(load_transcript(name))  # new message objects: nothing read before
+        for index, text in (edited or {}).items():
+            fresh[index] = replace(fresh[index], parts=(Part("text", text),))
+        return gather(carried, fresh, region, kept)
+
+    for end in (3, len(region) // 2, len(region)):
+        shorter = range(region.start, region.start + end)
+        assert gather(carried, messages, shorter, range(shorter.stop, len(messages))) == afresh(
+            shorter, range(shorter.stop, len(messages))
+        )
+        fold = facts_module._FOLDS.get((tuple(carried), id(messages[region.start])))
+        assert fold is not None
+        assert len(fold.read) == end
+    assert gather(carried, messages, region, kept) == afresh(region, kept)
+    # Another timeline: a message of the region read before is not the same one now.
+    at = next(i for i in region[3:] if messages[i].role == "user")
+    other = list(messages)
+    other[at] = replace(other[at], parts=(Part("text", "Never push to main."),))
+    forked = gather(carried, other, region, kept)
+    assert forked == afresh(region, kept, {at: "Never push to main."})
+    assert any(f.text == "Never push to main." for f in forked)
+    assert all(f.text != "Never push to main." for f in gather(carried, messages, region, kept))
 
 
 def test_the_section_stays_within_its_budget_in_priority_order() -> None:
