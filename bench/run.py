@@ -282,9 +282,10 @@ def step_figures(sizes: list[int], repeats: int) -> dict[str, dict[str, float]]:
         # Best of the repeats on one node: from the second on, what the library
         # made of each message is kept (its count, transcript body and what
         # checked facts read in it: core/readings.py and the ``known_*`` fields
-        # of core/types.py; and the facts as read to the end of the region,
-        # ``core.facts.gather``), as it is for a conversation's kept messages at
-        # its next compaction and for a preparation's messages at the threshold.
+        # of core/types.py), as it is for a conversation's kept messages at its
+        # next compaction and for a preparation's messages at the threshold; and
+        # the facts as read to the end of the region (``core.facts.gather``), as
+        # for a compaction retried or made again from the same checkpoint.
         timings["ours_compaction"] = best(lambda: ours.step(list(state)))
         # The same step over messages never read before: new message objects, a
         # new node and the readings cleared, each time (the copies are not timed).

@@ -419,10 +419,11 @@ def gather(
     """The facts in force after a compaction, oldest first.
 
     Each message is read once: the facts as read up to the end of the region
-    are kept (``FOLDS_KEPT`` conversations), and a later compaction whose
-    region starts the same way, from the same carried facts (a prepared
-    summary applied, a retry, the region grown since a preparation), goes on
-    from there.
+    are kept (the last ``FOLDS_KEPT`` regions), and a later compaction whose
+    region starts the same way, from the same carried facts (a retry of a
+    compaction that failed or was not written, a second worker or a fork
+    compacting the same checkpoint), goes on from there instead of reading
+    the region again.
 
     Args:
         carried: The facts earlier summaries recorded (carried on).
@@ -447,8 +448,8 @@ def gather(
     return tracker.result()
 
 
-FOLDS_KEPT = 64
-"""How many conversations' facts, as read up to the end of a compaction's region, are kept."""
+FOLDS_KEPT = 8
+"""How many regions' facts, as read to their end, are kept (the newest): a region is compacted again soon or never."""
 
 
 @dataclass(frozen=True, slots=True)
