@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from functools import cache
 
 from langchain_compaction.core.lines import clip
 from langchain_compaction.core.subjects import named, subject_words
@@ -96,40 +97,84 @@ _EMPHASIS = re.compile(r"(\*\*|__)(.+?)\1")
 # "tabs are fine now", "you may use tabs", "never mind the tabs rule").
 # (Not after a "don't" or a "never": "don't forget the voucher rule" is a reminder.)
 _NOT = r"(?<!don't )(?<!don\u2019t )(?<!dont )(?<!do not )(?<!never )"
-_REVOKE = re.compile(
-    rf"{_NOT}\b(?:forget|ignore|disregard|scratch|drop)\s+(?:what (?:i (?:said|told you)|the \w+ (?:said|says))"
-    r"|(?:my|the|our) (?:earlier |previous |last )?(?:rule|instruction|request|constraint|policy|guideline"
-    r"|preference)s?)"
-    r"\s+(?:about|on|regarding|for)\s+(?P<a>[^.;!?\n]+)"
+# Each alternative of ``_REVOKE`` with the words it cannot match without (lower-cased, one of them):
+# a text is scanned only with the alternatives whose words it holds (``_revocations``), since the
+# scan tries every alternative at every position (the "no longer applies" one alone took 40%).
+_VERBS = ("forget", "ignore", "disregard", "scratch", "drop")
+_REVOKE_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        rf"{_NOT}\b(?:forget|ignore|disregard|scratch|drop)\s+(?:what (?:i (?:said|told you)|the \w+ (?:said|says))"
+        r"|(?:my|the|our) (?:earlier |previous |last )?(?:rule|instruction|request|constraint|policy|guideline"
+        r"|preference)s?)"
+        r"\s+(?:about|on|regarding|for)\s+(?P<a>[^.;!?\n]+)",
+        _VERBS,
+    ),
     # "forget the voucher rule", "ignore that policy about refunds" (a subject of at most 80 characters).
-    rf"|{_NOT}\b(?:forget|ignore|disregard|scratch|drop)\s+(?:the|my|our|that)\s+(?P<e>[^.;!?,\n]{{1,80}}?)\s+"
-    r"(?:rule|policy|instruction|requirement|guideline|preference)s?\b"
-    r"|\b(?P<f>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:rule|policy|requirement|preference)s?\s+no longer appl(?:y|ies)\b"
+    (
+        rf"{_NOT}\b(?:forget|ignore|disregard|scratch|drop)\s+(?:the|my|our|that)\s+(?P<e>[^.;!?,\n]{{1,80}}?)\s+"
+        r"(?:rule|policy|instruction|requirement|guideline|preference)s?\b",
+        _VERBS,
+    ),
+    (
+        r"\b(?P<f>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:rule|policy|requirement|preference)s?"
+        r"\s+no longer appl(?:y|ies)\b",
+        ("no longer appl",),
+    ),
     # Permissions: "it's okay to ...", "feel free to ...", "you're allowed to ...", "you no longer need to ...".
-    r"|\b(?:it['\u2019]?s|it is) (?:ok|okay|fine|alright|allowed) (?:now |again )?to (?P<g>[^.;!?\n]+)"
-    r"|\bfeel free to (?P<h>[^.;!?\n]+)"
-    r"|\byou(?:['\u2019]re| are) (?:now |again )?allowed to (?P<i>[^.;!?\n]+)"
-    r"|\byou (?:no longer (?:need|have) to|don['\u2019]?t (?:need|have) to (?=[^.;!?\n]{0,120}\bany ?more\b))"
-    r"(?P<j>[^.;!?\n]+)"
+    (
+        r"\b(?:it['\u2019]?s|it is) (?:ok|okay|fine|alright|allowed) (?:now |again )?to (?P<g>[^.;!?\n]+)",
+        ("ok", "fine", "alright", "allowed"),
+    ),
+    (r"\bfeel free to (?P<h>[^.;!?\n]+)", ("feel free to",)),
+    (r"\byou(?:['\u2019]re| are) (?:now |again )?allowed to (?P<i>[^.;!?\n]+)", ("allowed to",)),
+    (
+        r"\byou (?:no longer (?:need|have) to|don['\u2019]?t (?:need|have) to (?=[^.;!?\n]{0,120}\bany ?more\b))"
+        r"(?P<j>[^.;!?\n]+)",
+        ("need to", "have to"),
+    ),
     # (A subject of at most 80 characters: unbounded, each "never mind" read on to the sentence's end.)
-    r"|\bnever ?mind\s+(?:about\s+)?(?:the\s+|my\s+)?(?P<b>[^.;!?,\n]{1,80}?)\s+(?:rule|thing|instruction|part)\b"
+    (
+        r"\bnever ?mind\s+(?:about\s+)?(?:the\s+|my\s+)?(?P<b>[^.;!?,\n]{1,80}?)\s+(?:rule|thing|instruction|part)\b",
+        ("mind",),
+    ),
     # (Subjects start and end with a non-space: a run of spaces around one is
     # read one way, not split every way between the subject and the spaces.)
     # (After a colon too: "I changed my mind: new dependencies are fine"; a leading "actually" is no subject.)
-    r"|(?:^|[.;:!?,]\s*)(?:(?:actually|well|so|also|oh|and)\s+)?"
-    r"(?P<c>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
-    r"(?:\s+(?:now|again|after all|with me|by me))?"
-    # (Where it is fine is part of the subject: "tabs are fine in Python files" is not about Makefiles.)
-    r"(?:\s+(?P<p>(?:in|inside|within|under|on)\s+(?!(?:general|principle|me|us)\b)[^.;!?,\n]{1,60}))?\b"
+    (
+        r"(?:^|[.;:!?,]\s*)(?:(?:actually|well|so|also|oh|and)\s+)?"
+        r"(?P<c>[\w'./-][\w'./ -]{0,38}?[\w'./-])\s+(?:is|are)\s+(?:fine|ok|okay|allowed|acceptable)"
+        r"(?:\s+(?:now|again|after all|with me|by me))?"
+        # (Where it is fine is part of the subject: "tabs are fine in Python files" is not about Makefiles.)
+        r"(?:\s+(?P<p>(?:in|inside|within|under|on)\s+(?!(?:general|principle|me|us)\b)[^.;!?,\n]{1,60}))?\b",
+        ("fine", "ok", "allowed", "acceptable"),
+    ),
     # ("You can forget the X rule" is the forgetting above, not a permission to forget.)
     # ("You may never ...", "You can only ..." lay a rule down.)
     # "Don't worry about pandas". (Not "stop using tabs" or "no need for tabs": after "never use tabs" they
     # say it again, and a revocation takes back a rule whichever way it went.)
-    r"|\bdon['\u2019]?t worry about (?P<m>[^.;!?\n]+)"
-    r"|\byou (?:may|can) (?:now |again |go ahead and )?"
-    r"(?!(?:forget|ignore|disregard|scratch|drop|never|not|only|no longer|no)\b)(?P<d>[^.;!?\n]+)",
-    re.IGNORECASE,
+    (r"\bdon['\u2019]?t worry about (?P<m>[^.;!?\n]+)", ("worry about",)),
+    (
+        r"\byou (?:may|can) (?:now |again |go ahead and )?"
+        r"(?!(?:forget|ignore|disregard|scratch|drop|never|not|only|no longer|no)\b)(?P<d>[^.;!?\n]+)",
+        ("you may", "you can"),
+    ),
 )
+_REVOKE = re.compile("|".join(part for part, _ in _REVOKE_PARTS), re.IGNORECASE)
+
+
+@cache
+def _revoke_with(parts: tuple[int, ...]) -> re.Pattern[str]:
+    """``_REVOKE`` of those alternatives only (in order: a text's matches are the same, leftmost first)."""
+    return re.compile("|".join(_REVOKE_PARTS[i][0] for i in parts), re.IGNORECASE)
+
+
+def _revocations(text: str) -> re.Pattern[str] | None:
+    """``_REVOKE`` without the alternatives ``text`` lacks the words of (``None``: it holds none)."""
+    low = text.lower()  # (as ``holds_any`` reads: the scans before the pattern are case-blind)
+    parts = tuple(i for i, (_, words) in enumerate(_REVOKE_PARTS) if any(word in low for word in words))
+    return _revoke_with(parts) if parts else None
+
+
 # Saying the opposite of a rule: "stop adding type hints", "no need for type hints anymore". What it is
 # about follows the verb ("type hints": adding and writing them is one thing to stop), and it takes back
 # only a rule that calls for that (``Reversal``): after "never use tabs", "stop using tabs" says the rule
@@ -141,6 +186,8 @@ _REVERSE = re.compile(
     rf"|\bno need for\s+(?P<s>{_UP_TO_AND})|\bno need to\s+(?P<t>{_UP_TO_AND})",
     re.IGNORECASE,
 )
+_REVERSE_WORDS = ("stop", "quit", "no need")
+"""One of them is in every reversal (lower-cased): a text without any is not scanned for one."""
 # A negation before a reversal, in its sentence ("should not stop", "don't ever stop", "never, ever stop").
 _NEGATED = re.compile(r"(?:\b(?:not|never|dont)|n['\u2019]t)\b[^.;:!?\n]*$", re.IGNORECASE)
 # What a rule that forbids something says (a reversal leaves it: it may say the same, "always use spaces
@@ -176,14 +223,21 @@ _LEAD_START = re.compile(r"[.!?]\s+|\n")
 _END = re.compile(r"[.!?](?=\s|$)|\n")
 
 
-def _permissions(text: str, pattern: re.Pattern[str] = _REVOKE) -> Iterator[re.Match[str]]:
+def _permissions(text: str, pattern: re.Pattern[str] | None = None) -> Iterator[re.Match[str]]:
     """The revocations ``pattern`` finds in ``text`` that grant something: not asked, negated, conditional or quoted.
+
+    ``pattern``: ``_REVOKE`` (the default, without the alternatives ``text``
+    lacks the words of) or ``_REVERSE``.
 
     Example:
         >>> [bool(list(_permissions(t))) for t in ("Tabs are fine now.", "I never said tabs are fine.")]
         [True, False]
     """
-    for match in pattern.finditer(text):
+    if pattern is None:
+        pattern = _revocations(text)
+    elif pattern is _REVERSE and not holds_any(text, _REVERSE_WORDS):
+        pattern = None
+    for match in pattern.finditer(text) if pattern is not None else ():
         # What leads to it in its sentence, past a turn ("the guide says X, but you can ..." grants);
         # an "is fine"'s subject is read with it ("I never said tabs").
         anchor = match.end("c") if match.groupdict().get("c") else match.start()
