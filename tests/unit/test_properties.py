@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import warnings
 from dataclasses import replace
 from typing import Any
@@ -345,3 +346,75 @@ def test_the_input_reported_is_the_estimate_of_what_was_sent(
         event(
             f"round {round_}: {'chunked' if result.chunks > 1 else 'one chunk'}, {'shortened' if result.shortened_messages else 'whole'}"
         )
+
+
+# The words revocations are made of, in any case, spacing and punctuation: a text
+# is scanned only with the alternatives whose words it holds, and finds the same.
+_REVOCATION_WORDS = (
+    "forget",
+    "IGNORE",
+    "Disregard",
+    "scratch",
+    "drop",
+    "what I said",
+    "about",
+    "the",
+    "my",
+    "rule",
+    "policy",
+    "no longer",
+    "applies",
+    "it's",
+    "it is",
+    "ok",
+    "okay",
+    "fine",
+    "alright",
+    "allowed",
+    "to",
+    "feel free",
+    "you",
+    "you're",
+    "are",
+    "is",
+    "may",
+    "can",
+    "need",
+    "have",
+    "anymore",
+    "never",
+    "mind",
+    "nevermind",
+    "don't",
+    "worry",
+    "acceptable",
+    "now",
+    "again",
+    "in",
+    "tabs",
+    "book",
+    "look",
+    "stop",
+    "using",
+    "no need",
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(_REVOCATION_WORDS), st.sampled_from([" ", "  ", "\n", ", ", ". ", ": "])), max_size=30
+    )
+)
+def test_a_text_is_scanned_for_revocations_with_the_alternatives_it_may_match_and_finds_the_same(
+    pieces: list[tuple[str, str]],
+) -> None:
+    from langchain_compaction.core.extract import _REVOKE, _revocations
+
+    def matched(pattern: re.Pattern[str] | None) -> list[tuple[tuple[int, int], dict[str, str]]]:
+        # (Each match and the groups it took: a group of a left-out alternative matches nothing either way.)
+        found = pattern.finditer(text) if pattern is not None else ()
+        return [(m.span(), {k: v for k, v in m.groupdict().items() if v is not None}) for m in found]
+
+    text = "".join(word + gap for word, gap in pieces)
+    assert matched(_revocations(text)) == matched(_REVOKE)
