@@ -348,66 +348,71 @@ def test_the_input_reported_is_the_estimate_of_what_was_sent(
         )
 
 
-# The words revocations are made of, in any case, spacing and punctuation: a text
-# is scanned only with the alternatives whose words it holds, and finds the same.
+# Revocations of each kind, and words of theirs, in any case, spacing and punctuation:
+# a text is scanned only with the alternatives whose words it holds, and finds the same.
+_REVOCATIONS = (
+    "forget what I said about tabs",
+    "ignore my earlier rule on naming",
+    "scratch the voucher rule",
+    "the tabs rule no longer applies",
+    "it's ok to use tabs",
+    "it is fine to push",
+    "feel free to merge",
+    "you're allowed to deploy",
+    "you no longer need to sign",
+    "you don't have to test it anymore",
+    "never mind the tabs rule",
+    "nevermind about the naming thing",
+    "tabs are fine now",
+    "so, layovers are OK",
+    "spaces are acceptable in Makefiles",
+    "don't worry about pandas",
+    "you may use tabs",
+    "you can go ahead and push",
+)
 _REVOCATION_WORDS = (
     "forget",
-    "IGNORE",
-    "Disregard",
-    "scratch",
     "drop",
-    "what I said",
-    "about",
     "the",
-    "my",
     "rule",
-    "policy",
     "no longer",
-    "applies",
-    "it's",
-    "it is",
     "ok",
-    "okay",
     "fine",
-    "alright",
     "allowed",
     "to",
-    "feel free",
     "you",
-    "you're",
     "are",
     "is",
     "may",
     "can",
     "need",
     "have",
-    "anymore",
     "never",
     "mind",
-    "nevermind",
     "don't",
     "worry",
-    "acceptable",
     "now",
-    "again",
     "in",
     "tabs",
     "book",
     "look",
     "stop",
-    "using",
-    "no need",
 )
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from(_REVOCATION_WORDS), st.sampled_from([" ", "  ", "\n", ", ", ". ", ": "])), max_size=30
+        st.tuples(
+            st.sampled_from(_REVOCATIONS + _REVOCATION_WORDS),
+            st.sampled_from([str, str.upper, str.title]),
+            st.sampled_from([" ", "  ", "\n", ", ", ". ", ": "]),
+        ),
+        max_size=12,
     )
 )
 def test_a_text_is_scanned_for_revocations_with_the_alternatives_it_may_match_and_finds_the_same(
-    pieces: list[tuple[str, str]],
+    pieces: list[tuple[str, Any, str]],
 ) -> None:
     from langchain_compaction.core.extract import _REVOKE, _revocations
 
@@ -416,5 +421,5 @@ def test_a_text_is_scanned_for_revocations_with_the_alternatives_it_may_match_an
         found = pattern.finditer(text) if pattern is not None else ()
         return [(m.span(), {k: v for k, v in m.groupdict().items() if v is not None}) for m in found]
 
-    text = "".join(word + gap for word, gap in pieces)
+    text = "".join(case(words) + gap for words, case, gap in pieces)
     assert matched(_revocations(text)) == matched(_REVOKE)
