@@ -11,6 +11,8 @@ tool result *and* no call/result pair spans it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from langchain_compaction.core.types import Message
 
@@ -127,6 +129,29 @@ def thinking_loop_opening(messages: Sequence[Message]) -> int | None:
     return opening
 
 
+@dataclass(frozen=True, slots=True)
+class Walk:
+    """Where the keep budget's walk (``walk_cut``) stopped: the cut, or what kept one from falling.
+
+    Attributes:
+        cut: The cut; 0 when none falls.
+        start: The first index that may be summarized.
+        kept_from: The first message kept: the cut, or the boundary found with
+            too few messages before it to summarize; ``start`` when no cut was looked for.
+        why: ``"cut"``; ``"alone"``: fewer than two messages may be summarized
+            at all; ``"fits"``: everything from ``start`` on fits the keep budget;
+            ``"few"``: fewer than two messages come before ``kept_from``.
+        whole: Whether ``kept_from`` moved back before the budget's boundary to
+            keep a tool exchange together (there was no valid boundary after it).
+    """
+
+    cut: int
+    start: int
+    kept_from: int
+    why: Literal["cut", "alone", "fits", "few"]
+    whole: bool = False
+
+
 def find_cut(
     messages: Sequence[Message],
     counts: Sequence[int],
@@ -164,9 +189,24 @@ def find_cut(
         messages (not larger than ``most``) would be summarized, or when no
         valid cut exists.
     """
+    walk = walk_cut(messages, counts, keep_recent_tokens, start=start, credit=credit, valid=valid, most=most)
+    return walk.cut
+
+
+def walk_cut(
+    messages: Sequence[Message],
+    counts: Sequence[int],
+    keep_recent_tokens: int,
+    *,
+    start: int = 0,
+    credit: int = 0,
+    valid: Sequence[bool] | None = None,
+    most: int | None = None,
+) -> Walk:
+    """``find_cut``, with where its walk stopped and why no cut fell there (the arguments are ``find_cut``'s)."""
     total = len(messages)
     if total - start + credit < MIN_SUMMARIZED:
-        return 0
+        return Walk(0, start, start, "alone")
     flags = valid if valid is not None else valid_boundaries(messages)
     accumulated = 0
     for index in range(total - 1, start - 1, -1):
@@ -175,6 +215,7 @@ def find_cut(
             continue
         cut = min(index + 1, total - 1)
         forward = next((c for c in range(cut, total) if flags[c]), None)
+        whole = forward is None
         if forward is None:
             # (No boundary before either: the exchange opens the region, as after one summarized whole.)
             back = next((c for c in range(cut - 1, start, -1) if flags[c]), start)
@@ -182,9 +223,9 @@ def find_cut(
                 messages, counts, _whole_loop(messages, counts, back, keep_recent_tokens * 2), most
             )
         if _too_few(counts, start, forward, credit, most):
-            return 0
-        return forward
-    return 0
+            return Walk(0, start, forward, "few", whole)
+        return Walk(forward, start, forward, "cut", whole)
+    return Walk(0, start, start, "fits")
 
 
 def _too_few(counts: Sequence[int], start: int, cut: int, credit: int, most: int | None) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import TypeVar
 
-from langchain_compaction.core.cut import find_cut, forced_cut, valid_boundaries, whole_if_over
+from langchain_compaction.core.cut import Walk, find_cut, forced_cut, valid_boundaries, walk_cut, whole_if_over
 from langchain_compaction.core.record import KEPT_NOTHING_KEY
 from langchain_compaction.core.types import Message, Scanned
 
@@ -168,12 +168,7 @@ def plan_compaction(
     Returns:
         The plan, or ``None`` when there is nothing to compact.
     """
-    head, earlier, start = _head(messages)
-    flags = valid_boundaries(messages)
-    region_start = _after_provider_block(messages, start, flags)
-    # An earlier summary counts as one summarized message, as in pi, where the
-    # summary was simply the first message of the list.
-    credit = sum(1 for i in earlier if messages[i].carries_summary)
+    head, earlier, start, region_start, flags, credit = _region(messages)
     cut = find_cut(messages, counts, keep_recent_tokens, start=region_start, credit=credit, valid=flags, most=most)
     forced = False
     if cut == 0 and force:
@@ -195,6 +190,29 @@ def plan_compaction(
         pinned=pinned,
         pinned_over_cap=over,
     )
+
+
+def _region(messages: Sequence[Message]) -> tuple[tuple[int, ...], list[int], int, int, list[bool], int]:
+    """What every cut plans over: the head, the region and its boundaries.
+
+    The kept system prompt, the earlier summaries, where the region after them
+    starts, where the budget cut's region starts (after a provider block), the
+    valid boundaries, and the credit the earlier summaries give.
+    """
+    head, earlier, start = _head(messages)
+    flags = valid_boundaries(messages)
+    # An earlier summary counts as one summarized message, as in pi, where the
+    # summary was simply the first message of the list.
+    credit = sum(1 for i in earlier if messages[i].carries_summary)
+    return head, earlier, start, _after_provider_block(messages, start, flags), flags, credit
+
+
+def budget_walk(
+    messages: Sequence[Message], counts: Sequence[int], keep_recent_tokens: int, *, most: int | None = None
+) -> Walk:
+    """Where ``plan_compaction``'s budget cut falls (unforced), or what keeps one from falling (``walk_cut``)."""
+    _, _, _, region_start, flags, credit = _region(messages)
+    return walk_cut(messages, counts, keep_recent_tokens, start=region_start, credit=credit, valid=flags, most=most)
 
 
 def _protected(
