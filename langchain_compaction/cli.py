@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from langchain_compaction import __version__
 from langchain_compaction._lc.advice import no_room
+from langchain_compaction._lc.no_cut import why_no_cut
 from langchain_compaction._terminal import Progress, Style, table
 from langchain_compaction.core.context import needs_compaction
 from langchain_compaction.core.lines import one_line
 from langchain_compaction.core.options import Budget, CompactionOptions
-from langchain_compaction.core.plan import leading_block, plan_compaction
+from langchain_compaction.core.plan import Plan, leading_block, plan_compaction
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.transcript import message_body
 from langchain_compaction.core.types import Message
@@ -107,9 +108,9 @@ def _inspect_report(
     summarized = [] if plan is None else [*(i for i in plan.previous_summaries if i < plan.start), *plan.region]
     total, t_summarized = sum(counts), sum(counts[i] for i in summarized)
     over = needs_compaction(core, counts, options, overhead)
-    # (The leading system prompt is never summarized: it is not among the newest messages kept.)
+    # (The leading system prompt is never summarized: a part of every request, as the tool schemas are.)
     fixed = sum(counts[: leading_block(core)])
-    held = _held(options, plan, total - sum(counts[i] for i in summarized) - fixed, overhead=overhead)
+    held = _held(options, core, counts, plan, overhead=overhead, over=over)
     return {
         "file": args.file,
         "format": fmt,
@@ -153,8 +154,7 @@ def _print_inspect(
         print(f"but no automatic compaction: {report['held']}", file=out)
     if not cut:
         if not report["over_threshold"]:
-            newest = kept["tokens"] - report["fixed_tokens"]
-            print(f"no cut: {_held(None, None, newest, report['keep_budget'])}", file=out)
+            print(f"no cut: {report['held']}", file=out)
         return
     print(
         f"cut at message {cut}: summarize {summarized['messages']} (~{summarized['tokens']:,} tokens), "
@@ -213,27 +213,26 @@ def _writable(path: str | None) -> None:
         raise ConfigurationError("--output", path, "it cannot be written (permission denied)")
 
 
-def _held(options: CompactionOptions | None, plan: object, kept: int, keep: int = 0, *, overhead: int = 0) -> str:
-    """Why a conversation over the threshold is not compacted ("" when it would be), or why there is no cut.
+def _held(
+    options: CompactionOptions,
+    core: list[Message],
+    counts: list[int],
+    plan: Plan | None,
+    *,
+    overhead: int,
+    over: bool,
+) -> str:
+    """Why the conversation is not compacted ("" when it would be): the fixed part leaves no room, or no cut falls.
 
-    The fixed part (the system prompt, leading system messages, and the
-    request's ``overhead``: its tool schemas) may leave no room; or nothing
-    comes before the messages that must stay whole.
+    ``over``: whether it is over its threshold (only then is a fix named for a missing cut).
     """
-    if options is not None:
-        budget = options.budget
-        if no_room(budget):
-            return _no_room(budget, overhead)
-        if plan is not None:
-            return ""
-        keep = budget.keep
-    if kept <= keep:
-        return f"everything fits the keep budget of {keep:,} tokens"
-    return (
-        f"nothing comes before the newest messages that must stay whole (the last message, a tool call with its "
-        f"results), and they take ~{kept:,} tokens, over the keep budget of {keep:,}: nothing can be summarized; "
-        "a larger --context-window is the fix"
-    )
+    budget = options.budget
+    if no_room(budget):
+        return _no_room(budget, overhead)
+    if plan is not None:
+        return ""
+    # (Without a window the cut is forced: a manual compaction, as ``compact`` makes.)
+    return why_no_cut(core, counts, budget, over=over, forced=budget.threshold is None)
 
 
 def _no_room(budget: Budget, overhead: int) -> str:
@@ -271,8 +270,7 @@ def _what_happened(
         options = planning_options(given, core, counts, overhead)  # as the compaction plans
         if needs_compaction(core, counts, options, overhead):
             plan = plan_compaction(core, counts, options.budget.keep, force=False, most=options.budget.most_kept)
-            kept = sum(counts[leading_block(core) :]) if plan is None else sum(counts[plan.cut :])
-            why = _held(options, plan, kept, overhead=overhead) or "the compaction was not made"
+            why = _held(options, core, counts, plan, overhead=overhead, over=True) or "the compaction was not made"
             tools = f", and ~{overhead:,} of tool schemas with it" if overhead else ""
             threshold = options.budget.threshold or 0
             over = f"the conversation (~{sum(counts):,} tokens{tools}) is over the threshold of {threshold:,}"

@@ -384,7 +384,8 @@ def test_a_conversation_over_the_window_that_cannot_be_cut_is_not_said_to_fit(tm
     _, text = run("inspect", str(path), "--context-window", "3000")
     assert "would compact" in text
     assert "fits" not in text
-    assert "nothing comes before the newest messages that must stay whole" in text
+    assert "message 0 (~25,004 tokens) is the newest, which is always kept, and nothing comes before it" in text
+    assert text.rstrip().endswith("a larger --context-window is the fix")
     assert main(["compact", str(path), "--context-window", "3000", "-o", str(tmp_path / "out.json")]) == 0
     said = capsys.readouterr()
     assert "fits the window" not in said.out + said.err
@@ -393,7 +394,9 @@ def test_a_conversation_over_the_window_that_cannot_be_cut_is_not_said_to_fit(tm
     small = tmp_path / "small.json"
     small.write_text(json.dumps([{"role": "user", "content": "hello"}]))
     _, text = run("inspect", str(small), "--context-window", "3000")
-    assert "everything fits the keep budget" in text
+    assert ": fits" in text
+    assert "no cut: message 0 (~5 tokens) is the newest" in text
+    assert "is the fix" not in text
 
 
 def test_a_system_prompt_that_leaves_no_room_is_named_as_the_reason(tmp_path, capsys):
@@ -557,6 +560,89 @@ def test_inspect_does_not_blame_a_long_system_prompt_on_the_newest_messages(tmp_
     text = inspected(tmp_path, conversation)
     assert "fits" in text
     assert "must stay whole" not in text
+
+
+def _no_cut(tmp_path: Path, conversation: list, *options: str) -> tuple[str, dict[str, Any]]:
+    """``inspect``'s text and ``--json`` for ``conversation`` (OpenAI-style) at ``options``."""
+    path = tmp_path / "conversation.json"
+    path.write_text(json.dumps(conversation))
+    code, text = run("inspect", str(path), *options)
+    assert code == 0
+    code, data = run("inspect", str(path), "--json", *options)
+    assert code == 0
+    return text, json.loads(data)
+
+
+def _call(call_id: str) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}],
+    }
+
+
+WINDOW = ("--context-window", "16000")  # (keep budget 4,200; threshold 14,000)
+CHAT = [{"role": "user", "content": "Build me a todo app please. " * 10}]
+CHAT += [{"role": "assistant", "content": f"step {i}: " + "I did this and that. " * 152} for i in range(5)]
+"""No tool calls: a short request and five long replies, ~4,200 tokens in all."""
+
+
+def test_inspect_says_which_messages_the_keep_budget_holds_when_no_cut_falls(tmp_path):
+    """No tool calls, and it fits: the keep budget holds all but the first message, one too few to summarize.
+
+    It was told "nothing comes before the newest messages that must stay whole (the last message, a tool
+    call with its results), and they take ~4,210 tokens ... a larger --context-window is the fix".
+    """
+    text, report = _no_cut(tmp_path, CHAT, *WINDOW)
+    why = f"the keep budget of 4,200 tokens holds messages 1 to 5 (~{report['tokens'] - 75:,} tokens); "
+    assert f"no cut: {why}only message 0 (~75 tokens) comes before them, too few to summarize\n" in text
+    assert report["held"].startswith(why)
+    assert f"no cut: {report['held']}\n" in text
+    assert "tool" not in report["held"]
+    assert "fix" not in report["held"]
+    assert _no_cut(tmp_path, CHAT, "--context-window", "12000")[1]["cut_index"] == 3
+
+
+def test_inspect_names_a_tool_exchange_only_when_it_is_what_must_stay_together(tmp_path):
+    tools = [{"role": "user", "content": "read the log"}, _call("c1")]
+    tools.append({"role": "tool", "tool_call_id": "c1", "content": "ERROR at x.py:10 " * 1_000})
+    text, report = _no_cut(tmp_path, tools, *WINDOW)
+    kept = report["tokens"] - report["tokens_by_role"]["user"]
+    assert report["held"] == (
+        f"messages 1 to 2 must stay together (a tool call is never separated from its results) and take "
+        f"~{kept:,} tokens, over the keep budget of 4,200; only message 0 (~{report['tokens'] - kept:,} tokens) "
+        "comes before them, too few to summarize"
+    )
+    assert f"no cut: {report['held']}\n" in text
+
+
+def test_a_conversation_over_its_threshold_that_cannot_be_cut_is_told_the_fix_that_helps(tmp_path):
+    """The keep budget holding everything calls for a smaller one; a tool exchange kept whole, for a larger window."""
+    big = [{"role": "user", "content": "Here is the spec. " * 2_200}, *CHAT[1:]]
+    text, report = _no_cut(tmp_path, big, *WINDOW)
+    assert report["over_threshold"]
+    assert not report["would_compact"]
+    assert report["held"].startswith("the keep budget of 4,200 tokens holds messages 1 to 5")
+    assert report["held"].endswith("; a smaller --keep-recent-tokens is the fix")
+    assert f"but no automatic compaction: {report['held']}\n" in text
+    assert _no_cut(tmp_path, big, *WINDOW, "--keep-recent-tokens", "3000")[1]["would_compact"]
+    # (A larger window makes it fit, and holds all but the first message all the same.)
+    assert _no_cut(tmp_path, big, "--context-window", "32000")[1]["held"].endswith("too few to summarize")
+
+    over = [{"role": "user", "content": "Here is the spec. " * 700}, _call("c1")]
+    over.append({"role": "tool", "tool_call_id": "c1", "content": "ERROR at x.py:10 " * 2_200})
+    assert not _no_cut(tmp_path, over, "--context-window", "20000")[1]["over_threshold"]
+    report = _no_cut(tmp_path, over, *WINDOW)[1]
+    assert report["over_threshold"]
+    assert report["cut_index"] == 0
+    assert "messages 1 to 2 must stay together" in report["held"]
+    assert report["held"].endswith("; a larger --context-window is the fix")
+    said = run("compact", str(tmp_path / "conversation.json"), *WINDOW, "-o", str(tmp_path / "out.json"))
+    assert said == (
+        0,
+        f"nothing done: the conversation (~{report['tokens']:,} tokens) is over the threshold of "
+        f"14,000, but {report['held']}\nwrote 3 messages to {tmp_path / 'out.json'}\n",
+    )
 
 
 def test_ctrl_c_during_a_long_compaction_says_one_line_and_exits_130(
