@@ -31,6 +31,7 @@ from langgraph.types import Command
 from langchain_compaction._lc.counting import LAST_CALLS_REMEMBERED
 from langchain_compaction._lc.events import in_place
 from langchain_compaction._lc.identity import canonical, content_size, prefix_digest
+from langchain_compaction._lc.levels import IN_TASK, TOO_DEEP, parent_node, recast
 from langchain_compaction._lc.steps import beside, configurable_of, parent_checkpoint, pulled, runs_beside_others
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow
@@ -58,10 +59,6 @@ def thread_label(thread_id: object) -> str:
     text = str(thread_id)
     out = "".join(f"%{ord(c):02X}" if c in "%." or ord(c) < 0x20 or ord(c) == 0x7F else c for c in text)
     return out or "%"
-
-
-def _recast(part: str) -> str:
-    return part.split(":", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +112,7 @@ def thread_of(config: Any) -> str | None:
 def namespace_of(config: Any) -> tuple[str, ...]:
     """The graphs around the running node, outermost first, without task ids (see the module docstring)."""
     raw = str(configurable_of(config).get("checkpoint_ns") or "")
-    parts = [_recast(p) for p in raw.split("|") if p and not p.isdigit()]
+    parts = [recast(p) for p in raw.split("|") if p and not p.isdigit()]
     return tuple(parts[:-1])
 
 
@@ -171,62 +168,12 @@ _OPENINGS: Bounded[tuple[tuple[BaseMessage, ...], tuple[int, ...], str]] = Bound
 # -- where a compaction is written ----------------------------------------------------------
 
 
-def graph_levels(config: Any) -> tuple[tuple[str, bool], ...]:
-    """The tasks that run the graphs around the running node, outermost first, each with whether it is a ``@task``.
-
-    A node's ``checkpoint_ns`` names every task around it (``parent:<id>|node:<id>``),
-    but a task of LangGraph's functional API runs in the graph of the task that
-    called it (an ``@entrypoint``'s function, a node's): the caller is no graph
-    level. ``checkpoint_map`` tells, mapping each namespace that started tasks
-    to the checkpoint of the graph that ran them: a caller maps to its own
-    graph's, the checkpoint before it. (With no map, as in an async hook before
-    Python 3.11, every segment is a level.)
-    """
-    configurable = configurable_of(config)
-    found = configurable.get("checkpoint_map")
-    checkpoints = found if isinstance(found, Mapping) else {}
-    parts = str(configurable.get("checkpoint_ns") or "").split("|")[:-1]  # (the last: the running node)
-    levels: list[tuple[str, bool]] = []
-    graph, called = checkpoints.get(""), False
-    for end, part in enumerate(parts, 1):
-        here = checkpoints.get("|".join(parts[:end]))
-        if here is not None and here == graph:
-            called = True  # it called the next task in its own graph
-            continue
-        if part and not part.isdigit():
-            levels.append((_recast(part), called))
-        graph, called = here, False
-    return tuple(levels)
-
-
-def parent_node(config: Any) -> str | None:
-    """The parent graph's node that runs this subgraph one level down (``IN_TASK``: a ``@task``); else ``TOO_DEEP``.
-
-    ``None`` at the top. ``Command(graph=Command.PARENT)`` reaches exactly one
-    level up, and from a graph run inside a ``@task`` it reaches the task, not
-    a graph's state.
-    """
-    levels = graph_levels(config)
-    if not levels:
-        return None
-    if len(levels) > 1:
-        return TOO_DEEP
-    node, called = levels[0]
-    return IN_TASK if called else node
-
-
 CONFIG_KEY_SEND = "__pregel_send"
 """Where LangGraph gives every task of a run its writer (no public name for it): set only inside a graph run."""
 
 
 Nesting = Literal["parent", "own"]
 """Where an adapter in a subgraph writes a compaction: the parent's state (one level up), or its own."""
-
-TOO_DEEP = "\x00too deep"
-"""What ``parent_node`` says of a subgraph nested more than one level down."""
-
-IN_TASK = "\x00in a task"
-"""What ``parent_node`` says of a graph one level down run inside a task of the functional API (``@task``)."""
 
 
 _AGENT_JUMP = "jump_to"
