@@ -275,6 +275,7 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         elif gone := [m.id for m in (ask.command, *ask.stale) if m is not None and m.id is not None]:
             update[self.messages_key] = [RemoveMessage(id=i) for i in gone]
         if outcome.messages is not None and parent is None:
+            self._delivery.stayed(config)
             written = yield from self._delivery.beside(config, ask.held or ask.messages, outcome.messages)
             update[self.messages_key] = written or update[self.messages_key]
         if not update or parent is None:

@@ -300,6 +300,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         # its state goes back merged by id, so write to the parent, which runs
         # the agent again on the compacted list (see CompactionNode(nested=...)).
         if parent is None:
+            self._delivery.stayed(config)
             return update
         return self._delivery.to_parent(config, update, state, parent, sent=(own, compacted), own=(OVERHEAD_KEY,))
 

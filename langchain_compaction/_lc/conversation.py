@@ -230,6 +230,7 @@ class Delivery:
         self._sent: Bounded[tuple[int, str]] = Bounded(CONVERSATIONS_REMEMBERED)
         self._own: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)
         self._holds: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)  # per parent task (its checkpoint_ns)
+        self._unread: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)  # parent tasks with no checkpoint to read
         self._filed: Bounded[Conversation] = Bounded(CONVERSATIONS_REMEMBERED)  # the parent's, where it holds it
         # The parent's state as this task was given it (``to_parent`` carries up what the run changed), held
         # from the read of the parent's checkpoint to the compaction of a node call of the same parent task.
@@ -260,13 +261,15 @@ class Delivery:
         if not took and (
             parent == IN_TASK or not (yield from self._parent_holds(config, messages, messages_key, parent))
         ):
+            if parent != IN_TASK and self._unread.get(_task(config)):
+                return own, own, None  # nothing told: said once a compaction stays here (``stayed``)
             self.say(
                 "own",
                 "it runs on messages its parent's state does not hold, or beside other nodes of its parent (a task "
                 "sent with Send, parallel branches, a graph invoked inside a node function, a tool, an @entrypoint "
-                "or a @task with messages of its own, or a parent without a checkpointer): it writes compactions "
-                "to its own state there, which the graph returns, since sent up they would replace the parent's "
-                "conversation or reach a state that does not hold it; pass nested='own' to say so",
+                "or a @task with messages of its own): it writes compactions to its own state there, which the "
+                "graph returns, since sent up they would replace the parent's conversation or reach a state that "
+                "does not hold it; pass nested='own' to say so",
             )
             return own, own, None
         if sent is not None and not took:
@@ -304,7 +307,8 @@ class Delivery:
         messages (by id) must lead this run's. Where no checkpoint of the
         parent can be read (no checkpointer, nothing saved yet), nothing tells
         a subgraph added as a node from a graph run inside a node function or
-        a tool: the compaction stays here. Read once per parent task.
+        a tool: the compaction stays here (``stayed`` says what follows). Read
+        once per parent task.
         """
         configurable = configurable_of(config)
         where = _task(config)
@@ -314,6 +318,7 @@ class Delivery:
         found, exact = yield from parent_checkpoint(configurable)
         if found is None:
             self._holds.put(where, False)
+            self._unread.put(where, True)
             return False
         checkpoint = found.checkpoint
         channels = checkpoint.get("channel_values", {})
@@ -380,6 +385,28 @@ class Delivery:
         that list (and what follows it); anything else means it did not.
         """
         self._sent.put(conversation.key, (len(messages), prefix_digest(messages)))
+
+    def stayed(self, config: Any) -> None:
+        """Say once that a compaction stayed in the subgraph because no checkpoint of its parent could be read.
+
+        Said on a turn that compacts, not on one that only looked: a turn
+        that compacts nothing loses nothing, and a later one may read the
+        parent's checkpoint and reach it.
+        """
+        if not self._unread.get(_task(config)):
+            return
+        self.say(
+            "unread",
+            "it compacted in a subgraph where no checkpoint of its parent could be read (a parent compiled without "
+            "a checkpointer, or a thread's first turn run with durability='exit'), where nothing tells a parent "
+            "holding these messages from a supervisor whose tool runs this graph: it wrote the compaction to its "
+            "own state. A parent that holds them gets the subgraph's list merged by id, the summary after the whole "
+            "history, so a parent node after the subgraph that sends that list to a model itself sends a system "
+            "message mid-history, until a turn reads the parent's checkpoint (never, without a checkpointer); to "
+            "compact the parent on such turns, put a CompactionNode before the subgraph's node in the parent (or, "
+            "with a checkpointer, run a thread's first turn with durability 'async' or 'sync'); nested='own' is "
+            "for messages that are not the parent's",
+        )
 
     def too_deep(self, config: Any) -> bool:
         """Whether this run is nested more than one level down (say so once)."""

@@ -15,7 +15,7 @@ import operator
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from helpers_turns import ToolCallingFake, cfg, short_summary, words
+from helpers_turns import ToolCallingFake, cfg, chat, short_summary, words
 from langchain.agents import create_agent
 from langchain_anthropic import ChatAnthropic
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -764,6 +764,92 @@ def test_an_agent_run_by_a_supervisors_tool_keeps_its_compactions_to_itself(save
     assert out["messages"][0].id == "ask"
     assert out["messages"][-1].content == "final answer"
     assert not any(isinstance(m, ToolMessage) and m.tool_call_id.startswith("s") for m in out["messages"])
+
+
+@pytest.mark.parametrize("kind", ["node", "middleware"])
+def test_a_subgraph_run_with_durability_exit_gives_no_advice_on_a_turn_that_compacts_nothing(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ``durability="exit"`` a thread's first turn has no checkpoint of the parent to read.
+
+    On that turn, which compacted nothing, the node (or the middleware)
+    warned that its messages were not the parent's and to pass
+    nested='own'; its later compactions did reach the parent, which
+    nested='own' would have let grow.
+    """
+    requests = Requests()
+    if kind == "node":
+        graph = node_in_subgraph(requests, "parent", RecordingSummarizer())
+    else:
+        graph = agent_in_subgraph(requests, "parent")
+    config = cfg(f"exit {kind}")
+    sizes = []
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for turn in range(30):
+            state = graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, config, durability="exit")
+            sizes.append(len(state["messages"]))
+    assert requests.invalid == []
+    assert [r.getMessage() for r in caplog.records if "nested='own'" in r.getMessage()] == []
+    assert max(sizes[10:]) < 30  # the compactions reached the parent
+
+
+def _subgraph_then_a_parent_node(seen: list[list[BaseMessage]], *, compact_first: bool, saver: bool) -> Any:
+    """The subgraph pattern, then a parent node that records the list it is handed (a model call's request)."""
+    sub = StateGraph(MessagesState)
+    sub.add_node("compact", CompactionNode(short_summary, OPTIONS))
+    sub.add_node("model", lambda state: {"messages": [AIMessage("answer")]})
+    sub.add_edge(START, "compact")
+    sub.add_edge("compact", "model")
+    parent = StateGraph(MessagesState)
+    parent.add_node("agent", sub.compile())
+    parent.add_node("after", lambda state: seen.append(list(state["messages"])) or {})
+    if compact_first:  # the fix named: a CompactionNode before the subgraph's node in the parent
+        parent.add_node("compact", CompactionNode(short_summary, OPTIONS))
+        parent.add_edge(START, "compact")
+        parent.add_edge("compact", "agent")
+    else:
+        parent.add_edge(START, "agent")
+    parent.add_edge("agent", "after")
+    return parent.compile(checkpointer=InMemorySaver() if saver else None)
+
+
+@pytest.mark.parametrize("saved", ["durability exit", "no checkpointer"])
+def test_where_no_checkpoint_of_the_parent_can_be_read_the_warning_says_what_follows(
+    saved: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """README: "Where no checkpoint of the parent can be read ... put a `CompactionNode` before the subgraph's node".
+
+    A first turn over the window: the compaction stays in the subgraph, and
+    the parent's next node is handed the summary after the whole history.
+    The warning said to pass nested='own', which would have let the parent
+    grow on every later turn.
+    """
+    history, run = [*chat(10, 100), HumanMessage("go on")], {}
+    if saved == "durability exit":
+        run = {"durability": "exit"}
+    seen: list[list[BaseMessage]] = []
+    graph = _subgraph_then_a_parent_node(seen, compact_first=False, saver=saved != "no checkpointer")
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        graph.invoke({"messages": history}, cfg(saved), **run)
+    assert [m.type for m in seen[-1]].index("system") == len(history)  # LangGraph's merge by id
+    said = [r.getMessage() for r in caplog.records if r.name == "langchain_compaction"]
+    assert len(said) == 1, said
+    assert "durability='exit'" in said[0]
+    assert "CompactionNode before the subgraph's node" in said[0]
+    assert "pass nested='own'" not in said[0]
+    requests = Requests()
+    if saved == "durability exit":  # the next turn reads the parent's checkpoint: the compaction reaches it
+        graph.invoke({"messages": [HumanMessage("next")]}, cfg(saved), **run)
+        requests.check(seen[-1])
+        assert is_summary_message(seen[-1][0])
+        assert len(seen[-1]) < len(history)
+    fixed: list[list[BaseMessage]] = []
+    graph = _subgraph_then_a_parent_node(fixed, compact_first=True, saver=saved != "no checkpointer")
+    graph.invoke({"messages": history}, cfg(saved), **run)
+    requests.check(fixed[-1])
+    assert is_summary_message(fixed[-1][0])
+    assert len(fixed[-1]) < len(history)
+    assert requests.invalid == []
 
 
 def test_agents_in_parallel_branches_never_wipe_each_others_replies() -> None:
