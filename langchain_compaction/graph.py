@@ -46,6 +46,7 @@ from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
 from langchain_compaction._lc.runconfig import current
+from langchain_compaction._lc.steps import refuse_a_payload
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.context import context_tokens
 from langchain_compaction.core.effects import Flow, adrive, drive
@@ -215,9 +216,10 @@ class CompactionNode(Runnable[Any, Any], Adapter):
 
     # -- the run, as one flow for both paths ----------------------------------------
 
-    def _ask(self, state: Any, manual: str | None) -> Ask | None:
+    def _ask(self, state: Any, manual: str | None, config: RunnableConfig | None) -> Ask | None:
         """What this run must do; ``None`` when automatic compaction is off and nothing forces one."""
         messages = read_messages(state, self.messages_key)
+        refuse_a_payload(config, messages, self.messages_key, self._delivery.who)
         if not messages:
             self._say_other_key(state)
         ask = asked(messages, manual, commands=self.enable_compact_command)
@@ -254,7 +256,7 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         model: Summarizer | None = None,
         store: Any = None,
     ) -> Flow[tuple[CompactionResult | None, dict[str, Any] | Command[Any]]]:
-        ask = self._ask(state, manual)
+        ask = self._ask(state, manual, config)
         if ask is None:
             return None, {}
         check_reducer(ask.held or ask.messages, config, self.messages_key)

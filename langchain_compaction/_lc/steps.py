@@ -18,12 +18,15 @@ from typing import Any
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 
 from langchain_compaction.core.effects import Flow, twin
+from langchain_compaction.errors import ConfigurationError
 
 _CHECKPOINT_WAIT = 2.0
 """How long a node waits for the checkpoint of its step while it is written in the background."""
 _CHECKPOINT_POLL = 0.01
 CONFIG_KEY_DURABILITY = "__pregel_durability"
 """Where LangGraph tells a task its run's durability (``"sync"``, ``"async"``, ``"exit"``)."""
+_SENT = "__pregel_push"
+"""What LangGraph's task metadata puts first in the path of a task sent with ``Send`` (or called, functional API)."""
 CONFIG_KEY_READ = "__pregel_read"
 """Where LangGraph gives every task of a run its reader of the state's channels (no public name for it)."""
 
@@ -147,3 +150,54 @@ def runs_beside_others(config: Any) -> Flow[bool]:
         return bool(live)
     found, exact = yield from parent_checkpoint(configurable)
     return bool(exact and found is not None and beside(found.checkpoint, node))
+
+
+def sent_to(config: Any) -> str | None:
+    """The graph node this run is, when a ``Send`` started it (its input is then the send's payload); else ``None``.
+
+    LangGraph's task metadata gives a sent task the path ``("__pregel_push",
+    <the send's index>, ...)``; a functional-API call's path holds its
+    caller's path where the index would be.
+    """
+    metadata = config.get("metadata") if isinstance(config, dict) else None
+    if not isinstance(metadata, Mapping):
+        return None
+    path = metadata.get("langgraph_path")
+    if isinstance(path, tuple) and len(path) > 1 and path[0] == _SENT and isinstance(path[1], int):
+        return str(metadata.get("langgraph_node") or "")
+    return None
+
+
+def refuse_a_payload(config: Any, messages: list[Any], key: str, who: str) -> None:
+    """Refuse to compact a ``Send``'s payload where the graph's state does not hold it.
+
+    A sent task is given the payload, but what it returns is written to its
+    graph's state: a compaction of the payload there would replace the
+    graph's conversation with the payload's summary. Only a payload that is
+    the graph's list itself (the same ids, read from the step's channels) may
+    be compacted.
+
+    Raises:
+        ConfigurationError: This run is a sent task whose messages are not the graph's.
+    """
+    node = sent_to(config)
+    if node is None:
+        return
+    channels = step_channels(configurable_of(config))
+    channel = None if channels is None else channels.get(key)
+    try:
+        held = channel.get() if channel is not None and channel.is_available() else []
+    except Exception:
+        held = None  # (cannot tell: refused, as a payload)
+    ids = None if held is None else [getattr(m, "id", None) for m in held]
+    if ids is not None and None not in ids and ids == [getattr(m, "id", None) for m in messages]:
+        return
+    raise ConfigurationError(
+        "node",
+        node,
+        f"{who} is the target of Send({node!r}, ...): it is given the send's payload, not the graph's messages, "
+        f"yet what it returns is written to the graph's {key!r}, where a compaction of the payload would replace "
+        "the graph's conversation; compact the payload in a worker subgraph (a compiled graph holding the "
+        f"CompactionNode and the worker's model, added as node {node!r}: it keeps its own state), or compact the "
+        "graph's messages with a CompactionNode before the fan-out",
+    )

@@ -32,6 +32,7 @@ from typing_extensions import NotRequired
 from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions
 from langchain_compaction._lc.convert import is_summary_message, to_core_list
 from langchain_compaction.core.plan import misplaced, reordered
+from langchain_compaction.errors import ConfigurationError
 from tests.conftest import RecordingSummarizer, tool_pairs_of
 
 ANTHROPIC = ChatAnthropic(model="claude-sonnet-4-5", api_key="x")
@@ -588,6 +589,40 @@ def test_a_send_worker_is_told_apart_while_its_parents_checkpoint_is_still_being
     ids = [m.id for m in out["messages"]]
     assert ids[:2] == ["user-1", "sup-1"], ids
     assert any(is_summary_message(m) for m in out["messages"]), "the worker compacted"
+
+
+def _graph_sending_to_a_compaction_node(payload: Any) -> Any:
+    """START sends ``payload(state)`` to a CompactionNode added as node "compact_worker", then a model node."""
+    builder = StateGraph(MessagesState)
+    node = CompactionNode(short_summary, CompactionOptions(context_window=3_000))
+    builder.add_node("compact_worker", node)  # type: ignore[call-overload]
+    builder.add_node("model", lambda state: {"messages": [AIMessage(words("answer", 200))]})
+    builder.add_conditional_edges(START, lambda state: [Send("compact_worker", payload(state))], ["compact_worker"])
+    builder.add_edge("compact_worker", "model")
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+def test_a_compaction_node_sent_a_payload_refuses_it_before_writing_anything() -> None:
+    """What a sent task returns is written to its graph's state: a compaction of the payload replaced the graph's.
+
+    Before: the user's turns vanished from the state (and from the summary, made of the payload alone).
+    """
+    docs = [HumanMessage(words(f"doc {k}", 400)) for k in range(8)]
+    graph = _graph_sending_to_a_compaction_node(lambda state: {"messages": docs})
+    with pytest.raises(ConfigurationError, match=r"Send\('compact_worker'.*worker subgraph.*before the fan-out"):
+        graph.invoke({"messages": [HumanMessage("turn 0 MARK0", id="user-0")]}, cfg("payload"))
+    assert [m.id for m in graph.get_state(cfg("payload")).values["messages"]] == ["user-0"], "nothing is lost"
+
+
+def test_a_compaction_node_sent_the_graphs_own_state_compacts_it() -> None:
+    """A payload that is the graph's list itself (the same ids) is the graph's conversation: it is compacted."""
+    graph = _graph_sending_to_a_compaction_node(lambda state: state)
+    for turn in range(12):
+        state = graph.invoke({"messages": [HumanMessage(words(f"turn {turn}", 150), id=f"user-{turn}")]}, cfg("own"))
+    messages = state["messages"]
+    assert is_summary_message(messages[0])
+    assert sum(map(is_summary_message, messages)) == 1
+    assert messages[-2].id == "user-11"
 
 
 @pytest.mark.parametrize("join", [False, True])
