@@ -591,6 +591,55 @@ def test_a_send_worker_is_told_apart_while_its_parents_checkpoint_is_still_being
     assert any(is_summary_message(m) for m in out["messages"]), "the worker compacted"
 
 
+@pytest.mark.parametrize("parent", ["as is", "compacts before its model", "takes the answer only"])
+def test_what_a_send_worker_returns_reaches_the_parents_model_as_the_readme_says(parent: str) -> None:
+    """LangGraph merges a sent worker's final list into the parent by id: its summary lands after the parent's turn.
+
+    README ("A subgraph reached through `Send`"): the parent's model then gets a
+    system message mid-history, unless a CompactionNode before it puts the
+    summaries first, or the parent takes only the worker's answer.
+    """
+    sub = StateGraph(MessagesState)
+    sub.add_node("compact", CompactionNode(short_summary, CompactionOptions(context_window=3_000)))
+    sub.add_node("model", lambda state: {"messages": [AIMessage(words("worker done", 20))]})
+    sub.add_edge(START, "compact")
+    sub.add_edge("compact", "model")
+    worker = sub.compile()
+    requests: list[list[BaseMessage]] = []
+
+    def model(state: MessagesState) -> dict[str, Any]:
+        requests.append(state["messages"])
+        return {"messages": [AIMessage("collected")]}
+
+    def answer_only(payload: MessagesState) -> dict[str, Any]:
+        return {"messages": worker.invoke(payload)["messages"][-1:]}
+
+    def fan_out(state: MessagesState) -> list[Send]:
+        return [Send("worker", {"messages": [HumanMessage(words(f"subtask {k}", 400)) for k in range(8)]})] * 2
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("worker", answer_only if parent == "takes the answer only" else worker)
+    builder.add_node("model", model)
+    builder.add_conditional_edges(START, fan_out, ["worker"])
+    if parent == "compacts before its model":
+        builder.add_node("compact", CompactionNode(short_summary, CompactionOptions(context_window=100_000)))
+        builder.add_edge("worker", "compact")
+        builder.add_edge("compact", "model")
+    else:
+        builder.add_edge("worker", "model")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    for turn in range(3):
+        graph.invoke({"messages": [HumanMessage(f"turn {turn}", id=f"user-{turn}")]}, cfg("workers"))
+    late = [
+        [i for i, m in enumerate(r) if isinstance(m, SystemMessage) and i > 0 and r[i - 1].type != "system"]
+        for r in requests
+    ]
+    assert all(late) if parent == "as is" else not any(late), late
+    assert all(f"user-{turn}" in [m.id for m in requests[turn]] for turn in range(3)), "the parent's turns stay"
+    if parent == "takes the answer only":
+        assert not any(map(is_summary_message, requests[-1]))
+
+
 def _graph_sending_to_a_compaction_node(payload: Any) -> Any:
     """START sends ``payload(state)`` to a CompactionNode added as node "compact_worker", then a model node."""
     builder = StateGraph(MessagesState)
