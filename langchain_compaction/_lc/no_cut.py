@@ -46,7 +46,8 @@ def why_no_cut(
             f"a manual cut keeps at least the last message{answers}, and fewer than two messages come before "
             "what it keeps: nothing to summarize"
         )
-    if walk.why == "few":
+    if walk.why in ("few", "cut"):
+        # ("cut": one falls where the region starts, after the earlier summaries: nothing new before it.)
         return _few(messages, counts, walk, budget.keep, over)
     kept = sum(counts[walk.start :])
     said = f"everything fits the keep budget of {budget.keep:,} tokens (it takes ~{kept:,}): nothing to summarize"

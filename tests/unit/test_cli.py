@@ -825,3 +825,18 @@ def test_a_structured_outputs_schema_and_instructions_are_sent_every_time_too(tm
     assert overhead(output_config={"format": anthropic_format}) == estimate_tool_tokens([anthropic_format])
     assert overhead(text={"format": anthropic_format}) == estimate_tool_tokens([anthropic_format])
     assert overhead(instructions="Answer in one line. " * 50) > 200
+
+
+def test_no_cut_after_two_earlier_summaries_is_not_said_to_fit_everything() -> None:
+    # A cut that falls where the region starts (after the earlier summaries) leaves nothing new to summarize:
+    # the reason names what the keep budget holds, not "everything fits".
+    from langchain_compaction._lc.no_cut import why_no_cut
+    from langchain_compaction.core.options import CompactionOptions as Options
+    from langchain_compaction.core.types import Message, Part
+
+    summaries = [Message("user", (Part("text", "summary"),), is_summary=True) for _ in range(2)]
+    messages, counts = [*summaries, Message("assistant", (Part("text", "done"),))], [800, 50, 3_000]
+    budget = Options(context_window=4_000, keep_recent_tokens=1_000).budget
+    said = why_no_cut(messages, counts, budget, over=True)
+    assert "everything fits" not in said
+    assert said.startswith("the last message (~3,000 tokens) is over the keep budget of 1,000")
