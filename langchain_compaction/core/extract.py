@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
 
-from langchain_compaction.core.lines import clip
+from langchain_compaction.core.lines import caseless, clip, holds_any
 from langchain_compaction.core.subjects import named, subject_words
 
 # A user's rule or preference, or a correction of the agent (matched lower-cased, ``_lays_down``).
@@ -170,7 +170,7 @@ def _revoke_with(parts: tuple[int, ...]) -> re.Pattern[str]:
 
 def _revocations(text: str) -> re.Pattern[str] | None:
     """``_REVOKE`` without the alternatives ``text`` lacks the words of (``None``: it holds none)."""
-    low = text.lower()  # (as ``holds_any`` reads: the scans before the pattern are case-blind)
+    low = caseless(text)
     parts = tuple(i for i, (_, words) in enumerate(_REVOKE_PARTS) if any(word in low for word in words))
     return _revoke_with(parts) if parts else None
 
@@ -319,12 +319,6 @@ def prose_and_own_words(text: str) -> tuple[str, str]:
     forwarded = _FORWARDED.search(words) if "from" in low or "message" in low else None
     own = words[: forwarded.start()] if forwarded is not None else words
     return words, _QUOTED.sub("", own) if ">" in own else own
-
-
-def holds_any(text: str, words: Sequence[str]) -> bool:
-    """Whether ``text``, lower-cased, holds one of ``words``: a substring scan sparing a pattern that needs one."""
-    low = text.lower()
-    return any(word in low for word in words)
 
 
 def _may_revoke(text: str) -> bool:

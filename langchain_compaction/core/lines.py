@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -98,3 +99,22 @@ def clip(text: str, limit: int = MAX_FACT_CHARS) -> str:
         return text
     cut = text.rfind(" ", 0, limit)
     return text[: cut if cut > limit // 2 else limit]
+
+
+def caseless(text: str) -> str:
+    """``text`` lower-cased as ``re.IGNORECASE`` reads it, with the letters it takes for i and s ("DİSREGARD", "ſtop").
+
+    Substring scans that spare a case-blind pattern read this form, so they
+    never turn away a text the pattern would match.
+    """
+    low = text.lower()
+    return low if low.isascii() else low.translate(_AS_ASCII)
+
+
+_AS_ASCII = str.maketrans({"\u0131": "i", "\u017f": "s", "\u0307": None})  # (İ lower-cases to i and a dot)
+
+
+def holds_any(text: str, words: Sequence[str]) -> bool:
+    """Whether ``text`` (``caseless``) holds one of ``words``: a substring scan sparing a pattern that needs one."""
+    low = caseless(text)
+    return any(word in low for word in words)

@@ -369,6 +369,10 @@ _REVOCATIONS = (
     "don't worry about pandas",
     "you may use tabs",
     "you can go ahead and push",
+    # (Letters IGNORECASE takes for i and s: a case-blind scan must not turn these away.)
+    "DİSREGARD what I said about tabs",
+    "the push rule no longer applıes",
+    "ſcratch the voucher rule",
 )
 _REVOCATION_WORDS = (
     "forget",
