@@ -199,5 +199,6 @@ def refuse_a_payload(config: Any, messages: list[Any], key: str, who: str) -> No
         f"yet what it returns is written to the graph's {key!r}, where a compaction of the payload would replace "
         "the graph's conversation; compact the payload in a worker subgraph (a compiled graph holding the "
         f"CompactionNode and the worker's model, added as node {node!r}: it keeps its own state), or compact the "
-        "graph's messages with a CompactionNode before the fan-out",
+        "graph's messages with a CompactionNode before the fan-out (a CompactionNode invoked with the sent node's "
+        "config inside its function is taken for the node itself: call compact() on the payload there)",
     )
