@@ -75,6 +75,7 @@ class _Preparation:
     abandoned: bool = False
     counted: bool = False
     closed: bool = False
+    told: bool = False  # (that its loop closed: said once, by the next turn of its conversation)
 
 
 _SETTLING = threading.Lock()
@@ -296,6 +297,13 @@ class PrepareAhead(Feature):
             return None, 0.0, (0, 0)  # left to finish (what discarded ones cost waits for the compaction reporting it)
         if claim is not None and claim.closed:
             # It stays, so this conversation is not prepared ahead here again (``_claim``); the store is still read.
+            if not claim.told:
+                claim.told = True
+                logger.warning(
+                    "a summary being prepared for this conversation was cancelled: its event loop closed before it "
+                    "finished and this turn runs on another (asyncio.run per turn?), so it is no longer prepared "
+                    "ahead in this process and the threshold compacts on the spot; run its turns on one event loop"
+                )
             claim = None
         if claim is not None and not claim.done.is_set():
             yield twin(_wait, _await, claim, self.wait)
@@ -406,12 +414,9 @@ class PrepareAhead(Feature):
                         if held:
                             claim.value = await adrive(self._prepare(run))
             except asyncio.CancelledError:
+                # (Said by the conversation's next turn, if one comes: a program that ends while a
+                # preparation runs, its turns all on one loop, is told nothing.)
                 claim.closed = True
-                logger.warning(
-                    "a summary being prepared was cancelled: its event loop closed before it finished (asyncio.run "
-                    "per turn?), so this conversation is no longer prepared ahead in this process and the threshold "
-                    "compacts on the spot; run its turns on one event loop to prepare ahead"
-                )
                 raise
             except Exception as exc:  # never surfaces in a turn
                 _failed(exc)

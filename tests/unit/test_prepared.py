@@ -378,7 +378,31 @@ def test_async_node_prepares_in_a_task() -> None:
     assert record["calls_before"] == 1
 
 
-def test_a_loop_closing_under_a_pending_preparation_breaks_nothing() -> None:
+def test_a_program_that_ends_while_a_preparation_runs_is_told_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    # Every turn on one event loop, as the README says; the loop closes at the program's end with a
+    # preparation still running (its summary held back): no turn of it came on another loop.
+    gate = threading.Event()
+    summarizer = Recorder(gate=gate, hold=0.5)
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared(wait=0.0))
+    app = graph(node)
+    config = {"configurable": {"thread_id": "ending"}}
+
+    async def session() -> None:
+        for number in range(80):
+            await app.ainvoke({"messages": [HumanMessage(words(f"q{number}"), id=f"h{number}")]}, config)
+            if summarizer.requests:
+                return  # a preparation is running: the program ends here
+
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        try:
+            asyncio.run(session())
+        finally:
+            gate.set()
+    assert summarizer.requests
+    assert not [r for r in caplog.records if "event loop closed" in r.getMessage()]
+
+
+def test_a_loop_closing_under_a_pending_preparation_breaks_nothing(caplog: pytest.LogCaptureFixture) -> None:
     gate = threading.Event()
     # The gated preparation is still pending when its turn's loop closes (the close waits out the hold).
     summarizer = Recorder(gate=gate, hold=0.5)
@@ -398,6 +422,8 @@ def test_a_loop_closing_under_a_pending_preparation_breaks_nothing() -> None:
         gate.set()
     assert records
     assert all(r["parts"]["prepared"]["applied"] is False for r in records)
+    # Said once, by the turn that found its preparation's loop closed.
+    assert len([r for r in caplog.records if "event loop closed" in r.getMessage()]) == 1
     messages = app.get_state(config).values["messages"]
     assert sum(1 for m in messages if is_summary_message(m)) == 1
 
