@@ -243,8 +243,8 @@ class Archive(Feature):
             for p, message_id in commit.cleared
             if sid
         ]
-        if puts:
-            yield twin(store.batch, store.abatch, puts)
+        for batch in _apart(puts):
+            yield twin(store.batch, store.abatch, batch)
         if self.max_messages is not None:
             items = yield from read_all(store, namespace)
             stale = _beyond(items, _Timeline.of(set(lineage), number, commit.ids, items), self.max_messages)
@@ -305,6 +305,28 @@ def _ttl(archive: Archive, store: BaseStore) -> float | None:
     config = getattr(store, "ttl_config", None) or {}
     default = config.get("default_ttl") if isinstance(config, dict) else None
     return float(default) if isinstance(default, (int, float)) and getattr(store, "supports_ttl", False) else None
+
+
+def _apart(puts: Sequence[PutOp]) -> list[list[PutOp]]:
+    """``puts`` as batches none of which holds one text to embed twice: a single batch when the texts all differ.
+
+    LangGraph's ``InMemoryStore`` embeds each distinct text of a batch once but
+    expects a vector per item, so one batch with two equal texts (a user who
+    said "go on" twice) fails every time. A text seen before goes to the
+    first batch that does not hold it yet.
+    """
+    batches: list[list[PutOp]] = []
+    texts: list[set[str]] = []
+    for put in puts:
+        text = put.value.get("text") if put.value is not None and put.index is not False else None
+        at = next((i for i, held in enumerate(texts) if text not in held), len(texts)) if isinstance(text, str) else 0
+        if at == len(batches):
+            batches.append([])
+            texts.append(set())
+        batches[at].append(put)
+        if isinstance(text, str):
+            texts[at].add(text)
+    return batches
 
 
 def _key(sid: str, position: int, message: BaseMessage) -> str:

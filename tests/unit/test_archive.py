@@ -43,6 +43,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
+from langgraph.store.base import PutOp
 from langgraph.store.memory import InMemoryStore
 from typing_extensions import TypedDict
 
@@ -539,6 +540,46 @@ def test_with_an_indexed_store_the_tool_also_finds_messages_by_meaning() -> None
     found = session.recall(store, query="reservation", limit=3)
     assert "The booking code is JG7FMM" in found
     assert all(item.value.get("text") for item in store.search(("compaction_archive", "t"), limit=5))
+
+
+class CountingStore(InMemoryStore):
+    """An in-memory store that keeps the texts to embed of each batch of writes it is sent."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.writes: list[list[str]] = []
+
+    def batch(self, ops: Any) -> list[Any]:
+        ops = list(ops)
+        puts = [op for op in ops if isinstance(op, PutOp) and op.value is not None]
+        if puts:
+            self.writes.append([str(op.value.get("text")) for op in puts if op.index is not False])
+        return super().batch(ops)
+
+
+def test_an_indexed_archive_files_messages_with_the_same_text() -> None:
+    # InMemoryStore embeds each distinct text of a batch once but wants a vector per item: a user who
+    # said "go on" twice made every compaction fail ("Number of embeddings ... does not match").
+    store = CountingStore(index={"dims": 3, "embed": _meaning, "fields": ["text"]})
+    session = graph_session(store, InMemorySaver(), "t", archive=Archive(index=True))
+    for number in range(60):
+        if number % 2 and number != 3:
+            message = HumanMessage("go on", id=f"t-h{number}")
+            session.sent += [message, session.graph.invoke({"messages": [message]}, session.config)["messages"][-1]]
+        else:
+            session.turn(number)
+    state = session.graph.get_state(session.config).values["messages"]
+    assert_each_message_once(session.sent, state, store, "t")
+    assert sum(1 for _, _, m in archived_messages(store, "t") if m.content == "go on") >= 5
+    assert all(len(texts) == len(set(texts)) for texts in store.writes)
+    assert "The booking code is JG7FMM" in session.recall(store, query="reservation", limit=3)
+    # All texts different: each compaction writes its messages in one batch, as before.
+    distinct = CountingStore(index={"dims": 3, "embed": _meaning, "fields": ["text"]})
+    plain = graph_session(distinct, InMemorySaver(), "t", archive=Archive(index=True))
+    for number in range(60):
+        plain.turn(number)
+    compactions = {v["compaction"] for _, v, _ in archived_messages(distinct, "t")}
+    assert len(distinct.writes) == len(compactions) > 1
 
 
 def test_an_indexed_archive_over_a_store_without_an_index_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
