@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from langchain_core.messages import BaseMessage
-from langchain_core.tools import BaseTool, StructuredTool
+from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from langgraph.prebuilt import ToolRuntime
 from langgraph.store.base import BaseStore, Item
 
@@ -24,7 +24,7 @@ from langchain_compaction.core.options import check_callable
 from langchain_compaction.core.recall import MAX_RESULTS, Archived, Lookup, render, select
 from langchain_compaction.core.record import NAMESPACE_KEY, numbering
 from langchain_compaction.core.redact import Redactor, redact_message
-from langchain_compaction.errors import ConfigurationError
+from langchain_compaction.errors import ConfigurationError, StoreError
 from langchain_compaction.features.archive import (
     Archive,
     _padded,
@@ -90,6 +90,22 @@ def _timeline(state: Any, messages_key: str) -> tuple[set[str], int, tuple[str, 
     return set(seen.lineage), seen.number, where, {m.id for m in messages if m.id}
 
 
+def _unreadable(error: Exception) -> ToolException:
+    """What the tool answers when the archive fails to read: an error tool message, the run goes on.
+
+    A tool the model calls reports its failure to the model (LangChain's
+    ``ToolException``, which the tool turns into a tool message with status
+    "error"), as the model would be told of a failed search: raised, the
+    store's exception would end the user's turn. The model is told the kind
+    of failure only; the log has the whole of it.
+    """
+    logger.warning("the recall tool could not read the archive (%s: %s)", type(error).__name__, error)
+    return ToolException(
+        f"The archive of earlier messages could not be read just now ({type(error).__name__}). "
+        "Go on without it, or try the look-up again later."
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Recaller:
     """What the recall tool does, sync and async (see ``recall_tool``)."""
@@ -102,7 +118,10 @@ class _Recaller:
 
     def _flow(self, lookup: Lookup, runtime: ToolRuntime | None) -> Flow[str]:
         if self.history is not None:
-            pairs = yield from self.history.recall_flow(lookup, self.redact)
+            try:
+                pairs = yield from self.history.recall_flow(lookup, self.redact)
+            except StoreError as error:  # (the memory's own, naming the store and what failed)
+                raise _unreadable(error) from error
             found = [Archived(p, m.id or f"position-{_padded(p)}", to_core(m)) for p, m in pairs]
             return render(found, max_chars=self.max_chars, redactor=self.redact)
         store = runtime.store if runtime is not None else None
@@ -117,10 +136,14 @@ class _Recaller:
         # or the state; the state's record says which graph's archive it is.
         conversation = Conversation(thread, recorded if recorded is not None else namespace_of(runtime.config))
         namespace = self.archive.namespace(conversation)
-        every = yield from read_all(store, namespace)
+        try:
+            every = yield from read_all(store, namespace)
+            ranked = yield from _semantic(store, namespace, lookup)
+        except Exception as error:
+            raise _unreadable(error) from error
         timeline = _Timeline.of(lineage, number, present, every)
         items = [i for i in every if timeline.holds(i.value)]
-        nearby = [i for i in (yield from _semantic(store, namespace, lookup)) if timeline.holds(i.value)]
+        nearby = [i for i in ranked if timeline.holds(i.value)]
         archived = _redacted([a for a in map(_as_archived, items) if a is not None], self.redact)
         close = _redacted([a for a in map(_as_archived, nearby) if a is not None], self.redact)
         found = select(archived, lookup)
@@ -233,7 +256,9 @@ def recall_tool(
 
     Returns:
         A LangChain tool (give it to ``create_agent(tools=...)`` or a ``ToolNode``;
-        ``CompactionMiddleware`` with ``Archive`` registers it itself).
+        ``CompactionMiddleware`` with ``Archive`` registers it itself). When the
+        store (or the ``history``'s archive) fails to read, it answers with an
+        error tool message and logs a warning, rather than end the agent's turn.
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -254,10 +279,18 @@ def recall_tool(
     recaller = _Recaller(settings, redact, max_chars, history, messages_key)
     if history is not None:
         return StructuredTool.from_function(
-            func=recaller.recall_session, coroutine=recaller.arecall_session, name=name, description=RECALL_DESCRIPTION
+            func=recaller.recall_session,
+            coroutine=recaller.arecall_session,
+            name=name,
+            description=RECALL_DESCRIPTION,
+            handle_tool_error=True,  # a store that fails is told to the model (_unreadable)
         )
     return StructuredTool.from_function(
-        func=recaller.recall, coroutine=recaller.arecall, name=name, description=RECALL_DESCRIPTION
+        func=recaller.recall,
+        coroutine=recaller.arecall,
+        name=name,
+        description=RECALL_DESCRIPTION,
+        handle_tool_error=True,  # a store that fails is told to the model (_unreadable)
     )
 
 

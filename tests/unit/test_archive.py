@@ -36,14 +36,14 @@ from helpers_turns import (
     words,
 )
 from langchain.agents import create_agent
-from langchain_core.chat_history import InMemoryChatMessageHistory
+from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage, message_to_dict
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
-from langgraph.store.base import PutOp
+from langgraph.store.base import PutOp, SearchOp
 from langgraph.store.memory import InMemoryStore
 from typing_extensions import TypedDict
 
@@ -336,6 +336,93 @@ async def test_a_200_turn_agent_session_recalls_turn_3_through_its_own_tool(mode
     recalled = next(m for m in reversed(state) if isinstance(m, ToolMessage) and m.name == "recall_messages")
     assert user_text("agent.1", 3) in str(recalled.content)
     assert state[-1].content == f"The booking code was {FACT}."
+
+
+class UnreadableStore(InMemoryStore):
+    """An in-memory store whose searches fail once told to: a database gone away between two turns."""
+
+    fails = False
+
+    def _searched(self, ops: Any) -> list[Any]:
+        ops = list(ops)
+        if self.fails and any(isinstance(op, SearchOp) for op in ops):
+            raise OSError("store unreachable")
+        return ops
+
+    def batch(self, ops: Any) -> list[Any]:
+        return super().batch(self._searched(ops))
+
+    async def abatch(self, ops: Any) -> list[Any]:
+        return await super().abatch(self._searched(ops))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_recall_whose_store_fails_tells_the_model_and_the_turn_goes_on(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="langchain_compaction")
+    store = UnreadableStore()
+    call = {"name": "recall_messages", "args": {"query": FACT}, "id": "recall-1", "type": "tool_call"}
+    model = ToolCallingFake(messages=iter([AIMessage("", tool_calls=[call]), AIMessage("I could not look it up.")]))
+    agent = create_agent(model, middleware=[agent_middleware()], checkpointer=InMemorySaver(), store=store)
+    config = {"configurable": {"thread_id": "agent.1"}}
+    store.fails = True
+    payload = {"messages": [HumanMessage("What was my booking code?")]}
+    # (A store's error used to come out of the ToolNode and end the user's turn.)
+    out = agent.invoke(payload, config) if mode == "sync" else await agent.ainvoke(payload, config)
+    answer = out["messages"][-2]
+    assert isinstance(answer, ToolMessage)
+    assert answer.status == "error"
+    assert "could not be read" in str(answer.content)
+    assert "OSError" in str(answer.content)
+    assert out["messages"][-1].content == "I could not look it up."
+    said = [r.getMessage() for r in caplog.records if "recall tool could not read" in r.getMessage()]
+    assert len(said) == 1
+    assert "store unreachable" in said[0]
+    # The node's tool (through a ToolNode) answers the same.
+    session = graph_session(store, InMemorySaver(), "t")
+    store.fails = False
+    for number in range(40):
+        session.turn(number)
+    store.fails = True
+    assert "could not be read" in session.recall(store, query=FACT)
+
+
+class UnreadableHistory(BaseChatMessageHistory):
+    """A chat history whose reads fail once told to."""
+
+    def __init__(self) -> None:
+        self.kept: list[BaseMessage] = []
+        self.fails = False
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        if self.fails:
+            raise OSError("history unreachable")
+        return list(self.kept)
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        self.kept.extend(messages)
+
+    def clear(self) -> None:
+        self.kept = []
+
+
+def test_a_recall_over_chat_memory_whose_archive_fails_tells_the_model() -> None:
+    archive = UnreadableHistory()
+    memory = CompactingChatMessageHistory(InMemoryChatMessageHistory(), summarize, OPTIONS, archive=archive)
+    for number in range(60):
+        memory.add_messages([HumanMessage(user_text("s", number), id=f"h{number}"), AIMessage(f"ok {number}")])
+    assert archive.kept
+    archive.fails = True
+    with pytest.raises(StoreError, match="history unreachable"):
+        memory.recall(FACT)  # chat memory's own look-up raises, as documented
+    message = recall_tool(history=memory).invoke(
+        {"type": "tool_call", "name": "recall_messages", "args": {"query": FACT}, "id": "r1"}
+    )
+    assert isinstance(message, ToolMessage)
+    assert message.status == "error"
+    assert "could not be read" in str(message.content)
 
 
 # -- chat memory ---------------------------------------------------------------------
