@@ -256,9 +256,8 @@ def recall_tool(
 
     Returns:
         A LangChain tool (give it to ``create_agent(tools=...)`` or a ``ToolNode``;
-        ``CompactionMiddleware`` with ``Archive`` registers it itself). When the
-        store (or the ``history``'s archive) fails to read, it answers with an
-        error tool message and logs a warning, rather than end the agent's turn.
+        ``CompactionMiddleware`` with ``Archive`` registers it itself). A failed
+        read answers with an error tool message (and a warning), not a raise.
 
     Raises:
         ConfigurationError: An argument is invalid.
@@ -277,20 +276,12 @@ def recall_tool(
     settings = archive if archive is not None else Archive()
     name = _named(name, settings, history)
     recaller = _Recaller(settings, redact, max_chars, history, messages_key)
-    if history is not None:
-        return StructuredTool.from_function(
-            func=recaller.recall_session,
-            coroutine=recaller.arecall_session,
-            name=name,
-            description=RECALL_DESCRIPTION,
-            handle_tool_error=True,  # a store that fails is told to the model (_unreadable)
-        )
+    # (Chat memory's tool takes no runtime; a failed read is told to the model: ``_unreadable``.)
+    sync, coroutine = (
+        (recaller.recall, recaller.arecall) if history is None else (recaller.recall_session, recaller.arecall_session)
+    )
     return StructuredTool.from_function(
-        func=recaller.recall,
-        coroutine=recaller.arecall,
-        name=name,
-        description=RECALL_DESCRIPTION,
-        handle_tool_error=True,  # a store that fails is told to the model (_unreadable)
+        func=sync, coroutine=coroutine, name=name, description=RECALL_DESCRIPTION, handle_tool_error=True
     )
 
 
