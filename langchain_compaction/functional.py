@@ -34,7 +34,7 @@ __all__ = ["aauto_compact", "acompact", "auto_compact", "compact", "find_cut_poi
 
 def should_compact(
     messages: Sequence[BaseMessage],
-    context_window: int | None = None,
+    context_window: int | CompactionOptions | None = None,
     reserve_tokens: int | None = None,
     *,
     options: CompactionOptions | None = None,
@@ -51,7 +51,8 @@ def should_compact(
 
     Args:
         messages: The conversation.
-        context_window: The model's window.
+        context_window: The model's window; or the options, given second as
+            ``compact`` takes them (``should_compact(messages, options)``).
         reserve_tokens: Tokens kept free for the reply.
         options: The options in force, instead of the two numbers.
         overhead_tokens: Tokens every request sends besides ``messages``
@@ -72,23 +73,29 @@ def should_compact(
         True
     """
     overhead = _overhead(overhead_tokens)
+    if isinstance(context_window, CompactionOptions) and options is None and reserve_tokens is None:
+        # The options given second, as compact(), auto_compact() and acompact() take them.
+        context_window, options = None, context_window
     if options is None:
-        if context_window is None or reserve_tokens is None:
-            msg = "pass context_window and reserve_tokens, or options=CompactionOptions(...)"
-            raise ConfigurationError("options", None, msg)
-        for name, value in (("context_window", context_window), ("reserve_tokens", reserve_tokens)):
-            check_int(name, value, minimum=None, advice="tokens (0 or less turns the check off, as in pi)")
-        if context_window <= 0 or reserve_tokens <= 0:
+        window, reserve = _window_and_reserve(context_window, reserve_tokens)
+        if window <= 0 or reserve <= 0:
             return False
         counts, core = counts_and_core(messages, CompactionOptions())
-        return over_threshold(core, counts, context_window - reserve_tokens, overhead)
+        return over_threshold(core, counts, window - reserve, overhead)
     if context_window is not None or reserve_tokens is not None:
-        raise ConfigurationError("options", options, "pass either options= or context_window and reserve_tokens")
+        name, value = (
+            ("context_window", context_window) if context_window is not None else ("reserve_tokens", reserve_tokens)
+        )
+        raise ConfigurationError(
+            name, value, "pass the options (second, or as options=) or context_window and reserve_tokens, not both"
+        )
     counts, core = counts_and_core(messages, _required(options))
     return needs_compaction(core, counts, options, overhead)
 
 
-def find_cut_point(messages: Sequence[BaseMessage], keep_recent_tokens: int = DEFAULT_KEEP_RECENT_TOKENS) -> int:
+def find_cut_point(
+    messages: Sequence[BaseMessage], keep_recent_tokens: int | CompactionOptions = DEFAULT_KEEP_RECENT_TOKENS
+) -> int:
     """The index that separates summarized messages from kept ones.
 
     Walks back from the end until ``keep_recent_tokens`` is filled, keeps the
@@ -99,7 +106,8 @@ def find_cut_point(messages: Sequence[BaseMessage], keep_recent_tokens: int = DE
     Args:
         messages: The conversation.
         keep_recent_tokens: The keep budget; 0 means the default (20,000),
-            as in pi's compaction.
+            as in pi's compaction. ``CompactionOptions`` instead: their keep
+            budget, counting with their ``token_counter``, as ``compact`` does.
 
     Returns:
         The cut index, or 0 when everything fits, when fewer than two messages
@@ -108,11 +116,17 @@ def find_cut_point(messages: Sequence[BaseMessage], keep_recent_tokens: int = DE
     Raises:
         ConfigurationError: ``keep_recent_tokens`` is negative.
     """
-    keep = CompactionOptions(keep_recent_tokens=keep_recent_tokens).budget.keep
-    core = to_core_list(messages)
+    if isinstance(keep_recent_tokens, CompactionOptions):
+        # Options in the budget's place, as compact() and should_compact() take them.
+        keep = keep_recent_tokens.budget.keep
+        counts, core = counts_and_core(messages, keep_recent_tokens)
+    else:
+        keep = CompactionOptions(keep_recent_tokens=keep_recent_tokens).budget.keep
+        core = to_core_list(messages)
+        counts = [estimate_message(m) for m in core]
     # The same plan compact() makes (earlier summaries, their user turn and
     # provider compaction blocks included), without forcing.
-    plan = plan_compaction(core, [estimate_message(m) for m in core], keep, force=False)
+    plan = plan_compaction(core, counts, keep, force=False)
     return 0 if plan is None else plan.cut
 
 
@@ -294,6 +308,25 @@ async def aauto_compact(
             overhead=overhead_tokens,
         )
     )
+
+
+def _window_and_reserve(context_window: object, reserve_tokens: object) -> tuple[int, int]:
+    """``should_compact``'s two numbers, or the error naming the one passed wrongly and what to pass."""
+    numbers = (("context_window", context_window), ("reserve_tokens", reserve_tokens))
+    advice = "tokens (0 or less turns the check off, as in pi)"
+    for name, value in numbers:
+        if isinstance(value, CompactionOptions):
+            # Options among the numbers: say where they go rather than asking for a whole number.
+            raise ConfigurationError(name, value, "pass the options alone: should_compact(messages, options)")
+        if value is None:
+            msg = (
+                f"pass {name} with the other number ({advice}), or the options alone: should_compact(messages, options)"
+            )
+            raise ConfigurationError(name, None, msg)
+    window, reserve = (
+        check_int(name, value, minimum=None, advice=f"{advice}, or CompactionOptions") for name, value in numbers
+    )
+    return window, reserve
 
 
 def _overhead(tokens: object) -> int:

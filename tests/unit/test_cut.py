@@ -67,6 +67,15 @@ def test_walks_back_until_the_keep_budget_is_exceeded() -> None:
     assert find_cut_point(messages, 3 * each - 1) == 8
 
 
+def test_find_cut_point_takes_options_in_the_budget_place() -> None:
+    """find_cut_point(messages, options) cuts at the options' keep budget, counted with their token counter."""
+    messages = [HumanMessage("a" * 400) if i % 2 == 0 else AIMessage("b" * 400) for i in range(10)]
+    each = _tokens(messages[0])
+    assert find_cut_point(messages, CompactionOptions(keep_recent_tokens=3 * each)) == 7
+    counted = CompactionOptions(keep_recent_tokens=3 * each, token_counter=lambda ms: 2 * each * len(ms))
+    assert find_cut_point(messages, counted) == 9  # each message counts double: only the last one fits
+
+
 def test_everything_fits_returns_zero() -> None:
     messages = [HumanMessage("hello"), AIMessage("hi"), HumanMessage("bye")]
     assert find_cut_point(messages, 10_000) == 0

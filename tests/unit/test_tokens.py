@@ -453,6 +453,32 @@ def test_should_compact_with_options_uses_the_token_counter() -> None:
     assert bool(CompactionNode(lambda p: "## Goal\n- x", heavy).invoke({"messages": messages})) is True
 
 
+def test_should_compact_takes_the_options_second_as_compact_does() -> None:
+    """should_compact(messages, options) uses the options, like compact(model, messages, options)."""
+    messages = [HumanMessage("a" * 8_000)]
+    assert should_compact(messages, CompactionOptions(context_window=1_000)) is True
+    assert should_compact(messages, CompactionOptions(context_window=200_000)) is False
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "named"),
+    [
+        ((1_000, CompactionOptions()), {}, "reserve_tokens=CompactionOptions("),
+        ((CompactionOptions(), 200), {}, "context_window=CompactionOptions("),
+        ((CompactionOptions(),), {"options": CompactionOptions()}, "context_window=CompactionOptions("),
+        ((1_000,), {}, "reserve_tokens=None"),
+        (("1000", 200), {}, "context_window='1000'"),
+    ],
+)
+def test_should_compact_errors_name_the_argument_passed_wrongly(
+    args: tuple[Any, ...], kwargs: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ConfigurationError, match="pass") as caught:
+        should_compact([HumanMessage("hi")], *args, **kwargs)
+    assert str(caught.value).startswith(named)
+    assert "options=None" not in str(caught.value)
+
+
 def test_reasoning_kept_beside_the_content_is_shown_to_the_summarizer_but_not_counted() -> None:
     # ChatDeepSeek, ChatOllama(reasoning=True) and ChatGroq keep the model's reasoning in
     # additional_kwargs["reasoning_content"], and no request sends it back: it was never shown.
