@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from langchain_compaction import __version__
 from langchain_compaction._lc.advice import no_room
+from langchain_compaction._lc.file_numbers import compacted_figures, inspected_figures, items_among
 from langchain_compaction._lc.no_cut import why_no_cut
 from langchain_compaction._terminal import Progress, Style, table
 from langchain_compaction.core.context import needs_compaction
@@ -85,7 +86,7 @@ def _inspect_report(
     messages: list[BaseMessage],
     core: list[Message],
     counts: list[int],
-    fmt: str,
+    conversation: Conversation,
     *,
     overhead: int,
 ) -> dict[str, Any]:
@@ -111,10 +112,11 @@ def _inspect_report(
     # (The leading system prompt is never summarized: a part of every request, as the tool schemas are.)
     fixed = sum(counts[: leading_block(core)])
     held = _held(options, core, counts, plan, overhead=overhead, over=over)
+    kept = set(range(len(messages))).difference(summarized)
     return {
         "file": args.file,
-        "format": fmt,
-        "messages": len(messages),
+        "format": conversation.format + ("+jsonl" if conversation.jsonl else ""),
+        **inspected_figures(conversation, plan.cut if plan else 0),  # (counted and numbered as the file holds them)
         "tokens": total,
         "tokens_by_role": dict(by_role),
         "tokens_by_type": dict(by_type),
@@ -124,10 +126,9 @@ def _inspect_report(
         "over_threshold": over,
         "would_compact": over and not held,  # what compact does with the same window
         "held": held,
-        "cut_index": plan.cut if plan else 0,
         "keep_budget": options.budget.keep,
-        "summarized": {"messages": len(summarized), "tokens": t_summarized},
-        "kept": {"messages": len(messages) - len(summarized), "tokens": total - t_summarized},
+        "summarized": {"messages": items_among(conversation, summarized), "tokens": t_summarized},
+        "kept": {"messages": items_among(conversation, kept), "tokens": total - t_summarized},
         "fixed_tokens": fixed,
         "overhead_tokens": overhead,  # what the request sends besides its messages (its tools), every time
     }
@@ -138,26 +139,30 @@ def _print_inspect(
 ) -> None:
     style = Style(out)
     total, by_type, number = report["tokens"], report["tokens_by_type"], report["count_by_type"]
-    print(style.bold(f"{args.file}: {report['messages']} messages, ~{total:,} tokens ({report['format']})"), file=out)
+    lc = report["langchain_messages"]  # (more when Anthropic turns hold tool results and text, or "system" is given)
+    as_lc = f"; read as {lc} LangChain messages" if lc != report["messages"] else ""
+    head = f"{args.file}: {report['messages']} messages, ~{total:,} tokens ({report['format']}{as_lc})"
+    print(style.bold(head), file=out)
     if report["overhead_tokens"]:
         print(f"plus ~{report['overhead_tokens']:,} tokens of tool schemas sent with every request", file=out)
     rows = [[t, str(number[t]), f"{by_type[t]:,}", f"{by_type[t] / max(total, 1):.0%}"] for t in sorted(by_type)]
-    print(table(rows, ["type", "messages", "tokens", "share"], style), file=out)
+    print(table(rows, ["type", "LangChain messages" if as_lc else "messages", "tokens", "share"], style), file=out)
     if report["threshold"] is not None:
         verdict = style.yellow("would compact") if report["over_threshold"] else style.green("fits")
         reserve = args.context_window - report["threshold"]
         print(f"\nwindow {args.context_window:,} - reserve {reserve:,} = {report['threshold']:,}: {verdict}", file=out)
     else:
         print("\nno --context-window given: automatic compaction is off; the cut below is for a manual one", file=out)
-    cut, summarized, kept = report["cut_index"], report["summarized"], report["kept"]
+    cut, summarized, kept = report["langchain_cut_index"], report["summarized"], report["kept"]
     if report["over_threshold"] and report["held"]:
         print(f"but no automatic compaction: {report['held']}", file=out)
     if not cut:
         if not report["over_threshold"]:
             print(f"no cut: {report['held']}", file=out)
         return
+    at = f"{'inside' if report['cut_inside_message'] else 'at'} message {report['cut_index']}"
     print(
-        f"cut at message {cut}: summarize {summarized['messages']} (~{summarized['tokens']:,} tokens), "
+        f"cut {at}: summarize {summarized['messages']} (~{summarized['tokens']:,} tokens), "
         f"keep {kept['messages']} (~{kept['tokens']:,} tokens)",
         file=out,
     )
@@ -173,9 +178,8 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     messages, conversation = _read(args.file)
     options = _options(args)
     counts, core = counts_and_core(messages, options)
-    fmt = conversation.format + ("+jsonl" if conversation.jsonl else "")
     overhead = request_overhead(conversation.request, options)
-    report = _inspect_report(args, messages, core, counts, fmt, overhead=overhead)
+    report = _inspect_report(args, messages, core, counts, conversation, overhead=overhead)
     if args.json:
         del report["count_by_type"]
         print(json.dumps(report, indent=2), file=out)
@@ -184,10 +188,10 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _print_result(result: CompactionResult, out: TextIO, style: Style, overhead: int) -> None:
+def _print_result(result: CompactionResult, out: TextIO, style: Style, overhead: int, file: dict[str, int]) -> None:
     rows = [
-        ["messages removed", str(result.messages_removed)],
-        ["messages kept", str(result.messages_kept)],
+        ["messages removed", str(file["removed"])],  # (the file's: ``result`` counts LangChain's)
+        ["messages kept", str(file["kept"])],
         ["tokens before", f"{result.original_tokens:,}"],
         ["tokens after", f"{result.compacted_tokens:,}"],
         ["summarizer", result.summarizer + (" (fallback)" if result.fallback_used else "")],
@@ -323,6 +327,7 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
         result, compacted = compact(summarizer, messages, options, instructions, overhead_tokens=overhead)
     happened = _what_happened(result, args, messages, overhead)
     text = dump_conversation(compacted, conversation.format, jsonl=conversation.jsonl, read=conversation)
+    file = compacted_figures(conversation, compacted, text)  # (in the files' terms)
     if args.output:  # (whole or not at all: ``-o`` may name the input, which a failed write must not cut)
         try:
             replace_file(args.output, text)
@@ -330,7 +335,7 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
             raise ConfigurationError("--output", args.output, f"it could not be written ({exc.strerror})") from exc
     if args.json:
         payload = {"result": result.to_dict() if result else None, "what": happened, "output": args.output}
-        payload["overhead_tokens"] = overhead
+        payload["overhead_tokens"], payload["file_messages"] = overhead, file
         if not args.output:
             payload["messages"] = json.loads(dump_conversation(compacted, "langchain"))
         print(json.dumps(payload, indent=2, ensure_ascii=False), file=out)
@@ -340,9 +345,9 @@ def _compact(args: argparse.Namespace, out: TextIO) -> int:
     report = out if args.output else sys.stderr
     print(happened, file=report)  # once: what happened, then the figures if anything did
     if result is not None:
-        _print_result(result, report, Style(report), overhead)
+        _print_result(result, report, Style(report), overhead, file)
     if args.output:
-        print(f"wrote {len(compacted)} messages to {args.output}", file=out)
+        print(f"wrote {file['written']} messages to {args.output}", file=out)
     else:
         out.write(text)
     return 0

@@ -840,3 +840,40 @@ def test_no_cut_after_two_earlier_summaries_is_not_said_to_fit_everything() -> N
     said = why_no_cut(messages, counts, budget, over=True)
     assert "everything fits" not in said
     assert said.startswith("the last message (~3,000 tokens) is over the keep budget of 1,000")
+
+
+def _anthropic_turns(count: int) -> list[dict[str, Any]]:
+    """An Anthropic conversation whose user turns each hold a tool result and a text block (two LangChain messages)."""
+    turns: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "question " * 30}]}]
+    for i in range(count):
+        call = {"type": "tool_use", "id": f"tu{i}", "name": "get", "input": {"q": i}}
+        turns.append({"role": "assistant", "content": [{"type": "text", "text": f"ans {i}"}, call]})
+        result = {"type": "tool_result", "tool_use_id": f"tu{i}", "content": f"out {i} " * 30}
+        turns.append({"role": "user", "content": [result, {"type": "text", "text": f"q {i} " * 10}]})
+    return turns
+
+
+@pytest.mark.parametrize("jsonl", [False, True])
+def test_cli_counts_and_numbers_messages_as_the_file_holds_them(tmp_path, jsonl):
+    """An Anthropic file's figures are its own messages, not LangChain's (a tool result and text in a turn are two)."""
+    turns = _anthropic_turns(30)
+    body = {"model": "claude-x", "system": "sys", "max_tokens": 100, "messages": turns}
+    path, out = tmp_path / "conv.json", tmp_path / "out.json"
+    path.write_text("".join(json.dumps(t) + "\n" for t in turns) if jsonl else json.dumps(body))
+    report = json.loads(run("inspect", str(path), "--context-window", "3000", "--json")[1])
+    assert report["messages"] == len(turns) == 61 < report["langchain_messages"]
+    assert 0 < report["cut_index"] < len(turns) < report["langchain_cut_index"]
+    assert report["summarized"]["messages"] + report["kept"]["messages"] == len(turns) + report["cut_inside_message"]
+    text = run("inspect", str(path), "--context-window", "3000")[1]
+    assert f"{len(turns)} messages, ~" in text
+    assert f"message {report['cut_index']}: summarize {report['summarized']['messages']} " in text
+    assert run("compact", str(path), "-o", str(out), "--context-window", "3000")[0] == 0
+    written = out.read_text()
+    held = len(written.splitlines()) if jsonl else len(json.loads(written)["messages"])
+    said = run("compact", str(path), "-o", str(out), "--context-window", "3000", "--json")[1]
+    figures = json.loads(said)["file_messages"]
+    assert figures["read"] == len(turns)
+    assert figures["written"] == held > figures["kept"] > 0  # (the summary besides)
+    assert run("compact", str(path), "-o", str(out), "--context-window", "3000")[1].endswith(
+        f"wrote {held} messages to {out}\n"
+    )
