@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Literal
 
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 from langgraph.store.base import BaseStore, GetOp, Item, PutOp
+from langgraph.store.memory import InMemoryStore
 
 from langchain_compaction._lc.conversation import Conversation, thread_label
 from langchain_compaction._lc.convert import to_core
@@ -243,7 +244,7 @@ class Archive(Feature):
             for p, message_id in commit.cleared
             if sid
         ]
-        for batch in _apart(puts):
+        for batch in _apart(puts) if isinstance(store, InMemoryStore) else [puts]:
             yield twin(store.batch, store.abatch, batch)
         if self.max_messages is not None:
             items = yield from read_all(store, namespace)
@@ -313,7 +314,9 @@ def _apart(puts: Sequence[PutOp]) -> list[list[PutOp]]:
     LangGraph's ``InMemoryStore`` embeds each distinct text of a batch once but
     expects a vector per item, so one batch with two equal texts (a user who
     said "go on" twice) fails every time. A text seen before goes to the
-    first batch that does not hold it yet.
+    first batch that does not hold it yet. (Only for that store: a short tool
+    output repeated hundreds of times would make as many round trips to a
+    store that takes a batch whole, as ``PostgresStore`` does.)
     """
     batches: list[list[PutOp]] = []
     texts: list[set[str]] = []

@@ -43,7 +43,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
-from langgraph.store.base import PutOp, SearchOp
+from langgraph.store.base import BaseStore, PutOp, SearchOp
 from langgraph.store.memory import InMemoryStore
 from typing_extensions import TypedDict
 
@@ -667,6 +667,40 @@ def test_an_indexed_archive_files_messages_with_the_same_text() -> None:
         plain.turn(number)
     compactions = {v["compaction"] for _, v, _ in archived_messages(distinct, "t")}
     assert len(distinct.writes) == len(compactions) > 1
+
+
+class RelayStore(BaseStore):
+    """Another kind of store (not an ``InMemoryStore``): keeps each batch of writes it is sent, then passes it on."""
+
+    def __init__(self) -> None:
+        self.inner = InMemoryStore()
+        self.writes: list[list[str]] = []
+
+    def batch(self, ops: Any) -> list[Any]:
+        ops = list(ops)
+        puts = [op for op in ops if isinstance(op, PutOp) and op.value is not None and op.index is not False]
+        if puts:
+            self.writes.append([str(op.value.get("text")) for op in puts])
+        return self.inner.batch(ops)
+
+    async def abatch(self, ops: Any) -> list[Any]:
+        return self.batch(ops)
+
+
+def test_another_store_gets_each_compactions_messages_in_one_batch_repeated_texts_and_all() -> None:
+    # Only LangGraph's InMemoryStore needs repeated texts apart: another store takes the batch whole
+    # (a short tool output repeated hundreds of times would be as many round trips).
+    store = RelayStore()
+    session = graph_session(store, InMemorySaver(), "t", archive=Archive(index=True))
+    for number in range(60):
+        if number % 2 and number != 3:
+            message = HumanMessage("go on", id=f"t-h{number}")
+            session.sent += [message, session.graph.invoke({"messages": [message]}, session.config)["messages"][-1]]
+        else:
+            session.turn(number)
+    assert any(len(texts) != len(set(texts)) for texts in store.writes)
+    compactions = {v["compaction"] for _, v, _ in archived_messages(store.inner, "t")}
+    assert len(store.writes) == len(compactions)
 
 
 def test_an_indexed_archive_over_a_store_without_an_index_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
