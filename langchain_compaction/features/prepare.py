@@ -75,7 +75,7 @@ class _Preparation:
     abandoned: bool = False
     counted: bool = False
     closed: bool = False
-    told: bool = False  # (that its loop closed: said once, by the next turn of its conversation)
+    told: bool = False  # (that its loop closed: said once, by the next compaction of its conversation)
 
 
 _SETTLING = threading.Lock()
@@ -301,7 +301,7 @@ class PrepareAhead(Feature):
                 claim.told = True
                 logger.warning(
                     "a summary being prepared for this conversation was cancelled: its event loop closed before it "
-                    "finished and this turn runs on another (asyncio.run per turn?), so it is no longer prepared "
+                    "finished and this compaction runs on another (asyncio.run per turn?), so it is no longer prepared "
                     "ahead in this process and the threshold compacts on the spot; run its turns on one event loop"
                 )
             claim = None
@@ -414,7 +414,7 @@ class PrepareAhead(Feature):
                         if held:
                             claim.value = await adrive(self._prepare(run))
             except asyncio.CancelledError:
-                # (Said by the conversation's next turn, if one comes: a program that ends while a
+                # (Said by the conversation's next compaction, if one comes: a program that ends while a
                 # preparation runs, its turns all on one loop, is told nothing.)
                 claim.closed = True
                 raise
