@@ -315,8 +315,8 @@ def prose_and_own_words(text: str) -> tuple[str, str]:
     if command:
         return prose(command), command
     words = prose(text)
-    low = words.lower()  # (a forwarded header says "from" or "message", in any case)
-    forwarded = _FORWARDED.search(words) if "from" in low or "message" in low else None
+    # (A forwarded header says "from" or "message", in any case.)
+    forwarded = _FORWARDED.search(words) if holds_any(words, ("from", "message")) else None
     own = words[: forwarded.start()] if forwarded is not None else words
     return words, _QUOTED.sub("", own) if ">" in own else own
 

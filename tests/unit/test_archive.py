@@ -644,10 +644,8 @@ class CountingStore(InMemoryStore):
         return super().batch(ops)
 
 
-def test_an_indexed_archive_files_messages_with_the_same_text() -> None:
-    # InMemoryStore embeds each distinct text of a batch once but wants a vector per item: a user who
-    # said "go on" twice made every compaction fail ("Number of embeddings ... does not match").
-    store = CountingStore(index={"dims": 3, "embed": _meaning, "fields": ["text"]})
+def go_on_session(store: BaseStore) -> Any:
+    """60 turns with an indexed archive on ``store``, every other one the user saying "go on" (one text, many times)."""
     session = graph_session(store, InMemorySaver(), "t", archive=Archive(index=True))
     for number in range(60):
         if number % 2 and number != 3:
@@ -655,6 +653,14 @@ def test_an_indexed_archive_files_messages_with_the_same_text() -> None:
             session.sent += [message, session.graph.invoke({"messages": [message]}, session.config)["messages"][-1]]
         else:
             session.turn(number)
+    return session
+
+
+def test_an_indexed_archive_files_messages_with_the_same_text() -> None:
+    # InMemoryStore embeds each distinct text of a batch once but wants a vector per item: a user who
+    # said "go on" twice made every compaction fail ("Number of embeddings ... does not match").
+    store = CountingStore(index={"dims": 3, "embed": _meaning, "fields": ["text"]})
+    session = go_on_session(store)
     state = session.graph.get_state(session.config).values["messages"]
     assert_each_message_once(session.sent, state, store, "t")
     assert sum(1 for _, _, m in archived_messages(store, "t") if m.content == "go on") >= 5
@@ -691,13 +697,7 @@ def test_another_store_gets_each_compactions_messages_in_one_batch_repeated_text
     # Only LangGraph's InMemoryStore needs repeated texts apart: another store takes the batch whole
     # (a short tool output repeated hundreds of times would be as many round trips).
     store = RelayStore()
-    session = graph_session(store, InMemorySaver(), "t", archive=Archive(index=True))
-    for number in range(60):
-        if number % 2 and number != 3:
-            message = HumanMessage("go on", id=f"t-h{number}")
-            session.sent += [message, session.graph.invoke({"messages": [message]}, session.config)["messages"][-1]]
-        else:
-            session.turn(number)
+    go_on_session(store)
     assert any(len(texts) != len(set(texts)) for texts in store.writes)
     compactions = {v["compaction"] for _, v, _ in archived_messages(store.inner, "t")}
     assert len(store.writes) == len(compactions)
