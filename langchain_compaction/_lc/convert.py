@@ -78,14 +78,29 @@ def json_text(value: Any, *, sort_keys: bool = True, tight: bool = False) -> str
         return str(value)
 
 
+def _reasoning_block(block: dict[str, Any], kind: str | None) -> dict[str, Any] | None:
+    """The reasoning block ``block`` is or wraps (LangChain's v1 ``non_standard`` block); ``None`` for another block.
+
+    In v1 content (``output_version="v1"``, ``content_blocks``) Claude's
+    redacted thinking, and its thinking on a message that names no provider,
+    is a ``non_standard`` block holding Anthropic's own block as its ``value``.
+    """
+    if kind in _REASONING_BLOCKS:
+        return block
+    value = block.get("value") if kind == "non_standard" else None
+    return value if isinstance(value, dict) and value.get("type") in _REASONING_BLOCKS else None
+
+
 def _reasoning_part(block: dict[str, Any], kind: str) -> Part | None:
     """A reasoning block's part; ``signed`` when it is Claude's, which the cut keeps with its tool loop.
 
     Claude's thinking carries a signature (Anthropic's block, a v1 block's
     extras, Bedrock's nested block) or is redacted; another provider's
     thinking (Gemini's unsigned ``thinking``) and OpenAI's reasoning have no
-    such rule. Redacted thinking has no readable text, but it opens a turn as
-    thinking does (core.cut).
+    such rule. Claude's thinking may have no readable text (redacted, or
+    shown as ``display: "omitted"``: an empty text, the signature carrying
+    it), but it opens a turn as thinking does (core.cut): its part is kept,
+    empty; an unsigned block with no text leaves none.
     """
     nested = block.get("reasoning_content")
     inner: dict[str, Any] = nested if isinstance(nested, dict) else {}
@@ -96,7 +111,7 @@ def _reasoning_part(block: dict[str, Any], kind: str) -> Part | None:
         text = " ".join(str(s.get("text", "")) for s in block["summary"] if isinstance(s, dict))
     redacted = kind == "redacted_thinking" or bool(inner.get("redacted_content") or extra.get("redacted_content"))
     signed = redacted or bool(block.get("signature") or inner.get("signature") or extra.get("signature"))
-    return Part("reasoning", str(text), signed=signed) if text or redacted else None
+    return Part("reasoning", str(text), signed=signed) if text or signed else None
 
 
 def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
@@ -111,8 +126,8 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
     if kind in _TEXT_BLOCKS or (kind is None and isinstance(block.get("text"), str)):
         text = block.get("text")
         return Part("text", "" if text is None else str(text))  # (a block with no text is not the word "None")
-    if kind in _REASONING_BLOCKS:
-        return _reasoning_part(block, str(kind))
+    if (reasoning := _reasoning_block(block, kind)) is not None:
+        return _reasoning_part(reasoning, str(reasoning["type"]))
     if kind in ATTACHMENT_BLOCKS:
         return attachment_part(block, str(kind))
     if kind == "image_generation_call" and block.get("result"):

@@ -74,7 +74,7 @@ def _made_body(message: Message) -> tuple[str, int]:
     units = 0
     for part in message.parts:
         if part.kind in ("text", "reasoning") and not part.text:
-            continue  # an empty line (redacted thinking) is left out
+            continue  # an empty line (Claude's thinking with no text shown: redacted, omitted) is left out
         if part.kind == "image":
             line = f"(attachment: {part.text or 'image'})"
             lines.append(line)

@@ -410,6 +410,17 @@ _CLAUDES_THINKING = {
     # Claude on Bedrock (langchain-aws's Converse API): the text and signature one level down.
     "bedrock": {"type": "reasoning_content", "reasoning_content": {"text": "read them", "signature": "c2ln"}},
     "bedrock_redacted": {"type": "reasoning_content", "reasoning_content": {"redacted_content": "ZW5j"}},
+    # Thinking shown as ``display: "omitted"``: no text, the signature carries it.
+    "omitted": {"type": "thinking", "thinking": "", "signature": "c2ln"},
+    # LangChain's v1 content (ChatAnthropic(output_version="v1"), ``content_blocks``), as langchain-anthropic's
+    # parser writes it: thinking (its text perhaps omitted) as ``reasoning``, its signature in extras; redacted
+    # thinking, and thinking on a message that names no provider, as Anthropic's block in a ``non_standard`` one.
+    "v1_omitted": {"type": "reasoning", "reasoning": "", "extras": {"signature": "c2ln"}},
+    "v1_redacted": {"type": "non_standard", "value": {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"}},
+    "v1_non_standard_thinking": {
+        "type": "non_standard",
+        "value": {"type": "thinking", "thinking": "", "signature": "c2ln"},
+    },
 }
 
 
@@ -495,6 +506,63 @@ def test_claudes_thinking_in_langchains_v1_blocks_is_claudes_thinking() -> None:
     # Gemini writes its thoughts as unsigned ``thinking`` blocks: not Claude's, so no loop rule.
     gemini = [HumanMessage("go"), AIMessage([{"type": "thinking", "thinking": "plan"}], tool_calls=[call])]
     assert thinking_loop_opening(to_core_list([*gemini, ToolMessage("ok", tool_call_id="c1")])) is None
+
+
+def _claude_reply(step: int, thinking: dict[str, Any] | None, *, v1: bool) -> AIMessage:
+    """Claude's reply as ChatAnthropic parses it from the API's message (in v1 content if ``v1``), usage left out."""
+    from anthropic.types import Message as AnthropicMessage
+    from conftest import anthropic_model
+
+    content: list[dict[str, Any]] = [thinking] if thinking else []
+    content += [{"type": "text", "text": f"Step {step}: read the next module and check its handler. " * 3}]
+    content += [{"type": "tool_use", "id": f"toolu_{step:02d}", "name": "bash", "input": {"cmd": f"cat m{step}.py"}}]
+    raw = AnthropicMessage.model_validate(
+        {"id": f"msg_{step}", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5", "content": content}
+        | {"stop_reason": "tool_use", "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 5}}
+    )
+    reply = anthropic_model()._format_output(raw).generations[0].message
+    update: dict[str, Any] = {"usage_metadata": None, "id": f"a{step}"}
+    if v1:  # (what langchain-core does for output_version="v1")
+        update |= {
+            "content": reply.content_blocks,
+            "response_metadata": {**reply.response_metadata, "output_version": "v1"},
+        }
+    return reply.model_copy(update=update)
+
+
+_UNREADABLE_THINKING = {
+    "omitted": {"type": "thinking", "thinking": "", "signature": "EqQBCkYIBxgCKkB0sig=="},
+    "redacted": {"type": "redacted_thinking", "data": "EmwKAhgBEgy0redacted=="},
+}
+
+
+@pytest.mark.parametrize("v1", [False, True], ids=["native", "v1"])
+@pytest.mark.parametrize("thinking", sorted(_UNREADABLE_THINKING))
+def test_a_loop_opened_with_thinking_without_text_keeps_its_opening(thinking: str, v1: bool) -> None:
+    """Claude's thinking with no readable text (omitted, redacted) opens its loop all the same.
+
+    It left no part (omitted), or was read as plain data (redacted, in v1 content): the loop was cut before
+    a reply without thinking, which Claude refuses (the kept part opened with ``text``).
+    """
+    from conftest import assert_valid_anthropic_request
+
+    from langchain_compaction import ExtractiveSummarizer, compact
+    from langchain_compaction.core.transcript import message_body
+
+    messages: list[BaseMessage] = [HumanMessage("Fix the failing build in the repo.", id="h0")]
+    for step in range(14):
+        messages.append(_claude_reply(step, _UNREADABLE_THINKING[thinking] if step == 0 else None, v1=v1))
+        messages.append(
+            ToolMessage(
+                f"output {step}: " + "the handler validates the payload. " * 30, tool_call_id=f"toolu_{step:02d}"
+            )
+        )
+    core = to_core_list(messages)
+    assert thinking_loop_opening(core) == 1
+    assert message_body(core[1]).startswith("Step 0:")  # (no empty "(reasoning)" line for the summarizer)
+    _, compacted = compact(ExtractiveSummarizer(), messages, CompactionOptions(context_window=3_000))
+    assert any(is_summary_message(m) for m in compacted), "nothing was compacted (test setup)"
+    assert_valid_anthropic_request(compacted, thinking=True)
 
 
 def _thinking_loop_with_a_result_to_come() -> list[BaseMessage]:
