@@ -63,9 +63,12 @@ class Running:
 
     A blocking call cannot be interrupted in Python. A caller that stops
     waiting (a timeout, a cancelled task) abandons it: the thread runs on and,
-    once past its ``deadline`` (at once without one), counts in ``abandoned()``
-    until the call ends: a call cancelled well within its time (a client that
-    disconnected) is still doing what it was allowed to. The thread is a
+    once past its ``deadline``, counts in ``abandoned()`` until the call ends.
+    A call cancelled well within its time (a client that disconnected) is
+    still doing what it was allowed to; a call with no deadline (made without
+    a timeout) was allowed all the time it takes, so it is never past it and
+    never counts: its thread lives as long as the caller's wait would have,
+    and only a timeout bounds how long a hung call keeps one. The thread is a
     daemon, not one of asyncio's default executor's: abandoned calls never
     take the threads other work needs, and ``asyncio.run`` does not wait for
     them when it ends.
@@ -88,10 +91,10 @@ class Running:
 
     @classmethod
     def abandoned(cls) -> int:
-        """How many abandoned calls are still running past their deadline."""
+        """How many abandoned calls are still running past their deadline (a call without one is never past it)."""
         now = time.monotonic()
         with cls._lock:
-            return sum(1 for call in cls._left_running if call.deadline is None or call.deadline <= now)
+            return sum(1 for call in cls._left_running if call.deadline is not None and call.deadline <= now)
 
     def start(self, on_done: Callable[[], None] | None = None) -> Running:
         """Start the call; ``on_done`` runs on its thread when it ends."""

@@ -134,17 +134,22 @@ A blocking call cannot be interrupted in Python: its thread is abandoned at the
 deadline (the timeout is also given to the model's client where the library
 knows how, so the call itself ends soon after). While this many are still
 running, a new timed call fails at once instead of leaving one more thread.
-Calls still within their deadline do not count (``core.effects.Running``).
+Calls still within their deadline do not count, nor do calls made without a
+timeout, which have none to be past (``core.effects.Running``): an untimed
+call's thread lives as long as its caller's wait would have, and refusing
+timed calls would not end it.
 """
 
 
 def _check_abandoned(request: SummaryRequest, timeout: float) -> None:
-    if Running.abandoned() >= MAX_ABANDONED_CALLS:
+    left = Running.abandoned()
+    if left >= MAX_ABANDONED_CALLS:
         raise SummaryTimeoutError(
             timeout,
             chunk_index=request.chunk_index,
             chunk_count=request.chunk_count,
-            detail=f"{MAX_ABANDONED_CALLS} earlier summary calls are still running past their timeout",
+            detail=f"not called: {left} earlier summary calls are still running past their timeout "
+            f"(MAX_ABANDONED_CALLS={MAX_ABANDONED_CALLS})",
         )
 
 

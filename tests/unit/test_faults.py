@@ -823,6 +823,48 @@ def test_calls_cancelled_within_their_deadline_do_not_refuse_other_conversations
     wait_for(lambda: Running.abandoned() == 0, 5.0)
 
 
+def test_cancelled_calls_made_without_a_timeout_never_refuse_timed_calls() -> None:
+    """An untimed call has no deadline to be past: clients of a graph without ``timeout=`` that disconnect
+    mid-summary are no reason to refuse a timed compaction elsewhere (four such made every one fail at once)."""
+    release = threading.Event()
+    started = threading.Semaphore(0)
+    ended = threading.Semaphore(0)
+
+    def hanging(prompt: str) -> str:
+        started.release()
+        try:
+            release.wait(30)
+        finally:
+            ended.release()
+        return "## Goal\n- x"
+
+    async def cancel_untimed() -> None:
+        tasks = [
+            asyncio.ensure_future(acompact(hanging, long_history(), CompactionOptions(context_window=3_000)))
+            for _ in range(MAX_ABANDONED_CALLS)
+        ]
+        for _ in tasks:
+            await asyncio.to_thread(started.acquire, True, 5.0)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    try:
+        asyncio.run(cancel_untimed())
+        result, _ = compact(
+            lambda prompt: "## Goal\n- another conversation", long_history(), CompactionOptions(timeout=2.0)
+        )
+        assert result is not None
+        assert "another conversation" in result.summary
+        assert Running.abandoned() == 0  # still running, past no deadline
+    finally:
+        release.set()
+    for _ in range(MAX_ABANDONED_CALLS):
+        assert ended.acquire(timeout=5.0)
+
+
 def test_a_summary_error_is_chained_to_what_the_model_raised_not_to_itself() -> None:
     """A summarizer that raises the library's own error keeps its cause; the engine does not chain it to itself."""
 
