@@ -148,8 +148,8 @@ def _check_abandoned(request: SummaryRequest, timeout: float) -> None:
             timeout,
             chunk_index=request.chunk_index,
             chunk_count=request.chunk_count,
-            detail=f"not called: {left} earlier summary calls are still running past their timeout "
-            f"(MAX_ABANDONED_CALLS={MAX_ABANDONED_CALLS})",
+            detail=f"not called: {left} earlier summary calls are still running past their timeout; "
+            f"MAX_ABANDONED_CALLS is {MAX_ABANDONED_CALLS}",
         )
 
 
