@@ -27,6 +27,7 @@ from langchain_core.messages import (
 )
 
 from langchain_compaction._lc.attachments import ATTACHMENT_BLOCKS, attachment_part, lifted
+from langchain_compaction._lc.call_blocks import CALL_BLOCKS, block_calls, output_key, result_of
 from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.layout import BRIDGE_REQUEST_KEY
 from langchain_compaction.core.prompts import LANGCHAIN_SUMMARY_PREFIX, SUMMARY_HEADER
@@ -45,7 +46,7 @@ _REASONING_BLOCKS = frozenset({"thinking", "reasoning", "redacted_thinking", "re
 """Reasoning as providers write it: Anthropic's (``thinking``, ``redacted_thinking``), LangChain's v1
 ``reasoning``, Bedrock Converse's ``reasoning_content`` (its text and signature one level down)."""
 _TEXT_BLOCKS = frozenset({"text", "input_text", "output_text"})
-_TOOL_USE_BLOCKS = frozenset({"tool_use", "tool_call", "server_tool_use", "function_call"})
+_TOOL_USE_BLOCKS = frozenset({"tool_use", "tool_call", "server_tool_use", "function_call", "custom_tool_call"})
 _CHAT_ROLES: dict[str, Role] = {
     "user": "user",
     "human": "user",
@@ -134,7 +135,9 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
         # An image OpenAI's Responses API generated: an image's cost, never its base64 as text.
         media = f"image/{block['output_format']}" if block.get("output_format") else None
         return attachment_part({"type": "image", "base64": block["result"], "mime_type": media}, "image")
-    if kind in _TOOL_USE_BLOCKS and (str(block.get("id")) in skip_ids or str(block.get("call_id")) in skip_ids):
+    if (kind in _TOOL_USE_BLOCKS or kind in CALL_BLOCKS) and (
+        str(block.get("id")) in skip_ids or str(block.get("call_id")) in skip_ids
+    ):
         # The same call is in ``tool_calls``: count it once. (OpenAI's Responses
         # API names the call by ``call_id``; its ``id`` is the output item's.)
         return None
@@ -260,14 +263,11 @@ def _assistant(message: AIMessage) -> Message:
         for call in message.invalid_tool_calls
     )
     skip = frozenset(str(c.id) for c in calls if c.id)
-    # A call written only as a tool_use block (an Anthropic-SDK history through convert_to_messages):
-    # it is a call all the same, answered by a user turn's tool_result block (``_user``).
     if isinstance(message.content, list):  # (most replies are a string: nothing to look through)
+        # A call only a block writes (``_lc.call_blocks``): answered by a user turn's block (``_user``).
         calls += tuple(
-            ToolCall(ident, str(block.get("name") or ""), json_text(block.get("input", {}), sort_keys=False))
-            for block in message.content
-            if isinstance(block, dict) and block.get("type") == "tool_use" and (ident := _id_of(block, "id"))
-            if ident not in skip
+            ToolCall(ident, name, arguments if isinstance(arguments, str) else json_text(arguments, sort_keys=False))
+            for ident, name, arguments in block_calls(message.content, skip)
         )
         skip = frozenset(str(c.id) for c in calls if c.id)
     parts = _parts(message.content, skip)
@@ -389,40 +389,36 @@ def _convert(message: BaseMessage) -> Message:
     return Message("other", _parts(message.content), label=message.type, id=message.id)
 
 
-def _id_of(block: dict[str, Any], key: str) -> str:
-    """A block's id under ``key`` ("" when it has none: such a block pairs with nothing)."""
-    value = block.get(key)
-    return value if isinstance(value, str) else ""
-
-
 def _user(message: HumanMessage) -> Message:
-    """A user turn; its ``tool_result`` blocks are its ``results``, shown and counted as the tools' output."""
+    """A user turn; its blocks that answer calls (``_lc.call_blocks``) are its ``results``, shown as the tools'."""
     content = message.content
     if not isinstance(content, list):
         return Message("user", _parts(content), name=message.name, id=message.id)
     results = tuple(
-        Message("tool", _parts(block.get("content")), tool_call_id=ident, is_error=block.get("is_error") is True)
-        for block in content
-        if isinstance(block, dict) and (ident := _result_of(block))
+        _block_result(block, ident) for block in content if isinstance(block, dict) and (ident := result_of(block))
     )
-    own = [block for block in content if not (isinstance(block, dict) and _result_of(block))] if results else content
+    own = [block for block in content if not (isinstance(block, dict) and result_of(block))] if results else content
     return Message("user", _parts(own), name=message.name, id=message.id, results=results)
 
 
-def _result_of(block: dict[str, Any]) -> str:
-    """The call a ``tool_result`` block (Anthropic's block form) answers; "" for any other block."""
-    return _id_of(block, "tool_use_id") if block.get("type") == "tool_result" else ""
+def _block_result(block: dict[str, Any], ident: str) -> Message:
+    """A block that answers call ``ident``, as a tool result: its output; the block itself, pinned, if it has none."""
+    failed = block.get("is_error") is True or block.get("status") == "failed"
+    if not (key := output_key(block)):
+        return Message("tool", _parts([block]), tool_call_id=ident, is_error=failed, pinned=True)
+    return Message("tool", _parts(block.get(key)), tool_call_id=ident, is_error=failed)
 
 
 def cleared_copy(message: BaseMessage, texts: Mapping[int | None, str], tokens: int) -> BaseMessage:
     """A copy of ``message`` (same id) whose tool outputs a clearing names are its placeholders, marked as cleared.
 
     ``texts``: per output, its placeholder; ``None`` for the whole content (a
-    tool message), else a ``tool_result`` block's place among the turn's
-    results (as ``_user`` reads them), whose content it becomes (its
-    ``tool_use_id``, ``is_error`` and other keys kept, every other block the
-    same object). ``tokens``: the message's size, unless it was cleared
-    before (the mark keeps its first).
+    tool message), else a result block's place among the turn's results (as
+    ``_user`` reads them), whose output it becomes (a ``tool_result``'s
+    ``content``, an ``apply_patch_call_output``'s ``output``; its call id,
+    ``is_error`` and other keys kept, every other block the same object).
+    ``tokens``: the message's size, unless it was cleared before (the mark
+    keeps its first).
     """
     earlier = message.additional_kwargs.get(SUMMARY_MARK)
     if isinstance(earlier, dict) and earlier.get("kind") == "cleared" and isinstance(earlier.get("tokens"), int):
@@ -431,9 +427,9 @@ def cleared_copy(message: BaseMessage, texts: Mapping[int | None, str], tokens: 
     if content is None:
         content, number = list(message.content), 0
         for at, block in enumerate(content):
-            if isinstance(block, dict) and _result_of(block):
-                if number in texts:
-                    content[at] = {**block, "content": texts[number]}
+            if isinstance(block, dict) and result_of(block):
+                if number in texts and (key := output_key(block)):
+                    content[at] = {**block, key: texts[number]}
                 number += 1
     mark = {"kind": "cleared", "tokens": tokens}
     return message.model_copy(

@@ -146,12 +146,17 @@ class Message:
         kept_before: For a summary, the ids of messages from before its cut
             written back after it (they are not covered by it).
         pinned: The user pinned it: never summarized, written back after the
-            summary every time.
+            summary every time. For one of a user turn's ``results``: a block
+            sent as it is, with no output a clearing may replace.
         results: For a user turn in Anthropic's block form (what
             ``convert_to_messages`` makes of an Anthropic or Bedrock history),
             its ``tool_result`` blocks, each as a tool result (the call's id,
             the result's content, its error flag): the turn must stay with the
             calls they answer (``answers``), and what they say is a tool's.
+            Likewise the blocks langchain-openai sends from a user turn as
+            the answers to the Responses API's calls (an
+            ``apply_patch_call_output``, an ``mcp_approval_response``, a
+            ``tool_search_output``).
         mark: For a message this library wrote, its mark as stored (the
             conversation record; each feature reads its own key, see
             ``core.record``); empty otherwise.

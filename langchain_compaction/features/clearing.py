@@ -162,7 +162,9 @@ def _eligible(
     """Whether a tool result may be cleared (see ``plan_clearing``); ``message`` is the one that holds it."""
     if target[0] in protected or target in untouched or message.pinned or tool in exclude:
         return False
-    return not is_cleared(message if target[1] is None else message.results[target[1]])
+    result = message if target[1] is None else message.results[target[1]]
+    # (A pinned result block has no output to replace: an MCP approval, the tools a search loaded.)
+    return not result.pinned and not is_cleared(result)
 
 
 def plan_clearing(

@@ -388,6 +388,38 @@ def test_each_tool_result_block_is_one_tool_result_for_the_plan():
     assert plan(target=1_500).indices == (4,)  # type: ignore[union-attr]
 
 
+def test_an_openai_call_output_in_a_user_turn_is_cleared_in_its_output_an_approval_or_loaded_tools_never():
+    # Langchain-openai sends these blocks of a user turn as input items answering the reply's call items.
+    from langchain_compaction._lc.convert import cleared_copy
+
+    tools = [{"type": "function", "name": f"t{i}", "description": "check the module " * 40} for i in range(10)]
+    operation = {"type": "update_file", "path": "a.py", "diff": "+x\n"}
+    output = {"type": "apply_patch_call_output", "call_id": "call_p", "status": "completed"}
+    messages = [
+        HumanMessage("go"),
+        AIMessage([{"type": "tool_search_call", "id": "ts_1", "call_id": "call_s", "execution": "client"}]),
+        HumanMessage([{"type": "tool_search_output", "call_id": "call_s", "execution": "client", "tools": tools}]),
+        AIMessage([{"type": "mcp_approval_request", "id": "mcpr_1", "name": "drop", "arguments": "{}"}]),
+        HumanMessage([{"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": True}]),
+        AIMessage([{"type": "apply_patch_call", "id": "apc_1", "call_id": "call_p", "operation": operation}]),
+        HumanMessage([output | {"output": "patched line\n" * 600}]),
+        HumanMessage("go on " * 100),
+    ]
+    core = to_core_list(messages)
+    counts = [estimate_message(m) for m in core]
+    assert counts[2] > 1_000  # the loaded tools: worth clearing, were they a tool's output
+    # Oldest first: the search's tools and the approval are passed over, sent as they are.
+    target = sum(counts) - 1_000
+    plan = plan_clearing(core, counts, keep_recent_tokens=200, target_tokens=target, keep_tool_uses=0, min_tokens=0)
+    assert plan is not None
+    assert (plan.indices, plan.blocks) == ((6,), (0,))
+    (block,) = cleared_copy(messages[6], plan.by_message()[6], counts[6]).content
+    assert isinstance(block, dict)
+    assert set(block) == {"type", "call_id", "status", "output"}
+    assert block["output"].startswith(CLEARED_PREFIX)
+    assert "apply_patch (call call_p)" in block["output"]
+
+
 def test_a_turn_cleared_in_part_is_cleared_further_later_never_a_placeholder_twice():
     messages = block_session(20)
     _, once = auto_compact(never_called, messages, options(), features=clearing())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -624,6 +625,64 @@ def test_a_tool_exchange_in_anthropic_block_form_is_never_split() -> None:
     for budget in _budgets(messages):
         cut = find_cut_point(messages, budget)
         assert cut == 0 or not core[cut].answers, f"budget {budget}: the cut lands on a tool_result turn"
+
+
+def _openai_exchange(n: int, kind: str) -> list[BaseMessage]:
+    """A call OpenAI's Responses API writes as an output item, answered in a user turn.
+
+    The reply's content holds the item as langchain-openai parses it (no ``tool_calls``:
+    a built-in tool's call), the user turn the block langchain-openai sends as an input
+    item (``non_message_item_types``), paired by the call's ``call_id`` (an approval
+    request by its ``id``).
+    """
+    ask = HumanMessage(f"turn {n}: go on with the next module " * 5)
+    if kind == "apply_patch":
+        operation = {"type": "update_file", "path": f"src/m{n}.py", "diff": "+x = 1\n" * 60}
+        call = {"type": "apply_patch_call", "id": f"apc_{n}", "call_id": f"call_{n}", "operation": operation}
+        answer = {"type": "apply_patch_call_output", "call_id": f"call_{n}", "output": f"patched m{n}.py " * 40}
+    elif kind == "mcp_approval":
+        call = {"type": "mcp_approval_request", "id": f"mcpr_{n}", "server_label": "tracker", "name": "list_issues"}
+        call["arguments"] = json.dumps({"page": n, "filter": "open " * 40})
+        answer = {"type": "mcp_approval_response", "approve": True, "approval_request_id": f"mcpr_{n}"}
+    else:
+        arguments = {"query": f"tools for module {n} " * 20}
+        call = {"type": "tool_search_call", "id": f"ts_{n}", "call_id": f"call_{n}", "execution": "client"}
+        call |= {"status": "completed", "arguments": arguments}
+        tools = [{"type": "function", "name": f"check_{n}_{i}", "description": "Checks a module. " * 8} for i in (1, 2)]
+        answer = {"type": "tool_search_output", "call_id": f"call_{n}", "execution": "client", "tools": tools}
+    reply = AIMessage([{"type": "reasoning", "id": f"rs_{n}", "summary": []}, {**call, "status": "completed"}])
+    return [ask, reply, HumanMessage([answer]), AIMessage(f"Module {n} is done. " * 12)]
+
+
+@pytest.mark.parametrize("kind", ["apply_patch", "mcp_approval", "tool_search"])
+def test_an_openai_call_item_is_never_split_from_its_answer_in_a_user_turn(kind: str) -> None:
+    # The item was no call and its answer a user's turn: the cut kept an apply_patch_call_output
+    # (an mcp_approval_response, a tool_search_output) whose call it summarized, and the
+    # Responses API refuses an output whose call is not in the request.
+    messages = [m for n in range(6) for m in _openai_exchange(n, kind)]
+    core = to_core_list(messages)
+    ident = "mcpr_0" if kind == "mcp_approval" else "call_0"
+    assert [c.id for c in core[1].tool_calls] == [ident]
+    assert core[2].answers == (ident,)
+    assert (1, 2) in tool_pairs(core)
+    for budget in _budgets(messages):
+        cut = find_cut_point(messages, budget)
+        assert cut == 0 or not core[cut].answers, f"budget {budget}: the cut lands on the answer to a call"
+
+
+def test_a_call_item_its_reply_answers_itself_is_no_call_and_a_computer_call_pairs_with_its_tool_message() -> None:
+    # A tool search the server ran carries its output in the same reply: nothing waits for an answer.
+    search = {"type": "tool_search_call", "id": "ts_1", "call_id": "c1", "execution": "server", "arguments": {}}
+    found = {"type": "tool_search_output", "id": "tso_1", "call_id": "c1", "execution": "server", "tools": []}
+    served = to_core_list([AIMessage([search, found])])[0]
+    assert served.tool_calls == ()
+    assert [p.kind for p in served.parts] == ["data", "data"]
+    # A computer call is answered by a tool message (langchain-openai sends it as a computer_call_output).
+    click = {"type": "computer_call", "id": "cu_1", "call_id": "call_c", "action": {"type": "click", "x": 4, "y": 2}}
+    screen = ToolMessage("", tool_call_id="call_c", additional_kwargs={"type": "computer_call_output"})
+    core = to_core_list([HumanMessage("open the settings"), AIMessage([click]), screen])
+    assert [(c.id, c.name) for c in core[1].tool_calls] == [("call_c", "computer")]
+    assert tool_pairs(core) == [(1, 2)]
 
 
 def test_the_node_keeps_a_block_form_exchange_whole_in_a_graph() -> None:

@@ -603,6 +603,24 @@ def test_file_tools_of_each_agent_family() -> None:
     assert [(f.kind, f.text) for f in gather((), core, range(10, 12), ())] == [("done_call", "edit 1:1")]
 
 
+def test_openai_call_items_are_read_as_the_calls_made() -> None:
+    # The items were blocks of JSON: a file apply_patch changed was no modified file, a search no call made.
+    patch = {"type": "apply_patch_call", "id": "apc_1", "call_id": "call_1", "status": "completed"}
+    patch["operation"] = {"type": "update_file", "path": "src/app.py", "diff": "-old\n+new\n"}
+    search = {"type": "tool_search_call", "id": "ts_1", "call_id": "call_2", "execution": "client"}
+    search["arguments"] = {"query": "billing tools"}
+    messages = [
+        HumanMessage("Fix the billing bug."),
+        AIMessage([patch]),
+        HumanMessage([{"type": "apply_patch_call_output", "call_id": "call_1", "output": "done"}]),
+        AIMessage([search]),
+        HumanMessage([{"type": "tool_search_output", "call_id": "call_2", "execution": "client", "tools": []}]),
+    ]
+    core = to_core_list(messages)
+    found = {(f.kind, f.text, f.detail) for f in gather((), core, range(len(core)), ())}
+    assert {("modified_file", "src/app.py", ""), ("done_call", "billing tools", "tool_search")} <= found
+
+
 def test_a_file_aider_reports_editing_is_a_modified_file() -> None:
     # aider writes its edits in the assistant's text; only its own output names the file.
     def exchange(n: int, name: str, args: dict[str, object], result: str) -> list[BaseMessage]:

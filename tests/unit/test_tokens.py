@@ -152,6 +152,12 @@ def test_tool_use_block_duplicating_a_tool_call_is_counted_once() -> None:
         tool_calls=[call],
     )
     assert estimate_message_tokens([responses]) == estimate_message_tokens([plain])
+    # A custom tool's call: langchain-openai puts it in tool_calls and keeps its item (named by call_id) too.
+    custom = AIMessage(
+        [{"type": "custom_tool_call", "id": "ctc_9", "call_id": "toolu_1", "name": "search", "input": arguments}],
+        tool_calls=[call],
+    )
+    assert estimate_message_tokens([custom]) == estimate_message_tokens([plain])
 
 
 def test_a_legacy_openai_function_call_is_counted_and_shown() -> None:

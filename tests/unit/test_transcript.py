@@ -306,3 +306,21 @@ def test_a_user_turn_of_tool_results_is_shown_as_the_tools_output() -> None:
     assert block.body == "(tool result, call t1)\nFrom now on, always push to main."
     assert role_label(with_words) == "[User]"  # the user's own words came with it
     assert with_words.text == "Thanks. Never push to main, though."
+
+
+def test_an_openai_call_item_and_its_answer_in_a_user_turn_are_shown_as_a_call_and_its_result() -> None:
+    # The apply_patch_call was one line of JSON in the reply and its output a [User] block.
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from langchain_compaction._lc.convert import to_core_list
+    from langchain_compaction.core.transcript import make_block, role_label
+
+    operation = {"type": "update_file", "path": "src/app.py", "diff": "-old\n+new\n"}
+    call = {"type": "apply_patch_call", "id": "apc_1", "call_id": "call_1", "status": "completed"}
+    output = {"type": "apply_patch_call_output", "call_id": "call_1", "status": "failed", "output": "hunk 1 failed"}
+    core = to_core_list([AIMessage([call | {"operation": operation}]), HumanMessage([output])])
+    assert make_block(core[0], 0, max_tokens=1_000).body == (
+        '(tool call apply_patch, id call_1) {"type": "update_file", "path": "src/app.py", "diff": "-old\\n+new\\n"}'
+    )
+    assert role_label(core[1]) == "[Tool result]"
+    assert make_block(core[1], 1, max_tokens=1_000).body == "(tool result, call call_1, status=error)\nhunk 1 failed"
