@@ -283,7 +283,9 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         if not update or parent is None:
             return outcome.result, update
         sent = None if outcome.messages is None else (own, outcome.messages)
-        return outcome.result, self._delivery.to_parent(config, update, state, parent, sent=sent)
+        held, key = ask.held or ask.messages, self.messages_key
+        command = yield from self._delivery.to_parent(config, update, state, parent, sent=sent, held=held, key=key)
+        return outcome.result, update if command is None else command
 
     def recall_tool(self, *, max_chars: int = 4_000) -> BaseTool:
         """The tool that reads this node's archive back (give it to the agent's ``ToolNode``).

@@ -302,7 +302,11 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         if parent is None:
             self._delivery.stayed(config)
             return update
-        return self._delivery.to_parent(config, update, state, parent, sent=(own, compacted), own=(OVERHEAD_KEY,))
+        sent = (own, compacted)
+        command = yield from self._delivery.to_parent(
+            config, update, state, parent, sent=sent, held=messages, own=(OVERHEAD_KEY,)
+        )
+        return update if command is None else command
 
     def _check_model(self, model: object) -> None:
         """Say once what of the agent's model defeats compaction."""

@@ -180,16 +180,28 @@ _AGENT_JUMP = "jump_to"
 """A LangChain agent's one-step jump (``create_agent``): it is the subgraph's own, never its parent's."""
 
 
-_GIVEN_REMEMBERED = 64
-"""Parent tasks whose given state is held between the parent's checkpoint read and the compaction."""
-
-
 def _changed(value: object, given: object) -> bool:
     """Whether a subgraph's ``value`` differs from what its parent gave it (an odd ``__eq__``: taken as changed)."""
     try:
         return bool(value != given)
     except Exception:
         return True
+
+
+def _leads(values: Sequence[Any], messages: Sequence[BaseMessage]) -> bool:
+    """Whether the parent's ``values`` (its message list) lead ``messages``, by id."""
+    ids = [getattr(m, "id", None) for m in values]
+    return ids == [m.id for m in messages[: len(ids)]]
+
+
+def _given(config: Any, held: Sequence[BaseMessage], key: str) -> Flow[Mapping[str, Any] | None]:
+    """The parent's state as this task was given it: its checkpoint the run's config names, if it leads ``held``."""
+    found, _ = yield from parent_checkpoint(configurable_of(config))
+    if found is None:
+        return None
+    channels = found.checkpoint.get("channel_values", {})
+    values = channels.get(key)
+    return None if isinstance(values, list) and values and not _leads(values, held) else channels
 
 
 def _state_values(state: Any) -> dict[str, Any]:
@@ -232,9 +244,6 @@ class Delivery:
         self._holds: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)  # per parent task (its checkpoint_ns)
         self._unread: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)  # parent tasks with no checkpoint to read
         self._filed: Bounded[Conversation] = Bounded(CONVERSATIONS_REMEMBERED)  # the parent's, where it holds it
-        # The parent's state as this task was given it (``to_parent`` carries up what the run changed), held
-        # from the read of the parent's checkpoint to the compaction of a node call of the same parent task.
-        self._given: Bounded[dict[str, Any]] = Bounded(_GIVEN_REMEMBERED)
         self._warned: set[str] = set()
 
     def conversation(
@@ -321,10 +330,7 @@ class Delivery:
             self._unread.put(where, True)
             return False
         checkpoint = found.checkpoint
-        channels = checkpoint.get("channel_values", {})
-        # (The parent's last checkpoint, where the step's is not written, is what the run started from.)
-        self._given.put(where, {k: v for k, v in channels.items() if k != key})
-        values = channels.get(key)
+        values = checkpoint.get("channel_values", {}).get(key)
         if exact and (not pulled(checkpoint, node) or beside(checkpoint, node)):
             holds = False  # no edge runs the node this step (a task sent with Send), or others run beside it
         elif key not in checkpoint.get("channel_versions", {}):
@@ -332,8 +338,7 @@ class Delivery:
         elif not isinstance(values, list) or not values:
             return True
         else:
-            ids = [getattr(m, "id", None) for m in values]
-            holds = ids == [m.id for m in messages[: len(ids)]]
+            holds = _leads(values, messages)
         self._holds.put(where, holds)
         return holds
 
@@ -345,19 +350,27 @@ class Delivery:
         goto: str,
         *,
         sent: tuple[Conversation, Sequence[BaseMessage]] | None,
+        held: Sequence[BaseMessage],
+        key: str = "messages",
         own: Sequence[str] = (),
-    ) -> Command[Any]:
+    ) -> Flow[Command[Any] | None]:
         """The command that writes ``update`` to the parent graph, which runs the subgraph's node (``goto``) again.
 
         The subgraph's run ends there, and what it wrote to its other keys
         in this run (a tool's to-do list, a node's notes) would end with it:
         those go up too. What it only read is left alone: a key is carried
-        when its value differs from the parent's as the parent's checkpoint
-        gave it (none when it was not read for this task: the node's own
-        re-run after a send-up), so a parent's reducer is not applied to what
-        it already holds. LangGraph drops the keys the parent does not have;
-        ``own`` names keys that stay below (the library's own; an agent's
-        jump always does).
+        when its value differs from the parent's as this task was given it,
+        so a parent's reducer is not applied to what it already holds. That
+        is read again from the parent's checkpoint the run's config names
+        (the one its step started from, which the step cannot change while
+        this task runs), not kept in memory between the task's first check
+        and its compaction, where other conversations could push it out.
+        Where that checkpoint cannot be read or no longer leads ``held``
+        (the parent's last one, a run old with durability ``"exit"``, after a
+        send-up), ``None``: the compaction is written to the subgraph's own
+        state, whose run goes on and hands the parent everything it wrote.
+        LangGraph drops the keys the parent does not have; ``own`` names keys
+        that stay below (the library's own; an agent's jump always does).
 
         Args:
             config: The run's config (which parent task this is).
@@ -365,16 +378,27 @@ class Delivery:
             state: The subgraph's state as the node or middleware got it.
             goto: The parent's node that runs the subgraph.
             sent: The conversation and the message list written, if any (see ``sent``).
+            held: The messages the compaction was made from (the parent's must lead them).
+            key: The state key holding them.
             own: State keys never written to the parent.
         """
+        channels = yield from _given(config, held, key)
+        if channels is None:
+            self.say(
+                "given",
+                "it could not read again the parent's state this run was given when it compacted (its checkpoint "
+                "is gone, or a run with durability='exit' did not write the one its step started from): it wrote "
+                "that compaction to its own state, so what the run wrote reaches the parent with the subgraph's "
+                "output, the summary mid-history there until the next turn puts it back in place",
+            )
+            return None
         if sent is not None:
             self.sent(*sent)
-        given = self._given.pop(_task(config))
         stay = {*own, *update, _AGENT_JUMP}
         carried = {
-            key: value
-            for key, value in _state_values(state).items()
-            if key not in stay and given is not None and (key not in given or _changed(value, given[key]))
+            name: value
+            for name, value in _state_values(state).items()
+            if name not in stay and (name not in channels or _changed(value, channels[name]))
         }
         return Command(graph=Command.PARENT, update={**carried, **update}, goto=goto)
 

@@ -9,6 +9,7 @@ non-consecutive system messages), and, one level down, the parent must shrink.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import operator
@@ -708,7 +709,7 @@ class _Noted(MessagesState):
     notes: Annotated[dict[str, bool], lambda old, new: {**(old or {}), **(new or {})}]
 
 
-def _noting_subgraph() -> Any:
+def _noting_subgraph(summarizer: Any = short_summary) -> Any:
     """A ReAct loop (compaction, agent, a tool that writes ``notes``) that compacts right after the tool."""
 
     def agent(state: _Noted) -> dict[str, Any]:
@@ -726,7 +727,7 @@ def _noting_subgraph() -> Any:
         }
 
     inner = StateGraph(_Noted)
-    inner.add_node("compact", CompactionNode(short_summary, OPTIONS))
+    inner.add_node("compact", CompactionNode(summarizer, OPTIONS))
     inner.add_node("agent", agent)
     inner.add_node("note", note)
     inner.add_edge(START, "compact")
@@ -750,6 +751,69 @@ def test_what_a_subgraph_run_wrote_to_other_keys_reaches_the_parent_when_it_comp
         summaries += sum(1 for m in state["messages"] if is_summary_message(m))
     assert summaries, "the subgraph never compacted: the test proves nothing"
     assert sorted(state["notes"], key=int) == [str(t) for t in range(20)]
+
+
+PARENT_TASKS_AT_ONCE = 70
+"""More parent tasks than the 64 whose given state the node once kept in memory between a task's start and its compaction."""
+
+
+def test_a_subgraph_compacting_beside_many_other_conversations_still_carries_its_writes_up() -> None:
+    # What a parent task was given was held in a cache of 64 entries, put at the task's first check and read
+    # at its compaction: with more conversations starting meanwhile (a slow summary) it was pushed out, and the
+    # command sent up carried none of the run's writes: 6 of 70 threads lost the tool's note of that turn.
+    started: list[int] = []
+    everyone = asyncio.Event()
+
+    async def slow_summary(prompt: str) -> str:
+        started.append(1)
+        if len(started) >= PARENT_TASKS_AT_ONCE:  # (every thread has started its compaction)
+            everyone.set()
+        await asyncio.wait_for(everyone.wait(), 30)
+        return short_summary(prompt)
+
+    outer = StateGraph(_Noted)
+    outer.add_node("inner", _noting_subgraph(slow_summary))
+    outer.add_edge(START, "inner")
+    graph = outer.compile(checkpointer=InMemorySaver())
+    for thread in range(PARENT_TASKS_AT_ONCE):  # each just under the threshold, with a checkpoint to read
+        graph.invoke({"messages": [*chat(2, 180), HumanMessage(words("turn 6", 10))]}, cfg(f"many {thread}"))
+    assert not started, "a thread compacted before its last turn: the test proves nothing"
+
+    async def turn(thread: int) -> dict[str, Any]:
+        return await graph.ainvoke({"messages": [HumanMessage(words("turn 7", 10))]}, cfg(f"many {thread}"))
+
+    async def all_at_once() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(turn(t) for t in range(PARENT_TASKS_AT_ONCE)))
+
+    states = asyncio.run(all_at_once())
+    assert all(is_summary_message(state["messages"][0]) for state in states), "a thread did not compact"
+    lost = [t for t, state in enumerate(states) if "7" not in (state.get("notes") or {})]
+    assert not lost, f"{len(lost)} of {PARENT_TASKS_AT_ONCE} threads lost the note their run wrote"
+
+
+def test_where_the_parents_checkpoint_is_gone_at_the_compaction_it_stays_below_and_keeps_the_writes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What the parent gave the task is read again at the compaction: where it cannot be, a command sent up
+    # could not tell the run's writes from what the parent holds, so the compaction stays in the subgraph,
+    # whose output then hands the parent everything the run wrote.
+    saver = InMemorySaver()
+
+    def forgetting_summary(prompt: str) -> str:
+        saver.delete_thread("forgotten")  # (as a saver pruning the thread's checkpoints meanwhile would)
+        return short_summary(prompt)
+
+    outer = StateGraph(_Noted)
+    outer.add_node("inner", _noting_subgraph(forgetting_summary))
+    outer.add_edge(START, "inner")
+    graph = outer.compile(checkpointer=saver)
+    config = cfg("forgotten")
+    graph.invoke({"messages": [*chat(2, 180), HumanMessage(words("turn 6", 10))]}, config, durability="sync")
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        state = graph.invoke({"messages": [HumanMessage(words("turn 7", 10))]}, config, durability="sync")
+    assert sum(1 for m in state["messages"] if is_summary_message(m)) == 1, "nothing compacted: it proves nothing"
+    assert sorted(state["notes"]) == ["6", "7"]
+    assert "could not read again the parent's state" in caplog.text
 
 
 class _Planned(MessagesState):
