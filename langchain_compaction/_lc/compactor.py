@@ -19,10 +19,10 @@ from langchain_core.messages import BaseMessage
 from typing_extensions import Self
 
 from langchain_compaction._lc.advice import Told
+from langchain_compaction._lc.conversation import CONVERSATIONS_REMEMBERED
 from langchain_compaction._lc.convert import bridge_message, cleared_copy, summary_message, to_core
 from langchain_compaction._lc.counting import (
     DEFAULT_CACHE_SIZE,
-    LAST_CALLS_REMEMBERED,
     TokenCountCache,
     count_messages,
     counts_and_core,
@@ -113,8 +113,11 @@ class Compactor:
     given: tuple[Feature, ...]
     cache: TokenCountCache
     told: Told = field(default_factory=Told)
-    tried: Bounded[tuple[str, int]] = field(default_factory=lambda: Bounded(LAST_CALLS_REMEMBERED))
-    """Per conversation, a compaction that committed (archived) and did not finish: its id and size (``stamp``)."""
+    tried: Bounded[tuple[str, int]] = field(default_factory=lambda: Bounded(CONVERSATIONS_REMEMBERED))
+    """Per conversation, a compaction that committed (archived) and did not finish: its id and size (``stamp``).
+
+    As many conversations as every per-conversation state (an outage fails them all at once: one pushed out
+    before its retry archived its region again under a new id); dropped when the compaction finishes."""
 
     @classmethod
     def build(

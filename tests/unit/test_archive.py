@@ -31,6 +31,7 @@ from helpers_turns import (
     archive_items,
     archived,
     cfg,
+    chat,
     graph_with,
     short_summary,
     words,
@@ -1374,6 +1375,40 @@ def test_a_summarizer_down_for_many_turns_archives_each_message_once() -> None:
     assert max(archived.values()) == 1, archived.most_common(3)
     ids_kept = {m.id for m in state}
     assert all(f"h{t}" in ids_kept or f"h{t}" in archived for t in range(36))
+
+
+OUTAGE_CONVERSATIONS = 70
+"""More conversations than the 64 whose failed try a node once remembered (the token cache's bound)."""
+
+
+def test_a_summarizer_down_for_many_conversations_at_once_archives_each_message_once() -> None:
+    # The failed try's id was kept beside the token cache's last calls, 64 conversations: with more taking
+    # turns in an outage, each one's was pushed out before it retried, and every retry filed its region again
+    # under a new id (70 conversations, 3 failed rounds: most messages filed twice).
+    down = True
+
+    def summarizer(prompt: str) -> str:
+        if down:
+            raise RuntimeError("the summary service is down")
+        return SUMMARY
+
+    graph, store = _archiving(summarizer)
+    threads = [f"outage {i}" for i in range(OUTAGE_CONVERSATIONS)]
+    for thread in threads:  # each just under the threshold
+        graph.invoke({"messages": chat(3, 200)}, cfg(thread))
+    failed = 0
+    for turn in range(4):
+        down = turn < 3
+        for thread in threads:  # round-robin, as a server's requests come
+            try:
+                graph.invoke({"messages": [HumanMessage(words(f"question {turn}", 150))]}, cfg(thread))
+            except CompactionError:
+                failed += 1
+    assert failed == 3 * OUTAGE_CONVERSATIONS, "the outage never reached a compaction: the test proves nothing"
+    for thread in threads:
+        assert any(is_summary_message(m) for m in graph.get_state(cfg(thread)).values["messages"])
+        archived = _archived_ids(store, thread)
+        assert max(archived.values()) == 1, (thread, archived.most_common(3))
 
 
 async def test_compactions_cancelled_mid_summary_archive_each_message_once() -> None:
