@@ -118,9 +118,12 @@ def parent_checkpoint(configurable: Mapping[str, Any]) -> Flow[tuple[Any, bool]]
     """
     saver = configurable.get(CONFIG_KEY_CHECKPOINTER)
     step = (configurable.get("checkpoint_map") or {}).get("")
-    if saver is None or step is None:
+    thread = configurable.get("thread_id")
+    if saver is None or step is None or thread is None:
         return None, False
-    parent = {"thread_id": configurable.get("thread_id"), "checkpoint_ns": ""}
+    # (LangGraph saves a thread's checkpoints under ``str(thread_id)``; a run's
+    # config keeps what the caller passed, 7 for "7", which the saver misses.)
+    parent = {"thread_id": str(thread), "checkpoint_ns": ""}
     exact_config = {"configurable": {**parent, "checkpoint_id": step}}
     found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
     waited = 0.0

@@ -1216,3 +1216,20 @@ def test_a_graph_run_by_a_task_of_a_parent_node_never_commands_the_task(caplog: 
     assert len(said) == 1, said
     assert "nested more than one level" not in said[0]
     assert "nested='own'" in said[0]
+
+
+def test_a_thread_id_given_as_a_number_finds_its_parents_checkpoint(caplog: pytest.LogCaptureFixture) -> None:
+    # LangGraph saves checkpoints under str(thread_id) but hands the node the
+    # number: read with it, the parent's checkpoint was missed (2 s waited a
+    # turn) and the summary stayed below, after the parent's whole history.
+    requests = Requests()
+    graph = node_in_subgraph(requests, "parent", RecordingSummarizer())
+    config = {"configurable": {"thread_id": 7}}
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for turn in range(12):
+            state = graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, config)
+    assert requests.invalid == []
+    assert summaries(state["messages"]) == 1
+    assert is_summary_message(state["messages"][0])  # the parent itself was compacted
+    assert len(state["messages"]) < 24
+    assert "no checkpoint of its parent could be read" not in caplog.text
