@@ -304,7 +304,30 @@ def assert_valid_anthropic_request(
             following = turns[index + 1]["content"]
             answered = {b["tool_use_id"] for b in following if isinstance(b, dict) and b.get("type") == "tool_result"}
             assert uses <= answered, f"tool_use without its tool_result at turn {index}"
+    _assert_server_results_follow_their_uses(turns)
     _assert_thinking_opens_the_last_turn(turns, thinking)
+
+
+def _assert_server_results_follow_their_uses(turns: list[dict[str, Any]]) -> None:
+    """Each server tool's result follows its ``server_tool_use`` (``mcp_tool_use``) in the assistant's turn, and
+    each such use has its result before the user's next turn.
+
+    The API joins consecutive assistant turns (a paused turn and its
+    continuation) into one: the use may be in an earlier one of them. A
+    request may end on a paused turn (its use not answered yet).
+    """
+    pending: set[str] = set()
+    for index, turn in enumerate(turns):
+        if turn["role"] != "assistant":
+            assert not pending, f"server tool uses {sorted(pending)} without their results before turn {index}"
+            continue
+        for block in turn["content"] if isinstance(turn["content"], list) else []:
+            kind = block.get("type", "") if isinstance(block, dict) else ""
+            if kind in ("server_tool_use", "mcp_tool_use"):
+                pending.add(block["id"])
+            elif kind.endswith("_tool_result") and kind != "tool_result":
+                assert block["tool_use_id"] in pending, f"{kind} without its server_tool_use at turn {index}"
+                pending.discard(block["tool_use_id"])
 
 
 _THINKING = ("thinking", "redacted_thinking")

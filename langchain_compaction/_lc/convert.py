@@ -27,7 +27,7 @@ from langchain_core.messages import (
 )
 
 from langchain_compaction._lc.attachments import ATTACHMENT_BLOCKS, attachment_part, lifted
-from langchain_compaction._lc.call_blocks import CALL_BLOCKS, block_calls, output_key, result_of
+from langchain_compaction._lc.call_blocks import CALL_BLOCKS, answering, block_calls, output_key
 from langchain_compaction.core.effects import breathe
 from langchain_compaction.core.layout import BRIDGE_REQUEST_KEY
 from langchain_compaction.core.prompts import LANGCHAIN_SUMMARY_PREFIX, SUMMARY_HEADER
@@ -263,14 +263,16 @@ def _assistant(message: AIMessage) -> Message:
         for call in message.invalid_tool_calls
     )
     skip = frozenset(str(c.id) for c in calls if c.id)
-    if isinstance(message.content, list):  # (most replies are a string: nothing to look through)
-        # A call only a block writes (``_lc.call_blocks``): answered by a user turn's block (``_user``).
+    own, results = _answers(message.content)
+    if isinstance(own, list):  # (most replies are a string: nothing to look through)
+        # A call only a block writes (``_lc.call_blocks``): answered by a user turn's block (``_user``), or
+        # by the reply that continues a paused turn (its server tool's result: this reply's ``results``).
         calls += tuple(
             ToolCall(ident, name, arguments if isinstance(arguments, str) else json_text(arguments, sort_keys=False))
-            for ident, name, arguments in block_calls(message.content, skip)
+            for ident, name, arguments in block_calls(own, skip)
         )
         skip = frozenset(str(c.id) for c in calls if c.id)
-    parts = _parts(message.content, skip)
+    parts = _parts(own, skip)
     legacy = message.additional_kwargs.get("function_call")
     if isinstance(legacy, dict) and not calls:
         # OpenAI's legacy function calling: the call is shown and counted (a part, not a tool call: its
@@ -282,8 +284,8 @@ def _assistant(message: AIMessage) -> Message:
     refusal = message.additional_kwargs.get("refusal")
     if isinstance(refusal, str) and refusal.strip():
         parts = (*parts, Part("text", refusal))  # (ChatOpenAI keeps a refusal there, the content empty)
-    reported = _usage_total(message, parts)
-    return Message("assistant", parts, tool_calls=calls, name=message.name, id=message.id, reported_tokens=reported)
+    used = _usage_total(message, parts)
+    return Message("assistant", parts, calls, name=message.name, id=message.id, reported_tokens=used, results=results)
 
 
 def _text_of(mark: dict[str, Any], key: str) -> str | None:
@@ -391,14 +393,17 @@ def _convert(message: BaseMessage) -> Message:
 
 def _user(message: HumanMessage) -> Message:
     """A user turn; its blocks that answer calls (``_lc.call_blocks``) are its ``results``, shown as the tools'."""
-    content = message.content
-    if not isinstance(content, list):
-        return Message("user", _parts(content), name=message.name, id=message.id)
-    results = tuple(
-        _block_result(block, ident) for block in content if isinstance(block, dict) and (ident := result_of(block))
-    )
-    own = [block for block in content if not (isinstance(block, dict) and result_of(block))] if results else content
+    own, results = _answers(message.content)
     return Message("user", _parts(own), name=message.name, id=message.id, results=results)
+
+
+def _answers(content: Any) -> tuple[Any, tuple[Message, ...]]:
+    """``content`` without its blocks that answer another message's calls (``answering``), and those as results."""
+    found = answering(content) if isinstance(content, list) else []
+    if not found:
+        return content, ()
+    taken = {id(block) for block, _ in found}
+    return [b for b in content if id(b) not in taken], tuple(_block_result(block, ident) for block, ident in found)
 
 
 def _block_result(block: dict[str, Any], ident: str) -> Message:
@@ -414,7 +419,7 @@ def cleared_copy(message: BaseMessage, texts: Mapping[int | None, str], tokens: 
 
     ``texts``: per output, its placeholder; ``None`` for the whole content (a
     tool message), else a result block's place among the turn's results (as
-    ``_user`` reads them), whose output it becomes (a ``tool_result``'s
+    ``_answers`` reads them), whose output it becomes (a ``tool_result``'s
     ``content``, an ``apply_patch_call_output``'s ``output``; its call id,
     ``is_error`` and other keys kept, every other block the same object).
     ``tokens``: the message's size, unless it was cleared before (the mark
@@ -425,12 +430,11 @@ def cleared_copy(message: BaseMessage, texts: Mapping[int | None, str], tokens: 
         tokens = earlier["tokens"]
     content: Any = texts.get(None)
     if content is None:
-        content, number = list(message.content), 0
+        content = list(message.content)
+        places = {id(block): number for number, (block, _) in enumerate(answering(content))}
         for at, block in enumerate(content):
-            if isinstance(block, dict) and result_of(block):
-                if number in texts and (key := output_key(block)):
-                    content[at] = {**block, key: texts[number]}
-                number += 1
+            if places.get(id(block), -1) in texts and (key := output_key(block)):
+                content[at] = {**block, key: texts[places[id(block)]]}
     mark = {"kind": "cleared", "tokens": tokens}
     return message.model_copy(
         update={"content": content, "additional_kwargs": {**message.additional_kwargs, SUMMARY_MARK: mark}}

@@ -37,15 +37,15 @@ def tool_pairs(messages: Sequence[Message]) -> list[tuple[int, int]]:
     latest_call: dict[str, int] = {}
     pairs: list[tuple[int, int]] = []
     for index, message in enumerate(messages):
+        # (A reply that continues a paused turn answers its server tool's call, and may make calls of its own.)
+        for answered in message.answers:
+            caller = latest_call.get(answered) if answered else None
+            if caller is not None:
+                pairs.append((caller, index))
         if message.role == "assistant":
             for call in message.tool_calls:
                 if call.id:
                     latest_call[call.id] = index
-        else:
-            for answered in message.answers:
-                caller = latest_call.get(answered) if answered else None
-                if caller is not None:
-                    pairs.append((caller, index))
     return pairs
 
 

@@ -239,9 +239,9 @@ class _Tracker:
         breathe()  # called per message: on the worker thread, let the event loop in
         if message.is_summary:
             return
+        for result in message.results:  # (a user turn's tool_result blocks, a reply's server tools' results)
+            self._result(result, record=record)
         if message.role == "user":
-            for result in message.results:  # (its tool_result blocks: a tool's output, not the user's words)
-                self._result(result, record=record)
             self._user(said_in(message), record=record)
         elif message.role == "assistant":
             for call in message.tool_calls:

@@ -35,7 +35,7 @@ def role_label(message: Message) -> str:
 
     A user turn of ``tool_result`` blocks alone is a tool result: what it says is no user's words.
     """
-    label = _ROLE_LABELS.get("tool" if message.results and not message.asks else message.role)
+    label = _ROLE_LABELS.get("tool" if message.is_result and not message.asks else message.role)
     if label is not None:
         return label
     return f"[{message.label or message.role}]"

@@ -156,7 +156,11 @@ class Message:
             Likewise the blocks langchain-openai sends from a user turn as
             the answers to the Responses API's calls (an
             ``apply_patch_call_output``, an ``mcp_approval_response``, a
-            ``tool_search_output``).
+            ``tool_search_output``). For an assistant reply, the server tools'
+            results it carries for calls an earlier reply made (Claude paused
+            its turn after a ``server_tool_use``; this reply continues it):
+            it must stay with that reply, and it answers as the model, no
+            tool result of its own (``is_result``).
         mark: For a message this library wrote, its mark as stored (the
             conversation record; each feature reads its own key, see
             ``core.record``); empty otherwise.
@@ -221,8 +225,12 @@ class Message:
 
     @property
     def is_result(self) -> bool:
-        """Whether it answers tool calls: a tool's result, or a user turn of ``tool_result`` blocks (``answers``)."""
-        return self.role == "tool" or bool(self.results)
+        """Whether it is a tool's side answering calls: a tool's result, or a user turn of ``tool_result`` blocks.
+
+        A reply that continues a paused turn answers a call too (``answers``),
+        but as the model: the model is not left to answer it.
+        """
+        return self.role == "tool" or (self.role == "user" and bool(self.results))
 
     @property
     def carries_summary(self) -> bool:

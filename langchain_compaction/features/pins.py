@@ -28,11 +28,14 @@ def _exchanges(messages: Sequence[Message], start: int, cut: int) -> dict[int, t
     groups: dict[int, list[int]] = {}
     for i in range(start, cut):
         message = messages[i]
-        if message.role == "assistant" and message.tool_calls:
-            groups[i] = [i]
-            owner.update((c.id, i) for c in message.tool_calls if c.id)
-        elif (caller := next((owner[a] for a in message.answers if a in owner), None)) is not None:
+        # (A reply that continues a paused turn answers a call and may call again: one exchange with its caller.)
+        if (caller := next((owner[a] for a in message.answers if a in owner), None)) is not None:
             groups[caller].append(i)
+        if message.role == "assistant" and message.tool_calls:
+            if caller is None:
+                caller = i
+                groups[i] = [i]
+            owner.update((c.id, caller) for c in message.tool_calls if c.id)
     out: dict[int, tuple[int, ...]] = {}
     for group in groups.values():
         whole = tuple(group)  # one tuple an exchange, shared by its messages (thousands of parallel calls)

@@ -420,6 +420,31 @@ def test_an_openai_call_output_in_a_user_turn_is_cleared_in_its_output_an_approv
     assert "apply_patch (call call_p)" in block["output"]
 
 
+def test_a_server_tool_result_in_the_reply_that_continues_a_paused_turn_is_never_rewritten():
+    # Its content is the server tool's own blocks (encrypted search results): a placeholder's text in
+    # their place is a request the Messages API refuses. The tool messages around it are cleared.
+    messages: list[BaseMessage] = [HumanMessage("Research the release notes.", id="h")]
+    hits = [{"type": "web_search_result", "url": "https://ex.com", "title": "T", "encrypted_content": "e" * 1000}]
+    for n in range(8):
+        use = {"type": "server_tool_use", "id": f"srvtoolu_{n}", "name": "web_search", "input": {"query": f"v{n}"}}
+        found = {"type": "web_search_tool_result", "tool_use_id": f"srvtoolu_{n}", "content": hits}
+        read = {"name": "cat", "args": {"path": f"notes_{n}.md"}, "id": f"c{n}"}
+        messages += [
+            AIMessage([{"type": "text", "text": f"Searching {n}."}, use], id=f"p{n}"),
+            AIMessage([found, {"type": "text", "text": f"Found {n}."}], tool_calls=[read], id=f"f{n}"),
+            ToolMessage(f"note line {n}\n" * 600, tool_call_id=f"c{n}", name="cat", id=f"t{n}"),
+        ]
+    messages.append(AIMessage("Next I'll write the report.", id="final"))
+    core = to_core_list(messages)
+    assert [len(m.results) for m in core[1:4]] == [0, 1, 0]  # the continuation answers the paused call
+    result, out = auto_compact(never_called, messages, options(keep_recent_tokens=2_000), features=clearing())
+    assert result is not None
+    assert result.summarizer_calls == 0
+    assert result.part("clearing")["cleared"] > 0
+    assert all(new is old for old, new in zip(messages, out) if not isinstance(old, ToolMessage))
+    assert_valid_anthropic_request(out)
+
+
 def test_a_turn_cleared_in_part_is_cleared_further_later_never_a_placeholder_twice():
     messages = block_session(20)
     _, once = auto_compact(never_called, messages, options(), features=clearing())

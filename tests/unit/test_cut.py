@@ -22,7 +22,7 @@ from langchain_compaction.core.cut import find_cut, forced_cut, thinking_loop_op
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.types import Message, ToolCall
 from langchain_compaction.errors import ConfigurationError
-from langchain_compaction.functional import auto_compact, find_cut_point
+from langchain_compaction.functional import auto_compact, compact, find_cut_point
 from langchain_compaction.tokens import estimate_message_tokens
 
 
@@ -683,6 +683,88 @@ def test_a_call_item_its_reply_answers_itself_is_no_call_and_a_computer_call_pai
     core = to_core_list([HumanMessage("open the settings"), AIMessage([click]), screen])
     assert [(c.id, c.name) for c in core[1].tool_calls] == [("call_c", "computer")]
     assert tool_pairs(core) == [(1, 2)]
+
+
+_SEARCH_HITS = [{"type": "web_search_result", "url": "https://ex.com", "title": "T", "encrypted_content": "e" * 400}]
+
+
+def _server_blocks(n: int, kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A server tool's call and its result, as ChatAnthropic keeps them in a reply (``v1``: LangChain's v1 blocks)."""
+    ident = f"srvtoolu_{n:03d}"
+    if kind == "v1":
+        call = {"type": "server_tool_call", "id": ident, "name": "web_search", "args": {"query": f"lib {n}"}}
+        result = {"type": "server_tool_result", "tool_call_id": ident, "status": "success", "output": _SEARCH_HITS}
+        return call, result | {"extras": {"block_type": "web_search_tool_result"}}
+    if kind == "mcp":
+        call = {"type": "mcp_tool_use", "id": ident, "name": "list_issues", "server_name": "tracker", "input": {}}
+        return call, {"type": "mcp_tool_result", "tool_use_id": ident, "is_error": False, "content": "issue " * 200}
+    if kind == "code_execution":
+        call = {"type": "server_tool_use", "id": ident, "name": "code_execution", "input": {"code": f"print({n})"}}
+        output = {"type": "code_execution_result", "stdout": "row\n" * 200, "stderr": "", "return_code": 0}
+        return call, {"type": "code_execution_tool_result", "tool_use_id": ident, "content": output | {"content": []}}
+    call = {"type": "server_tool_use", "id": ident, "name": "web_search", "input": {"query": f"lib {n}"}}
+    return call, {"type": "web_search_tool_result", "tool_use_id": ident, "content": _SEARCH_HITS}
+
+
+def _paused_exchange(n: int, kind: str) -> list[BaseMessage]:
+    """Claude pauses its turn after a server tool's call (``pause_turn``); the next reply continues it with the result.
+
+    Anthropic's docs say to send the paused reply back as it is: ChatAnthropic
+    sends the two replies as consecutive assistant turns, which the API joins.
+    """
+    call, result = _server_blocks(n, kind)
+    meta = {"output_version": "v1", "model_provider": "anthropic"} if kind == "v1" else {}
+    text = "The handler reads the request and validates the payload. "
+    paused = AIMessage([{"type": "text", "text": f"Looking {n} up. {text}"}, call], response_metadata=meta)
+    continued = AIMessage([result, {"type": "text", "text": f"Found {n}. " + text * 6}], response_metadata=meta)
+    return [HumanMessage(f"turn {n}: look up the next library " * 5), paused, continued]
+
+
+@pytest.mark.parametrize("kind", ["web_search", "code_execution", "mcp", "v1"])
+def test_a_paused_server_tool_call_is_never_split_from_the_reply_that_carries_its_result(kind: str) -> None:
+    # The server tool's call and its result in the next reply were data: the cut kept the continuation
+    # (its web_search_tool_result) and summarized the call, a request the Messages API refuses.
+    from conftest import assert_valid_anthropic_request
+
+    from langchain_compaction import ExtractiveSummarizer
+
+    messages = [m for n in range(8) for m in _paused_exchange(n, kind)]
+    core = to_core_list(messages)
+    assert [c.id for c in core[1].tool_calls] == ["srvtoolu_000"]
+    assert core[2].answers == ("srvtoolu_000",)
+    assert (1, 2) in tool_pairs(core)
+    for budget in _budgets(messages):
+        cut = find_cut_point(messages, budget)
+        assert cut == 0 or not core[cut].answers, f"budget {budget}: the cut lands on the reply that continues a turn"
+    for budget in _budgets(messages)[::2]:
+        options = CompactionOptions(context_window=200_000, keep_recent_tokens=budget)
+        result, out = compact(ExtractiveSummarizer(), messages, options)
+        assert result is not None
+        assert_valid_anthropic_request(out)
+
+
+def test_a_server_tool_result_in_its_own_reply_waits_for_nothing_and_a_continuation_answers_as_the_model() -> None:
+    from langchain_compaction.core.tokens import estimate_tokens
+    from langchain_compaction.core.transcript import message_body, role_label
+
+    call, result = _server_blocks(1, "web_search")
+    text = {"type": "text", "text": "Found it."}
+    # Claude ran the search within the reply: one block pair, as today (no call waits for an answer).
+    whole = to_core_list([AIMessage([call, result, text])])[0]
+    assert (whole.tool_calls, whole.results) == ((), ())
+    assert [p.kind for p in whole.parts] == ["data", "data", "text"]
+    # Paused after the call, with thinking: the turn is in progress until the continuation answers it.
+    thinking = {"type": "thinking", "thinking": "search first", "signature": "sig"}
+    core = to_core_list([HumanMessage("what is new?"), AIMessage([thinking, call]), AIMessage([result, text])])
+    assert thinking_loop_opening(core[:2]) == 1
+    assert thinking_loop_opening(core) is None  # the continuation answered as the model: the turn is done
+    continued = core[2]
+    assert (continued.is_result, continued.asks, continued.answers) == (False, False, ("srvtoolu_001",))
+    assert valid_boundaries(core) == [True, True, False, True]
+    # The summarizer reads it as the assistant's, the result beside its call; the estimate counts the result.
+    assert role_label(continued) == "[Assistant]"
+    assert "(tool result, call srvtoolu_001)" in message_body(continued)
+    assert estimate_message_tokens([AIMessage([result, text])]) > estimate_tokens(json.dumps(result))
 
 
 def test_the_node_keeps_a_block_form_exchange_whole_in_a_graph() -> None:

@@ -98,6 +98,29 @@ def test_a_pinned_call_keeps_its_whole_message_and_every_parallel_result() -> No
     assert_valid_anthropic_request(out)
 
 
+def test_a_pinned_reply_that_paused_a_server_tool_keeps_every_reply_that_continues_it() -> None:
+    # Claude paused after a web search, and again after the next: the pin wrote back the paused reply
+    # alone, its server_tool_use without the web_search_tool_result of the reply that continued it.
+    def search(ident: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        use = {"type": "server_tool_use", "id": ident, "name": "web_search", "input": {"query": ident}}
+        hits = [{"type": "web_search_result", "url": "https://ex.com", "title": "T", "encrypted_content": "e" * 80}]
+        return use, {"type": "web_search_tool_result", "tool_use_id": ident, "content": hits}
+
+    (first, first_hits), (second, second_hits) = search("srvtoolu_a"), search("srvtoolu_b")
+    turn = [
+        AIMessage([{"type": "text", "text": "Searching."}, first], id="paused", additional_kwargs=PIN),
+        AIMessage([first_hits, {"type": "text", "text": "One more."}, second], id="again"),
+        AIMessage([second_hits, {"type": "text", "text": "The release adds a cache."}], id="done"),
+    ]
+    messages: list[BaseMessage] = [*chat(0), HumanMessage("What is new in the release?", id="ask"), *turn]
+    for step in range(1, 40):
+        messages += chat(step)
+    result, out = compact(summarize, messages, OPTIONS)
+    assert [m.id for m in split_compacted(out).recent[:3]] == ["paused", "again", "done"]
+    assert result.part("pins")["pinned"] == 3
+    assert_valid_anthropic_request(out)
+
+
 def test_the_pinned_total_has_a_cap_and_the_result_says_when_it_is_hit(caplog: pytest.LogCaptureFixture) -> None:
     messages: list[BaseMessage] = []
     for turn in range(30):
