@@ -363,7 +363,6 @@ class Compactor:
         written: list[BaseMessage] = [summary_message(content, mark, summary_id(record))]
         written += [bridge_message(shape.request)] * shape.bridge
         output = shape.arranged(original, written)
-        self.cache.forget(original[i].id for i in set(range(plan.start, plan.cut)).difference(shape.kept))
         written_tokens = sum(count_messages(written, [to_core(m) for m in written], self.options))
         result = compaction_result(plan, shape, job.counts, written_tokens, report=report, options=options)
         parts = {name: dict(a.record) for name, a in added if a is not None and a.record}

@@ -181,6 +181,17 @@ class TokenCountCache:
             for key in filter(None, ids):
                 self._drop(key)
 
+    def forget_taken(self, before: Sequence[BaseMessage], after: Sequence[BaseMessage]) -> None:
+        """Drop the messages of ``before`` that ``after`` no longer holds: a compaction took them out of the state.
+
+        Called once a compaction is committed, whether made on the spot or
+        prepared in the background and applied (``Turn._compaction``): a
+        preparation's messages are still in the state until then, and counted
+        on every turn.
+        """
+        kept = {m.id for m in after}
+        self.forget(m.id for m in before if m.id not in kept)
+
     def _drop(self, key: str) -> None:
         """Drop what is kept of message ``key`` (under the lock)."""
         entry = self._entries.pop(key, None)

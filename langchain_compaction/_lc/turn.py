@@ -258,8 +258,8 @@ class Turn(Compactor):
             if output is None:
                 return Outcome()
         result, compacted = output
-        # What was sent for it, exactly: preparations discarded since the last
-        # compaction (their prefix changed) included.
+        self.cache.forget_taken(staged.messages, compacted)  # (no longer counted: their core forms go)
+        # What was sent for it, exactly: preparations discarded since the last compaction (their prefix changed) too.
         result = replace(
             result,
             wait_seconds=time.monotonic() - started,
