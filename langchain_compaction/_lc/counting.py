@@ -40,10 +40,15 @@ from langchain_compaction.errors import InvalidMessagesError
 
 _T = TypeVar("_T")
 
-DEFAULT_CACHE_SIZE = 200_000
-"""Messages remembered per cache before the oldest quarter is dropped."""
-_MAX_HELD_TOKENS = 8_000_000
-"""The most tokens of messages a ``TokenCountCache`` holds (about 32 MB of their text; forty full 200k windows)."""
+# A cache at its bound, whichever comes first, holds 15-35 MB by the messages (``bench/cache_memory.py``): an
+# entry keeps the message's core form (its text, what the library read in it) and two dict slots, 7-17 bytes a
+# token on realistic messages (a summary's marks and checked facts weigh most) and about 600 bytes a message of
+# a word. (8 million tokens and 200,000 messages held about 120 MB per node or middleware.) A message dropped is
+# counted again when its conversation comes back: 180-200 ns a token, 30-35 ms for a 200k window's 180,000.
+DEFAULT_CACHE_SIZE = 50_000
+"""Messages remembered per cache before the oldest quarter is dropped (about 30 MB of messages of a word)."""
+_MAX_HELD_TOKENS = 2_000_000
+"""The most tokens of messages a ``TokenCountCache`` holds (15-35 MB, by the messages; ten full 200k windows)."""
 LAST_CALLS_REMEMBERED = 64
 """Conversations whose last counted history a ``TokenCountCache`` keeps, most recent first."""
 _Read = tuple[list[BaseMessage], list[int], Scanned, list[int]]
@@ -134,10 +139,11 @@ class TokenCountCache:
 
     Messages without an id are counted every time (nothing safe to key them
     by). The cache is bounded: past ``max_entries``, or past messages of
-    ``_MAX_HELD_TOKENS`` tokens in all (a core form keeps its message's text:
-    about 4 characters a token), the oldest are dropped until a quarter of the
-    room is free, so a long-lived server does not grow without limit; a
-    dropped message is simply counted again the next time it is seen.
+    ``_MAX_HELD_TOKENS`` tokens in all (a core form keeps its message's text
+    and what was read in it: 7-17 bytes a token), the oldest are dropped
+    until a quarter of the room is free, so a long-lived server holds 15-35
+    MB per cache at most; a dropped message is simply counted again the next
+    time it is seen.
 
     Example:
         >>> from langchain_core.messages import HumanMessage

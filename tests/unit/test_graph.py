@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import operator
 import sqlite3
+import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
@@ -37,9 +39,9 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Send
 from pydantic import Field
 
-from langchain_compaction import CompactionError, CompactionOptions
+from langchain_compaction import CompactionError, CompactionOptions, compact
 from langchain_compaction._lc.convert import BRIDGE_TEXT, is_summary_message
-from langchain_compaction._lc.counting import TokenCountCache
+from langchain_compaction._lc.counting import _MAX_HELD_TOKENS, DEFAULT_CACHE_SIZE, TokenCountCache
 from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import ConfigurationError, InvalidMessagesError, SummarizationError
 from langchain_compaction.features import PrepareAhead, default_features
@@ -510,12 +512,63 @@ def test_a_prepared_compaction_applied_lets_the_token_cache_drop_what_it_took_ou
 def test_cache_stays_bounded_in_the_text_it_holds() -> None:
     # Bounded by count only, 1,500 finished threads of 100 KB each kept 151 MB of their text.
     cache = TokenCountCache(CompactionOptions())
-    cache._max_held = 200_000  # (the default, 8 million tokens, is slow to fill)
+    cache._max_held = 200_000  # (the default, 2 million tokens, is slow to fill)
     large = "word " * 20_000  # about 20,000 tokens
     for thread in range(30):
         cache.counts_and_core([HumanMessage(large, id=f"t{thread}")], key=thread)
     assert 0 < cache._held <= 200_000
     assert len(cache) <= 10
+
+
+def _held_per_token_and_message(make: Callable[[], list[BaseMessage]]) -> tuple[float, float]:
+    """The memory a cache filled with ``make()``'s messages holds (measured by emptying it), per token and message."""
+    cache = TokenCountCache(CompactionOptions())
+    tracemalloc.start()
+    try:
+        cache.counts_and_core(make())  # (made under tracemalloc, and let go of: the cache holds what it keeps)
+        cache._last.clear()
+        gc.collect()
+        tokens, entries, before = cache._held, len(cache), tracemalloc.get_traced_memory()[0]
+        cache._entries.clear()
+        cache._cores.clear()
+        gc.collect()
+        freed = before - tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return freed / tokens, freed / entries
+
+
+def test_the_token_cache_at_its_bound_holds_35_mb_at_most() -> None:
+    """Whichever bound it meets first, a cache holds 35 MB at most (``bench/cache_memory.py`` measures it in full).
+
+    (8 million tokens and 200,000 messages, documented as about 32 MB of text, held about 120 MB: an entry
+    keeps a core form and dict slots, not only the text.)
+    """
+
+    def session() -> list[BaseMessage]:
+        out: list[BaseMessage] = []
+        for i in range(300):
+            call = {"name": "bash", "args": {"command": f"pytest tests/test_{i}.py"}, "id": f"c{i}"}
+            out += [
+                HumanMessage(f"Please fix the bug in src/mod_{i}.py; never change handle_{i}(). " * 4, id=f"h{i}"),
+                AIMessage(f"I'll run the tests for mod_{i} first.", tool_calls=[call], id=f"a{i}"),
+                ToolMessage(
+                    f"FAILED tests/test_{i}.py - ValueError: bad offset {i}\n" * 3, tool_call_id=f"c{i}", id=f"t{i}"
+                ),
+                AIMessage(f"Fixed src/mod_{i}.py: the offset is checked before the write. " * 3, id=f"f{i}"),
+            ]
+        summaries = [
+            compact(lambda prompt: "## Goal\n- fix `src/app.py`", out[j : j + 40])[1][0] for j in range(0, 1200, 40)
+        ]
+        assert len(summaries) == 30
+        return [*out, *(m.model_copy(update={"id": f"s{i}"}) for i, m in enumerate(summaries))]
+
+    per_token, _ = _held_per_token_and_message(session)
+    _, per_message = _held_per_token_and_message(
+        lambda: [ToolMessage("ok", tool_call_id="c", id=f"w{i}") for i in range(5_000)]
+    )
+    assert per_token * _MAX_HELD_TOKENS < 40e6
+    assert per_message * DEFAULT_CACHE_SIZE < 40e6
 
 
 def test_the_token_cache_reads_the_previous_call_once() -> None:
