@@ -18,8 +18,8 @@ preparation is also kept in the graph's LangGraph store under
 ``("compaction_prepared", <thread>, <namespace>...)``, keyed by the digest of
 the messages it was made from, so another worker or a restarted process
 applies it. Nothing a preparation does surfaces in a turn: a failure, a store
-that fails, a lease held elsewhere or a closed event loop is logged and the
-threshold compacts on the spot.
+that fails, a lease held elsewhere, a closed event loop or a cancelled task is
+logged and the threshold compacts on the spot.
 """
 
 from __future__ import annotations
@@ -71,11 +71,20 @@ class _Preparation:
     done: threading.Event = field(default_factory=threading.Event)
     value: PreparedSummary | None = None
     task: asyncio.Task[None] | None = None
-    # A turn stopped waiting for it (it is counted when it finishes); its event loop closed under it.
+    # A turn stopped waiting for it (it is counted when it finishes); its task was cancelled.
     abandoned: bool = False
     counted: bool = False
-    closed: bool = False
+    cancelled: bool = False
     told: bool = False  # (that its loop closed: said once, by the next compaction of its conversation)
+
+    @property
+    def closed(self) -> bool:
+        """Whether it was cancelled with its event loop, closed since (``asyncio.run`` per turn).
+
+        Told only after the fact: a loop shutting down cancels its tasks as
+        any caller may, and is closed by the next turn, which runs on another.
+        """
+        return self.cancelled and self.task is not None and self.task.get_loop().is_closed()
 
 
 _SETTLING = threading.Lock()
@@ -292,7 +301,7 @@ class PrepareAhead(Feature):
         ``wait=False``, left running (it is applied on a later turn).
         """
         started = time.monotonic()
-        claim = self._cache.get(conversation.key)
+        claim = self._held(conversation)
         if claim is not None and not wait and not claim.done.is_set():
             return None, 0.0, (0, 0)  # left to finish (what discarded ones cost waits for the compaction reporting it)
         if claim is not None and claim.closed:
@@ -344,10 +353,11 @@ class PrepareAhead(Feature):
         left to finish, a finished one waits to be applied (or, given as
         ``base``, is built on), a failed one is not retried every turn,
         unless the conversation was compacted since it started, and one whose
-        event loop closed under it is not retried at all.
+        event loop closed under it is not retried at all (one whose task alone
+        was cancelled is, at once: ``_held``).
         """
         origin = opening(messages)
-        current = self._cache.get(conversation.key)
+        current = self._held(conversation)
         if current is not None and (current.closed or not (current.done.is_set() and current.value is base)):
             return None
         if current is not None and base is None and current.origin == origin:
@@ -355,6 +365,23 @@ class PrepareAhead(Feature):
         claim = _Preparation(origin)
         self._cache.put(conversation.key, claim)
         return claim
+
+    def _held(self, conversation: Conversation) -> _Preparation | None:
+        """The conversation's preparation, if any; one cancelled on an event loop that still runs is dropped.
+
+        Its task was cancelled (by the program, or a server's shutdown of one
+        request's tasks), not its loop closed: the next turn past the mark
+        prepares again.
+        """
+        claim = self._cache.get(conversation.key)
+        if claim is None or not claim.cancelled or claim.closed:
+            return claim
+        self._cache.pop(conversation.key, claim)
+        logger.warning(
+            "a summary being prepared for this conversation was cancelled (its task, not its event loop, which still "
+            "runs): it is not applied, and the next turn past the preparation mark prepares one again"
+        )
+        return None
 
     def _lease_key(self, conversation: Conversation) -> str:
         return "|".join((conversation.thread or "", *conversation.namespace))
@@ -414,9 +441,9 @@ class PrepareAhead(Feature):
                         if held:
                             claim.value = await adrive(self._prepare(run))
             except asyncio.CancelledError:
-                # (Said by the conversation's next compaction, if one comes: a program that ends while a
-                # preparation runs, its turns all on one loop, is told nothing.)
-                claim.closed = True
+                # Its loop closing, or only its task? The next look says (``closed``, ``_held``): a program that
+                # ends while a preparation runs, its turns all on one loop, is told nothing.
+                claim.cancelled = True
                 raise
             except Exception as exc:  # never surfaces in a turn
                 _failed(exc)

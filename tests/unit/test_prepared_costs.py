@@ -106,6 +106,44 @@ def test_asyncio_run_per_turn_stops_preparing_a_conversation_after_its_loop_clos
     assert sum("run its turns on one event loop" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_preparation_cancelled_while_its_loop_runs_is_made_again(caplog: pytest.LogCaptureFixture) -> None:
+    """Its task cancelled, not its loop closed: the next turns prepare again, and the warning says what happened.
+
+    (Any cancellation was taken for a closed loop: preparing ahead stopped for the conversation for the life of
+    the process, with the warning "its event loop closed ... (asyncio.run per turn?)".)
+    """
+    summarizer = SlowSummary(seconds=0.05)
+    graph = _graph(summarizer, PrepareAhead(at=0.7))
+
+    def preparations() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if "PrepareAhead._astart" in t.get_coro().__qualname__]
+
+    async def session() -> tuple[int | None, int]:
+        cancelled, applied, before = None, 0, None
+        for n in range(60):
+            out = await graph.ainvoke(_turn(n), {"configurable": {"thread_id": "cancelled"}})
+            record = out.get("compaction") or {}
+            running = preparations()
+            if running and cancelled is None:
+                for task in running:
+                    task.cancel()  # (as a program may: the loop runs on)
+                cancelled, before = n, record
+            elif cancelled is not None and record != before:  # a compaction since
+                applied += bool(record.get("parts", {}).get("prepared", {}).get("applied"))
+                if applied:
+                    break
+            await asyncio.sleep(0.1)
+        return cancelled, applied
+
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        cancelled, applied = asyncio.run(session())
+    said = [r.getMessage() for r in caplog.records]
+    assert cancelled is not None
+    assert applied == 1
+    assert sum("cancelled (its task, not its event loop" in m for m in said) == 1
+    assert not any("asyncio.run per turn" in m for m in said)
+
+
 def test_in_store_on_a_graph_without_a_store_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
     summarizer = SlowSummary(seconds=0.0)
     graph = _graph(summarizer, PrepareAhead(at=0.7, in_store=True))
