@@ -109,13 +109,20 @@ def _keep_boundary(counts: Sequence[int], keep_recent_tokens: int) -> int:
 
 
 def _results(messages: Sequence[Message]) -> list[Target]:
-    """The conversation's tool results, in order: each tool message, and each ``tool_result`` block of a user turn."""
+    """The conversation's tool results that have an output to clear, in order.
+
+    Each tool message, and each result block of a user turn or of a reply
+    that continues a paused one, but those with no output to replace (a
+    pinned block: an MCP approval, the tools a search loaded, a server
+    tool's result): they are never cleared, so they do not count among the
+    last ``keep_tool_uses`` either.
+    """
     out: list[Target] = []
     for index, message in enumerate(messages):
         if message.role == "tool":
             out.append((index, None))
-        elif message.results:
-            out.extend((index, block) for block in range(len(message.results)))
+        else:
+            out.extend((index, block) for block, result in enumerate(message.results) if not result.pinned)
     return out
 
 
@@ -162,9 +169,7 @@ def _eligible(
     """Whether a tool result may be cleared (see ``plan_clearing``); ``message`` is the one that holds it."""
     if target[0] in protected or target in untouched or message.pinned or tool in exclude:
         return False
-    result = message if target[1] is None else message.results[target[1]]
-    # (A pinned result block has no output to replace: an MCP approval, the tools a search loaded.)
-    return not result.pinned and not is_cleared(result)
+    return not is_cleared(message if target[1] is None else message.results[target[1]])
 
 
 def plan_clearing(

@@ -420,6 +420,34 @@ def test_an_openai_call_output_in_a_user_turn_is_cleared_in_its_output_an_approv
     assert "apply_patch (call call_p)" in block["output"]
 
 
+def test_the_results_kept_by_keep_tool_uses_are_ones_that_could_be_cleared():
+    # An approval answered after the tool outputs has no output to clear: counted among the last
+    # three results, three approvals left the newest real outputs unprotected, and they were cleared.
+    def read(n: int) -> dict[str, Any]:
+        return {"name": "read", "args": {"path": f"f{n}.py"}, "id": f"c{n}"}
+
+    messages: list[BaseMessage] = [HumanMessage("go")]
+    for n in range(4):
+        messages += [AIMessage("", tool_calls=[read(n)]), ToolMessage("output line\n" * 300, tool_call_id=f"c{n}")]
+    for n in range(3):
+        request = {"type": "mcp_approval_request", "id": f"mcpr_{n}", "name": "deploy", "arguments": "{}"}
+        messages += [
+            AIMessage([request]),
+            HumanMessage([{"type": "mcp_approval_response", "approval_request_id": f"mcpr_{n}", "approve": True}]),
+        ]
+    messages.append(AIMessage("done"))
+    core = to_core_list(messages)
+    counts = [estimate_message(m) for m in core]
+    target = sum(counts) - counts[2] * 3 // 2  # an output and a half
+
+    def cleared(keep: int) -> tuple[int, ...] | None:
+        plan = plan_clearing(core, counts, keep_recent_tokens=0, target_tokens=target, keep_tool_uses=keep)
+        return None if plan is None else plan.indices
+
+    assert cleared(1) == (2, 4)
+    assert cleared(3) is None  # the three newest outputs (4, 6, 8) are kept: clearing alone cannot do it
+
+
 def test_a_server_tool_result_in_the_reply_that_continues_a_paused_turn_is_never_rewritten():
     # Its content is the server tool's own blocks (encrypted search results): a placeholder's text in
     # their place is a request the Messages API refuses. The tool messages around it are cleared.
@@ -437,7 +465,9 @@ def test_a_server_tool_result_in_the_reply_that_continues_a_paused_turn_is_never
     messages.append(AIMessage("Next I'll write the report.", id="final"))
     core = to_core_list(messages)
     assert [len(m.results) for m in core[1:4]] == [0, 1, 0]  # the continuation answers the paused call
-    result, out = auto_compact(never_called, messages, options(keep_recent_tokens=2_000), features=clearing())
+    result, out = auto_compact(
+        never_called, messages, options(keep_recent_tokens=2_000), features=clearing(keep_tool_uses=2)
+    )
     assert result is not None
     assert result.summarizer_calls == 0
     assert result.part("clearing")["cleared"] > 0
