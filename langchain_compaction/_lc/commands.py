@@ -21,10 +21,10 @@ from langgraph.errors import InvalidUpdateError
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.types import Command, StateUpdate
 
-from langchain_compaction._lc.conversation import CONFIG_KEY_SEND, opening_length, thread_of
+from langchain_compaction._lc.conversation import CONFIG_KEY_SEND, opening_length
 from langchain_compaction._lc.convert import is_bridge_message, is_summary_message, to_core
 from langchain_compaction._lc.identity import starts_with
-from langchain_compaction._lc.steps import step_channels
+from langchain_compaction._lc.steps import step_channels, thread_of
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.errors import CompactionError, ConfigurationError, InvalidMessagesError
 

@@ -32,7 +32,14 @@ from langchain_compaction._lc.counting import LAST_CALLS_REMEMBERED
 from langchain_compaction._lc.events import in_place
 from langchain_compaction._lc.identity import canonical, content_size, prefix_digest
 from langchain_compaction._lc.levels import IN_TASK, TOO_DEEP, parent_node, recast
-from langchain_compaction._lc.steps import beside, configurable_of, parent_checkpoint, pulled, runs_beside_others
+from langchain_compaction._lc.steps import (
+    beside,
+    configurable_of,
+    parent_checkpoint,
+    pulled,
+    runs_beside_others,
+    thread_of,
+)
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.effects import Flow
 from langchain_compaction.errors import ConfigurationError
@@ -101,12 +108,6 @@ def _task(config: Any) -> str:
     share their parent's task and its checkpoint.
     """
     return str(configurable_of(config).get("checkpoint_ns") or "").rpartition("|")[0]
-
-
-def thread_of(config: Any) -> str | None:
-    """The thread id of a run's config (``None`` when there is none; 0 and "" are threads, as LangGraph keeps them)."""
-    value = configurable_of(config).get("thread_id")
-    return None if value is None else str(value)
 
 
 def namespace_of(config: Any) -> tuple[str, ...]:

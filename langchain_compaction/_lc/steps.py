@@ -107,6 +107,17 @@ def beside(checkpoint: Mapping[str, Any], node: str) -> bool:
     )
 
 
+def thread_of(config: Any) -> str | None:
+    """The thread id of a run's config (``None`` when there is none; 0 and "" are threads, as LangGraph keeps them).
+
+    As text: LangGraph saves a thread's checkpoints under ``str(thread_id)``,
+    while a run's config keeps what the caller passed (7 for "7"), which a
+    saver asked with it misses.
+    """
+    value = configurable_of(config).get("thread_id")
+    return None if value is None else str(value)
+
+
 def parent_checkpoint(configurable: Mapping[str, Any]) -> Flow[tuple[Any, bool]]:
     """The top graph's checkpoint of this step and ``True``; else its last one and ``False``; else ``(None, False)``.
 
@@ -118,12 +129,10 @@ def parent_checkpoint(configurable: Mapping[str, Any]) -> Flow[tuple[Any, bool]]
     """
     saver = configurable.get(CONFIG_KEY_CHECKPOINTER)
     step = (configurable.get("checkpoint_map") or {}).get("")
-    thread = configurable.get("thread_id")
+    thread = thread_of({"configurable": configurable})
     if saver is None or step is None or thread is None:
         return None, False
-    # (LangGraph saves a thread's checkpoints under ``str(thread_id)``; a run's
-    # config keeps what the caller passed, 7 for "7", which the saver misses.)
-    parent = {"thread_id": str(thread), "checkpoint_ns": ""}
+    parent = {"thread_id": thread, "checkpoint_ns": ""}
     exact_config = {"configurable": {**parent, "checkpoint_id": step}}
     found = yield twin(saver.get_tuple, saver.aget_tuple, exact_config)
     waited = 0.0

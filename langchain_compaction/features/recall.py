@@ -17,8 +17,9 @@ from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from langgraph.prebuilt import ToolRuntime
 from langgraph.store.base import BaseStore, Item
 
-from langchain_compaction._lc.conversation import Conversation, namespace_of, thread_of
+from langchain_compaction._lc.conversation import Conversation, namespace_of
 from langchain_compaction._lc.convert import to_core, to_core_list
+from langchain_compaction._lc.steps import thread_of
 from langchain_compaction.core.effects import Flow, adrive, drive, twin
 from langchain_compaction.core.options import check_callable
 from langchain_compaction.core.recall import MAX_RESULTS, Archived, Lookup, render, select
