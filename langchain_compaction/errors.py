@@ -105,12 +105,19 @@ class SummaryTimeoutError(SummarizationError):
         timeout: The limit, in seconds.
     """
 
-    def __init__(self, timeout: float, *, chunk_index: int = 0, chunk_count: int = 1, detail: str = "") -> None:
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        chunk_index: int = 0,
+        chunk_count: int = 1,
+        detail: str = "",
+        advice: str = "raise CompactionOptions.timeout or use a faster summarizer",
+    ) -> None:
         self.timeout = timeout
         why = f" ({detail})" if detail else ""
         super().__init__(
-            f"compaction summarisation failed: no summary within timeout={timeout}s{why}; "
-            "raise CompactionOptions.timeout or use a faster summarizer",
+            f"compaction summarisation failed: no summary within timeout={timeout}s{why}; {advice}",
             chunk_index=chunk_index,
             chunk_count=chunk_count,
         )

@@ -150,6 +150,9 @@ def _check_abandoned(request: SummaryRequest, timeout: float) -> None:
             chunk_count=request.chunk_count,
             detail=f"not called: {left} earlier summary calls are still running past their timeout; "
             f"MAX_ABANDONED_CALLS is {MAX_ABANDONED_CALLS}",
+            # (A longer timeout would not end them: the model hangs, and only its client can stop waiting.)
+            advice="the model hangs: give its client a timeout of its own (e.g. ChatAnthropic(timeout=...)) "
+            "so hung calls end; the next compaction tries again",
         )
 
 
