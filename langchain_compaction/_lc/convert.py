@@ -46,7 +46,9 @@ _REASONING_BLOCKS = frozenset({"thinking", "reasoning", "redacted_thinking", "re
 """Reasoning as providers write it: Anthropic's (``thinking``, ``redacted_thinking``), LangChain's v1
 ``reasoning``, Bedrock Converse's ``reasoning_content`` (its text and signature one level down)."""
 _TEXT_BLOCKS = frozenset({"text", "input_text", "output_text"})
-_TOOL_USE_BLOCKS = frozenset({"tool_use", "tool_call", "server_tool_use", "function_call", "custom_tool_call"})
+_TOOL_USE_BLOCKS = CALL_BLOCKS.keys() | {"tool_call", "function_call", "custom_tool_call"}
+"""Block types that may repeat a call of ``tool_calls`` (the content blocks of calls, and the ones LangChain and
+OpenAI write for a function call)."""
 _CHAT_ROLES: dict[str, Role] = {
     "user": "user",
     "human": "user",
@@ -135,9 +137,7 @@ def _block_part(block: Any, skip_ids: frozenset[str]) -> Part | None:
         # An image OpenAI's Responses API generated: an image's cost, never its base64 as text.
         media = f"image/{block['output_format']}" if block.get("output_format") else None
         return attachment_part({"type": "image", "base64": block["result"], "mime_type": media}, "image")
-    if (kind in _TOOL_USE_BLOCKS or kind in CALL_BLOCKS) and (
-        str(block.get("id")) in skip_ids or str(block.get("call_id")) in skip_ids
-    ):
+    if kind in _TOOL_USE_BLOCKS and (str(block.get("id")) in skip_ids or str(block.get("call_id")) in skip_ids):
         # The same call is in ``tool_calls``: count it once. (OpenAI's Responses
         # API names the call by ``call_id``; its ``id`` is the output item's.)
         return None
