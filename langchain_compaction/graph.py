@@ -276,16 +276,18 @@ class CompactionNode(Runnable[Any, Any], Adapter):
                 update[self.result_key] = outcome.result.to_dict()
         elif gone := [m.id for m in (ask.command, *ask.stale) if m is not None and m.id is not None]:
             update[self.messages_key] = [RemoveMessage(id=i) for i in gone]
+        held, key = ask.held or ask.messages, self.messages_key
+        if update and parent is not None:
+            sent = None if outcome.messages is None else (own, outcome.messages)
+            command = yield from self._delivery.to_parent(config, update, state, parent, sent=sent, held=held, key=key)
+            if command is not None:
+                return outcome.result, command
+            parent = None  # (it stays below: written as a compaction where no parent is written to is)
         if outcome.messages is not None and parent is None:
             self._delivery.stayed(config)
-            written = yield from self._delivery.beside(config, ask.held or ask.messages, outcome.messages)
-            update[self.messages_key] = written or update[self.messages_key]
-        if not update or parent is None:
-            return outcome.result, update
-        sent = None if outcome.messages is None else (own, outcome.messages)
-        held, key = ask.held or ask.messages, self.messages_key
-        command = yield from self._delivery.to_parent(config, update, state, parent, sent=sent, held=held, key=key)
-        return outcome.result, update if command is None else command
+            written = yield from self._delivery.beside(config, held, outcome.messages)
+            update[key] = written or update[key]
+        return outcome.result, update
 
     def recall_tool(self, *, max_chars: int = 4_000) -> BaseTool:
         """The tool that reads this node's archive back (give it to the agent's ``ToolNode``).

@@ -299,14 +299,15 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         # An agent added as a node of a parent graph that shares its messages:
         # its state goes back merged by id, so write to the parent, which runs
         # the agent again on the compacted list (see CompactionNode(nested=...)).
-        if parent is None:
-            self._delivery.stayed(config)
-            return update
-        sent = (own, compacted)
-        command = yield from self._delivery.to_parent(
-            config, update, state, parent, sent=sent, held=messages, own=(OVERHEAD_KEY,)
-        )
-        return update if command is None else command
+        if parent is not None:
+            sent = (own, compacted)
+            command = yield from self._delivery.to_parent(
+                config, update, state, parent, sent=sent, held=messages, own=(OVERHEAD_KEY,)
+            )
+            if command is not None:
+                return command
+        self._delivery.stayed(config)  # (here too where the parent's state it was given is not known)
+        return update
 
     def _check_model(self, model: object) -> None:
         """Say once what of the agent's model defeats compaction."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -30,6 +30,7 @@ from langgraph.types import Command
 
 from langchain_compaction._lc.counting import LAST_CALLS_REMEMBERED
 from langchain_compaction._lc.events import in_place
+from langchain_compaction._lc.handed import AGENT_JUMP, Handed, leads
 from langchain_compaction._lc.identity import canonical, content_size, prefix_digest
 from langchain_compaction._lc.levels import IN_TASK, TOO_DEEP, parent_node, recast
 from langchain_compaction._lc.steps import (
@@ -176,43 +177,16 @@ CONFIG_KEY_SEND = "__pregel_send"
 Nesting = Literal["parent", "own"]
 """Where an adapter in a subgraph writes a compaction: the parent's state (one level up), or its own."""
 
-
-_AGENT_JUMP = "jump_to"
-"""A LangChain agent's one-step jump (``create_agent``): it is the subgraph's own, never its parent's."""
-
-
-def _changed(value: object, given: object) -> bool:
-    """Whether a subgraph's ``value`` differs from what its parent gave it (an odd ``__eq__``: taken as changed)."""
-    try:
-        return bool(value != given)
-    except Exception:
-        return True
-
-
-def _leads(values: Sequence[Any], messages: Sequence[BaseMessage]) -> bool:
-    """Whether the parent's ``values`` (its message list) lead ``messages``, by id."""
-    ids = [getattr(m, "id", None) for m in values]
-    return ids == [m.id for m in messages[: len(ids)]]
-
-
-def _given(config: Any, held: Sequence[BaseMessage], key: str) -> Flow[Mapping[str, Any] | None]:
-    """The parent's state as this task was given it: its checkpoint the run's config names, if it leads ``held``."""
-    found, _ = yield from parent_checkpoint(configurable_of(config))
-    if found is None:
-        return None
-    channels = found.checkpoint.get("channel_values", {})
-    values = channels.get(key)
-    return None if isinstance(values, list) and values and not _leads(values, held) else channels
-
-
-def _state_values(state: Any) -> dict[str, Any]:
-    """A graph state's keys and values: a dict, a dataclass or a pydantic model."""
-    if isinstance(state, Mapping):
-        return {key: value for key, value in state.items() if isinstance(key, str)}
-    fields = getattr(type(state), "model_fields", None) or getattr(state, "__dataclass_fields__", None)
-    if isinstance(fields, Mapping):
-        return {name: getattr(state, name) for name in fields if hasattr(state, name)}
-    return {}
+_GIVEN_UNKNOWN = (
+    "it could not read again the parent's state this run was given when it compacted: the parent's checkpoint its "
+    "step started from is gone (a thread's checkpoints deleted or pruned while it ran), could not be read (the "
+    "saver's error is logged), or was never written (durability='exit') while the parent's last one no longer "
+    "leads the subgraph's messages. It wrote "
+    "that compaction to its own state, so what the run wrote reaches the parent with the subgraph's output, the "
+    "summary after the parent's history there until a later turn puts it back in place; run the graph with "
+    "durability 'async' (the default) or 'sync', and delete or prune a thread's checkpoints only between its runs"
+)
+"""Said once where ``Delivery._given`` cannot tell what the parent gave the run (the compaction stays below)."""
 
 
 class Delivery:
@@ -240,11 +214,13 @@ class Delivery:
             raise ConfigurationError("nested", nested, "pass 'parent' or 'own'")
         self.nested = nested
         self.who = who
-        self._sent: Bounded[tuple[int, str]] = Bounded(CONVERSATIONS_REMEMBERED)
+        # What was sent up, and the parent's state once it takes it (``Handed.after``), per conversation.
+        self._sent: Bounded[tuple[int, str, Handed | None]] = Bounded(CONVERSATIONS_REMEMBERED)
         self._own: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)
         self._holds: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)  # per parent task (its checkpoint_ns)
         self._unread: Bounded[bool] = Bounded(CONVERSATIONS_REMEMBERED)  # parent tasks with no checkpoint to read
         self._filed: Bounded[Conversation] = Bounded(CONVERSATIONS_REMEMBERED)  # the parent's, where it holds it
+        self._left: Bounded[Handed] = Bounded(CONVERSATIONS_REMEMBERED)  # per parent task re-run after a send-up
         self._warned: set[str] = set()
 
     def conversation(
@@ -267,6 +243,9 @@ class Delivery:
             # The node runs again on the list it sent up: the parent holds it, whatever its last checkpoint says,
             # for the rest of this run too (the node the parent's edge leads to runs beside it once: no branch).
             self._holds.put(_task(config), True)
+            left = None if sent is None else sent[2]
+            if left is not None:  # (what the parent gives this task: its checkpoint may never be written)
+                self._left.put(_task(config), left)
         # (A graph run by a @task has no parent state to send to: a command would reach the task.)
         if not took and (
             parent == IN_TASK or not (yield from self._parent_holds(config, messages, messages_key, parent))
@@ -339,7 +318,7 @@ class Delivery:
         elif not isinstance(values, list) or not values:
             return True
         else:
-            holds = _leads(values, messages)
+            holds = leads(values, messages)
         self._holds.put(where, holds)
         return holds
 
@@ -362,14 +341,12 @@ class Delivery:
         those go up too. What it only read is left alone: a key is carried
         when its value differs from the parent's as this task was given it,
         so a parent's reducer is not applied to what it already holds. That
-        is read again from the parent's checkpoint the run's config names
-        (the one its step started from, which the step cannot change while
-        this task runs), not kept in memory between the task's first check
-        and its compaction, where other conversations could push it out.
-        Where that checkpoint cannot be read or no longer leads ``held``
-        (the parent's last one, a run old with durability ``"exit"``, after a
-        send-up), ``None``: the compaction is written to the subgraph's own
-        state, whose run goes on and hands the parent everything it wrote.
+        state is read again at the compaction (``_given``), not kept in memory
+        between the task's first check and its compaction, where other
+        conversations could push it out. Where it is not known (the parent's
+        checkpoint gone or unreadable), ``None``: the compaction is written to
+        the subgraph's own state, whose run goes on and hands the parent
+        everything it wrote.
         LangGraph drops the keys the parent does not have; ``own`` names keys
         that stay below (the library's own; an agent's jump always does).
 
@@ -383,33 +360,51 @@ class Delivery:
             key: The state key holding them.
             own: State keys never written to the parent.
         """
-        channels = yield from _given(config, held, key)
-        if channels is None:
-            self.say(
-                "given",
-                "it could not read again the parent's state this run was given when it compacted (its checkpoint "
-                "is gone, or a run with durability='exit' did not write the one its step started from): it wrote "
-                "that compaction to its own state, so what the run wrote reaches the parent with the subgraph's "
-                "output, the summary mid-history there until the next turn puts it back in place",
-            )
+        given = yield from self._given(config, held, key)
+        if given is None:
             return None
+        carried = given.carried(state, {*own, *update, AGENT_JUMP})
         if sent is not None:
-            self.sent(*sent)
-        stay = {*own, *update, _AGENT_JUMP}
-        carried = {
-            name: value
-            for name, value in _state_values(state).items()
-            if name not in stay and (name not in channels or _changed(value, channels[name]))
-        }
+            up = {name: value for name, value in {**carried, **update}.items() if name != key}
+            self.sent(*sent, left=given.after(sent[1], up))
         return Command(graph=Command.PARENT, update={**carried, **update}, goto=goto)
 
-    def sent(self, conversation: Conversation, messages: Sequence[BaseMessage]) -> None:
+    def _given(self, config: Any, held: Sequence[BaseMessage], key: str) -> Flow[Handed | None]:
+        """The parent's state as this task was given it, if it leads ``held``; ``None`` (said once): unknown.
+
+        Read from the parent's checkpoint the run's config names, where it
+        was written. Where it was not (durability ``"exit"`` writes none
+        during a run, and the parent's last one is a run old), the node's own
+        re-run after a send-up takes the state that send-up left the parent
+        in (``Handed.after``), and any other task the parent's last
+        checkpoint. A saver's error reading it (a dropped connection) is
+        taken as its being gone: the summary is already paid for.
+        """
+        left = self._left.pop(_task(config))
+        try:
+            found, exact = yield from parent_checkpoint(configurable_of(config))
+        except Exception as error:
+            self.say(
+                "given error",
+                f"reading its parent's checkpoint again when it compacted raised {error!r}: it went on as if the "
+                "checkpoint were gone",
+            )
+            found, exact = None, False
+        read = None if found is None else Handed.of(found.checkpoint.get("channel_values", {}), key)
+        given = read if read is not None and (exact or left is None) else left
+        if given is not None and given.leads(held):
+            return given
+        self.say("given", _GIVEN_UNKNOWN)
+        return None
+
+    def sent(self, conversation: Conversation, messages: Sequence[BaseMessage], left: Handed | None = None) -> None:
         """Remember that ``messages`` (the list written) were sent to the parent of ``conversation``'s subgraph.
 
         When the parent takes them, the subgraph's node runs again on exactly
-        that list (and what follows it); anything else means it did not.
+        that list (and what follows it), given ``left`` (the parent's state
+        then, if known); anything else means it did not.
         """
-        self._sent.put(conversation.key, (len(messages), prefix_digest(messages)))
+        self._sent.put(conversation.key, (len(messages), prefix_digest(messages), left))
 
     def stayed(self, config: Any) -> None:
         """Say once that a compaction stayed in the subgraph because no checkpoint of its parent could be read.

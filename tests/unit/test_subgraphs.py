@@ -816,6 +816,114 @@ def test_where_the_parents_checkpoint_is_gone_at_the_compaction_it_stays_below_a
     assert "could not read again the parent's state" in caplog.text
 
 
+class _DroppingSaver(InMemorySaver):
+    """An in-memory saver whose next read fails once ``drop`` is set, as a saver's dropped connection would."""
+
+    drop = False
+
+    def get_tuple(self, config: RunnableConfig) -> Any:
+        if self.drop:
+            self.drop = False
+            raise ConnectionError("the saver's connection was dropped")
+        return super().get_tuple(config)
+
+
+def test_where_reading_the_parents_checkpoint_again_fails_the_compaction_stays_below(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The parent's checkpoint is read again after the summary was paid for: a saver's error there
+    # escaped the node, and the turn failed with it. It is taken as the checkpoint's being gone.
+    saver = _DroppingSaver()
+
+    def dropping_summary(prompt: str) -> str:
+        saver.drop = True
+        return short_summary(prompt)
+
+    outer = StateGraph(_Noted)
+    outer.add_node("inner", _noting_subgraph(dropping_summary))
+    outer.add_edge(START, "inner")
+    graph = outer.compile(checkpointer=saver)
+    config = cfg("dropped")
+    graph.invoke({"messages": [*chat(2, 180), HumanMessage(words("turn 6", 10))]}, config, durability="sync")
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        state = graph.invoke({"messages": [HumanMessage(words("turn 7", 10))]}, config, durability="sync")
+    assert sum(1 for m in state["messages"] if is_summary_message(m)) == 1, "nothing compacted: it proves nothing"
+    assert sorted(state["notes"]) == ["6", "7"]
+    assert "the saver's connection was dropped" in caplog.text
+
+
+def test_where_the_parents_checkpoint_is_gone_a_compaction_beside_a_sibling_keeps_its_reply() -> None:
+    # A compaction that stays below beside another node of the subgraph is written message by message, as one
+    # made where no parent is written to is: written as a whole list, it wiped the sibling's reply of that step.
+    saver = InMemorySaver()
+
+    def forgetting_summary(prompt: str) -> str:
+        saver.delete_thread("beside")
+        return short_summary(prompt)
+
+    inner = StateGraph(MessagesState)
+    inner.add_node("compact", CompactionNode(forgetting_summary, OPTIONS))
+    inner.add_node("a_sibling", lambda state: {"messages": [AIMessage(f"SIBLING {len(state['messages'])}")]})
+    inner.add_edge(START, "compact")
+    inner.add_edge(START, "a_sibling")
+    outer = StateGraph(MessagesState)
+    outer.add_node("inner", inner.compile())
+    outer.add_edge(START, "inner")
+    graph = outer.compile(checkpointer=saver)
+    config = cfg("beside")
+    graph.invoke({"messages": [*chat(2, 180), HumanMessage(words("turn 6", 10))]}, config, durability="sync")
+    state = graph.invoke({"messages": [HumanMessage(words("turn 7", 700))]}, config, durability="sync")
+    assert sum(1 for m in state["messages"] if is_summary_message(m)) == 1, "nothing compacted: it proves nothing"
+    assert "SIBLING 7" in [m.content for m in state["messages"]]
+
+
+TOOL_CALLS_A_TURN = 6
+"""Tool calls an agent makes each turn, enough for a second compaction in the run after the first one's send-up."""
+
+
+def test_a_subgraph_run_with_durability_exit_sends_every_compaction_of_the_run_to_its_parent() -> None:
+    # With durability "exit" no checkpoint is written during a run: after a send-up the parent runs the
+    # subgraph again, and its last checkpoint (a run old) no longer leads the compacted list. Every later
+    # compaction of that run stayed below: the parent held 2-3 summaries and grew to 26 messages.
+    done = {"turn": 0, "calls": 0}
+
+    def agent(state: _Noted) -> dict[str, Any]:
+        key = f"{done['turn']}.{done['calls']}"
+        if done["calls"] < TOOL_CALLS_A_TURN:
+            return {"messages": [AIMessage("", tool_calls=[{"name": "note", "args": {"key": key}, "id": f"n{key}"}])]}
+        return {"messages": [AIMessage(words("noted", 60))]}
+
+    def note(state: _Noted) -> dict[str, Any]:
+        done["calls"] += 1
+        call = state["messages"][-1].tool_calls[0]
+        return {
+            "messages": [ToolMessage(words("ok", 300), tool_call_id=call["id"])],
+            "notes": {call["args"]["key"]: True},
+        }
+
+    inner = StateGraph(_Noted)
+    inner.add_node("compact", CompactionNode(short_summary, OPTIONS))
+    inner.add_node("agent", agent)
+    inner.add_node("note", note)
+    inner.add_edge(START, "compact")
+    inner.add_edge("compact", "agent")
+    inner.add_conditional_edges("agent", lambda s: "note" if s["messages"][-1].tool_calls else END, ["note", END])
+    inner.add_edge("note", "compact")
+    outer = StateGraph(_Noted)
+    outer.add_node("inner", inner.compile())
+    outer.add_edge(START, "inner")
+    graph = outer.compile(checkpointer=InMemorySaver())
+    sizes, placed = [], []
+    for turn in range(10):
+        done.update(turn=turn, calls=0)
+        state = graph.invoke({"messages": [HumanMessage(words(f"turn {turn}", 10))]}, cfg("exit"), durability="exit")
+        sizes.append(len(state["messages"]))
+        placed.append([i for i, m in enumerate(state["messages"]) if is_summary_message(m)])
+    assert placed[1:] == [[0]] * 9, f"the summaries in the parent, turn by turn: {placed}"
+    assert len(state["notes"]) == 10 * TOOL_CALLS_A_TURN
+    assert max(sizes[1:]) <= 13, f"the parent's sizes, turn by turn: {sizes}"
+
+
 class _Planned(MessagesState):
     todos: NotRequired[list[dict[str, str]]]
 
