@@ -29,7 +29,7 @@ from typing import Any, TypeVar, cast
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
 from langchain_compaction._lc.convert import is_bridge_message, is_langchain_summary, to_core, to_core_list
-from langchain_compaction._lc.identity import content_size, fingerprint
+from langchain_compaction._lc.identity import content_size, fingerprint, same_fields
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.context import FOREIGN_USAGE, trusted_usage
 from langchain_compaction.core.effects import Call, blocking, computing, inline, twin
@@ -64,14 +64,6 @@ def _leading(flags: Iterable[bool]) -> int:
     """How many of ``flags`` are true before the first false one."""
     same = list(flags)
     return same.index(False) if False in same else len(same)
-
-
-def _same_fields(a: BaseMessage, b: BaseMessage) -> bool:
-    """Whether ``a`` holds what ``b`` holds, field for field (a checkpoint's copy of it), compared in C."""
-    try:
-        return a.__dict__ == b.__dict__ and a.id is not None
-    except Exception:  # an odd payload's own ``__eq__``: taken as changed
-        return False
 
 
 # Up to this many messages are counted on the event loop itself (with the
@@ -268,7 +260,7 @@ class TokenCountCache:
         into everything.
         """
         end = min(len(messages), len(last))  # (``sizes`` may run on: a later read grows it)
-        count = start + _leading(map(_same_fields, messages[start:end], last[start:end]))
+        count = start + _leading(map(same_fields, messages[start:end], last[start:end]))
         count = start + _leading(map(operator.eq, map(content_size, messages[start:count]), sizes[start:count]))
         entries = self._entries
         for index in range(max(start, count - _FINGERPRINTED_COPIES), count):

@@ -89,9 +89,21 @@ def fingerprint(message: BaseMessage) -> str:
     return digest.hexdigest()
 
 
+def same_fields(a: BaseMessage, b: BaseMessage) -> bool:
+    """Whether ``a`` holds what ``b`` holds, field for field (a checkpoint's copy of it), compared in C.
+
+    Equal fields make an equal fingerprint: this is ``same_message``'s cheap
+    first test (a hundredth of a fingerprint's time), not a rule of its own.
+    """
+    try:
+        return a.__dict__ == b.__dict__ and a.id is not None
+    except Exception:  # an odd payload's own ``__eq__``: taken as changed
+        return False
+
+
 def same_message(a: BaseMessage, b: BaseMessage) -> bool:
     """Whether ``a`` and ``b`` are one message (the same object, or the same after a store or checkpoint round trip)."""
-    return a is b or fingerprint(a) == fingerprint(b)
+    return a is b or same_fields(a, b) or fingerprint(a) == fingerprint(b)
 
 
 def starts_with(messages: Sequence[BaseMessage], prefix: Sequence[BaseMessage]) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 from langchain.agents.structured_output import OutputToolBinding, ToolStrategy
 from langchain_core.messages import BaseMessage
 
+from langchain_compaction._lc.identity import same_message
 from langchain_compaction._lc.schemas import TOOLS_REMEMBERED
 from langchain_compaction.core.bounded import Bounded
 
@@ -25,7 +26,10 @@ def held_as_sent(sent: Sequence[BaseMessage], held: Sequence[BaseMessage], compa
     if [m.id for m in sent] != [m.id for m in held]:
         return False
     kept = {m.id for m in compacted}
-    return all(a is b or a.id in kept or a.content == b.content for a, b in zip(sent, held, strict=True))
+    # An outer middleware's copy may differ in any field the model is sent
+    # (tool-call arguments, a tool result's status, a provider's kwargs), not
+    # only the content: it is the state's own when it is the same message.
+    return all(a is b or a.id in kept or same_message(a, b) for a, b in zip(sent, held, strict=True))
 
 
 def added_messages(sent: Sequence[BaseMessage], held: Sequence[BaseMessage]) -> list[BaseMessage]:

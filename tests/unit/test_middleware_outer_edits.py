@@ -12,6 +12,7 @@ import json
 import re
 from typing import Any
 
+import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import ClearToolUsesEdit, ContextEditingMiddleware, wrap_model_call
 from langchain_core.exceptions import ContextOverflowError
@@ -130,3 +131,81 @@ def test_context_added_for_each_call_is_made_room_for_in_the_state_not_summarize
     made = next(calls)
     assert written >= 3
     assert made <= written + 2, f"{made} summaries made for {written} written"
+
+
+class Writer(BaseChatModel):
+    """Answers "done" to every call."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Writer:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=AIMessage("done"))])
+
+
+def _trim_arguments(message: BaseMessage) -> BaseMessage:
+    assert isinstance(message, AIMessage)
+    calls = [{**c, "args": {"path": c["args"]["path"], "text": "[trimmed]"}} for c in message.tool_calls]
+    return message.model_copy(update={"tool_calls": calls})
+
+
+def _fail_result(message: BaseMessage) -> BaseMessage:
+    return message.model_copy(update={"status": "error"})
+
+
+@pytest.mark.parametrize(("edited", "edit"), [(AIMessage, _trim_arguments), (ToolMessage, _fail_result)])
+def test_a_request_edited_outside_the_content_is_not_written_to_the_state(edited: type, edit: Any) -> None:
+    """An outer middleware edits the oldest tool calls' arguments (or results' status) for one call, ids and text kept.
+
+    The compaction made from that request was written to the state: the
+    summarizer saw "[trimmed]", and the arguments' markers were in neither the
+    state nor the summary.
+    """
+
+    @tool
+    def write_file(path: str, text: str) -> str:
+        """Write a file."""
+        return "ok"
+
+    @wrap_model_call
+    def trim(request: Any, handler: Any) -> Any:
+        messages = list(request.messages)
+        for i in [i for i, m in enumerate(messages) if isinstance(m, edited)][:3]:
+            messages[i] = edit(messages[i])
+        return handler(request.override(messages=messages))
+
+    prompts: list[str] = []
+
+    def summarizer(prompt: str) -> str:
+        prompts.append(prompt)
+        return "## Goal\n- write the files\n\n## Critical Context\n- " + " ".join(sorted(set(MARK.findall(prompt))))
+
+    agent = create_agent(
+        Writer(),
+        [write_file],
+        system_prompt="You are a coding agent. Guide: " + FILL * 110,
+        middleware=[trim, CompactionMiddleware(summarizer, CompactionOptions(context_window=8_000))],
+        checkpointer=InMemorySaver(),
+    )
+    history: list[BaseMessage] = [HumanMessage("write the files", id="h0")]
+    for i in range(10):
+        call = {"name": "write_file", "args": {"path": f"f{i}.py", "text": f"M{i:04d} " + FILL * 30}, "id": f"c{i}"}
+        history += [AIMessage("", tool_calls=[call], id=f"a{i}"), ToolMessage("ok", tool_call_id=f"c{i}", id=f"t{i}")]
+    history.append(HumanMessage("now run the tests", id="h1"))
+    config = {"configurable": {"thread_id": "t"}}
+    agent.invoke({"messages": history}, config)
+    assert prompts, "the request should have been compacted"
+    # The state keeps its own messages; before_model compacts them on the next call ...
+    state = agent.get_state(config).values["messages"]
+    assert state[: len(history)] == history
+    agent.invoke({"messages": [HumanMessage("and then?")]}, config)
+    state = agent.get_state(config).values["messages"]
+    assert isinstance(state[0], SystemMessage)
+    # ... from the originals: every marker is in the state or its summary.
+    kept = json.dumps([m.model_dump() for m in state], default=str)
+    assert [f"M{i:04d}" for i in range(10) if f"M{i:04d}" not in kept] == []
+    assert "[trimmed]" not in kept
