@@ -1151,6 +1151,53 @@ def test_two_tools_of_one_name_and_description_are_counted_apart() -> None:
     assert overheads[1] > overheads[0] + 10_000
 
 
+class StructuredModel(GenericFakeChatModel):
+    """A fake model that logs the tools bound to it; with ``profile={"structured_output": True}`` LangChain deems it native."""
+
+    bound: list[list[str]] = Field(default_factory=list)
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> StructuredModel:
+        self.bound.append(sorted(convert_to_openai_tool(t)["function"]["name"] for t in tools))
+        return self
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_bare_response_format_is_counted_as_langchain_sends_it(native: bool) -> None:
+    # create_agent wraps a bare schema in AutoStrategy and binds it as a tool for a model without native
+    # structured output: that ~1,500-token tool was left out of the overhead (62 tokens recorded against
+    # 2,486 for ToolStrategy(schema) in the probe), and requests went over the window.
+    from langchain.agents.structured_output import ProviderStrategy, ToolStrategy
+    from pydantic import create_model
+
+    described = {
+        f"field_{i}": (str, Field(description=f"field {i}: " + "the figure for the quarter " * 4)) for i in range(25)
+    }
+    answer = create_model("Answer", __doc__="The answer.", **described)  # type: ignore[call-overload]
+    reply = {f"field_{i}": "x" for i in range(25)}
+    figures = []
+    for response_format in (answer, ProviderStrategy(answer) if native else ToolStrategy(answer)):
+        said = (
+            AIMessage(json.dumps(reply))
+            if native
+            else AIMessage("", tool_calls=[{"name": "Answer", "args": reply, "id": "c1"}])
+        )
+        profile: Any = {"structured_output": True} if native else None
+        model = StructuredModel(messages=iter([said]), profile=profile)
+        middleware = CompactionMiddleware(short_summary, CompactionOptions(context_window=200_000))
+        agent = create_agent(
+            model,
+            tools=[lookup],
+            middleware=[middleware],
+            response_format=response_format,
+            checkpointer=InMemorySaver(),
+        )
+        agent.invoke({"messages": [HumanMessage("answer it")]}, config())
+        figures.append((model.bound[-1], agent.get_state(config()).values[OVERHEAD_KEY]))
+    # The same tools were sent both ways, and the same figure recorded.
+    assert figures[0] == figures[1]
+    assert ("Answer" in figures[0][0]) is not native
+
+
 @NO_ASYNC_CALLBACKS
 async def test_astream_events_leaves_the_summary_out_when_its_tag_is_excluded() -> None:
     # astream_events shows every chat model's tokens, the summarizer's too (LangGraph honours the
