@@ -392,6 +392,7 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
             overhead,
             preamble,
             deferred=deferred,
+            writes=self._writes(request),
         )
         compacted = yield from self._compaction(messages, place, "auto")
         try:
@@ -409,6 +410,21 @@ class CompactionMiddleware(AgentMiddleware[CompactionAgentState, Any, Any], Adap
         if compacted is not None and deferred:
             self._delivery.unreachable("during the model call")
         return self._response(request, response, compacted, beside)
+
+    @staticmethod
+    def _writes(request: ModelRequest[Any]) -> Callable[[Sequence[BaseMessage], Sequence[int]], bool]:
+        """Whether ``_response`` writes a compaction of ``request`` that takes out ``removed`` of ``messages``.
+
+        One it will not write (see ``_response``) serves this call alone: the turn archives none of it, and the
+        compaction ``before_model`` makes of the state on the next call archives those messages, once.
+        """
+        held = list(request.state.get("messages") or [])
+
+        def writes(messages: Sequence[BaseMessage], removed: Sequence[int]) -> bool:
+            out = set(removed)
+            return held_as_sent(request.messages, held, [m for i, m in enumerate(messages) if i not in out])
+
+        return writes
 
     @staticmethod
     def _with_messages(request: ModelRequest[Any], messages: list[BaseMessage] | None) -> ModelRequest[Any]:

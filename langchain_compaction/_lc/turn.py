@@ -84,10 +84,12 @@ class Place:
         preamble: What the request carries besides the messages, for a cache-aligned summary.
         guard: Runs the compaction (a flow) under the adapter's condition, as
             a call that returns ``None`` when it may not (chat memory's lease).
-        refresh: Reads the conversation again (and counts it), first thing
-            under the guard.
+        refresh: Reads the conversation again (and counts it), first thing under the guard.
         deferred: Made only when the request would not fit the window, nothing prepared (an agent's model
             call one level down, where a compaction lands mid-history; ``before_model`` does both).
+        writes: Whether the adapter will write a compaction that takes out ``removed`` of ``messages``
+            (``None``: it writes every one); one it will not serves the request alone and is committed by no
+            feature (nothing archived: the compaction the adapter writes later commits those messages).
     """
 
     conversation: Conversation
@@ -98,6 +100,7 @@ class Place:
     guard: Callable[[Flow[Any]], Call[Any]] | None = None
     refresh: Callable[[], Flow[tuple[list[BaseMessage], tuple[list[int], list[Message]]]]] | None = None
     deferred: bool = False
+    writes: Callable[[Sequence[BaseMessage], Sequence[int]], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +109,8 @@ class Outcome:
 
     Attributes:
         result: The compaction's figures (``None``: nothing was compacted).
-        messages: The list to write (the compacted one, or one whose misplaced
-            summary was put back); ``None``: write nothing.
-        source: The conversation it was made from (what the adapter read,
-            or read again under its guard).
+        messages: The list to write (the compacted one, or one whose misplaced summary was put back); ``None``: none.
+        source: The conversation it was made from (what the adapter read, or read again under its guard).
     """
 
     result: CompactionResult | None = None
@@ -378,16 +379,17 @@ class Turn(Compactor):
     ) -> Flow[dict[str, dict[str, Any]] | None]:
         """Each feature's ``commit`` seam, in order; their figures, or ``None`` when the compaction is held back.
 
-        A feature that holds the compaction back (an archive that could not
-        write, with ``on_error="warn"``) is obeyed while the context still fits
-        the window with half the reserve to spare: no summary is paid for, and
-        the next turn tries again. Past that the compaction goes ahead, and the
-        log says how many messages only the summary keeps.
+        A feature that holds the compaction back (an archive that could not write, with ``on_error="warn"``) is obeyed
+        while the context still fits the window with half the reserve to spare: no summary is paid for, and the next
+        turn tries again. Past that the compaction goes ahead, and the log says how many messages only the summary
+        keeps.
         """
         committers = self.seam("commit")
         figures: dict[str, dict[str, Any]] = {}
         if not committers:
             return figures
+        if place.writes is not None and not place.writes(messages, removed):
+            return {feature.name: {"request_only": True} for feature in committers}
         mark = {**record, "cleared": True} if cleared else record
         commit = commit_of(
             messages, core, removed, mark=mark, conversation=place.conversation, store=place.store, cleared=cleared_out
@@ -419,14 +421,12 @@ class Turn(Compactor):
     ) -> Flow[None]:
         """Past the preparation mark: start preparing the next compaction in the background.
 
-        The compaction is planned to land when it is applied, at the threshold:
-        the messages that come in meanwhile stay verbatim after it, so it keeps
-        fewer of today's (the keep budget less the room still left before the
-        threshold; a quarter of it at least). A finished preparation is built
-        on by a new one only when, applied at the threshold, it would leave the
-        context above halfway from the landing to the threshold (the agent went
-        on faster than planned): one summary call per compaction, about.
-        ``budget`` is the one a compaction plans with (over its fixed part).
+        The compaction is planned to land when it is applied, at the threshold: the messages that come in meanwhile stay
+        verbatim after it, so it keeps fewer of today's (the keep budget less the room still left before the threshold;
+        a quarter of it at least). A finished preparation is built on by a new one only when, applied at the threshold,
+        it would leave the context above halfway from the landing to the threshold (the agent went on faster than
+        planned): one summary call per compaction, about. ``budget`` is the one a compaction plans with (over its fixed
+        part).
         """
         conversation = place.conversation
         assert budget.threshold is not None  # preparing needs a window

@@ -21,9 +21,11 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.store.memory import InMemoryStore
 from pydantic import Field
 
-from langchain_compaction import CompactionMiddleware, CompactionOptions
+from langchain_compaction import CompactionMiddleware, CompactionOptions, CompactionResult, ExtractiveSummarizer
+from langchain_compaction.features import Archive
 from langchain_compaction.tokens import estimate_message_tokens
 
 FILL = "the quarterly report figures and the outlook section need another careful pass today "
@@ -209,3 +211,44 @@ def test_a_request_edited_outside_the_content_is_not_written_to_the_state(edited
     kept = json.dumps([m.model_dump() for m in state], default=str)
     assert [f"M{i:04d}" for i in range(10) if f"M{i:04d}" not in kept] == []
     assert "[trimmed]" not in kept
+
+
+def test_a_compaction_of_a_request_the_state_does_not_hold_is_not_archived() -> None:
+    """A reply's malformed tool call, answered for the request only, keeps the model call's compaction out of the state.
+
+    Not written, it was archived all the same, and the next turn's ``before_model``
+    archived the same messages again under a new lineage no checkpoint holds.
+    """
+    results: list[CompactionResult] = []
+    store = InMemoryStore()
+    middleware = CompactionMiddleware(
+        ExtractiveSummarizer(),
+        CompactionOptions(context_window=4_000),
+        features=[Archive()],
+        on_compaction=results.append,
+    )
+    agent = create_agent(
+        Agent(),
+        [],
+        system_prompt="You are helpful. " + FILL * 70,
+        middleware=[middleware],
+        checkpointer=InMemorySaver(),
+        store=store,
+    )
+    history: list[BaseMessage] = []
+    for i in range(12):
+        history += [
+            HumanMessage(f"question {i} " + FILL * 5, id=f"h{i}"),
+            AIMessage(f"answer {i} " + FILL * 5, id=f"a{i}"),
+        ]
+    bad = {"name": "search", "args": '{"query": "trunc', "id": "bad", "error": "malformed", "type": "invalid_tool_call"}
+    history += [AIMessage("", invalid_tool_calls=[bad], id="a-bad"), HumanMessage("next question", id="hn")]
+    config = {"configurable": {"thread_id": "t"}}
+    agent.invoke({"messages": history}, config)
+    agent.invoke({"messages": [HumanMessage("one more " + FILL * 5, id="hm")]}, config)
+    items = [item for ns in store.list_namespaces() for item in store.search(ns, limit=1_000)]
+    ids = [item.value["id"] for item in items]
+    assert ids
+    assert len(ids) == len(set(ids)), f"{len(ids)} items archived for {len(set(ids))} messages"
+    assert len(results) == 2
+    assert results[0].parts["archive"] == {"request_only": True}
