@@ -54,7 +54,10 @@ turn's (``_lc.turn.Turn``, over ``_lc.compactor.Compactor``): there is no compac
 Put ``CompactionMiddleware`` last in ``middleware=[...]``: it is then the
 innermost ``wrap_model_call``, so it sees the system prompt and tools that
 other middleware set, and it recovers from an overflow before a model-fallback
-middleware would switch models.
+middleware would switch models. (The ``Command`` of a compaction made in the
+model call is applied after the model node's update and carries the reply as
+this middleware got it: a reply an outer ``wrap_model_call`` rewrote is replaced
+by the model's own on that call; the README says where to edit replies instead.)
 """
 
 from __future__ import annotations

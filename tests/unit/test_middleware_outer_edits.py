@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain.agents.middleware import ClearToolUsesEdit, ContextEditingMiddleware, wrap_model_call
+from langchain.agents.middleware import (
+    ClearToolUsesEdit,
+    ContextEditingMiddleware,
+    ModelResponse,
+    after_model,
+    wrap_model_call,
+)
 from langchain_core.exceptions import ContextOverflowError
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -252,3 +258,36 @@ def test_a_compaction_of_a_request_the_state_does_not_hold_is_not_archived() -> 
     assert len(ids) == len(set(ids)), f"{len(ids)} items archived for {len(set(ids))} messages"
     assert len(results) == 2
     assert results[0].parts["archive"] == {"request_only": True}
+
+
+def _checked(request: Any, handler: Any) -> ModelResponse[Any]:
+    response = handler(request)
+    return ModelResponse(result=[AIMessage(f"[CHECKED] {m.content}", id="checked") for m in response.result])
+
+
+def _checked_after(state: Any, runtime: Any) -> dict[str, Any]:
+    return {"messages": [state["messages"][-1].model_copy(update={"content": "[CHECKED]", "id": "checked"})]}
+
+
+@pytest.mark.parametrize("where", ["inner wrap_model_call", "after_model"])
+def test_a_reply_edit_made_where_the_readme_says_stands_when_the_model_call_compacts(where: str) -> None:
+    """The README's two places for a reply edit: a wrap_model_call after ours, an after_model hook.
+
+    (An outer ``wrap_model_call``'s edit is replaced by the model's reply on such a
+    call: LangChain applies the compaction's ``Command`` after the model node's update.)
+    """
+    results: list[CompactionResult] = []
+    compaction = CompactionMiddleware(
+        ExtractiveSummarizer(), CompactionOptions(context_window=4_000), on_compaction=results.append
+    )
+    middleware = (
+        [compaction, wrap_model_call(_checked)] if where != "after_model" else [after_model(_checked_after), compaction]
+    )
+    agent = create_agent(Agent(), [], system_prompt="You are helpful. " + FILL * 70, middleware=middleware)
+    history: list[BaseMessage] = []
+    for i in range(12):
+        history += [HumanMessage(f"question {i} " + FILL * 5), AIMessage(f"answer {i} " + FILL * 5)]
+    state = agent.invoke({"messages": [*history, HumanMessage("last question")]})
+    assert len(results) == 1  # made in the model call: the state's messages alone fit
+    assert state["messages"][-1].id == "checked"
+    assert str(state["messages"][-1].content).startswith("[CHECKED]")
