@@ -109,9 +109,9 @@ def _keep_boundary(counts: Sequence[int], keep_recent_tokens: int) -> int:
 
 
 def _results(messages: Sequence[Message]) -> list[Target]:
-    """The conversation's tool results that have an output to clear, in order.
+    """The conversation's tool results that could be cleared, in order.
 
-    Each tool message, and each result block of a user turn or of a reply
+    Each tool message not pinned, and each result block of a user turn or of a reply
     that continues a paused one, but those with no output to replace (a
     pinned block: an MCP approval, the tools a search loaded, a server
     tool's result): they are never cleared, so they do not count among the
@@ -120,7 +120,8 @@ def _results(messages: Sequence[Message]) -> list[Target]:
     out: list[Target] = []
     for index, message in enumerate(messages):
         if message.role == "tool":
-            out.append((index, None))
+            if not message.pinned:  # (a pinned tool message is never cleared: see ``_eligible``)
+                out.append((index, None))
         else:
             out.extend((index, block) for block, result in enumerate(message.results) if not result.pinned)
     return out

@@ -448,6 +448,25 @@ def test_the_results_kept_by_keep_tool_uses_are_ones_that_could_be_cleared():
     assert cleared(3) is None  # the three newest outputs (4, 6, 8) are kept: clearing alone cannot do it
 
 
+def test_pinned_tool_outputs_never_take_the_places_keep_tool_uses_keeps():
+    messages: list[BaseMessage] = [HumanMessage("go", id="h")]
+    for n in range(5):
+        messages.append(AIMessage("", id=f"a{n}", tool_calls=[{"name": "t", "args": {}, "id": f"c{n}"}]))
+        pinned = {"additional_kwargs": {PIN_KEY: True}} if n >= 3 else {}  # the two newest outputs
+        messages.append(ToolMessage("out " * 400, tool_call_id=f"c{n}", id=f"t{n}", **pinned))
+    messages.append(HumanMessage("next", id="h2"))
+    core = to_core_list(messages)
+    counts = [estimate_message(m) for m in core]
+    target = sum(counts) - counts[2] * 3 // 2  # an output and a half
+
+    def cleared(keep: int) -> tuple[int, ...] | None:
+        plan = plan_clearing(core, counts, keep_recent_tokens=10, target_tokens=target, keep_tool_uses=keep)
+        return None if plan is None else plan.indices
+
+    assert cleared(1) == (2, 4)
+    assert cleared(2) is None  # t1 and t2 are the two newest outputs that could be cleared: only t0 may go
+
+
 def test_a_server_tool_result_in_the_reply_that_continues_a_paused_turn_is_never_rewritten():
     # Its content is the server tool's own blocks (encrypted search results): a placeholder's text in
     # their place is a request the Messages API refuses. The tool messages around it are cleared.
