@@ -34,6 +34,7 @@ from langchain_compaction._lc.handed import AGENT_JUMP, Handed, leads
 from langchain_compaction._lc.identity import canonical, content_size, prefix_digest
 from langchain_compaction._lc.levels import IN_TASK, TOO_DEEP, parent_node, recast
 from langchain_compaction._lc.steps import (
+    CONFIG_KEY_DURABILITY,
     beside,
     configurable_of,
     parent_checkpoint,
@@ -365,8 +366,11 @@ class Delivery:
             return None
         carried = given.carried(state, {*own, *update, AGENT_JUMP})
         if sent is not None:
+            # (The parent's state is kept only where its step's checkpoint is never written for the re-run
+            # to read: durability "exit". Elsewhere it would hold a whole state per send-up for nothing.)
             up = {name: value for name, value in {**carried, **update}.items() if name != key}
-            self.sent(*sent, left=given.after(sent[1], up))
+            kept = configurable_of(config).get(CONFIG_KEY_DURABILITY) == "exit"
+            self.sent(*sent, left=given.after(sent[1], up) if kept else None)
         return Command(graph=Command.PARENT, update={**carried, **update}, goto=goto)
 
     def _given(self, config: Any, held: Sequence[BaseMessage], key: str) -> Flow[Handed | None]:

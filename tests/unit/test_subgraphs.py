@@ -1341,3 +1341,25 @@ def test_a_thread_id_given_as_a_number_finds_its_parents_checkpoint(caplog: pyte
     assert is_summary_message(state["messages"][0])  # the parent itself was compacted
     assert len(state["messages"]) < 24
     assert "no checkpoint of its parent could be read" not in caplog.text
+
+
+def test_a_send_up_keeps_no_copy_of_the_parents_state_where_its_checkpoint_is_read() -> None:
+    # The state a send-up leaves the parent in is needed only where the parent's step checkpoint is
+    # never written (durability "exit"); kept under "async" too, it held a whole state per send-up.
+    node = CompactionNode(RecordingSummarizer(), OPTIONS)
+    model = GenericFakeChatModel(messages=iter([AIMessage(f"answer {i} " * 50) for i in range(100)]))
+    sub = StateGraph(MessagesState)
+    sub.add_node("compact", node)
+    sub.add_node("model", lambda state: {"messages": [model.invoke(state["messages"])]})
+    sub.add_edge(START, "compact")
+    sub.add_edge("compact", "model")
+    parent = StateGraph(MessagesState)
+    parent.add_node("agent", sub.compile())
+    parent.add_edge(START, "agent")
+    graph = parent.compile(checkpointer=InMemorySaver())
+    for turn in range(15):
+        state = graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, cfg("kept"))
+    assert is_summary_message(state["messages"][0])  # sent up: the parent itself was compacted
+    delivery = node._delivery
+    assert len(delivery._left) == 0
+    assert all(entry[2] is None for entry in delivery._sent._items.values())
