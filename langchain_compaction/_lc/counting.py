@@ -50,7 +50,10 @@ DEFAULT_CACHE_SIZE = 50_000
 _MAX_HELD_TOKENS = 2_000_000
 """The most tokens of messages a ``TokenCountCache`` holds (15-35 MB, by the messages; ten full 200k windows)."""
 LAST_CALLS_REMEMBERED = 64
-"""Conversations whose last counted history a ``TokenCountCache`` keeps, most recent first."""
+"""Conversations whose last counted history a ``TokenCountCache`` keeps, most recent first.
+
+Outside the bounds above: each holds its conversation's messages and their core forms as last read, however
+many tokens they are (64 conversations near a 200k window: some hundred MB at 7-17 bytes a token)."""
 _Read = tuple[list[BaseMessage], list[int], Scanned, list[int]]
 """A conversation's previous read: its messages, their counts, core forms and sizes as counted (``content_size``)."""
 _NOTHING: _Read = ([], [], Scanned(), [])
