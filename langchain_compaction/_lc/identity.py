@@ -92,8 +92,10 @@ def fingerprint(message: BaseMessage) -> str:
 def same_fields(a: BaseMessage, b: BaseMessage) -> bool:
     """Whether ``a`` holds what ``b`` holds, field for field (a checkpoint's copy of it), compared in C.
 
-    Equal fields make an equal fingerprint: this is ``same_message``'s cheap
-    first test (a hundredth of a fingerprint's time), not a rule of its own.
+    Equal fields make an equal fingerprint, but for values Python holds equal
+    across types (``1``, ``1.0`` and ``True`` in a call's arguments): this is
+    ``same_message``'s cheap first test (a hundredth of a fingerprint's time),
+    not a rule of its own, and takes such an edit for no change.
     """
     try:
         return a.__dict__ == b.__dict__ and a.id is not None
