@@ -1349,21 +1349,27 @@ def _archiving(summarizer: Any, window: int = 4_000) -> tuple[Any, InMemoryStore
     return compaction_graph(node, _replier, checkpointer=InMemorySaver(), store=store), store
 
 
+class _Outage:
+    """A summarizer whose service is down (``down``) until the test says otherwise."""
+
+    def __init__(self) -> None:
+        self.down = True
+
+    def __call__(self, prompt: str) -> str:
+        if self.down:
+            raise RuntimeError("the summary service is down")
+        return SUMMARY
+
+
 def test_a_summarizer_down_for_many_turns_archives_each_message_once() -> None:
     # Each failed turn archived the whole region again under a new compaction
     # id (the region had grown by a turn): 28 failed turns filed 1,010 items
     # for 49 messages. The retry keeps the failed try's id.
-    down = True
-
-    def summarizer(prompt: str) -> str:
-        if down:
-            raise RuntimeError("the summary service is down")
-        return SUMMARY
-
+    summarizer = _Outage()
     graph, store = _archiving(summarizer)
     failed = 0
     for turn in range(36):
-        down = turn < 30
+        summarizer.down = turn < 30
         try:
             graph.invoke({"messages": [HumanMessage(words(f"question {turn}", 200), id=f"h{turn}")]}, cfg("down"))
         except CompactionError:
@@ -1385,20 +1391,14 @@ def test_a_summarizer_down_for_many_conversations_at_once_archives_each_message_
     # The failed try's id was kept beside the token cache's last calls, 64 conversations: with more taking
     # turns in an outage, each one's was pushed out before it retried, and every retry filed its region again
     # under a new id (70 conversations, 3 failed rounds: most messages filed twice).
-    down = True
-
-    def summarizer(prompt: str) -> str:
-        if down:
-            raise RuntimeError("the summary service is down")
-        return SUMMARY
-
+    summarizer = _Outage()
     graph, store = _archiving(summarizer)
     threads = [f"outage {i}" for i in range(OUTAGE_CONVERSATIONS)]
     for thread in threads:  # each just under the threshold
         graph.invoke({"messages": chat(3, 200)}, cfg(thread))
     failed = 0
     for turn in range(4):
-        down = turn < 3
+        summarizer.down = turn < 3
         for thread in threads:  # round-robin, as a server's requests come
             try:
                 graph.invoke({"messages": [HumanMessage(words(f"question {turn}", 150))]}, cfg(thread))

@@ -420,6 +420,18 @@ def test_an_openai_call_output_in_a_user_turn_is_cleared_in_its_output_an_approv
     assert "apply_patch (call call_p)" in block["output"]
 
 
+def cleared_for_an_output_and_a_half(messages: list[BaseMessage], *, keep: int, recent: int = 0) -> Any:
+    """The messages ``plan_clearing`` clears to save an output and a half (the first output, at 2, sizes it).
+
+    ``keep``: its ``keep_tool_uses``; ``recent``: its ``keep_recent_tokens``. ``None``: clearing cannot save that.
+    """
+    core = to_core_list(messages)
+    counts = [estimate_message(m) for m in core]
+    target = sum(counts) - counts[2] * 3 // 2
+    plan = plan_clearing(core, counts, keep_recent_tokens=recent, target_tokens=target, keep_tool_uses=keep)
+    return None if plan is None else plan.indices
+
+
 def test_the_results_kept_by_keep_tool_uses_are_ones_that_could_be_cleared():
     # An approval answered after the tool outputs has no output to clear: counted among the last
     # three results, three approvals left the newest real outputs unprotected, and they were cleared.
@@ -436,16 +448,9 @@ def test_the_results_kept_by_keep_tool_uses_are_ones_that_could_be_cleared():
             HumanMessage([{"type": "mcp_approval_response", "approval_request_id": f"mcpr_{n}", "approve": True}]),
         ]
     messages.append(AIMessage("done"))
-    core = to_core_list(messages)
-    counts = [estimate_message(m) for m in core]
-    target = sum(counts) - counts[2] * 3 // 2  # an output and a half
-
-    def cleared(keep: int) -> tuple[int, ...] | None:
-        plan = plan_clearing(core, counts, keep_recent_tokens=0, target_tokens=target, keep_tool_uses=keep)
-        return None if plan is None else plan.indices
-
-    assert cleared(1) == (2, 4)
-    assert cleared(3) is None  # the three newest outputs (4, 6, 8) are kept: clearing alone cannot do it
+    assert cleared_for_an_output_and_a_half(messages, keep=1) == (2, 4)
+    # The three newest outputs (4, 6, 8) are kept: clearing alone cannot do it.
+    assert cleared_for_an_output_and_a_half(messages, keep=3) is None
 
 
 def test_pinned_tool_outputs_never_take_the_places_keep_tool_uses_keeps():
@@ -455,16 +460,9 @@ def test_pinned_tool_outputs_never_take_the_places_keep_tool_uses_keeps():
         pinned = {"additional_kwargs": {PIN_KEY: True}} if n >= 3 else {}  # the two newest outputs
         messages.append(ToolMessage("out " * 400, tool_call_id=f"c{n}", id=f"t{n}", **pinned))
     messages.append(HumanMessage("next", id="h2"))
-    core = to_core_list(messages)
-    counts = [estimate_message(m) for m in core]
-    target = sum(counts) - counts[2] * 3 // 2  # an output and a half
-
-    def cleared(keep: int) -> tuple[int, ...] | None:
-        plan = plan_clearing(core, counts, keep_recent_tokens=10, target_tokens=target, keep_tool_uses=keep)
-        return None if plan is None else plan.indices
-
-    assert cleared(1) == (2, 4)
-    assert cleared(2) is None  # t1 and t2 are the two newest outputs that could be cleared: only t0 may go
+    assert cleared_for_an_output_and_a_half(messages, keep=1, recent=10) == (2, 4)
+    # t1 and t2 are the two newest outputs that could be cleared: only t0 may go.
+    assert cleared_for_an_output_and_a_half(messages, keep=2, recent=10) is None
 
 
 def test_a_server_tool_result_in_the_reply_that_continues_a_paused_turn_is_never_rewritten():

@@ -726,6 +726,11 @@ def _noting_subgraph(summarizer: Any = short_summary) -> Any:
             "notes": {call["args"]["key"]: True},
         }
 
+    return _noting_loop(agent, note, summarizer)
+
+
+def _noting_loop(agent: Any, note: Any, summarizer: Any) -> Any:
+    """The loop ``_noting_subgraph`` runs (compaction, ``agent``, the ``note`` tool, compaction again), compiled."""
     inner = StateGraph(_Noted)
     inner.add_node("compact", CompactionNode(summarizer, OPTIONS))
     inner.add_node("agent", agent)
@@ -901,16 +906,8 @@ def test_a_subgraph_run_with_durability_exit_sends_every_compaction_of_the_run_t
             "notes": {call["args"]["key"]: True},
         }
 
-    inner = StateGraph(_Noted)
-    inner.add_node("compact", CompactionNode(short_summary, OPTIONS))
-    inner.add_node("agent", agent)
-    inner.add_node("note", note)
-    inner.add_edge(START, "compact")
-    inner.add_edge("compact", "agent")
-    inner.add_conditional_edges("agent", lambda s: "note" if s["messages"][-1].tool_calls else END, ["note", END])
-    inner.add_edge("note", "compact")
     outer = StateGraph(_Noted)
-    outer.add_node("inner", inner.compile())
+    outer.add_node("inner", _noting_loop(agent, note, short_summary))
     outer.add_edge(START, "inner")
     graph = outer.compile(checkpointer=InMemorySaver())
     sizes, placed = [], []
