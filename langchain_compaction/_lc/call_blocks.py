@@ -104,10 +104,15 @@ def answering(content: list[Any]) -> list[tuple[dict[str, Any], str]]:
     ]
 
 
+def _call_entry(block: Any) -> tuple[str, str, str] | None:
+    """``block``'s ``CALL_BLOCKS`` entry, if it writes a call."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    return CALL_BLOCKS.get(kind) if isinstance(kind, str) else None
+
+
 def _call_id(block: dict[str, Any]) -> str:
     """The id of the call ``block`` writes (``CALL_BLOCKS``); "" for any other block."""
-    kind = block.get("type")
-    found = CALL_BLOCKS.get(kind) if isinstance(kind, str) else None
+    found = _call_entry(block)
     return id_of(block, found[0]) if found is not None else ""
 
 
@@ -119,8 +124,7 @@ def block_calls(content: list[Any], skip: frozenset[str]) -> Iterator[tuple[str,
     """
     answered = {result_of(block) for block in content if isinstance(block, dict)}
     for block in content:
-        kind = block.get("type") if isinstance(block, dict) else None
-        found = CALL_BLOCKS.get(kind) if isinstance(kind, str) else None
+        found = _call_entry(block)
         if found is None:
             continue
         ident = id_of(block, found[0])
