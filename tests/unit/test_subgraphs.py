@@ -808,17 +808,25 @@ def test_where_the_parents_checkpoint_is_gone_at_the_compaction_it_stays_below_a
         saver.delete_thread("forgotten")  # (as a saver pruning the thread's checkpoints meanwhile would)
         return short_summary(prompt)
 
+    _noted_turns_six_and_seven(saver, forgetting_summary, "forgotten", caplog)
+    assert "could not read again the parent's state" in caplog.text
+
+
+def _noted_turns_six_and_seven(saver: Any, summarizer: Any, thread: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A parent over ``_noting_subgraph(summarizer)`` on ``saver``: turn 6, then turn 7 (logged), which compacts.
+
+    Whatever became of the parent's checkpoint meanwhile, one summary is in its state and both notes.
+    """
     outer = StateGraph(_Noted)
-    outer.add_node("inner", _noting_subgraph(forgetting_summary))
+    outer.add_node("inner", _noting_subgraph(summarizer))
     outer.add_edge(START, "inner")
     graph = outer.compile(checkpointer=saver)
-    config = cfg("forgotten")
+    config = cfg(thread)
     graph.invoke({"messages": [*chat(2, 180), HumanMessage(words("turn 6", 10))]}, config, durability="sync")
     with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
         state = graph.invoke({"messages": [HumanMessage(words("turn 7", 10))]}, config, durability="sync")
     assert sum(1 for m in state["messages"] if is_summary_message(m)) == 1, "nothing compacted: it proves nothing"
     assert sorted(state["notes"]) == ["6", "7"]
-    assert "could not read again the parent's state" in caplog.text
 
 
 class _DroppingSaver(InMemorySaver):
@@ -844,16 +852,7 @@ def test_where_reading_the_parents_checkpoint_again_fails_the_compaction_stays_b
         saver.drop = True
         return short_summary(prompt)
 
-    outer = StateGraph(_Noted)
-    outer.add_node("inner", _noting_subgraph(dropping_summary))
-    outer.add_edge(START, "inner")
-    graph = outer.compile(checkpointer=saver)
-    config = cfg("dropped")
-    graph.invoke({"messages": [*chat(2, 180), HumanMessage(words("turn 6", 10))]}, config, durability="sync")
-    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
-        state = graph.invoke({"messages": [HumanMessage(words("turn 7", 10))]}, config, durability="sync")
-    assert sum(1 for m in state["messages"] if is_summary_message(m)) == 1, "nothing compacted: it proves nothing"
-    assert sorted(state["notes"]) == ["6", "7"]
+    _noted_turns_six_and_seven(saver, dropping_summary, "dropped", caplog)
     assert "the saver's connection was dropped" in caplog.text
 
 
