@@ -68,7 +68,8 @@ def summaries(messages: list[BaseMessage]) -> int:
     return sum(1 for m in messages if is_summary_message(m))
 
 
-def node_in_subgraph(requests: Requests, nested: str, summarizer: Any) -> Any:
+def node_in_subgraph(requests: Requests, nested: str, summarizer: Any, node: CompactionNode | None = None) -> Any:
+    """A parent whose one node is a subgraph: ``node`` (else a CompactionNode of ``summarizer``), then a model."""
     model = GenericFakeChatModel(messages=iter([AIMessage(f"answer {i} " * 50) for i in range(500)]))
 
     def call_model(state: MessagesState) -> dict[str, Any]:
@@ -77,7 +78,7 @@ def node_in_subgraph(requests: Requests, nested: str, summarizer: Any) -> Any:
         return {"messages": [model.invoke(request)]}
 
     sub = StateGraph(MessagesState)
-    sub.add_node("compact", CompactionNode(summarizer, OPTIONS, nested=nested))  # type: ignore[arg-type]
+    sub.add_node("compact", node or CompactionNode(summarizer, OPTIONS, nested=nested))  # type: ignore[arg-type]
     sub.add_node("model", call_model)
     sub.add_edge(START, "compact")
     sub.add_edge("compact", "model")
@@ -1342,20 +1343,12 @@ def test_a_thread_id_given_as_a_number_finds_its_parents_checkpoint(caplog: pyte
 def test_a_send_up_keeps_no_copy_of_the_parents_state_where_its_checkpoint_is_read() -> None:
     # The state a send-up leaves the parent in is needed only where the parent's step checkpoint is
     # never written (durability "exit"); kept under "async" too, it held a whole state per send-up.
-    node = CompactionNode(RecordingSummarizer(), OPTIONS)
-    model = GenericFakeChatModel(messages=iter([AIMessage(f"answer {i} " * 50) for i in range(100)]))
-    sub = StateGraph(MessagesState)
-    sub.add_node("compact", node)
-    sub.add_node("model", lambda state: {"messages": [model.invoke(state["messages"])]})
-    sub.add_edge(START, "compact")
-    sub.add_edge("compact", "model")
-    parent = StateGraph(MessagesState)
-    parent.add_node("agent", sub.compile())
-    parent.add_edge(START, "agent")
-    graph = parent.compile(checkpointer=InMemorySaver())
+    requests, node = Requests(), CompactionNode(RecordingSummarizer(), OPTIONS)
+    graph = node_in_subgraph(requests, "parent", None, node=node)
     for turn in range(15):
         state = graph.invoke({"messages": [HumanMessage(f"question {turn} " * 50)]}, cfg("kept"))
     assert is_summary_message(state["messages"][0])  # sent up: the parent itself was compacted
+    assert requests.invalid == []
     delivery = node._delivery
     assert len(delivery._left) == 0
     assert all(entry[2] is None for entry in delivery._sent._items.values())
