@@ -35,7 +35,7 @@ from langchain_compaction.core.context import FOREIGN_USAGE, trusted_usage
 from langchain_compaction.core.effects import Call, blocking, computing, inline, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.tokens import estimate_message
-from langchain_compaction.core.types import Message, Scanned
+from langchain_compaction.core.types import Counts, Message, Scanned
 from langchain_compaction.errors import InvalidMessagesError
 
 _T = TypeVar("_T")
@@ -54,9 +54,9 @@ LAST_CALLS_REMEMBERED = 64
 
 Outside the bounds above: each holds its conversation's messages and their core forms as last read, however
 many tokens they are (64 conversations near a 200k window: some hundred MB at 7-17 bytes a token)."""
-_Read = tuple[list[BaseMessage], list[int], Scanned, list[int]]
+_Read = tuple[list[BaseMessage], Counts, Scanned, list[int]]
 """A conversation's previous read: its messages, their counts, core forms and sizes as counted (``content_size``)."""
-_NOTHING: _Read = ([], [], Scanned(), [])
+_NOTHING: _Read = ([], Counts(), Scanned(), [])
 
 
 _FINGERPRINTED_COPIES = 8
@@ -232,7 +232,7 @@ class TokenCountCache:
         Returns:
             One count per message, in order.
         """
-        return self.counts_and_core(messages)[0]
+        return list(self.counts_and_core(messages)[0])
 
     @staticmethod
     def _reused(messages: Sequence[BaseMessage], last: Sequence[BaseMessage]) -> int:
@@ -273,7 +273,7 @@ class TokenCountCache:
                 return index
         return count
 
-    def counts_and_core(self, messages: Sequence[BaseMessage], key: Any = None) -> tuple[list[int], Scanned]:
+    def counts_and_core(self, messages: Sequence[BaseMessage], key: Any = None) -> tuple[Counts, Scanned]:
         """Token counts and core forms of ``messages``, cached together.
 
         Args:
@@ -295,11 +295,11 @@ class TokenCountCache:
 
     def _counted(
         self, messages: Sequence[BaseMessage], key: Any, previous: _Read, reused: int
-    ) -> tuple[list[int], Scanned]:
+    ) -> tuple[Counts, Scanned]:
         """``counts_and_core`` past the first ``reused`` messages, which ``previous`` counted."""
         _, last_counts, last_core, last_sizes = previous
-        out, core = last_counts[:reused], list(last_core)
-        del core[reused:]  # (a third of listing a slice: the common turn reuses all)
+        out: list[int] = []  # (the counts and core forms past ``reused``)
+        core: list[Message] = []
         missing: list[tuple[int, str]] = []
         entries, cores = self._entries, self._cores
         for index in range(reused, len(messages)):
@@ -313,13 +313,13 @@ class TokenCountCache:
                 core.append(found)
                 continue
             missing.append((index, mark))
-            out.append(0)
+            out.append(0)  # (counted below, with the others missing)
             core.append(to_core(message, index))  # raises InvalidMessagesError naming the index
         if missing:
-            self._count_missing(messages, missing, out, core)
-        scanned = Scanned.grown(core, last_core, same=reused)
-        self._last.put(key, (list(messages), out, scanned, self._grown(last_sizes, reused, messages)))
-        return list(out), scanned
+            self._count_missing(messages, missing, out, core, reused)
+        counts, scanned = Counts.grown(last_counts, reused, out), Scanned.grown(last_core, reused, core)
+        self._last.put(key, (list(messages), counts, scanned, self._grown(last_sizes, reused, messages)))
+        return counts, scanned
 
     def _grown(self, sizes: list[int], reused: int, messages: Sequence[BaseMessage]) -> list[int]:
         """The sizes of ``messages`` as counted: ``sizes`` (the previous read's) for the first ``reused``, grown.
@@ -336,24 +336,30 @@ class TokenCountCache:
         return [*sizes[:reused], *new]
 
     def _count_missing(
-        self, messages: Sequence[BaseMessage], missing: list[tuple[int, str]], out: list[int], core: list[Message]
+        self,
+        messages: Sequence[BaseMessage],
+        missing: list[tuple[int, str]],
+        out: list[int],
+        core: list[Message],
+        start: int,
     ) -> None:
+        """Count the ``missing`` messages (index, fingerprint) into ``out``; it and ``core`` start at ``start``."""
         self.misses += len(missing)
         batch = [messages[i] for i, _ in missing]
-        values = count_messages(batch, [core[i] for i, _ in missing], self._options)
+        values = count_messages(batch, [core[i - start] for i, _ in missing], self._options)
         fresh: list[tuple[str, str, int, Message]] = []
         for (index, mark), value in zip(missing, values):
-            out[index] = value
+            out[index - start] = value
             key = messages[index].id
             if key is not None:
-                fresh.append((key, mark, value, core[index]))
+                fresh.append((key, mark, value, core[index - start]))
         self._remember(fresh)
 
-    def count(self, messages: Sequence[BaseMessage], key: Any = None) -> Call[tuple[list[int], Scanned]]:
+    def count(self, messages: Sequence[BaseMessage], key: Any = None) -> Call[tuple[Counts, Scanned]]:
         """``counts_and_core`` as a step of a flow: in place, or awaited (``acounts_and_core``)."""
         return twin(self.counts_and_core, self.acounts_and_core, messages, key)
 
-    async def acounts_and_core(self, messages: Sequence[BaseMessage], key: Any = None) -> tuple[list[int], Scanned]:
+    async def acounts_and_core(self, messages: Sequence[BaseMessage], key: Any = None) -> tuple[Counts, Scanned]:
         """``counts_and_core`` without blocking the event loop.
 
         A few new messages under the built-in estimate are counted in place;

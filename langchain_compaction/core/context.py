@@ -25,7 +25,7 @@ from typing import Literal
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import leading_block, summary_block
 from langchain_compaction.core.tokens import attachment_tokens
-from langchain_compaction.core.types import Message, Scanned
+from langchain_compaction.core.types import Counts, Message, Scanned
 
 _HAS_BLOCK = attrgetter("has_compaction_block")
 
@@ -103,9 +103,9 @@ def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead:
     anchor = usage_anchor(messages)
     if anchor is not None:
         index, reported = anchor
-        before = sum(islice(counts, index + 1))
+        before = _summed(counts, 0, index + 1)
         if reported * FOREIGN_USAGE >= before or _measures(messages, index, reported, before):
-            return reported + sum(islice(counts, index + 1, None))
+            return reported + _summed(counts, index + 1)
     # A provider-side compaction block (Claude's ``compaction`` content) drops
     # everything before it from what the provider reads: only the system
     # prompt and what follows the last block are billed.
@@ -114,8 +114,14 @@ def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead:
     last = last_block(messages)
     if last is not None:
         block = max(lead, last)
-    # (Summed in place, not sliced: on every turn, over the whole history.)
-    return sum(islice(counts, lead)) + sum(islice(counts, block, None)) + overhead
+    return _summed(counts, 0, lead) + _summed(counts, block) + overhead
+
+
+def _summed(counts: Sequence[int], start: int, end: int | None = None) -> int:
+    """``sum(counts[start:end])``: at once from a ``Counts``'s running sums (every turn, the whole history)."""
+    if isinstance(counts, Counts):
+        return counts.span(start, end)
+    return sum(islice(counts, start, end))  # (summed in place, not sliced)
 
 
 def _measures(messages: Sequence[Message], index: int, reported: int, before: int) -> bool:

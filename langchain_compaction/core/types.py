@@ -8,9 +8,13 @@ messages a caller keeps are the caller's objects.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from itertools import accumulate, islice
+from typing import Any, Literal, TypeVar
+
+_T = TypeVar("_T")
 
 Role = Literal["system", "user", "assistant", "tool", "other"]
 """Who wrote a message. ``other`` covers roles the core has no rule for."""
@@ -247,8 +251,8 @@ class Scanned(tuple[Message, ...]):
     what it knows cannot go stale; a plain sequence is scanned as it comes.
 
     Example:
-        >>> first = Scanned.grown((Message("user", (Part("text", "hi"),)),))
-        >>> later = Scanned.grown((*first, Message("system", is_summary=True)), first, same=1)
+        >>> first = Scanned.grown((), 0, [Message("user", (Part("text", "hi"),))])
+        >>> later = Scanned.grown(first, 1, [Message("system", is_summary=True)])
         >>> later.summaries, later.blocks
         ((1,), ())
     """
@@ -259,12 +263,12 @@ class Scanned(tuple[Message, ...]):
     """Indices of the messages with a provider-side compaction block, in order."""
 
     @classmethod
-    def grown(cls, messages: Sequence[Message], previous: Scanned | None = None, same: int = 0) -> Scanned:
-        """``messages`` scanned past their first ``same``, which are ``previous``'s first ``same``."""
-        out = cls(messages)
-        start = min(same, len(out), len(previous)) if previous is not None else 0
-        summaries = [i for i in previous.summaries if i < start] if previous is not None else []
-        blocks = [i for i in previous.blocks if i < start] if previous is not None else []
+    def grown(cls, previous: Sequence[Message], same: int, added: Sequence[Message]) -> Scanned:
+        """``previous``'s first ``same`` messages, then ``added``; scanned past ``same`` if ``previous`` was."""
+        out = cls(_joined(previous, same, added))
+        start = same if isinstance(previous, Scanned) else 0
+        summaries = [i for i in previous.summaries if i < start] if isinstance(previous, Scanned) else []
+        blocks = [i for i in previous.blocks if i < start] if isinstance(previous, Scanned) else []
         for index in range(start, len(out)):
             message = out[index]
             if message.is_summary:
@@ -273,6 +277,59 @@ class Scanned(tuple[Message, ...]):
                 blocks.append(index)
         out.summaries, out.blocks = tuple(summaries), tuple(blocks)
         return out
+
+
+class Counts(tuple[int, ...]):
+    """Token counts per message that keep their running sums, so any range is summed at once.
+
+    The trigger sums the whole history on every turn (``core.context``); a
+    history that grows by a few messages a turn carries its sums on
+    (``grown``), so a turn costs what it adds, not what the conversation
+    holds. Immutable, like ``Scanned``: a plain sequence is summed as it comes.
+
+    Example:
+        >>> first = Counts.grown((), 0, [3, 4])
+        >>> later = Counts.grown(first, 2, [5])
+        >>> later, later.span(1), later.span(0, 2)
+        ((3, 4, 5), 9, 7)
+    """
+
+    _sums: list[int] | None = None
+    """``_sums[i]`` is the sum of the first ``i`` counts; it may run on past this tuple (a later read grew it).
+    ``None`` for counts made directly (``Counts(values)``): they are summed as they come."""
+
+    @classmethod
+    def grown(cls, previous: Sequence[int], same: int, added: Sequence[int]) -> Counts:
+        """``previous``'s first ``same`` counts and then ``added``, their sums carried on when ``previous`` has them."""
+        out = cls(_joined(previous, same, added))
+        sums = previous._sums if isinstance(previous, Counts) else None  # (a list made directly has none)
+        with _GROWING:
+            # The common turn adds to the newest read's end: its sums grow in
+            # place (an older read knows its own length and reads no further).
+            if sums is None or len(sums) != same + 1:
+                sums = list(accumulate(islice(out, same), initial=0)) if sums is None else sums[: same + 1]
+            for count in added:
+                sums.append(sums[-1] + count)
+        out._sums = sums
+        return out
+
+    def span(self, start: int = 0, end: int | None = None) -> int:
+        """The sum of ``self[start:end]`` (``start`` and ``end`` at least 0)."""
+        sums = self._sums
+        if sums is None:
+            return sum(self[start:end])
+        stop = len(self) if end is None else min(end, len(self))
+        return sums[stop] - sums[min(start, stop)]
+
+
+def _joined(previous: Sequence[_T], same: int, added: Sequence[_T]) -> tuple[_T, ...]:
+    """``previous``'s first ``same`` items, then ``added``: tuples joined in C (a copy of each, no more)."""
+    head = previous if isinstance(previous, tuple) else tuple(previous)
+    return (head if same == len(head) else head[:same]) + tuple(added)
+
+
+_GROWING = threading.Lock()
+"""Held while a ``Counts`` grows its sums in place: two threads growing one read take turns."""
 
 
 @dataclass(frozen=True, slots=True)

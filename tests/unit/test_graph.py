@@ -42,6 +42,7 @@ from pydantic import Field
 from langchain_compaction import CompactionError, CompactionOptions, compact
 from langchain_compaction._lc.convert import BRIDGE_TEXT, is_summary_message
 from langchain_compaction._lc.counting import _MAX_HELD_TOKENS, DEFAULT_CACHE_SIZE, TokenCountCache
+from langchain_compaction.core.context import context_tokens
 from langchain_compaction.core.types import SummaryRequest
 from langchain_compaction.errors import ConfigurationError, InvalidMessagesError, SummarizationError
 from langchain_compaction.features import PrepareAhead, default_features
@@ -589,7 +590,7 @@ def test_the_token_cache_reads_the_previous_call_once() -> None:
 
     cache._reused = other_thread_runs_meanwhile  # type: ignore[method-assign]
     counts, core = cache.counts_and_core(mine)
-    assert counts == truth
+    assert list(counts) == truth
     assert all(m.text.startswith("a") for m in core)
 
 
@@ -606,8 +607,27 @@ def test_interleaved_conversations_each_keep_their_previous_call() -> None:
         for key, messages in talks.items():
             messages.append(HumanMessage(f"{key} turn {turn}"))
             counts, _ = cache.counts_and_core(messages, key)
-            assert counts == TokenCountCache(CompactionOptions()).counts(messages)
+            assert list(counts) == TokenCountCache(CompactionOptions()).counts(messages)
     assert cache.misses - before == 9  # the nine new messages, nothing else
+
+
+def test_a_conversation_read_again_from_an_earlier_point_sums_its_own_counts() -> None:
+    """A fork (a shorter history, then other messages) and the longer read before it each keep their own sums."""
+    cache = TokenCountCache(CompactionOptions())
+    history = [HumanMessage(f"message {i} " * (i + 1), id=f"m{i}") for i in range(12)]
+    long_counts, long_core = cache.counts_and_core(history, "t")
+    on = [*history, HumanMessage("the first branch goes on", id="m12")]
+    on_counts, on_core = cache.counts_and_core(on, "t")  # (grows the sums the first read holds, in place)
+    fork = [*history[:5], HumanMessage("another way " * 30, id="f1"), HumanMessage("and on", id="f2")]
+    fork_counts, fork_core = cache.counts_and_core(fork, "t")
+    for messages, counts, core in (
+        (history, long_counts, long_core),
+        (fork, fork_counts, fork_core),
+        (on, on_counts, on_core),
+    ):
+        plain = TokenCountCache(CompactionOptions()).counts(messages)
+        assert list(counts) == plain
+        assert context_tokens(core, counts) == context_tokens(core, plain) == sum(plain)
 
 
 # -- usage anchoring ----------------------------------------------------------------

@@ -13,13 +13,15 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.messages.utils import count_tokens_approximately
 
 from langchain_compaction import CompactionNode, CompactionOptions, acompact, compact, should_compact
+from langchain_compaction._lc.convert import to_core_list
+from langchain_compaction.core.context import context_tokens
 from langchain_compaction.core.tokens import (
     IMAGE_TOKENS,
     MESSAGE_OVERHEAD_TOKENS,
     TOOL_CALL_OVERHEAD_TOKENS,
     estimate_message,
 )
-from langchain_compaction.core.types import Message, Part, ToolCall
+from langchain_compaction.core.types import Counts, Message, Part, ToolCall
 from langchain_compaction.errors import ConfigurationError, InvalidMessagesError
 from langchain_compaction.tokens import estimate_message_tokens, estimate_tokens
 
@@ -574,3 +576,39 @@ def test_tool_schemas_are_priced_alike_in_every_form_bind_tools_takes() -> None:
     as_dict = estimate_tool_tokens([convert_to_openai_tool(search)])
     assert estimate_tool_tokens([search]) == estimate_tool_tokens([tool(search)]) == as_dict
     assert estimate_tool_tokens([Search]) == estimate_tool_tokens([convert_to_openai_tool(Search)]) > as_dict // 2
+
+
+def test_counts_sum_any_range_after_reads_that_branch_from_one_another() -> None:
+    """Running sums carried from read to read stay right when two reads grow the same earlier one differently."""
+    rng = random.Random(7)
+    reads = [Counts.grown((), 0, [rng.randrange(1, 50) for _ in range(5)])]
+    for _ in range(300):
+        previous = rng.choice(reads[-4:])  # (mostly the newest, which grows in place; an older one is copied)
+        same = rng.choice([len(previous), rng.randrange(len(previous) + 1)])
+        reads.append(Counts.grown(previous, same, [rng.randrange(0, 50) for _ in range(rng.randrange(4))]))
+        assert reads[-1][:same] == previous[:same]
+    for counts in reads:
+        values = list(counts)
+        for start, end in [(0, None), (0, len(values)), *((rng.randrange(len(values) + 1), None) for _ in range(3))]:
+            assert counts.span(start, end) == sum(values[start:end])
+        cut = rng.randrange(len(values) + 1)
+        assert counts.span(0, cut) + counts.span(cut) == sum(values)
+    assert Counts([3, 4]).span(1) == 4  # (made directly: summed as it comes)
+
+
+def test_the_context_size_is_the_same_from_running_sums_and_from_a_list() -> None:
+    """``context_tokens`` gives one answer for a ``Counts`` and for the same counts as a plain list."""
+    reply = AIMessage("done", usage_metadata={"input_tokens": 900, "output_tokens": 20, "total_tokens": 920})
+    histories = [
+        [SystemMessage("rules"), HumanMessage("a" * 400), AIMessage("b" * 800), HumanMessage("c" * 40)],
+        [SystemMessage("rules"), HumanMessage("a" * 400), reply, HumanMessage("c" * 40)],
+        [
+            HumanMessage("a" * 4_000),
+            reply.model_copy(update={"usage_metadata": {**reply.usage_metadata, "input_tokens": 5}}),
+        ],
+    ]
+    for messages in histories:
+        core = to_core_list(messages)
+        plain = [estimate_message(m) for m in core]
+        counts = Counts.grown(Counts.grown((), 0, plain[:1]), 1, plain[1:])
+        assert context_tokens(core, counts, 7) == context_tokens(core, plain, 7)
