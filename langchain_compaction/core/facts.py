@@ -56,6 +56,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
+from itertools import islice
 from typing import Any
 
 from langchain_compaction.core.bounded import Bounded
@@ -397,7 +398,8 @@ class _Tracker:
     def result(self) -> list[Fact]:
         """The facts in force, oldest first; the code names met last, oldest first; the most repeated words first."""
         found = list(self.facts.values())
-        names = [(t, n) for t, n in self.names.items() if n >= 2][-NAMES_KEPT:]
+        # (The newest first, from the end: a long session's agent has used thousands of names.)
+        names = list(islice(((t, n) for t, n in reversed(self.names.items()) if n >= 2), NAMES_KEPT))[::-1]
         found += [Fact("name", text, key=text, detail=str(count)) for text, count in names]
         terms = sorted((n, t) for t, n in self.terms.items() if n >= 2)[-TERMS_KEPT:]
         found += [Fact("term", text, key=text, detail=str(count)) for count, text in reversed(terms)]
