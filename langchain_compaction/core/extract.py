@@ -1,7 +1,7 @@
 """What a message's text says, read without a model: the rules checked facts are found by.
 
 ``constraints`` (the user's rules, preferences and corrections, and the ways they
-are taken back), what the user says in their own voice; ``core.identifiers``
+are taken back), what the user says in their own voice (``core.voice``); ``core.identifiers``
 finds ids, codes, amounts, dates, versions, paths, URLs and code names; the line of a
 tool's output that reports an error is ``core.readings.error_line``, what a tool
 call was about ``core.calls``'. Every rule is a linear scan or regex:
@@ -18,6 +18,7 @@ from functools import cache
 
 from langchain_compaction.core.lines import caseless, clip, holds_any
 from langchain_compaction.core.subjects import named, subject_words
+from langchain_compaction.core.voice import own_words, sentences
 
 # A user's rule or preference, or a correction of the agent (matched lower-cased, ``_lays_down``).
 _CONSTRAINT = re.compile(
@@ -58,39 +59,27 @@ _GUESS = re.compile(
 )  # (lower-cased text: ``_lays_down``)
 
 
-def _lays_down(text: str) -> bool:
-    """Whether ``text`` holds a rule's word (``_CONSTRAINT``), a guess ("it must have") apart."""
+def _lays_down(text: str, held: Sequence[str] = _CONSTRAINT_WORDS) -> bool:
+    """Whether ``text`` holds a rule's word (``_CONSTRAINT``), a guess ("it must have") apart.
+
+    ``held``: the words of ``_CONSTRAINT_WORDS`` that lower-cased ``text`` may
+    hold (at least all it holds; all of them when not known).
+    """
     low = text.lower()
-    return _CONSTRAINT.search(_GUESS.sub(" ", low) if "must" in low else low) is not None
+    if "must" in low:
+        return _CONSTRAINT.search(_GUESS.sub(" ", low)) is not None
+    # Every match starts where one of the words does: the pattern is tried
+    # there alone (a search tried its forty words at every position).
+    for word in held:
+        at = low.find(word)
+        while at >= 0:
+            if _CONSTRAINT.match(low, at):
+                return True
+            at = low.find(word, at + 1)
+    return False
 
 
 _CORRECTION = re.compile(r"^(?:no\b[,.!]?|actually\b|wait\b|sorry\b|i meant\b|correction\b|that'?s wrong\b)", re.I)
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])|\n+")
-# The same ends in ASCII text, found from the mark rather than looked back to
-# from every space (about 40% faster): the mark is captured and put back.
-_ASCII_SENTENCE_END = re.compile(r"([.!?])\s+|\n+")
-# A fenced block to its closing fence or the end: of backticks, or of tildes
-# opening a line (a "~~~" inside a sentence is no fence).
-_FENCED = re.compile(r"```.*?(?:```|\Z)|^[ \t]{0,3}~~~.*?(?:^[ \t]{0,3}~~~|\Z)", re.DOTALL | re.MULTILINE)
-# Space within a line: a line-anchored pattern that let ``\s`` cross line breaks
-# would rescan a run of blank lines from each of them (quadratic on a pasted
-# sheet of empty rows).
-_SPACE = r"[^\S\n]"
-# Pasted material rather than the user's words: a numbered listing ("1535: ..."),
-# an indented code line (not a nested bullet), a file viewer's banner.
-_LISTING = re.compile(
-    rf"^(?:{_SPACE}*\d+[:|]|(?:    |\t)(?!{_SPACE}*(?:[-*+]|\d+[.)])\s)"
-    rf"|{_SPACE}*[\[(](?:File|Open file|Current directory)\b).*$",
-    re.MULTILINE,
-)
-# Someone else's words the user passes on: quoted lines, and everything after a
-# forwarded message's header.
-_QUOTED = re.compile(rf"^{_SPACE}*>.*$", re.MULTILINE)
-_FORWARDED = re.compile(
-    rf"^{_SPACE}*(?:-{{2,}}{_SPACE}*(?:Original Message|Forwarded message){_SPACE}*-{{2,}}|Begin forwarded message:"
-    rf"|[*_]{{0,2}}From:[*_]{{0,2}}{_SPACE}+\S.*$)",  # (a header pasted in bold too: **From:** Bob)
-    re.MULTILINE | re.IGNORECASE,
-)
 # Markdown emphasis around words: **bold**, __bold__, *it*, `code` markers at the edges.
 _EMPHASIS = re.compile(r"(\*\*|__)(.+?)\1")
 # A revocation: the user takes a rule back ("forget what I said about tabs",
@@ -260,67 +249,6 @@ _REVOKE_WORDS = (
 )
 
 
-def prose(text: str) -> str:
-    """The user's words and what they paste inline: code blocks, listings and indented code removed."""
-    # (A fence is three backticks or tildes: most messages hold none, and a substring scan says so.)
-    return _LISTING.sub("", _FENCED.sub(" ", text) if "```" in text or "~~~" in text else text)
-
-
-def sentences(text: str) -> list[str]:
-    """``text`` split where a sentence or a line ends, each piece with its closing mark, unstripped.
-
-    Example:
-        >>> sentences("Fix it. Then run the tests!" + chr(10) + "Thanks")
-        ['Fix it.', 'Then run the tests!', 'Thanks']
-    """
-    if not text.isascii():
-        return _SENTENCE_END.split(text)
-    pieces = _ASCII_SENTENCE_END.split(text)  # (the text between ends, and each end's mark: None after a break)
-    out = pieces[::2]
-    for index, mark in enumerate(pieces[1::2]):
-        if mark:
-            out[index] += mark
-    return out
-
-
-# A slash command ("/add src/a.py"): what follows it in the same turn is the
-# harness's answer, not the user's words.
-SLASH_COMMAND = re.compile(r"/[A-Za-z][\w-]*")
-"""A slash command's word ("/add", "/undo")."""
-
-
-def command_line(text: str) -> str:
-    """The slash command a turn starts with ("/add src/a.py"), when the turn is one; else ``""``.
-
-    Example:
-        >>> command_line("/undo" + chr(10) + "Removed: 52b4acb fix: legend"), command_line("/path/to/a.py is broken")
-        ('/undo', '')
-    """
-    first = text.lstrip().split("\n", 1)[0].strip()
-    return first if SLASH_COMMAND.fullmatch(first.split(" ", 1)[0]) else ""
-
-
-def own_words(text: str) -> str:
-    """Only what the user says in their own voice: ``prose`` without quoted lines or a forwarded message.
-
-    A turn that starts with a slash command is the command alone: what follows
-    it is the harness's output.
-    """
-    return prose_and_own_words(text)[1]
-
-
-def prose_and_own_words(text: str) -> tuple[str, str]:
-    """``prose`` of ``text`` (of its slash command alone, when it starts with one) and ``own_words``, read once."""
-    command = command_line(text)
-    if command:
-        return prose(command), command
-    words = prose(text)
-    # (A forwarded header says "from" or "message", in any case.)
-    forwarded = _FORWARDED.search(words) if holds_any(words, ("from", "message")) else None
-    own = words[: forwarded.start()] if forwarded is not None else words
-    return words, _QUOTED.sub("", own) if ">" in own else own
-
-
 def _may_revoke(text: str) -> bool:
     """Whether ``text`` holds a revocation word (``_REVOKE`` reads only those that do)."""
     return holds_any(text, _REVOKE_WORDS)
@@ -477,16 +405,16 @@ def rules_in(words: str) -> list[str]:
     # (An ASCII text holds none of the other languages' words: half the scans.)
     words_of = _ASCII_RULE_WORDS if low.isascii() else _CONSTRAINT_WORDS
     held = _CONSTRAINT_WORDS if emphasis else tuple(word for word in words_of if word in low)
-    revoking = emphasis or _may_revoke(words)
     for raw in sentences(words):
         sentence = (_EMPHASIS.sub(r"\2", raw) if "**" in raw or "__" in raw else raw).strip(" -*+\t")
-        rule = (held and holds_any(sentence, held) and _lays_down(sentence)) or _CORRECTION.match(sentence)
+        # (A sentence holds no word its text does not: ``held`` is all it may hold.)
+        rule = (held and holds_any(sentence, held) and _lays_down(sentence, held)) or _CORRECTION.match(sentence)
         if not (8 <= len(sentence) <= 400 and rule):
             continue
         # Taking a rule back is not a rule, but what follows a "but" in the
         # same sentence may be one: "Tabs are fine now, but never in Makefiles."
         # (kept whole: the new rule is read with what it narrows).
-        if not (revoking and _may_revoke(sentence) and _permits(sentence)) or any(
+        if not (_may_revoke(sentence) and _permits(sentence)) or any(
             _lays_down(clause) and not _permits(clause) for clause in _CLAUSE.split(sentence)[1:]
         ):
             found.append(clip(sentence))

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from langchain_compaction.core.bounded import Bounded
-from langchain_compaction.core.extract import own_rule, prose_and_own_words, revoked_subjects, rules_in
+from langchain_compaction.core.extract import own_rule, revoked_subjects, rules_in
 from langchain_compaction.core.identifiers import CJK_LETTERS, identifiers_in, names_in_code
 from langchain_compaction.core.lines import MAX_FACT_CHARS, clip, holds_any, normalize, one_line
 from langchain_compaction.core.subjects import task_terms
 from langchain_compaction.core.types import FactKind, Message
+from langchain_compaction.core.voice import prose_and_own_words
 
 CODE_NAMES_PER_MESSAGE = 12
 """How many code names (``camelCase``, ``snake_case``) one user message may give (the first); values are not capped."""

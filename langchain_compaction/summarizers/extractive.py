@@ -26,7 +26,6 @@ from langchain_compaction.core.effects import breathe, compute_off_loop
 from langchain_compaction.core.extract import (
     constraints,
     own_rule,
-    own_words,
     revoked_subjects,
     revokes,
     without_revoked,
@@ -36,6 +35,7 @@ from langchain_compaction.core.lines import one_line, quoted
 from langchain_compaction.core.options import check_int
 from langchain_compaction.core.readings import error_lines, failure_in, feedback
 from langchain_compaction.core.types import Message, SummaryRequest, ToolCall
+from langchain_compaction.core.voice import own_words
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.summarizers.checkpoint import HEADINGS, SECTIONS, Checkpoint
 
