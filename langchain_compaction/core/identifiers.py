@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from string import ascii_letters, ascii_lowercase, ascii_uppercase, digits
 
-from langchain_compaction.core.extract import SLASH_COMMAND, command_line, prose
 from langchain_compaction.core.lines import MAX_KEY_CHARS, clip
+from langchain_compaction.core.voice import SLASH_COMMAND, command_line, prose
 
 # Identifiers are matched token by token (whitespace-separated words, trimmed
 # of brackets and punctuation), so a pathological input stays linear.
@@ -81,10 +82,60 @@ _IDENTIFIER_MARK = re.compile(r"[\d/@$€£¥]|\.\w")
 def _maybe_identifiers(text: str) -> list[str]:
     """The words of ``text`` that hold a digit, a slash, an @, a currency sign or an inner dot.
 
-    Split in C, and a word of letters alone is let go without a pattern (a
-    pattern tried at every position of the text took twice as long).
+    Found in C in ASCII text (``_words_holding``); else split in C, and a word
+    of letters alone is let go without a pattern (a pattern tried at every
+    position of the text took twice as long).
     """
+    if text.isascii():
+        return _words_holding(text, _MARK_CLASSES, b"#", b".w")
     return [word for word in text.split() if not word.isalpha() and _IDENTIFIER_MARK.search(word)]
+
+
+def _classes(*groups: tuple[str, bytes]) -> bytes:
+    """A ``bytes.translate`` table for ASCII text: each group's characters to its class.
+
+    Whitespace (what ``str.split`` splits at) goes to a space, any other character to a dash.
+    """
+    table = bytearray(b"-" * 256)
+    for code in range(128):
+        if chr(code).isspace():
+            table[code] = ord(" ")
+    for characters, mark in groups:
+        for character in characters:
+            table[ord(character)] = mark[0]
+    return bytes(table)
+
+
+# An ASCII text's characters by class, one byte each: a mark is then a byte or two
+# that ``bytes.find`` finds (``_words_holding``).
+_MARK_CLASSES = _classes((digits + "/@$", b"#"), (ascii_letters + "_", b"w"), (".", b"."))
+"""``_IDENTIFIER_MARK``'s marks in ASCII: a digit, a slash, an @ or a dollar is a ``#``; an inner dot is a
+``.`` before a ``w`` (a letter or an underscore) or a ``#`` (a digit: a mark already)."""
+_NAME_CLASSES = _classes((ascii_lowercase + digits, b"a"), (ascii_uppercase, b"A"), ("_", b"_"))
+"""What makes a word a code name's candidate (``names_in_code``) in ASCII: an ``_``, or an ``a`` (a small letter or a
+digit) before an ``A`` (a capital)."""
+
+
+def _words_holding(text: str, table: bytes, first: bytes, second: bytes) -> list[str]:
+    """The words of ASCII ``text`` (``str.split``'s, in order) whose classes (``table``) hold ``first`` or ``second``.
+
+    Translated and searched in C, from one word that holds a mark to the next:
+    a loop over every word ran Python for each, where most hold none.
+    """
+    classes = text.encode("ascii").translate(table)
+    found: list[str] = []
+    one, two = classes.find(first), classes.find(second)
+    while one >= 0 or two >= 0:
+        hit = one if two < 0 or 0 <= one < two else two
+        start = classes.rfind(b" ", 0, hit) + 1
+        end = classes.find(b" ", hit)
+        end = len(classes) if end < 0 else end
+        found.append(text[start:end])
+        if 0 <= one < end:
+            one = classes.find(first, end)
+        if 0 <= two < end:
+            two = classes.find(second, end)
+    return found
 
 
 def identifiers(text: str, *, code_names: bool = True, max_code_names: int | None = None) -> list[str]:
@@ -104,7 +155,7 @@ def identifiers(text: str, *, code_names: bool = True, max_code_names: int | Non
 
 
 def identifiers_in(words: str, *, code_names: bool = True, max_code_names: int | None = None) -> list[str]:
-    """``identifiers`` of a text made ``prose`` already (``core.extract.prose_and_own_words``)."""
+    """``identifiers`` of a text made ``prose`` already (``core.voice.prose_and_own_words``)."""
     found: dict[str, None] = {}  # (an ordered set: a tool's output may hold thousands)
     words = _without_dumps(words)
     if "://" in words:
@@ -118,18 +169,18 @@ def identifiers_in(words: str, *, code_names: bool = True, max_code_names: int |
     # identifiers: one pass finds them, plain words are never looked at.
     for word in _maybe_identifiers(words if words.isascii() else _NON_ASCII_GLUE.sub(" ", words)):
         for token in _tokens(word):
-            if len(token) > _MAX_TOKEN_CHARS or "://" in token or not _TOKEN.fullmatch(token) or encoded(token):
-                continue
-            if ("/" in token and not is_path(token)) or token in dated:
+            if encoded(token) or ("/" in token and not is_path(token)) or token in dated:
                 continue  # "and/or", "yes/no"
             _add_new(found, token)
     # Names from code the user wrote in prose (camelCase, PascalCase with an
     # inner capital, snake_case): a model paraphrases them into plain words.
-    if code_names:
+    names = names_in_code(words) if code_names else []
+    if names:
         values = len(found)
-        # (Not the parts of a value found already: "report_final" of "report_final.pdf".)
-        parts = {part for value in found for part in _PARTS.split(value)}
-        for name in names_in_code(words):
+        # (Not the parts of a value found already: "report_final" of "report_final.pdf". One split of
+        # them all: its parts are theirs, but for an empty one, which no name is.)
+        parts = set(_PARTS.split(" ".join(found)))
+        for name in names:
             if max_code_names is not None and len(found) - values >= max_code_names:
                 break
             if name not in parts:
@@ -171,16 +222,21 @@ def _dates(words: str, found: dict[str, None]) -> set[str]:
 
 
 def _tokens(word: str) -> Sequence[str]:
-    """``word`` trimmed of brackets and punctuation; when that is no identifier, its pieces.
+    """``word`` trimmed of brackets and punctuation, when that matches ``_TOKEN``; else its pieces that do.
 
     Pieces are split at ``:``, ``=`` and ``|``: "code:QX42LM", "id=RZ8KPW", a table
-    row "|QX42LM|2024-05-21|".
+    row "|QX42LM|2024-05-21|". None is a URL's (``_URL`` reads those) or longer
+    than ``_MAX_TOKEN_CHARS``.
     """
     token = word.lstrip(_OPENERS).rstrip(_CLOSERS)
-    if "://" in token or _TOKEN.fullmatch(token):
-        return (token,)
+    if "://" in token:
+        return ()
+    if _TOKEN.fullmatch(token):
+        return (token,) if len(token) <= _MAX_TOKEN_CHARS else ()
     pieces = [piece.lstrip(_OPENERS).rstrip(_CLOSERS) for piece in _ASCII_GLUE.split(word)]
-    return pieces if len(pieces) > 1 else (token,)
+    if len(pieces) == 1:
+        return ()  # (the token itself, which matched nothing)
+    return [p for p in pieces if len(p) <= _MAX_TOKEN_CHARS and "://" not in p and _TOKEN.fullmatch(p)]
 
 
 _OPENERS = "([{<\"'`*#"  # ("#" too: "order #48213", "ticket #112-4455667")
@@ -211,7 +267,10 @@ def names_in_code(text: str) -> list[str]:
     # digit can hold one: split in C, most words are let go by a test or two,
     # and the pattern reads what is left. (Not from inside a pasted blob:
     # base64 is full of "camelCase"; a word under 20 characters is never encoded.)
-    words = [w for w in text.split() if "_" in w or (not w.islower() and _INNER_CAPITAL.search(w))]
+    if text.isascii():
+        words = _words_holding(text, _NAME_CLASSES, b"_", b"aA")
+    else:
+        words = [w for w in text.split() if "_" in w or (not w.islower() and _INNER_CAPITAL.search(w))]
     readable = [w for w in words if len(w) < 20 or (len(w) <= _MAX_TOKEN_CHARS and not encoded(w))]
     return _CODE_NAME.findall(" ".join(readable)) if readable else []
 
