@@ -95,10 +95,13 @@ def command_target(command: str) -> tuple[str, str]:
 
 def _stage_words(command: str) -> list[str]:
     """The words of the stage of ``command`` that does the work (``command_target``'s), its runners left out."""
-    # (Separators inside quotes separate nothing: ``grep -E "FAIL|Error"``.)
-    bare = _QUOTED.sub(lambda quoted: "x" * len(quoted.group()), command)
-    start = max((separator.end() for separator in _CHAIN.finditer(bare)), default=0)
-    stages = [(m.start(), m.end()) for m in _PIPE.finditer(bare, start)]
+    # (Separators inside quotes separate nothing: ``grep -E "FAIL|Error"``. Most commands hold
+    # no quote, chain or pipe: plain substring scans say so, and their patterns are not run.)
+    quoted = '"' in command or "'" in command
+    bare = _QUOTED.sub(lambda quote: "x" * len(quote.group()), command) if quoted else command
+    chained = "&" in bare or "|" in bare or ";" in bare
+    start = max((separator.end() for separator in _CHAIN.finditer(bare)), default=0) if chained else 0
+    stages = [(m.start(), m.end()) for m in _PIPE.finditer(bare, start)] if "|" in bare else []
     bounds = list(zip([start] + [e for _, e in stages], [s for s, _ in stages] + [len(command)], strict=True))
     words: list[str] = []
     for low, high in bounds:
@@ -147,7 +150,7 @@ def _arguments(segment: list[str]) -> list[str]:
     for word in segment:
         if skip:
             skip = False
-        elif _REDIRECT.match(word):
+        elif ("<" in word or ">" in word) and _REDIRECT.match(word):
             skip = _REDIRECT.sub("", word).lstrip("&") == ""  # ("> out.log": the file is the next word)
         elif "=" not in word or word.startswith("-"):
             words.append(word)
@@ -294,6 +297,22 @@ def written_files(result: str) -> list[str]:
 
 def file_use(call: ToolCall, args: dict[str, object], last_opened: str | None) -> tuple[str, str] | None:
     """``("read" | "modified", path)`` when ``call`` reads or changes a file."""
+    return _used(*_file_action(call, args), last_opened)
+
+
+def _used(action: str, path: str | None, own_command: bool, last_opened: str | None) -> tuple[str, str] | None:
+    """``file_use`` of a call read by ``_file_action``."""
+    if action == "modified":
+        if path is None and own_command:
+            path = last_opened  # SWE-agent's "edit 1:1" edits the file it opened last
+        return ("modified", path) if path else None
+    if path and action == "read":
+        return "read", path
+    return None
+
+
+def _file_action(call: ToolCall, args: dict[str, object]) -> tuple[str, str | None, bool]:
+    """What ``call`` does to a file (``_action``), the path it names, and whether its command names the tool itself."""
     command = args.get("command")
     # An editor tool names its operation in "command" (str_replace_editor view/create);
     # a command-line tool (SWE-agent's "open path 293") names itself and the path.
@@ -303,14 +322,7 @@ def file_use(call: ToolCall, args: dict[str, object], last_opened: str | None) -
     if path is None and own_command:
         words = str(command).split()
         path = words[1] if len(words) >= 2 and is_path(words[1]) else None
-    action = _action(verb)
-    if action == "modified":
-        if path is None and own_command:
-            path = last_opened  # SWE-agent's "edit 1:1" edits the file it opened last
-        return ("modified", path) if path else None
-    if path and action == "read":
-        return "read", path
-    return None
+    return _action(verb), path, own_command
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,8 +393,9 @@ def read_call(call: ToolCall) -> CallReading:
     shell = SHELL.search(call.name) is not None
     words = _stage_words(command) if shell else []
     program, target = _program_and_target(words) if shell else (call.name, command)
-    use = file_use(call, args, None)
-    edits_last_opened = use is None and file_use(call, args, "\x00") is not None
+    action = _file_action(call, args)  # (read once for both)
+    use = _used(*action, None)
+    edits_last_opened = use is None and _used(*action, "\x00") is not None
     narrowed = _narrowed(program, words)
     reading = CallReading(use, edits_last_opened, key, command, shell, program, target, narrowed)
     object.__setattr__(call, "known_reading", reading)
