@@ -92,11 +92,18 @@ def clip(text: str, limit: int = MAX_FACT_CHARS) -> str:
     """``text`` on one line, cut at a word boundary before ``limit`` characters."""
     if _clean(text, limit):
         return text
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    cut = text.rfind(" ", 0, limit)
-    return text[: cut if cut > limit // 2 else limit]
+    # Only a head of it is folded, long enough to pass the limit once folded (tried
+    # longer until it does): what is kept is the same, a long text is not copied whole.
+    size = limit + 1
+    while True:
+        folded = " ".join(text[:size].split())
+        if len(folded) > limit or size >= len(text):
+            break
+        size *= 2
+    if len(folded) <= limit:
+        return folded
+    cut = folded.rfind(" ", 0, limit)
+    return folded[: cut if cut > limit // 2 else limit]
 
 
 def caseless(text: str) -> str:
