@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from typing import Generic, TypeVar
 
 _K = TypeVar("_K", bound=Hashable)
@@ -144,7 +145,19 @@ def task_terms(text: str) -> set[str]:
         >>> sorted(task_terms("Please add a legend to the time-line of the chart"))
         ['chart', 'legend', 'time-line']
     """
-    return {w for w in _TERM.findall(text.lower()) if (len(w) >= 5 or "-" in w) and w not in _COMMON}
+    low = text.lower()
+    if not low.isascii():
+        return {w for w in _TERM.findall(low) if (len(w) >= 5 or "-" in w) and w not in _COMMON}
+    # The runs of letters, digits and hyphens, split in C (each once): a run of
+    # letters is one word, and only the few others are read by the pattern.
+    runs = set(low.encode("ascii").translate(_TERM_CHARACTERS).decode("ascii").split())
+    terms = {run for run in runs if len(run) >= 5 and run.isalpha()}
+    for run in filterfalse(str.isalpha, runs):
+        if len(run) >= 5 or "-" in run:  # (a word is part of its run: a shorter one holds none)
+            terms.update(w for w in _TERM.findall(run) if len(w) >= 5 or "-" in w)
+    return terms - _COMMON
 
 
 _TERM = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+_TERM_CHARACTERS = bytes(code if chr(code) in "abcdefghijklmnopqrstuvwxyz0123456789-" else 32 for code in range(256))
+"""A ``bytes.translate`` table: what ``_TERM`` may read kept, any other character a space."""
