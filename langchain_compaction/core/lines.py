@@ -90,16 +90,19 @@ def quoted(text: str) -> str:
 
 def clip(text: str, limit: int = MAX_FACT_CHARS) -> str:
     """``text`` on one line, cut at a word boundary before ``limit`` characters."""
-    if _clean(text, limit):
-        return text
-    # Only a head of it is folded, long enough to pass the limit once folded (tried
-    # longer until it does): what is kept is the same, a long text is not copied whole.
-    size = limit + 1
-    while True:
-        folded = " ".join(text[:size].split())
-        if len(folded) > limit or size >= len(text):
-            break
-        size *= 2
+    if _clean(text, len(text)):  # one clean line already (folding it changes nothing)
+        if len(text) <= limit:
+            return text
+        folded = text
+    else:
+        # Only a head of it is folded, long enough to pass the limit once folded (tried
+        # longer until it does): what is kept is the same, a long text is not copied whole.
+        size = limit + 1
+        while True:
+            folded = " ".join(text[:size].split())
+            if len(folded) > limit or size >= len(text):
+                break
+            size *= 2
     if len(folded) <= limit:
         return folded
     cut = folded.rfind(" ", 0, limit)
