@@ -289,6 +289,8 @@ def written_files(result: str) -> list[str]:
         ['src/app.py']
     """
     paths: list[str] = []
+    if result.find("Applied edit to ", 0, _REPORT_CHARS) < 0:
+        return paths  # (most results: a plain scan says so, the line-anchored pattern is not run)
     for path in _APPLIED.findall(result[:_REPORT_CHARS]):
         if is_path(path) and path not in paths:
             paths.append(path)
