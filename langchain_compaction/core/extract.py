@@ -406,9 +406,9 @@ def rules_in(words: str) -> list[str]:
     words_of = _ASCII_RULE_WORDS if low.isascii() else _CONSTRAINT_WORDS
     held = _CONSTRAINT_WORDS if emphasis else tuple(word for word in words_of if word in low)
     for raw in sentences(words):
-        sentence = (_EMPHASIS.sub(r"\2", raw) if "**" in raw or "__" in raw else raw).strip(" -*+\t")
+        sentence = (_EMPHASIS.sub(r"\2", raw) if emphasis and ("**" in raw or "__" in raw) else raw).strip(" -*+\t")
         # (A sentence holds no word its text does not: ``held`` is all it may hold.)
-        rule = (held and holds_any(sentence, held) and _lays_down(sentence, held)) or _CORRECTION.match(sentence)
+        rule = (held and _lays_down(sentence, held)) or _CORRECTION.match(sentence)
         if not (8 <= len(sentence) <= 400 and rule):
             continue
         # Taking a rule back is not a rule, but what follows a "but" in the

@@ -100,8 +100,8 @@ def said_in(message: Message) -> UserSays:
 
 def _read(text: str) -> UserSays:
     prose, words = prose_and_own_words(text)
-    values = (one_line(value) for value in identifiers_in(prose, max_code_names=CODE_NAMES_PER_MESSAGE))
-    found = tuple((value, normalize(value)) for value in values if value)
+    values = [one_line(value) for value in identifiers_in(prose, max_code_names=CODE_NAMES_PER_MESSAGE)]
+    found = tuple([(value, normalize(value)) for value in values if value])
     rules = rules_in(words)
     request = clip(words)
     if not request or feedback(words) or request.startswith("/"):
