@@ -80,7 +80,8 @@ def _clean(text: str, limit: int) -> bool:
     whitespace but the ASCII space is non-printable, so a printable text without doubled or edge spaces
     is what ``clip`` and ``one_line`` would return.
     """
-    return len(text) <= limit and text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " "
+    # (The edges first: a text that ends with a space is not scanned.)
+    return len(text) <= limit and text[:1] != " " and text[-1:] != " " and "  " not in text and text.isprintable()
 
 
 def quoted(text: str) -> str:
