@@ -266,7 +266,7 @@ _ERROR = re.compile(
     r"|^--- FAIL: \w|^FAIL(?:\t\S|$)|\bnpm (?:ERR!|error)\s)",
     re.MULTILINE,
 )
-_SPECIFIC = re.compile(_SPECIFIC_ERROR)
+_SPECIFIC = re.compile(rf"(?=[Eefp])(?:{_SPECIFIC_ERROR})")  # (the same lookahead: 3x faster)
 # Every error line holds one of these (lowercased): a cheap test before the regex.
 _ERROR_WORDS = (
     "error",
@@ -288,28 +288,69 @@ _NOT_AN_ERROR = re.compile(r"Traceback \(most recent call last\)|[+-](?!-- FAIL:
 
 # Line breaks other than "\n" that ``str.splitlines`` also splits at.
 _OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+_ASCII_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e"
 
 
-def _error_lines(text: str) -> list[str]:
+def _error_lines(text: str, held: list[int] | None = None) -> list[str]:
     """The lines of ``text`` (stripped) that hold an ``_ERROR`` match, in order.
 
     One scan of the whole text finds them; each match is widened to its line
     (nothing in ``_ERROR`` reads across a line break). Text with line breaks
     other than "\\n" is split line by line, as ``str.splitlines`` splits it.
+    ``held``: where a match may start in ASCII ``text`` (``_error_words``): the
+    pattern is tried there alone (far fewer positions than a scan tries,
+    unless they are thick on the ground).
     """
-    if _OTHER_BREAKS.search(text):
+    # (In ASCII text, the six such breaks ASCII holds are found by plain scans.)
+    if _OTHER_BREAKS.search(text) if held is None else any(map(text.__contains__, _ASCII_BREAKS)):
         return [line.strip() for line in text.splitlines() if _ERROR.search(line)]
     lines: list[str] = []
     end = -1
-    for match in _ERROR.finditer(text):
-        if match.start() <= end:
-            continue  # another match on a line already taken
-        start = text.rfind("\n", 0, match.start()) + 1
-        end = text.find("\n", match.end())
-        if end < 0:
-            end = len(text)
-        lines.append(text[start:end].strip())
+    if held is None or len(held) * 32 > len(text):
+        for found in _ERROR.finditer(text):
+            if found.start() > end:  # (not another match on a line already taken)
+                end = _take_line(text, found.start(), found.end(), lines)
+        return lines
+    for at in sorted(set(held)):
+        match = _ERROR.match(text, at) if at > end else None  # (the first match after a line taken starts a new one)
+        if match is not None:
+            end = _take_line(text, at, match.end(), lines)
     return lines
+
+
+def _take_line(text: str, start: int, stop: int, lines: list[str]) -> int:
+    """Add the line of ``text`` that holds ``start:stop`` to ``lines`` (stripped); where it ends."""
+    end = text.find("\n", stop)
+    end = len(text) if end < 0 else end
+    lines.append(text[text.rfind("\n", 0, start) + 1 : end].strip())
+    return end
+
+
+def _error_words(text: str) -> list[int] | None:
+    """Where an ``_ERROR`` match may start in ``text``; ``None`` for text not ASCII.
+
+    Where each of ``_ERROR_WORDS`` stands (lower-cased), every time, or what
+    leads to it in a match (``_LEADS``): every match holds one of the words, at
+    its start but for those. (In ASCII text the lower-cased form keeps every
+    position: it is the ``caseless`` one ``holds_any`` reads.)
+    """
+    if not text.isascii():
+        return None
+    low = text.lower()
+    held: list[int] = []
+    for word in _ERROR_WORDS:
+        lead = _LEADS.get(word, "")
+        at = low.find(word)
+        while at >= 0:
+            held.append(at)
+            if lead and low.startswith(lead, at - len(lead)) and at >= len(lead):
+                held.append(at - len(lead))
+            at = low.find(word, at + 1)
+    return held
+
+
+_LEADS = {"error": "npm ", "err!": "npm ", "fail": "--- ", "not found": "command "}
+"""The words of ``_ERROR_WORDS`` a match may start before, and what comes first ("npm ERR!", "--- FAIL")."""
 
 
 def error_lines(text: str) -> list[str]:
@@ -319,9 +360,10 @@ def error_lines(text: str) -> list[str]:
         >>> error_lines("Traceback (most recent call last):\\n    raise ValueError(x)\\nValueError: bad offset 14")
         ['ValueError: bad offset 14']
     """
-    if not holds_any(text, _ERROR_WORDS):
+    held = _error_words(text)
+    if not (holds_any(text, _ERROR_WORDS) if held is None else held):
         return []  # the common case, found by plain substring scans
-    return [line for line in _error_lines(text) if line and not _NOT_AN_ERROR.match(line)]
+    return [line for line in _error_lines(text, held) if line and not _NOT_AN_ERROR.match(line)]
 
 
 def error_line(text: str) -> str:
