@@ -339,8 +339,8 @@ def _error_words(text: str) -> list[int] | None:
     low = text.lower()
     held: list[int] = []
     for word in _ERROR_WORDS:
-        lead = _LEADS.get(word, "")
         at = low.find(word)
+        lead = _LEADS.get(word, "") if at >= 0 else ""
         while at >= 0:
             held.append(at)
             if lead and low.startswith(lead, at - len(lead)) and at >= len(lead):
