@@ -51,8 +51,10 @@ _CURRENCY = rf"(?:(?:{_CURRENCY_CODES})\b|[{_CURRENCY_SIGNS}]|(?:{_CURRENCY_NAME
 _CURRENCY_MARK = re.compile("|".join((_CURRENCY_CODES, *_CURRENCY_SIGNS)))
 
 
-def _names_currency(text: str) -> bool:
-    return _CURRENCY_MARK.search(text) is not None or any(word in text for word in _CURRENCY_WORDS)
+def _names_currency(text: str, shape: bytes | None = None) -> bool:
+    """Whether ``text`` names a currency; ``shape``: its ``_NAME_CLASSES`` when ASCII (a code is three capitals)."""
+    coded = shape is None or b"AAA" in shape  # (no ASCII text holds a sign)
+    return (coded and _CURRENCY_MARK.search(text) is not None) or any(word in text for word in _CURRENCY_WORDS)
 
 
 # (A number starts where no word, digit or separator of its own precedes it:
@@ -87,7 +89,7 @@ def _maybe_identifiers(text: str) -> list[str]:
     position of the text took twice as long).
     """
     if text.isascii():
-        return _words_holding(text, _MARK_CLASSES, b"#", b".w")
+        return _words_holding(text, text.encode("ascii").translate(_MARK_CLASSES), b"#", b".w")
     return [word for word in text.split() if not word.isalpha() and _IDENTIFIER_MARK.search(word)]
 
 
@@ -116,13 +118,13 @@ _NAME_CLASSES = _classes((ascii_lowercase + digits, b"a"), (ascii_uppercase, b"A
 digit) before an ``A`` (a capital)."""
 
 
-def _words_holding(text: str, table: bytes, first: bytes, second: bytes) -> list[str]:
-    """The words of ASCII ``text`` (``str.split``'s, in order) whose classes (``table``) hold ``first`` or ``second``.
+def _words_holding(text: str, classes: bytes, first: bytes, second: bytes) -> list[str]:
+    """The words of ASCII ``text`` (``str.split``'s, in order) whose ``classes`` hold ``first`` or ``second``.
 
-    Translated and searched in C, from one word that holds a mark to the next:
-    a loop over every word ran Python for each, where most hold none.
+    ``classes``: ``text`` translated by a ``_classes`` table, one byte a character.
+    Searched in C, from one word that holds a mark to the next: a loop over
+    every word ran Python for each, where most hold none.
     """
-    classes = text.encode("ascii").translate(table)
     found: list[str] = []
     one, two = classes.find(first), classes.find(second)
     while one >= 0 or two >= 0:
@@ -161,8 +163,9 @@ def identifiers_in(words: str, *, code_names: bool = True, max_code_names: int |
     if "://" in words:
         for url in _URL.findall(words):
             _add_new(found, url.rstrip(".,;:!?"))
+    shape = words.encode("ascii").translate(_NAME_CLASSES) if words.isascii() else None
     # An amount with its currency named beside it ("145.60 EUR", "EUR 420.00", "1.250,50 €"): two words.
-    for amount in _AMOUNT.findall(words) if _names_currency(words) else ():
+    for amount in _AMOUNT.findall(words) if _names_currency(words, shape) else ():
         _add_new(found, amount)
     dated = _dates(words, found)
     # Only words with a digit, a dot inside, a slash, an @ or a currency sign can be
@@ -174,7 +177,7 @@ def identifiers_in(words: str, *, code_names: bool = True, max_code_names: int |
             _add_new(found, token)
     # Names from code the user wrote in prose (camelCase, PascalCase with an
     # inner capital, snake_case): a model paraphrases them into plain words.
-    names = names_in_code(words) if code_names else []
+    names = _code_names(words, shape) if code_names else []
     if names:
         values = len(found)
         # (Not the parts of a value found already: "report_final" of "report_final.pdf". One split of
@@ -263,12 +266,18 @@ def names_in_code(text: str) -> list[str]:
         >>> names_in_code("call build_case_type on TOKEN_KIND_ANY, not Plain words")
         ['build_case_type', 'TOKEN_KIND_ANY']
     """
+    return _code_names(text, text.encode("ascii").translate(_NAME_CLASSES) if text.isascii() else None)
+
+
+def _code_names(text: str, shape: bytes | None) -> list[str]:
+    """``names_in_code``, given ``text``'s ``_NAME_CLASSES`` (``None`` for text not ASCII)."""
     # Only a word with an underscore or a capital after a small letter or a
-    # digit can hold one: split in C, most words are let go by a test or two,
-    # and the pattern reads what is left. (Not from inside a pasted blob:
-    # base64 is full of "camelCase"; a word under 20 characters is never encoded.)
-    if text.isascii():
-        words = _words_holding(text, _NAME_CLASSES, b"_", b"aA")
+    # digit can hold one: found in C (``_words_holding``), or split in C with
+    # most words let go by a test or two, and the pattern reads what is left.
+    # (Not from inside a pasted blob: base64 is full of "camelCase"; a word
+    # under 20 characters is never encoded.)
+    if shape is not None:
+        words = _words_holding(text, shape, b"_", b"aA")
     else:
         words = [w for w in text.split() if "_" in w or (not w.islower() and _INNER_CAPITAL.search(w))]
     readable = [w for w in words if len(w) < 20 or (len(w) <= _MAX_TOKEN_CHARS and not encoded(w))]
