@@ -319,8 +319,13 @@ def _file_action(call: ToolCall, args: dict[str, object]) -> tuple[str, str | No
     # An editor tool names its operation in "command" (str_replace_editor view/create);
     # a command-line tool (SWE-agent's "open path 293") names itself and the path.
     verb = command if isinstance(command, str) and command.isidentifier() else call.name
-    path = next((v for k in _PATH_KEYS if isinstance(v := args.get(k), str) and v.strip()), None)
-    own_command = isinstance(command, str) and command.split()[:1] == [call.name]
+    path = None
+    for key in _PATH_KEYS:  # (a loop, not ``next`` over a generator: read for every call)
+        value = args.get(key)
+        if isinstance(value, str) and value.strip():
+            path = value
+            break
+    own_command = isinstance(command, str) and command.split(None, 1)[:1] == [call.name]
     if path is None and own_command:
         words = str(command).split()
         path = words[1] if len(words) >= 2 and is_path(words[1]) else None
