@@ -303,6 +303,8 @@ class _Tracker:
             if key not in self.named:
                 self.named[key] = bool(identifiers_in(self.facts[key].text))
         gone = [key for key in self.earlier if not self.named[key]][:excess]
+        if not gone:
+            return self.earlier[:excess]  # (each names something: the oldest go)
         return gone + [key for key in self.earlier if key not in gone][: excess - len(gone)]
 
     def _revoke(self, subject: frozenset[str]) -> None:
