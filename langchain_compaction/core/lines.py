@@ -29,9 +29,11 @@ def normalize(text: str) -> str:
     """
     if not text.isascii():
         text = unicodedata.normalize("NFKC", text)
+    if not _clean(text, len(text)):  # (most are one clean line already: folding it changes nothing)
+        text = " ".join(text.split())
     # Quoted and shown as code, a double quote or a backtick is written as a single quote (``quoted``).
     # (Two replaces: a scan each in C, where a translation table took fifty times as long.)
-    return " ".join(text.split()).casefold().replace('"', "'").replace("`", "'")
+    return text.casefold().replace('"', "'").replace("`", "'")
 
 
 def compared(fact: Fact) -> str:
