@@ -343,7 +343,7 @@ def _error_words(text: str) -> list[int] | None:
         lead = _LEADS.get(word, "") if at >= 0 else ""
         while at >= 0:
             held.append(at)
-            if lead and low.startswith(lead, at - len(lead)) and at >= len(lead):
+            if lead and at >= len(lead) and low.startswith(lead, at - len(lead)):
                 held.append(at - len(lead))
             at = low.find(word, at + 1)
     return held

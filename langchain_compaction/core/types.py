@@ -266,9 +266,10 @@ class Scanned(tuple[Message, ...]):
     def grown(cls, previous: Sequence[Message], same: int, added: Sequence[Message]) -> Scanned:
         """``previous``'s first ``same`` messages, then ``added``; scanned past ``same`` if ``previous`` was."""
         out = cls(_joined(previous, same, added))
-        start = same if isinstance(previous, Scanned) else 0
-        summaries = [i for i in previous.summaries if i < start] if isinstance(previous, Scanned) else []
-        blocks = [i for i in previous.blocks if i < start] if isinstance(previous, Scanned) else []
+        known = previous if isinstance(previous, Scanned) else None  # (a plain sequence is scanned whole)
+        start = same if known is not None else 0
+        summaries = [i for i in known.summaries if i < start] if known is not None else []
+        blocks = [i for i in known.blocks if i < start] if known is not None else []
         for index in range(start, len(out)):
             message = out[index]
             if message.is_summary:
@@ -302,7 +303,9 @@ class Counts(tuple[int, ...]):
     def grown(cls, previous: Sequence[int], same: int, added: Sequence[int]) -> Counts:
         """``previous``'s first ``same`` counts and then ``added``, their sums carried on when ``previous`` has them."""
         out = cls(_joined(previous, same, added))
-        sums = previous._sums if isinstance(previous, Counts) else None  # (a list made directly has none)
+        # (Counts made directly have no sums: the cache's empty read is one, shared by every
+        # conversation, so no read ever grows a list it holds.)
+        sums = previous._sums if isinstance(previous, Counts) else None
         with _GROWING:
             # The common turn adds to the newest read's end: its sums grow in
             # place (an older read knows its own length and reads no further).
