@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 import pytest
+from helpers_turns import ToolCallingFake
 from langchain.agents import create_agent
 from langchain.agents.middleware import (
     ClearToolUsesEdit,
@@ -141,20 +142,6 @@ def test_context_added_for_each_call_is_made_room_for_in_the_state_not_summarize
     assert made <= written + 2, f"{made} summaries made for {written} written"
 
 
-class Writer(BaseChatModel):
-    """Answers "done" to every call."""
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> Writer:
-        return self
-
-    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
-        return ChatResult(generations=[ChatGeneration(message=AIMessage("done"))])
-
-
 def _trim_arguments(message: BaseMessage) -> BaseMessage:
     assert isinstance(message, AIMessage)
     calls = [{**c, "args": {"path": c["args"]["path"], "text": "[trimmed]"}} for c in message.tool_calls]
@@ -193,7 +180,7 @@ def test_a_request_edited_outside_the_content_is_not_written_to_the_state(edited
         return "## Goal\n- write the files\n\n## Critical Context\n- " + " ".join(sorted(set(MARK.findall(prompt))))
 
     agent = create_agent(
-        Writer(),
+        ToolCallingFake(messages=(AIMessage("done") for _ in itertools.count())),
         [write_file],
         system_prompt="You are a coding agent. Guide: " + FILL * 110,
         middleware=[trim, CompactionMiddleware(summarizer, CompactionOptions(context_window=8_000))],
