@@ -24,17 +24,24 @@ PRIORITY: tuple[FactKind, ...] = (
     "identifier",
     "modified_file",
     "error",
-    "earlier",
     "done_call",
     "read_file",
+    "earlier",
     "name",
     "term",
     "rule",
 )
-"""The order in which facts get the section's budget (the first kinds first)."""
+"""The order in which facts get the section's budget (the first kinds first).
+
+What the agent already did (calls made, files read) comes before the user's
+older requests: the task and the newest requests already say what is asked,
+and a call forgotten is made again, its output taking the room it freed.
+"""
 
 # The share of the section each kind is sure of before the others: the user's
 # own words are few and come first; the rest may not crowd each other out.
+# (Files read as much as calls made: a path is short, and a file read again
+# costs its whole content.)
 SHARES: dict[FactKind, float] = {
     "constraint": 1.0,
     "task": 1.0,
@@ -44,7 +51,7 @@ SHARES: dict[FactKind, float] = {
     "error": 0.15,
     "earlier": 0.05,
     "done_call": 0.15,
-    "read_file": 0.05,
+    "read_file": 0.15,
     "name": 0.05,
     "term": 0.03,
     "rule": 0.05,

@@ -28,6 +28,9 @@ FACTS_KEY = "facts"
 MIN_FACTS_TOKENS = 128
 """The smallest budget of the checked-facts section: a few constraints and paths."""
 
+ROOM_FACTS_TOKENS = 512
+"""The most the section's floor takes from the room a compaction lands in (a quarter of it), at a small window."""
+
 MAX_FACTS_TOKENS = 2048
 """The largest budget of the checked-facts section derived."""
 
@@ -60,7 +63,9 @@ class CheckedFacts(Feature):
 
     Attributes:
         max_tokens: The section's floor; ``None`` derives it: half of
-            the summary's budget, between 128 and 2,048 tokens.
+            the summary's budget, or a quarter of the room the compaction
+            lands in (``Budget.room``, up to 512 tokens) when that is more;
+            between 128 and 2,048 tokens.
 
     Its record in ``CompactionResult.parts["facts"]``: ``found``,
     ``in_summary``, ``added``, ``dropped``, ``section``.
@@ -81,7 +86,16 @@ class CheckedFacts(Feature):
         """The section's own budget under ``options``: its floor, left to it by the summarizer."""
         if self.max_tokens is not None:
             return self.max_tokens
-        return min(max(options.budget.summary_max // 2, MIN_FACTS_TOKENS), MAX_FACTS_TOKENS)
+        budget = options.budget
+        # At a small window half the summary's budget holds a few paths, where
+        # the agent needs the commands it ran and the files it read (forgotten,
+        # they are run and read again, and there each output is a large share
+        # of the window). A quarter of the room above the fixed part holds
+        # them; taken over the room, not the window, so a system prompt and
+        # tools that fill most of the window leave the floor small and the
+        # compactions as rare as they were.
+        share = min((budget.room or 0) // 4, ROOM_FACTS_TOKENS)
+        return min(max(budget.summary_max // 2, share, MIN_FACTS_TOKENS), MAX_FACTS_TOKENS)
 
     def room(self, options: CompactionOptions, summary: str) -> int:
         """The section's budget under a summary: its floor, what the summary left unused, and the landing's slack.

@@ -19,6 +19,7 @@ from langchain_compaction import (
     CompactionMiddleware,
     CompactionNode,
     CompactionOptions,
+    ExtractiveSummarizer,
     compact,
 )
 from langchain_compaction._lc.convert import SUMMARY_MARK, is_summary_message, summary_message, to_core_list
@@ -248,16 +249,32 @@ def test_the_task_is_not_listed_again_when_a_request_listed_holds_it() -> None:
 def test_the_budget_follows_the_summary_budget() -> None:
     assert CheckedFacts().budget(CompactionOptions(context_window=200_000)) == 2048
     assert CheckedFacts().budget(CompactionOptions(context_window=24_000)) == 1400
-    assert CheckedFacts().budget(CompactionOptions(context_window=4_000)) == 233
     assert CheckedFacts(max_tokens=300).budget(CompactionOptions(context_window=4_000)) == 300
+
+
+def test_at_a_small_window_the_floor_is_a_quarter_of_the_room_unless_the_fixed_part_takes_it() -> None:
+    # Half the summary's budget (233) would hold a few paths: a quarter of the
+    # landing's room (1,750) holds the calls made and the files read.
+    small = CompactionOptions(context_window=4_000)
+    assert CheckedFacts().budget(small) == 1_750 // 4
+    # Up to 512 tokens: at 8,000 the quarter (875) is capped, and above half the
+    # summary's budget it changes nothing.
+    assert CheckedFacts().budget(CompactionOptions(context_window=8_000)) == 512
+    # A system prompt and tools that take most of the window leave little room:
+    # the floor is the summary's half again (and compactions no more frequent).
+    crowded = small.with_fixed(2_800)
+    assert crowded.budget.room is not None
+    assert crowded.budget.room < 4 * 128
+    assert CheckedFacts().budget(crowded) == max(crowded.budget.summary_max // 2, 128)
 
 
 def test_the_section_has_its_floor_what_the_summary_left_and_the_landings_slack() -> None:
     small = CompactionOptions(context_window=4_000)  # landing 1,750, keep 1,050, summary up to 466
     slack = 1_750 - 1_050 - 466
+    floor = 1_750 // 4
     # An empty summary leaves the section all of its budget; a full one leaves it the floor.
     assert CheckedFacts().room(small, "") == 466 + slack
-    assert CheckedFacts().room(small, "word " * 2_000) == 233 + slack
+    assert CheckedFacts().room(small, "word " * 2_000) == floor + slack
     # The section never takes more than the largest derived budget.
     assert CheckedFacts().room(CompactionOptions(context_window=24_000), "") == 2048
 
@@ -281,6 +298,55 @@ def test_many_facts_and_a_short_kept_part_still_land_under_the_target(counter: o
     assert result.part("facts")["dropped"] > 0  # (the section was full)
     assert result.compacted_tokens <= (options.budget.landing or 0)
     assert not result.above_landing
+
+
+def _exploring_session(steps: int) -> list[BaseMessage]:
+    """A user's task, then an agent alternating long search commands and file reads, each output ~300 tokens."""
+    folders = ["src/billing", "src/accounts", "src/notify", "src/reports", "tests/billing", "tests/accounts"]
+    messages: list[BaseMessage] = [HumanMessage("Find why EUR invoice totals are off by a cent, and fix it.")]
+    for i in range(steps):
+        folder = folders[i % len(folders)]
+        if i % 2:
+            name, args = "read_file", {"path": f"{folder}/module_{i:02}.py"}
+        else:
+            command = f'find /home/dev/shop/{folder} -name "*.py" | xargs grep -ln "round\\|Decimal" | head -{10 + i}'
+            name, args = "bash", {"command": command}
+        output = "\n".join(f"{folder}/module_{i:02}.py:{n}: total = round(amount * rate, 2)" for n in range(14))
+        messages += [
+            AIMessage(f"Looking at step {i}.", tool_calls=[{"name": name, "args": args, "id": f"call-{i}"}]),
+            ToolMessage(output, tool_call_id=f"call-{i}"),
+        ]
+        if i % 12 == 11:
+            messages += [AIMessage("The rounding happens before the conversion."), HumanMessage("Keep going.")]
+    return [m.model_copy(update={"id": f"m{k}"}) for k, m in enumerate(messages)]
+
+
+def test_at_a_small_window_the_calls_made_and_files_read_stay_known() -> None:
+    # Forty long commands and file reads through a 4,000-token window (a quarter
+    # kept): an agent that forgets one runs or reads it again, at a window where
+    # each output is a large share. At least 20 of every 24 compacted stay known
+    # (half the summary's budget as the floor, and files read at 5%, kept 29 of 36).
+    node = CompactionNode(ExtractiveSummarizer(), CompactionOptions(context_window=4_000, keep_recent_tokens=1_000))
+    state: list[BaseMessage] = []
+    compactions = 0
+    for message in _exploring_session(40):
+        if isinstance(message, AIMessage) and state:
+            update = node.invoke({"messages": state})
+            if update:
+                state, compactions = add_messages(state, update["messages"]), compactions + 1  # type: ignore[assignment]
+        state.append(message)
+    assert compactions >= 4
+    verbatim = {m.id for m in state}
+    context = "\n".join(str(m.content) for m in state)
+    compacted = [
+        next(iter(call["args"].values()))
+        for m in _exploring_session(40)
+        if isinstance(m, AIMessage) and m.id not in verbatim
+        for call in m.tool_calls
+    ]
+    known = [argument for argument in compacted if argument in context]
+    assert len(compacted) > 30
+    assert len(known) * 24 >= len(compacted) * 20, (len(known), len(compacted))
 
 
 def test_the_feature_checks_its_option() -> None:
