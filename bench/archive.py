@@ -38,12 +38,13 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.memory import InMemoryStore
 
-from bench.stall import summary_seconds
+from bench.stall import SUMMARY_TOKENS, Setup
 from bench.workloads import coding_session
 from langchain_compaction import CompactionNode, CompactionOptions
 from langchain_compaction.features import Archive, default_features
 from langchain_compaction.features.base import Commit
 from langchain_compaction.graph import CompactionState
+from langchain_compaction.tokens import estimate_tokens
 
 OPTIONS = CompactionOptions(context_window=60_000, reserve_tokens=8_000, keep_recent_tokens=8_000)
 SUMMARY = "## Goal\n- continue the coding session\n\n## Progress\n- steps done"
@@ -115,7 +116,9 @@ def session(store: Any, thread: str, turns: int, *, archive: bool) -> dict[str, 
         if len(prompts) > calls:  # this turn compacted
             times.append(took)
             removed += int(out["compaction"]["messages_removed"])
-    modelled = sum(summary_seconds(p) for p in prompts)
+    # (The latency model of bench/stall.py at this window: Sonnet, a full summary each call.)
+    sonnet = Setup(OPTIONS.context_window, 0, local=False)
+    modelled = sum(sonnet.seconds(estimate_tokens(p), SUMMARY_TOKENS) for p in prompts)
     return {
         "archive_s": in_store[0],
         "compactions": len(times),
