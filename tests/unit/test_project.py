@@ -55,6 +55,37 @@ def test_no_package_code_names_a_term_of_the_hand_written_fact_lists() -> None:
     assert named == []
 
 
+def test_every_name_a_benchmark_imports_from_another_is_defined_there() -> None:
+    """A benchmark that imports a helper another one dropped fails only when run on demand: caught here instead.
+
+    (``bench/archive.py`` imported ``summary_seconds`` for a round after ``bench/stall.py`` let it go.)
+    The benchmarks' own peers (langmem, matplotlib) are not in the test extra, so the names are read, not imported.
+    """
+    import ast
+
+    defined: dict[str, set[str]] = {}
+    imports: list[tuple[str, str, str]] = []
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = defined.setdefault(path.stem, set())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(t.id for t in targets if isinstance(t, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bench."):
+                imports += [(path.name, node.module.removeprefix("bench."), alias.name) for alias in node.names]
+    assert imports  # (the benchmarks do share helpers)
+    missing = [
+        f"{user}: bench.{module}.{name}" for user, module, name in imports if name not in defined.get(module, ())
+    ]
+    assert missing == []
+
+
 def test_the_package_keeps_its_size_limits() -> None:
     """No module over 500 lines and no function over 60 (issue 19's limits; bench/structure.py reports them)."""
     from bench.structure import source_figures
