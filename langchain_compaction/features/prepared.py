@@ -10,14 +10,17 @@ kept in the graph's store under ``("compaction_prepared", <thread>,
 from __future__ import annotations
 
 import logging
+import operator
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from contextlib import suppress
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
 
 from langchain_compaction._lc.conversation import Conversation
-from langchain_compaction._lc.identity import prefix_digest
+from langchain_compaction._lc.identity import content_size, prefix_digest, same_fields
 from langchain_compaction._lc.storable import storable, stored
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.core.result import CompactionResult
@@ -62,6 +65,12 @@ class PreparedSummary:
     result: CompactionResult
     written_tokens: int = 0
     shared: bool = False
+    # The messages last found to match (weakly held) and their content sizes then: every turn
+    # between a preparation and the threshold asks ``matches``, and a digest of the whole prefix
+    # costs milliseconds at a few thousand messages.
+    _matched: list[tuple[tuple[weakref.ref[BaseMessage], ...], tuple[int, ...]]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def of(
@@ -87,8 +96,39 @@ class PreparedSummary:
         )
 
     def matches(self, messages: Sequence[BaseMessage]) -> bool:
-        """Whether ``messages`` starts with the very messages it was made from."""
-        return len(messages) >= self.size and prefix_digest(messages[: self.size]) == self.digest
+        """Whether ``messages`` starts with the very messages it was made from.
+
+        By the token cache's rule (``TokenCountCache``): the objects last found
+        to match match again, and so do copies of them equal field for field
+        whose contents have the sizes those had (a checkpoint's copies, read
+        anew each turn); anything else is checked by the digest of the prefix.
+        """
+        if len(messages) < self.size:
+            return False
+        prefix = list(messages[: self.size])
+        if self._matched and self._matched_again(prefix, *self._matched[-1]):
+            return True
+        if prefix_digest(prefix) != self.digest:
+            return False
+        self._remember(prefix)
+        return True
+
+    def _matched_again(
+        self, prefix: list[BaseMessage], refs: tuple[weakref.ref[BaseMessage], ...], sizes: tuple[int, ...]
+    ) -> bool:
+        """Whether ``prefix`` is the messages last matched (``refs``), or equal copies of them of ``sizes``."""
+        before = [ref() for ref in refs]  # (None for one collected since: no copy is the same as it)
+        if all(map(operator.is_, before, prefix)):
+            return True
+        if not all(map(same_fields, before, prefix)) or tuple(map(content_size, prefix)) != sizes:
+            return False  # (a size differs: one of those objects was edited in place since, and its copy with it)
+        self._remember(prefix)
+        return True
+
+    def _remember(self, prefix: list[BaseMessage]) -> None:
+        """Keep ``prefix`` (weakly) as the messages last found to match."""
+        with suppress(TypeError):  # (an object that takes no weak reference: the digest each time)
+            self._matched[:] = [(tuple(map(weakref.ref, prefix)), tuple(map(content_size, prefix)))]
 
     def output_for(self, messages: Sequence[BaseMessage]) -> list[BaseMessage]:
         """The compacted conversation over ``messages``' own objects, then what came after (``matches`` first)."""

@@ -26,7 +26,14 @@ from helpers_turns import (
 from langchain.agents import create_agent
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.exceptions import ContextOverflowError
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    messages_from_dict,
+    messages_to_dict,
+)
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, StateGraph
 from langgraph.store.memory import InMemoryStore
@@ -167,6 +174,36 @@ def until_compaction(app: Any, config: Any, summarizer: Recorder, start: int = 0
 
 
 # -- options -----------------------------------------------------------------------------
+
+
+def test_a_preparation_matches_its_messages_their_copies_and_nothing_edited() -> None:
+    # Every turn before the threshold asks whether the preparation still matches: the
+    # messages it last matched, and copies of them (a checkpoint's, read anew each turn),
+    # are taken without a digest of the whole prefix; an edit, in a copy or in place, is not.
+    messages: list[BaseMessage] = []
+    for i in range(30):
+        messages += [HumanMessage(f"question {i} " * 30, id=f"h{i}"), AIMessage(f"answer {i} " * 30, id=f"a{i}")]
+    result, output = compact(lambda prompt: "## Goal\n- go on", messages, CompactionOptions(keep_recent_tokens=300))
+    assert result is not None
+    prepared = PreparedSummary.of(messages, result, output, 10)
+    later = [*messages, HumanMessage("next", id="n")]
+    assert prepared.matches(later)
+    assert prepared.matches(list(later))  # the same objects again
+    copies = messages_from_dict(messages_to_dict(later))
+    assert prepared.matches(copies)
+    edited = [*copies]
+    edited[3] = edited[3].model_copy(update={"content": "changed"})
+    assert not prepared.matches(edited)
+    assert not prepared.matches(later[:20])  # (shorter than what it was made from)
+    # Copies edited in place after they matched, and read anew with the edit: equal to
+    # the objects remembered, but not of the size they had when they matched.
+    read = messages_from_dict(messages_to_dict(later))
+    assert prepared.matches(read)
+    again = messages_from_dict(messages_to_dict(later))
+    for copy in (read[5], again[5]):
+        copy.content = str(copy.content) + " and more"
+    assert not prepared.matches(again)
+    assert prepared.matches(messages_from_dict(messages_to_dict(later)))  # (the digest still knows the original)
 
 
 @pytest.mark.parametrize("share", [0.5, 0.2, 1.0, 1.5, 0, True, "0.7"])
