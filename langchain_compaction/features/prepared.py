@@ -117,7 +117,8 @@ class PreparedSummary:
         self, prefix: list[BaseMessage], refs: tuple[weakref.ref[BaseMessage], ...], sizes: tuple[int, ...]
     ) -> bool:
         """Whether ``prefix`` is the messages last matched (``refs``), or equal copies of them of ``sizes``."""
-        before = [ref() for ref in refs]  # (None for one collected since: no copy is the same as it)
+        # (None for one collected since: ``same_fields`` finds no copy the same as it.)
+        before: list[Any] = [ref() for ref in refs]
         if all(map(operator.is_, before, prefix)):
             return True
         if not all(map(same_fields, before, prefix)) or tuple(map(content_size, prefix)) != sizes:
@@ -126,9 +127,24 @@ class PreparedSummary:
         return True
 
     def _remember(self, prefix: list[BaseMessage]) -> None:
-        """Keep ``prefix`` (weakly) as the messages last found to match."""
+        """Keep ``prefix`` (weakly) as the messages last found to match, until its newest message is collected.
+
+        The references cost about a tenth of the messages they point to, and
+        only while someone else holds those: a preparation left by a
+        conversation that ended (kept until the cache lets it go) keeps none.
+        """
+        memo = self._matched
+        if not prefix:
+            return
+
+        def forget(_: object) -> None:
+            if memo and memo[-1] is entry:  # (not one remembered since: a later turn's copies)
+                memo.clear()
+
         with suppress(TypeError):  # (an object that takes no weak reference: the digest each time)
-            self._matched[:] = [(tuple(map(weakref.ref, prefix)), tuple(map(content_size, prefix)))]
+            refs = (*map(weakref.ref, prefix[:-1]), weakref.ref(prefix[-1], forget))
+            entry = (refs, tuple(map(content_size, prefix)))
+            memo[:] = [entry]
 
     def output_for(self, messages: Sequence[BaseMessage]) -> list[BaseMessage]:
         """The compacted conversation over ``messages``' own objects, then what came after (``matches`` first)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 import time
@@ -204,6 +205,24 @@ def test_a_preparation_matches_its_messages_their_copies_and_nothing_edited() ->
         copy.content = str(copy.content) + " and more"
     assert not prepared.matches(again)
     assert prepared.matches(messages_from_dict(messages_to_dict(later)))  # (the digest still knows the original)
+
+
+def test_a_preparation_lets_go_of_the_messages_it_matched_once_they_are_collected() -> None:
+    # What it remembers of the messages it matched lives as long as they do: a preparation
+    # a finished conversation left in the cache holds nothing of them.
+    messages: list[BaseMessage] = [HumanMessage(f"question {i} " * 30, id=f"h{i}") for i in range(40)]
+    result, output = compact(lambda prompt: "## Goal\n- go on", messages, CompactionOptions(keep_recent_tokens=300))
+    assert result is not None
+    prepared = PreparedSummary.of(messages, result, output, 10)
+    saved = messages_to_dict(messages)
+    copies = messages_from_dict(saved)
+    assert prepared.matches(copies)
+    assert prepared._matched  # (remembered: the next turn's check is quick)
+    del copies, output
+    messages.clear()
+    gc.collect()
+    assert prepared._matched == []
+    assert prepared.matches(messages_from_dict(saved))  # (by the digest, as before)
 
 
 @pytest.mark.parametrize("share", [0.5, 0.2, 1.0, 1.5, 0, True, "0.7"])
