@@ -29,7 +29,7 @@ from typing import Any, TypeVar, cast
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 
 from langchain_compaction._lc.convert import is_bridge_message, is_langchain_summary, to_core, to_core_list
-from langchain_compaction._lc.identity import content_size, fingerprint, same_fields
+from langchain_compaction._lc.identity import content_size, fingerprint, leading, unchanged_since
 from langchain_compaction.core.bounded import Bounded
 from langchain_compaction.core.context import FOREIGN_USAGE, trusted_usage
 from langchain_compaction.core.effects import Call, blocking, computing, inline, twin
@@ -61,12 +61,6 @@ _NOTHING: _Read = ([], Counts(), Scanned(), [])
 
 _FINGERPRINTED_COPIES = 8
 """Of a checkpoint's copies equal to the previous read, the newest this many are checked by fingerprint too."""
-
-
-def _leading(flags: Iterable[bool]) -> int:
-    """How many of ``flags`` are true before the first false one."""
-    same = list(flags)
-    return same.index(False) if False in same else len(same)
 
 
 # Up to this many messages are counted on the event loop itself (with the
@@ -247,24 +241,19 @@ class TokenCountCache:
             with suppress(Exception):  # an odd payload's own ``__eq__``: the pairwise check decides
                 if messages[:known] == last:
                     return known
-        return _leading(map(operator.is_, messages, last))
+        return leading(map(operator.is_, messages, last))
 
     def _renewed(
         self, messages: Sequence[BaseMessage], last: Sequence[BaseMessage], sizes: Sequence[int], start: int
     ) -> int:
         """How many leading messages are ``last``'s read anew (a checkpoint's copies), unchanged.
 
-        A copy is compared with the message it copies field for field (in C,
-        no digest: a turn on a checkpointed graph, new objects every run,
-        costs little more than what it adds), and with the size its content
-        had when it was counted (``sizes``): one of ``last``'s objects edited
-        in place since (its content replaced) equals its copy, but not in
-        size. The newest few are also checked by ``fingerprint``, which sees
-        into everything.
+        Copies are taken as ``unchanged_since`` takes them (in C, no digest: a
+        turn on a checkpointed graph, new objects every run, costs little more
+        than what it adds; ``sizes`` may run on, a later read grows it). The
+        newest few are also checked by ``fingerprint``, which sees into everything.
         """
-        end = min(len(messages), len(last))  # (``sizes`` may run on: a later read grows it)
-        count = start + _leading(map(same_fields, messages[start:end], last[start:end]))
-        count = start + _leading(map(operator.eq, map(content_size, messages[start:count]), sizes[start:count]))
+        count = unchanged_since(messages, last, sizes, start)
         entries = self._entries
         for index in range(max(start, count - _FINGERPRINTED_COPIES), count):
             message = messages[index]

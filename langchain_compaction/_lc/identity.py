@@ -9,7 +9,8 @@ it. ``content_size`` tells a content replaced in place from the one counted.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, ToolMessage
@@ -106,6 +107,26 @@ def same_fields(a: BaseMessage, b: BaseMessage) -> bool:
 def same_message(a: BaseMessage, b: BaseMessage) -> bool:
     """Whether ``a`` and ``b`` are one message (the same object, or the same after a store or checkpoint round trip)."""
     return a is b or same_fields(a, b) or fingerprint(a) == fingerprint(b)
+
+
+def leading(flags: Iterable[bool]) -> int:
+    """How many of ``flags`` are true before the first false one."""
+    same = list(flags)
+    return same.index(False) if False in same else len(same)
+
+
+def unchanged_since(messages: Sequence[Any], last: Sequence[Any], sizes: Sequence[int], start: int = 0) -> int:
+    """How many leading ``messages`` are ``last``'s, unchanged: the first ``start`` (its very objects), then copies.
+
+    A copy (a checkpoint's, read anew) is compared with the message it copies
+    field for field (in C, no digest), and with the size its content had when
+    ``last`` was read (``sizes``): one of ``last``'s objects edited in place
+    since equals its copy, but not in size. A ``None`` in ``last`` (an
+    object collected since) is the same as nothing.
+    """
+    end = min(len(messages), len(last))
+    count = start + leading(map(same_fields, messages[start:end], last[start:end]))
+    return start + leading(map(operator.eq, map(content_size, messages[start:count]), sizes[start:count]))
 
 
 def starts_with(messages: Sequence[BaseMessage], prefix: Sequence[BaseMessage]) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
 
 from langchain_compaction._lc.conversation import Conversation
-from langchain_compaction._lc.identity import content_size, prefix_digest, same_fields
+from langchain_compaction._lc.identity import content_size, leading, prefix_digest, unchanged_since
 from langchain_compaction._lc.storable import storable, stored
 from langchain_compaction.core.effects import Flow, twin
 from langchain_compaction.core.result import CompactionResult
@@ -117,12 +117,12 @@ class PreparedSummary:
         self, prefix: list[BaseMessage], refs: tuple[weakref.ref[BaseMessage], ...], sizes: tuple[int, ...]
     ) -> bool:
         """Whether ``prefix`` is the messages last matched (``refs``), or equal copies of them of ``sizes``."""
-        # (None for one collected since: ``same_fields`` finds no copy the same as it.)
-        before: list[Any] = [ref() for ref in refs]
-        if all(map(operator.is_, before, prefix)):
+        before: list[Any] = [ref() for ref in refs]  # (None for one collected since)
+        same = leading(map(operator.is_, before, prefix))
+        if same == len(prefix):
             return True
-        if not all(map(same_fields, before, prefix)) or tuple(map(content_size, prefix)) != sizes:
-            return False  # (a size differs: one of those objects was edited in place since, and its copy with it)
+        if unchanged_since(prefix, before, sizes, same) < len(prefix):
+            return False
         self._remember(prefix)
         return True
 
