@@ -221,8 +221,8 @@ def test_archive_in_postgres_store_graph_and_agent_sessions(postgres_server: Pos
         lookup,
         user_text,
     )
+    from helpers_turns import ToolCallingFake
     from langchain.agents import create_agent
-    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
     from langchain_core.messages import ToolMessage
     from langgraph.store.postgres import PostgresStore
 
@@ -231,10 +231,6 @@ def test_archive_in_postgres_store_graph_and_agent_sessions(postgres_server: Pos
     from langchain_compaction.archive import Archive
     from langchain_compaction.core.effects import drive
     from langchain_compaction.features import Commit
-
-    class ToolCallingFake(GenericFakeChatModel):
-        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
-            return self
 
     with (
         PostgresSaver.from_conn_string(postgres_server.url) as saver,

@@ -27,6 +27,7 @@ from conftest import compaction_graph
 from helpers_turns import (
     SMALL_WINDOW,
     SUMMARY,
+    ToolCallingFake,
     archive_graph_with_recall,
     archive_items,
     archived,
@@ -62,13 +63,6 @@ from langchain_compaction.graph import CompactionState, acompact_thread, compact
 
 def with_archive(archive: Archive | None = None) -> list[Any]:
     return [*default_features(), archive or Archive()]
-
-
-class ToolCallingFake(GenericFakeChatModel):
-    """LangChain's fake chat model with ``bind_tools``, so ``create_agent`` can give it tools."""
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> ToolCallingFake:
-        return self
 
 
 class FailingStore(InMemoryStore):

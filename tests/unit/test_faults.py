@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
-from helpers_turns import PREPARE_OPTS, cfg, long_history, prepare_of, prepared, wait_for
+from helpers_turns import PREPARE_OPTS, ToolCallingFake, cfg, long_history, prepare_of, prepared, wait_for
 from langchain.agents import create_agent
 from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -267,13 +267,6 @@ async def test_graph_node(fault: str, mode: str) -> None:
 
 
 # -- the middleware in create_agent -----------------------------------------------------------------
-
-
-class ToolCallingFake(GenericFakeChatModel):
-    """GenericFakeChatModel with ``bind_tools``, so ``create_agent`` accepts it."""
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ToolCallingFake:
-        return self
 
 
 @pytest.mark.parametrize(("fault", "mode"), CASES)

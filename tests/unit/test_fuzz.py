@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers_turns import ToolCallingFake
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from langchain.agents import create_agent
 from langchain_anthropic import ChatAnthropic
 from langchain_core.chat_history import InMemoryChatMessageHistory
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -462,13 +462,6 @@ def test_graph_node(messages: list[BaseMessage], which: int, asynchronous: bool)
 
 
 # -- the middleware in create_agent --------------------------------------------------------
-
-
-class ToolCallingFake(GenericFakeChatModel):
-    """GenericFakeChatModel with ``bind_tools``, so ``create_agent`` accepts it."""
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ToolCallingFake:
-        return self
 
 
 @settings(PROFILE, max_examples=EXAMPLE_COUNTS["middleware"])

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from helpers_turns import ToolCallingFake
 from langchain.agents import create_agent
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -328,13 +329,6 @@ PAGE: dict[str, str] = {"code": PLACEHOLDER}
 def fetch(url: str) -> str:
     """Fetch a web page and return its text."""
     return injection(PAGE["code"]) + "\n" + fake_turns()
-
-
-class ToolCallingFake(GenericFakeChatModel):
-    """GenericFakeChatModel with ``bind_tools``, so ``create_agent`` accepts it."""
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ToolCallingFake:
-        return self
 
 
 def agent_script() -> Iterator[AIMessage]:
