@@ -13,6 +13,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import replace
 
 from langchain_compaction.core.bounded import Bounded
+from langchain_compaction.core.layout import unread_exchange, unread_tools
 from langchain_compaction.core.options import MIN_ROOM_TOKENS, Budget
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message
@@ -49,22 +50,6 @@ UNREAD = (
     "goes on from the summary and may call the tool again; make the tool return less (a page, a range, a "
     "truncated output) or use a model with a larger context_window"
 )
-
-
-def unread_exchange(messages: Sequence[Message], counts: Sequence[int], cut: int) -> tuple[str, int] | None:
-    """The tools and tokens of the exchange ``messages`` end in, when a cut at ``cut`` summarized it unread.
-
-    The conversation ends with tool results (the model has not answered
-    them yet) and the cut took them all: what they said reaches the model
-    only through the summary.
-    """
-    if cut < len(messages) or not messages or not messages[-1].is_result:
-        return None
-    start = len(messages) - 1
-    while start > 0 and messages[start].is_result:
-        start -= 1
-    names = dict.fromkeys(call.name for call in messages[start].tool_calls if call.name)
-    return ", ".join(names) or "a tool", sum(counts[start:])
 
 
 def no_room(budget: Budget) -> bool:
@@ -113,7 +98,9 @@ class Told:
         compacted, with its counts: a tool's output too large to keep, summarized
         before the model read it, is told too (the model may call the tool again).
         """
-        unread = unread_exchange(*read, result.cut_index)
+        messages, counts = read
+        start = unread_exchange(messages, result.cut_index)
+        unread = None if start is None else unread_tools(messages, counts, start)
         if unread is not None and unread[1] > (budget.most_kept or 0):
             self.once(conversation, UNREAD, *unread, budget.most_kept or 0)
         context = result.compacted_tokens + overhead

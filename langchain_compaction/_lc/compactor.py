@@ -348,7 +348,7 @@ class Compactor:
         assert job.plan is not None
         original, plan = job.messages, job.plan
         options = job.options or self.options
-        shape = layout(job.core, plan, options)
+        shape = layout(job.core, plan, options, job.counts)
         # Whatever the summarizer wrote, the message is well formed: what the
         # library adds never lands inside a fence the summarizer left open.
         text = well_formed(report.outcome.summary)
@@ -361,7 +361,7 @@ class Compactor:
                 mark.update(addition.mark)
         mark.update(record)
         written: list[BaseMessage] = [summary_message(content, mark, summary_id(record))]
-        written += [bridge_message(shape.request)] * shape.bridge
+        written += [bridge_message(shape.request, shape.note)] * shape.bridge
         output = shape.arranged(original, written)
         written_tokens = sum(count_messages(written, [to_core(m) for m in written], self.options))
         result = compaction_result(plan, shape, job.counts, written_tokens, report=report, options=options)

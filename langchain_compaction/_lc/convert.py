@@ -446,20 +446,22 @@ def to_core_list(messages: Sequence[object]) -> list[Message]:
     return [to_core(m, i) for i, m in enumerate(message_list(messages))]
 
 
-def bridge_message(request: str = "") -> HumanMessage:
+def bridge_message(request: str = "", note: str = "") -> HumanMessage:
     """The user turn that follows a summary when the kept part starts otherwise.
 
     Anthropic's Messages API rejects a conversation whose first turn is not
     the user's (the summary itself goes into the system prompt), and an agent
     compacted mid-loop keeps an assistant tool call first. With ``request``
     (``core.layout.open_request``), the turn repeats the user's request the
-    loop works on, and its mark carries it to the next bridge.
+    loop works on, and its mark carries it to the next bridge; ``note`` tells
+    the model of a tool's output the summary took unread (``core.layout.unread_note``).
     """
     mark: dict[str, Any] = {"kind": "bridge", "version": 1}
     if request:
         mark[BRIDGE_REQUEST_KEY] = request
+    asked = f"{BRIDGE_REQUEST_INTRO}\n{request}" if request else ""
     return HumanMessage(
-        content=f"{BRIDGE_TEXT}\n\n{BRIDGE_REQUEST_INTRO}\n{request}" if request else BRIDGE_TEXT,
+        content="\n\n".join(text for text in (BRIDGE_TEXT, note, asked) if text),
         id=f"compaction-bridge-{uuid.uuid4().hex}",
         additional_kwargs={SUMMARY_MARK: mark},
     )

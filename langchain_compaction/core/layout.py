@@ -294,13 +294,17 @@ def _all(text: str, part: str) -> list[int]:
     return found
 
 
-def layout(messages: Sequence[Message], plan: Plan, options: CompactionOptions) -> Layout:
+def layout(
+    messages: Sequence[Message], plan: Plan, options: CompactionOptions, counts: Sequence[int] | None = None
+) -> Layout:
     """The order of the compacted conversation for ``plan``.
 
     Args:
         messages: The conversation.
         plan: The plan.
         options: The options in force (``ensure_user_turn``).
+        counts: The messages' token counts, for what the bridge says of a
+            tool's output the summary took unread (``None``: nothing).
 
     Returns:
         The layout.
@@ -321,7 +325,47 @@ def layout(messages: Sequence[Message], plan: Plan, options: CompactionOptions) 
     request = open_request(messages, kept[after:], plan.cut) if bridge else ""
     if request and options.redact is not None:  # (what the bridge repeats goes through redact= like the summary)
         request = clip(apply_redactor(options.redact, request), BRIDGE_REQUEST_CHARS)
-    return Layout(plan.keep_head, bridge, kept, request, after)
+    note = unread_note(messages, counts, unread_exchange(messages, plan.cut)) if bridge and counts else ""
+    return Layout(plan.keep_head, bridge, kept, request, after, note)
+
+
+def unread_exchange(messages: Sequence[Message], cut: int) -> int | None:
+    """The assistant turn whose tool results a cut at ``cut`` took into the summary before the model answered them.
+
+    The conversation ends with tool results (the model has not answered them
+    yet) and the cut took them all: an exchange larger than a request may
+    keep (``core.cut.find_cut``'s ``most``), summarized whole. What they said
+    reaches the model only through the summary, and a model not told so
+    calls the tool again, for an output as large, turn after turn.
+    """
+    if cut < len(messages) or not messages or not messages[-1].is_result:
+        return None
+    start = len(messages) - 1
+    while start > 0 and messages[start].is_result:
+        start -= 1
+    return start
+
+
+UNREAD_NOTE = (
+    "The last tool call and its output ({tools}, {tokens:,} tokens) were too large to keep in the context: only "
+    "the summary above holds what the output said. To see it again, ask for less of it (a range, a page, a filtered or "
+    "truncated output) rather than repeating the same call."
+)
+"""What the bridge says when the summary took a tool exchange the model had not answered (``unread_exchange``)."""
+
+
+def unread_tools(messages: Sequence[Message], counts: Sequence[int], start: int) -> tuple[str, int]:
+    """The tools called at ``start`` (``unread_exchange``) and the tokens of the exchange, the call with its results."""
+    names = dict.fromkeys(call.name for call in messages[start].tool_calls if call.name)
+    return ", ".join(names) or "a tool", sum(counts[start:])
+
+
+def unread_note(messages: Sequence[Message], counts: Sequence[int], start: int | None) -> str:
+    """What the bridge tells the model of the exchange the summary took unread (``UNREAD_NOTE``); "" if none."""
+    if start is None:
+        return ""
+    tools, tokens = unread_tools(messages, counts, start)
+    return UNREAD_NOTE.format(tools=tools, tokens=tokens)
 
 
 def _opens_otherwise(messages: Sequence[Message], kept: Sequence[int], fenced: int) -> bool:

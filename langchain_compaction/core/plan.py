@@ -35,6 +35,8 @@ class Layout:
         bridge_after: How many of ``kept`` come before the bridge: the
             provider's fenced prefix, when what follows it does not open
             with the user's turn (0: the bridge follows the summary).
+        note: What the bridge tells the model besides: that the summary took a
+            tool's output it had not answered (``core.layout.unread_note``).
     """
 
     head: tuple[int, ...]
@@ -42,6 +44,7 @@ class Layout:
     kept: tuple[int, ...]
     request: str = ""
     bridge_after: int = 0
+    note: str = ""
 
     def arranged(self, messages: Sequence[_T], written: Sequence[_T]) -> list[_T]:
         """The compacted list: ``written`` (the summary, then the bridge if any) among ``messages`` kept."""

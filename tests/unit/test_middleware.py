@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -1278,8 +1279,11 @@ def test_a_tool_output_too_large_to_keep_is_told_once_naming_the_tool(caplog, pa
     """A retrieval larger than a request may hold is summarized before the model reads it: said once, with the fix.
 
     A model shown the question again retrieves again; without the warning an
-    agent loops to LangGraph's recursion limit with nothing saying why. A
-    document the request holds is kept and read: nothing to tell.
+    agent loops to LangGraph's recursion limit with nothing saying why. The
+    model is told too, in the user turn after the summary: the call, the
+    output's size, and to ask for less (a model told nothing called the tool
+    again the same way). A document the request holds is kept and read:
+    nothing to tell.
     """
 
     @tool
@@ -1293,8 +1297,9 @@ def test_a_tool_output_too_large_to_keep_is_told_once_naming_the_tool(caplog, pa
             yield AIMessage("", tool_calls=[call])
             yield AIMessage(f"Per the policy, refunds are accepted within 30 days ({turn}).")
 
+    model = ToolCallingFakeModel(messages=script())
     agent = create_agent(
-        ToolCallingFakeModel(messages=script()),
+        model,
         tools=[retrieve],
         middleware=[CompactionMiddleware(ExtractiveSummarizer(), CompactionOptions(context_window=6_000))],
         checkpointer=InMemorySaver(),
@@ -1305,3 +1310,9 @@ def test_a_tool_output_too_large_to_keep_is_told_once_naming_the_tool(caplog, pa
     said = [r.getMessage() for r in caplog.records if "before the model read it" in r.getMessage()]
     assert len(said) == told
     assert all("(retrieve, " in line and "make the tool return less" in line for line in said)
+    # What the model read after each retrieval: the output itself, or the summary and a turn that says why.
+    last = [request[-1] for request in model.requests]
+    notes = [m.text for m in last if isinstance(m, HumanMessage) and "too large to keep" in m.text]
+    assert len(notes) == 2 * told
+    assert all(re.search(r"\(retrieve, [\d,]+ tokens\)", note) and "ask for less" in note for note in notes)
+    assert all("What is the refund policy?" in note for note in notes)  # the request still comes last
