@@ -212,7 +212,7 @@ class CompactionNode(Runnable[Any, Any], Adapter):
             The context size in tokens (see ``core.context``).
         """
         counts, core = self._turn.cache.counts_and_core(messages)
-        return context_tokens(core, counts)
+        return context_tokens(core, counts, window=self.options.budget.window)
 
     # -- the run, as one flow for both paths ----------------------------------------
 

@@ -31,7 +31,7 @@ from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 from langchain_compaction._lc.convert import is_bridge_message, is_langchain_summary, to_core, to_core_list
 from langchain_compaction._lc.identity import content_size, fingerprint, leading, unchanged_since
 from langchain_compaction.core.bounded import Bounded
-from langchain_compaction.core.context import FOREIGN_USAGE, trusted_usage
+from langchain_compaction.core.context import FOREIGN_USAGE, inflated, trusted_usage
 from langchain_compaction.core.effects import Call, blocking, computing, inline, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.tokens import estimate_message
@@ -447,4 +447,6 @@ def due_by_usage(messages: Sequence[BaseMessage], options: CompactionOptions, ma
     reported = trusted_usage(to_core_list(messages[:lead]), tail[0], tail[1:])
     if reported is None or reported * FOREIGN_USAGE < sum(map(_at_least, messages[: last + 1])):
         return None  # (maybe another conversation's usage: a full count decides)
+    if inflated(reported, options.budget.window):
+        return None  # (a usage gone wrong: a full count decides)
     return reported + sum(count_messages(messages[last + 1 :], tail[1:], options)) > threshold

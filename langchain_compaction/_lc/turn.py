@@ -316,7 +316,8 @@ class Turn(Compactor):
     def _room(self, staged: _Staged, place: Place) -> bool:
         """Whether the request, over the threshold, still leaves half the reserve for the reply."""
         budget = self.options.budget
-        return context_tokens(staged.core, staged.counts, place.overhead) + budget.reserve // 2 <= budget.window
+        size = context_tokens(staged.core, staged.counts, place.overhead, budget.window)
+        return size + budget.reserve // 2 <= budget.window
 
     def _preamble(self, place: Place) -> Preamble | None:
         aligned: CacheAligned | None = self.feature(CacheAligned)
@@ -328,7 +329,7 @@ class Turn(Compactor):
         """The compaction of ``job``: committed first (the archive), then summarized and finished."""
         if job.clearing is not None:
             removed = [i for i in job.clearing.messages if leaves(job.core[i])]
-            size = context_tokens(job.core, job.counts, place.overhead)
+            size = context_tokens(job.core, job.counts, place.overhead, self.options.budget.window)
             parts = yield from self._commit(
                 job.messages, job.core, removed=removed, record={}, place=place, size=size, cleared=True
             )
@@ -340,7 +341,7 @@ class Turn(Compactor):
         key = place.conversation.key
         retry = self.tried.get(key)
         removed, placeholders, record = self.record(job, place.conversation.namespace, retry)
-        size = context_tokens(job.core, job.counts, place.overhead)
+        size = context_tokens(job.core, job.counts, place.overhead, self.options.budget.window)
         parts = yield from self._commit(
             job.messages, job.core, removed=removed, record=record, place=place, size=size, cleared_out=placeholders
         )

@@ -86,16 +86,38 @@ FOREIGN_USAGE = 4
 """A reply whose usage is under a quarter of the estimate of the messages it answered (their images and
 files apart: ``_measures``) did not measure this conversation (a sub-agent's reply handed up by a
 supervisor, a server that reports its output alone): the estimate stands. (A usage over it is the
-provider's count, system prompt and tools included.)"""
+provider's count, system prompt and tools included, up to the window: ``inflated``.)"""
 
 
-def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead: int = 0) -> int:
+def inflated(reported: int, window: int | None) -> bool:
+    """Whether a reply's usage is larger than any request of this window: it did not measure one.
+
+    A provider accepts no request larger than its window (input and output),
+    so a usage over it is a count gone wrong: a streamed reply whose chunks
+    each carried the running total, which LangChain adds up as it merges them
+    (80 times the request in a probe), or a wrapper that reports a whole
+    session. Trusted, it compacts on every turn, a summary call each, since
+    no compaction brings it under the threshold; the estimate stands instead.
+    (A window set below the model's, with a system prompt and tools outside
+    the state that fill it, reads the same: there no compaction helps either.)
+
+    Args:
+        reported: The tokens the reply reports.
+        window: The context window (``None`` or 0: unknown, every usage is trusted).
+    """
+    return window is not None and 0 < window < reported
+
+
+def context_tokens(
+    messages: Sequence[Message], counts: Sequence[int], overhead: int = 0, window: int | None = None
+) -> int:
     """The context size the trigger compares with the threshold.
 
     Args:
         messages: The conversation.
         counts: Token count per message.
         overhead: Tokens sent besides the messages (already in reported usage).
+        window: The context window, to tell a usage gone wrong (``inflated``; ``None``: not told).
 
     Returns:
         The context size in tokens.
@@ -104,7 +126,8 @@ def context_tokens(messages: Sequence[Message], counts: Sequence[int], overhead:
     if anchor is not None:
         index, reported = anchor
         before = _summed(counts, 0, index + 1)
-        if reported * FOREIGN_USAGE >= before or _measures(messages, index, reported, before):
+        measured = reported * FOREIGN_USAGE >= before or _measures(messages, index, reported, before)
+        if measured and not inflated(reported, window):
             return reported + _summed(counts, index + 1)
     # A provider-side compaction block (Claude's ``compaction`` content) drops
     # everything before it from what the provider reads: only the system
@@ -193,7 +216,7 @@ def stage(
     threshold = options.budget.threshold
     if threshold is None:
         return "fits"
-    size = context_tokens(messages, counts, overhead)
+    size = context_tokens(messages, counts, overhead, options.budget.window)
     if size > threshold:
         return "due"
     return "prepare" if prepare is not None and size > prepare else "fits"

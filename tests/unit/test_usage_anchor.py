@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from typing import Any
+
+from langchain.agents import create_agent
+from langchain_core.language_models.chat_models import BaseChatModel, generate_from_stream
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.outputs import ChatGenerationChunk
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph.message import add_messages
 
 from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions, compact, should_compact
 from langchain_compaction._lc.convert import summary_message, to_core_list
 from langchain_compaction.core import context
+from langchain_compaction.tokens import estimate_message_tokens
 
 
 def usage_anchor(messages: list) -> tuple[int, int] | None:
@@ -235,3 +242,64 @@ def test_a_cold_worker_ignores_another_conversations_usage_in_chinese_too():
     history += [AIMessage("研究完成。", id="sub", usage_metadata=usage), HumanMessage("继续", id="next")]
     assert should_compact(history, options=options)
     assert CompactionNode(lambda p: "## Goal\n- x", options).invoke({"messages": history})
+
+
+class _Streamed(BaseChatModel):
+    """A chat model that streams its reply, every chunk carrying the request's usage (``running``: as a running total).
+
+    Some OpenAI-compatible servers (vLLM's continuous usage stats) send the
+    usage so far in each chunk; LangChain adds the chunks' usage up as it
+    merges them, so the reply reports its request about 80 times over.
+    """
+
+    running: bool = True
+
+    @property
+    def _llm_type(self) -> str:
+        return "streamed"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> _Streamed:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any):  # type: ignore[no-untyped-def]
+        return generate_from_stream(self._stream(messages))
+
+    def _stream(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any):  # type: ignore[no-untyped-def]
+        sent = estimate_message_tokens(messages)
+        for k in range(1, 81):
+            usage = {"input_tokens": sent, "output_tokens": k, "total_tokens": sent + k}
+            last = k == 80
+            yield ChatGenerationChunk(
+                message=AIMessageChunk("reply ", usage_metadata=usage if self.running or last else None)  # type: ignore[arg-type]
+            )
+
+
+def test_a_usage_larger_than_the_window_is_not_taken_for_the_context():
+    """A reply reporting more than the window holds (a streamed usage added up chunk by chunk) leaves the estimate.
+
+    Trusted, the 80-fold figure put every turn over the threshold: a summary
+    call each (every turn from the tenth of 40). The agent compacts as often
+    as the same agent whose model reports its usage once.
+    """
+
+    def calls(running: bool) -> int:
+        asked: list[str] = []
+
+        def summarizer(prompt: str) -> str:
+            asked.append(prompt)
+            return "## Goal\n- answer the questions"
+
+        agent = create_agent(
+            _Streamed(running=running),
+            middleware=[CompactionMiddleware(summarizer, CompactionOptions(context_window=8_000))],
+            checkpointer=InMemorySaver(),
+        )
+        config = {"configurable": {"thread_id": "streamed"}}
+        for turn in range(40):
+            state = agent.invoke({"messages": [HumanMessage(f"question {turn} " * 40)]}, config)
+        assert state["messages"][-1].usage_metadata["input_tokens"] > (8_000 if running else 0)
+        return len(asked)
+
+    honest = calls(running=False)
+    assert 0 < honest < 5
+    assert calls(running=True) == honest
