@@ -315,7 +315,7 @@ def _refuse_mid_run(graph: Any, config: Any, pending: Sequence[str], interrupted
     nodes = ", ".join(pending)
     if interrupted or "*" in waits or waits & set(pending):
         raise ConfigurationError(
-            "config",
+            "thread_id",
             thread_of(config),
             f"the thread is paused mid-run (next: {nodes}, at an interrupt); resume it and compact once the run "
             "has ended, or let the graph's CompactionNode compact on its turn",

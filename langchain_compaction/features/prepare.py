@@ -321,7 +321,7 @@ class PrepareAhead(Feature):
             self._cache.pop(conversation.key, claim)
             if not claim.done.is_set():
                 logger.warning(
-                    "the summary being prepared was not ready within %.1f s; compacting on the spot", self.wait
+                    "the summary being prepared was not ready within %g s; compacting on the spot", self.wait
                 )
                 claim.abandoned = True
                 self._settle(conversation, claim)  # (what it sends is reported by a later compaction)

@@ -920,8 +920,9 @@ def test_compact_thread_refuses_a_thread_paused_mid_run_and_one_it_cannot_name()
     graph.invoke({"messages": [HumanMessage("deploy the release")]}, config)
     before = graph.get_state(config)
     assert before.next == ("approval",)
-    with pytest.raises(ConfigurationError, match="paused mid-run"):
+    with pytest.raises(ConfigurationError, match="paused mid-run") as paused:
         compact_thread(graph, config)
+    assert str(paused.value).startswith("thread_id='paused' is invalid")  # (the thread named as such, not as config)
     assert graph.get_state(config).next == ("approval",)
     assert graph.get_state(config).values["messages"] == before.values["messages"]
     graph.invoke(Command(resume=True), config)

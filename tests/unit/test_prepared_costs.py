@@ -63,10 +63,15 @@ def _turn(n: int) -> dict[str, Any]:
     return {"messages": [HumanMessage(f"q{n} " + "word " * 60, id=f"h{n}")]}
 
 
-def test_a_preparation_the_threshold_stopped_waiting_for_is_reported_by_the_next_compaction() -> None:
-    """It goes on and sends its request: the next compaction's figures include it (only the last is pending)."""
+def test_a_preparation_the_threshold_stopped_waiting_for_is_reported_by_the_next_compaction(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """It goes on and sends its request: the next compaction's figures include it (only the last is pending).
+
+    The warning gives the wait as it was set (it said 0.1 s for 0.05).
+    """
     summarizer = SlowSummary(seconds=0.6)
-    graph = _graph(summarizer, PrepareAhead(at=0.7, wait=0.1))
+    graph = _graph(summarizer, PrepareAhead(at=0.7, wait=0.05))
 
     async def session() -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = []
@@ -80,8 +85,10 @@ def test_a_preparation_the_threshold_stopped_waiting_for_is_reported_by_the_next
         await asyncio.sleep(0.8)  # (the last one abandoned finishes, reported by no compaction yet)
         return records
 
-    records = asyncio.run(session())
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        records = asyncio.run(session())
     assert len(records) == 3
+    assert any("not ready within 0.05 s" in r.getMessage() for r in caplog.records)
     reported = sum(r["summarizer_calls"] for r in records)
     assert summarizer.answered - reported <= 1
     assert sum(r["parts"]["prepared"]["discarded_calls"] for r in records) >= 1
