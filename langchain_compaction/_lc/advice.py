@@ -43,6 +43,12 @@ OVER_BUDGET = (
     "summarizes it. If this is frequent: a model with a larger context_window, or tools that return less "
     "(a file read in ranges, a command's output truncated)"
 )
+SUMMARY_OVER = (
+    "the compacted context is still over budget: %d tokens > %d%s. Most of it is not the %d messages kept after "
+    "the summary (%d tokens) but what comes before them: the summary (up to %d tokens, summary_max_tokens) with "
+    "the leading system messages and pinned messages written back beside it, %d tokens; use a model with a "
+    "larger context_window, or pin less"
+)
 
 UNREAD = (
     "a tool's output was summarized before the model read it: the tool exchange in progress (%s, %d tokens) is "
@@ -113,9 +119,16 @@ class Told:
             self.once(conversation, REPEATED, budget.keep)
         if result.over_budget:
             # What must be kept is over the threshold (one huge recent message):
-            # nothing more can be summarized without touching it.
+            # nothing more can be summarized without touching it. Or, at a tiny
+            # window, the summary itself is.
             sent = (
                 f" ({overhead} of them the system prompt and tool schemas sent with every request)" if overhead else ""
             )
-            self.once(conversation, OVER_BUDGET, context, budget.threshold, sent, result.messages_kept)
+            after = sum(counts[result.cut_index :])
+            before = result.compacted_tokens - after  # (the summary, its user turn, what is written back with it)
+            if counts and before > after:
+                figures = (len(counts) - result.cut_index, after, budget.summary_max, before)
+                self.once(conversation, SUMMARY_OVER, context, budget.threshold, sent, *figures)
+            else:
+                self.once(conversation, OVER_BUDGET, context, budget.threshold, sent, result.messages_kept)
         return result

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from bench.small_window import run as small_window_run
-from langchain_compaction import CompactionOptions, auto_compact
+from langchain_compaction import CompactionOptions, ExtractiveSummarizer, auto_compact
 from langchain_compaction.tokens import estimate_message_tokens
 
 # Threshold 3,500, landing 1,750, keep 1,050 (derived).
@@ -124,6 +125,26 @@ def test_a_warning_about_the_kept_messages_is_not_repeated_every_compaction(capl
     assert over_budget >= 5
     over = [r for r in caplog.records if "still over budget" in r.getMessage()]
     assert len(over) == 1
+    assert "messages kept verbatim are too large" in over[0].getMessage()  # (the huge message is to blame)
+
+
+def test_at_a_tiny_window_the_over_budget_warning_names_the_summary_not_the_kept_messages(caplog) -> None:
+    """A 300-token window: the summary takes most of what is over, and the warning says so with its figures.
+
+    It blamed the one short message kept after the summary (79 tokens of 465).
+    """
+    messages = [HumanMessage(f"q{i} " * 50) if i % 2 == 0 else AIMessage(f"a{i} " * 50) for i in range(40)]
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        result, _ = auto_compact(ExtractiveSummarizer(), messages, CompactionOptions(context_window=300))
+    assert result is not None
+    assert result.over_budget
+    over = [r.getMessage() for r in caplog.records if "still over budget" in r.getMessage()]
+    assert len(over) == 1
+    assert "kept verbatim are too large" not in over[0]
+    figures = re.search(r"Most of it is not the (\d+) messages kept after the summary \((\d+) tokens\)", over[0])
+    assert figures is not None
+    assert int(figures[2]) < result.compacted_tokens // 2
+    assert "larger context_window" in over[0]
 
 
 def test_the_over_budget_warning_waits_for_a_compaction_that_is_over_budget(caplog) -> None:
