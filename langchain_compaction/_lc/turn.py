@@ -315,9 +315,8 @@ class Turn(Compactor):
 
     def _room(self, staged: _Staged, place: Place) -> bool:
         """Whether the request, over the threshold, still leaves half the reserve for the reply."""
-        budget = self.options.budget
-        size = context_tokens(staged.core, staged.counts, place.overhead, budget.window)
-        return size + budget.reserve // 2 <= budget.window
+        window, reserve = self.options.budget.window, self.options.budget.reserve
+        return context_tokens(staged.core, staged.counts, place.overhead, window) + reserve // 2 <= window
 
     def _preamble(self, place: Place) -> Preamble | None:
         aligned: CacheAligned | None = self.feature(CacheAligned)
