@@ -33,19 +33,17 @@ from langchain_compaction._lc.commands import (
     Ask,
     asked,
     check_reducer,
-    idle_thread,
     other_messages_key,
     parse_compact_command,
     read_messages,
     route_after_compaction,
-    thread_run_config,
-    write_compaction,
 )
 from langchain_compaction._lc.conversation import Delivery, Nesting
 from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
-from langchain_compaction._lc.runconfig import current
+from langchain_compaction._lc.manual import thread_flow
+from langchain_compaction._lc.runconfig import current, current_store
 from langchain_compaction._lc.steps import refuse_a_payload
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.context import context_tokens
@@ -56,7 +54,6 @@ from langchain_compaction.core.result import CompactionRecord, CompactionResult
 from langchain_compaction.errors import ConfigurationError
 from langchain_compaction.features import Archive, Feature
 from langchain_compaction.features.recall import recall_tool
-from langchain_compaction.summarizers.chat_model import as_summarizer
 
 __all__ = [
     "COMPACTION_EVENT",
@@ -337,53 +334,6 @@ class CompactionNode(Runnable[Any, Any], Adapter):
         return self.invoke(state, config)
 
 
-def _compactors_within(graph: Pregel[Any, Any, Any, Any], path: tuple[str, ...] = ()) -> list[str]:
-    """Where compaction with an archive runs below the top level: an agent's middleware, a subgraph's node."""
-    found: list[str] = []
-    for name, spec in graph.nodes.items():
-        bound = spec.bound
-        owner = bound if isinstance(bound, CompactionNode) else getattr(getattr(bound, "func", None), "__self__", None)
-        where = " > ".join((*path, name))
-        archived = isinstance(owner, Adapter) and any(isinstance(f, Archive) for f in owner.features)
-        if archived and (path or not isinstance(owner, CompactionNode)):
-            found.append(f"{where!r} ({type(owner).__name__})")
-        elif isinstance(bound, Pregel) and len(path) < 4:
-            found += _compactors_within(bound, (*path, name))
-    return found
-
-
-def _locate(
-    graph: Pregel[Any, Any, Any, Any], node: str | None, model: Any, options: CompactionOptions | None, key: str | None
-) -> tuple[str | None, CompactionNode]:
-    """The graph's compaction node (and its name), or a stand-in built from ``model`` (reading ``key``)."""
-    found = {name: spec.bound for name, spec in graph.nodes.items() if isinstance(spec.bound, CompactionNode)}
-    if node is not None and node not in found:
-        raise ConfigurationError("node", node, f"this graph's compaction nodes are {sorted(found)}; pass one of them")
-    if node is None and len(found) > 1:
-        raise ConfigurationError("node", None, f"this graph has several compaction nodes {sorted(found)}; name one")
-    if found:
-        name = node if node is not None else next(iter(found))
-        if key is not None and found[name].messages_key != key:
-            raise ConfigurationError("messages_key", key, f"node {name!r} reads {found[name].messages_key!r}")
-        return name, found[name]
-    within = _compactors_within(graph)
-    if within:
-        # A stand-in would compact without their archive: what it removed
-        # would be kept nowhere.
-        raise ConfigurationError(
-            "graph",
-            type(graph).__name__,
-            f"its compaction runs inside {', '.join(within)}, with an Archive that compact_thread cannot reach "
-            "(a stand-in would remove messages without archiving them); call compact_thread on the graph that "
-            "holds the CompactionNode at its top level, or let the agent compact when its window fills",
-        )
-    if model is None:
-        raise ConfigurationError(
-            "model", None, "this graph has no CompactionNode; pass model=... (and options=...) to compact it"
-        )
-    return None, CompactionNode(model, options, messages_key=key or "messages")
-
-
 def compact_thread(
     graph: Pregel[Any, Any, Any, Any],
     config: RunnableConfig,
@@ -397,10 +347,11 @@ def compact_thread(
     """Compact a checkpointed thread now, with optional custom instructions.
 
     Reads the thread with ``graph.get_state``, forces a compaction through the
-    graph's ``CompactionNode`` (the same path the node takes) and writes it
-    as the node's own update (``graph.bulk_update_state``, ``as_node=<that
-    node>``), then clears what its edges would run next: an idle thread stays
-    idle, whatever edge leaves the node.
+    graph's ``CompactionNode`` (the same path the node takes; on a
+    ``create_agent`` graph, a stand-in for its ``CompactionMiddleware``) and
+    writes it as the node's own update (``graph.bulk_update_state``,
+    ``as_node=<that node>``), then clears what its edges would run next: an
+    idle thread stays idle, whatever edge leaves the node.
 
     Args:
         graph: A compiled graph with a checkpointer.
@@ -408,8 +359,8 @@ def compact_thread(
             its callbacks receive the ``COMPACTION_EVENT``.
         instructions: Appended to the summary prompt, e.g. ``"keep the API
             design"``.
-        model: Summarizes instead of the node's model; required when the
-            graph has no ``CompactionNode``.
+        model: Summarizes instead of the node's (or the middleware's) model;
+            required when the graph has neither.
         node: The compaction node's name, when the graph has several.
         options: Options when the graph has no ``CompactionNode``.
         messages_key: The state key of the message list, when the graph has
@@ -439,7 +390,7 @@ def compact_thread(
         >>> compact_thread(graph, config, instructions="keep the plan").messages_removed
         2
     """
-    flow = _thread_flow(graph, config, instructions, model=model, node=node, options=options, key=messages_key)
+    flow = thread_flow(graph, config, instructions, model=model, node=node, options=options, key=messages_key)
     return drive(flow)
 
 
@@ -454,40 +405,5 @@ async def acompact_thread(
     messages_key: str | None = None,
 ) -> CompactionResult | None:
     """The async twin of ``compact_thread`` (``aget_state`` / ``aupdate_state``)."""
-    flow = _thread_flow(graph, config, instructions, model=model, node=node, options=options, key=messages_key)
+    flow = thread_flow(graph, config, instructions, model=model, node=node, options=options, key=messages_key)
     return await adrive(flow)
-
-
-def _thread_flow(
-    graph: Pregel[Any, Any, Any, Any],
-    config: RunnableConfig,
-    instructions: str,
-    *,
-    model: Any,
-    node: str | None,
-    options: CompactionOptions | None,
-    key: str | None,
-) -> Flow[CompactionResult | None]:
-    if not isinstance(graph, Pregel):
-        hint = "builder.compile(checkpointer=...)" if hasattr(graph, "compile") else "one with a checkpointer"
-        raise ConfigurationError("graph", graph, f"pass the compiled graph, {hint}")
-    name, compactor = _locate(graph, node, model, options, key)
-    snapshot, failed = yield from idle_thread(graph, config)
-    summarizer = None if model is None else as_summarizer(model)
-    # Outside a run, the graph's store is the one the node would see inside it.
-    flow = compactor._flow(snapshot.values, thread_run_config(config), instructions, summarizer, store=graph.store)
-    result, update = yield from flow
-    if result is not None or isinstance(update, Command):
-        key = getattr(compactor, "messages_key", "messages")
-        yield from write_compaction(graph, config, snapshot, update, key=key, node=name, resume=failed)
-    return result
-
-
-def current_store() -> Any:
-    """The LangGraph store of the graph being run, or ``None`` (none given, or not inside a graph)."""
-    try:
-        from langgraph.config import get_store
-
-        return get_store()
-    except (ImportError, RuntimeError, KeyError):
-        return None

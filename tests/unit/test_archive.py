@@ -806,34 +806,73 @@ async def test_acompact_thread_with_archive_uses_the_graphs_store() -> None:
     assert len(archive_items(store, "manual-archive")) == result.messages_removed
 
 
-def test_compact_thread_refuses_a_graph_whose_compaction_runs_inside_it() -> None:
-    """An agent's middleware, a subgraph's node, with an archive: compact_thread refuses a stand-in and says why.
+def test_compact_thread_refuses_a_graph_whose_compaction_runs_inside_a_subgraph() -> None:
+    """A subgraph's node with an archive: compact_thread refuses a stand-in and says why.
 
-    (A stand-in would compact without their archive: what it removed would be nowhere.)
+    (A stand-in would compact without its archive: what it removed would be nowhere.)
     """
     store = InMemoryStore()
-    features = [*default_features(), Archive()]
-    agent = create_agent(
-        ToolCallingFake(messages=iter([AIMessage(words("answer")) for _ in range(20)])),
-        middleware=[CompactionMiddleware(summarize, OPTIONS, features=features)],
-        checkpointer=InMemorySaver(),
-        store=store,
-    )
     inner = StateGraph(CompactionState)
-    inner.add_node("compact", CompactionNode(summarize, OPTIONS, features=features))
+    inner.add_node("compact", CompactionNode(summarize, OPTIONS, features=[*default_features(), Archive()]))
     inner.add_edge(START, "compact")
     outer = StateGraph(CompactionState)
     outer.add_node("sub", inner.compile())
     outer.add_edge(START, "sub")
     parent = outer.compile(checkpointer=InMemorySaver(), store=store)
-    for graph, where in ((agent, "'CompactionMiddleware.before_model'"), (parent, "'sub > compact'")):
-        config = cfg(f"inside-{where}")
-        graph.invoke({"messages": [HumanMessage(words("q0"), id="q0")]}, config)
-        before = graph.get_state(config).values["messages"]
-        for model in (None, summarize):
-            with pytest.raises(ConfigurationError, match=f"compaction runs inside {where} .*, with an Archive"):
-                compact_thread(graph, config, instructions="keep the questions", model=model)
-        assert graph.get_state(config).values["messages"] == before  # nothing removed
+    config = cfg("inside-sub")
+    parent.invoke({"messages": [HumanMessage(words("q0"), id="q0")]}, config)
+    before = parent.get_state(config).values["messages"]
+    for model in (None, summarize):
+        with pytest.raises(ConfigurationError, match=r"compaction runs inside 'sub > compact' .*, with an Archive"):
+            compact_thread(parent, config, instructions="keep the questions", model=model)
+    assert parent.get_state(config).values["messages"] == before  # nothing removed
+
+
+@pytest.mark.parametrize("archive", [True, False])
+def test_compact_thread_on_an_agent_compacts_as_its_middleware_would(archive: bool) -> None:
+    """``create_agent`` with ``CompactionMiddleware``: compact_thread needs no model, and archives with its Archive.
+
+    It refused an agent whose middleware archives (a stand-in would have
+    archived nothing) and asked any other for ``model=``. The stand-in is
+    the middleware's summarizer, options and features: what it removes is
+    archived where the agent's own compactions are, and the agent goes on.
+    """
+    asked: list[str] = []
+
+    def summarizer(prompt: str) -> str:
+        asked.append(prompt)
+        return SUMMARY
+
+    store = InMemoryStore()
+    features = [*default_features(), Archive()] if archive else None
+    agent = create_agent(
+        ToolCallingFake(messages=iter([AIMessage(words(f"answer {n}")) for n in range(40)])),
+        middleware=[CompactionMiddleware(summarizer, OPTIONS, features=features)],
+        checkpointer=InMemorySaver(),
+        store=store,
+    )
+    config = cfg(f"agent-{archive}")
+    agent.invoke({"messages": [HumanMessage(words("q0"), id="q0")]}, config)
+    agent.invoke({"messages": [HumanMessage(words("q1"), id="q1")]}, config)
+    result = compact_thread(agent, config, instructions="keep the questions")
+    assert result is not None
+    assert result.messages_removed > 0
+    assert len(asked) == 1
+    assert "keep the questions" in asked[0]
+    state = agent.get_state(config)
+    assert not state.next  # left idle
+    assert any(is_summary_message(m) for m in state.values["messages"])
+    manual = {item.namespace for item in archive_items(store, f"agent-{archive}")}
+    assert len(archive_items(store, f"agent-{archive}")) == (result.messages_removed if archive else 0)
+    turns = 2
+    while len(asked) < 2 and turns < 30:  # the agent goes on until it compacts on its own
+        agent.invoke({"messages": [HumanMessage(words(f"q{turns}"), id=f"q{turns}")]}, config)
+        turns += 1
+    assert len(asked) >= 2
+    if archive:
+        # The agent's own compaction archives where the manual one did.
+        assert {item.namespace for item in archive_items(store, f"agent-{archive}")} == manual
+        assert len(manual) == 1
 
 
 # -- time travel: a forked thread --------------------------------------------------------------------
