@@ -126,9 +126,11 @@ class Told:
             )
             after = sum(counts[result.cut_index :])
             before = result.compacted_tokens - after  # (the summary, its user turn, what is written back with it)
+            if not self.first(conversation, OVER_BUDGET):  # (one warning of the two kinds, once)
+                return result
             if counts and before > after:
                 figures = (len(counts) - result.cut_index, after, budget.summary_max, before)
-                self.once(conversation, SUMMARY_OVER, context, budget.threshold, sent, *figures)
+                logger.warning(SUMMARY_OVER, context, budget.threshold, sent, *figures)
             else:
-                self.once(conversation, OVER_BUDGET, context, budget.threshold, sent, result.messages_kept)
+                logger.warning(OVER_BUDGET, context, budget.threshold, sent, result.messages_kept)
         return result

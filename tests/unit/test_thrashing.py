@@ -147,6 +147,28 @@ def test_at_a_tiny_window_the_over_budget_warning_names_the_summary_not_the_kept
     assert "larger context_window" in over[0]
 
 
+def test_the_two_over_budget_warnings_are_one_warning_said_once(caplog) -> None:
+    """Over budget by the summary first, then by a huge kept message: the conversation is told once, not twice."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from langchain_compaction import CompactionNode
+    from tests.conftest import compaction_graph
+
+    node = CompactionNode(ExtractiveSummarizer(), CompactionOptions(context_window=300), result_key="compaction")
+    graph = compaction_graph(node, checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "both"}}
+    kinds = set()
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for n in range(8):
+            text = f"q{n} " * 50 if n < 6 else f"log {n}:\n" + "log line " * 600
+            state = graph.invoke({"messages": [HumanMessage(text, id=f"m{n}")]}, config)
+            record = state.get("compaction") or {}
+            if record.get("over_budget"):
+                kinds.add(n < 6)
+    assert kinds == {True, False}  # over budget by the summary, then by the kept message
+    assert len([r for r in caplog.records if "still over budget" in r.getMessage()]) == 1
+
+
 def test_the_over_budget_warning_waits_for_a_compaction_that_is_over_budget(caplog) -> None:
     """Normal compactions first: the one that is over budget later is still told (once)."""
     from langgraph.checkpoint.memory import InMemorySaver
