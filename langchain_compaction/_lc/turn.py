@@ -1,30 +1,27 @@
 """The one turn: check, stage, compact (or apply a prepared compaction), commit, announce.
 
-Every adapter calls ``Turn.run`` once per turn and only reads its inputs and
-writes its output: the node and the middleware read the state (and the
-overhead the request adds), chat memory reads its store; each writes what it
-gets back (a state update, a ``Command``, a store rewrite). ``run`` is a flow
-(``core.effects``): the same lines drive the sync and the async paths.
+Every adapter calls ``Turn.run`` once per turn and only reads its inputs and writes its output: the node and
+the middleware read the state (and the overhead the request adds), chat memory reads its store; each writes
+what it gets back (a state update, a ``Command``, a store rewrite). ``run`` is a flow (``core.effects``): the
+same lines drive the sync and the async paths.
 
-1. check: the token cache counts what is new (a cold worker first asks the
-   last reply's reported usage, ``due_by_usage``); a summary found
-   mid-history is put back in place (``core.plan.reordered``);
-2. stage (``core.context.stage``), the one trigger rule: under the
-   preparation mark nothing; past it a preparation starts in the background;
-   over the threshold a prepared compaction is applied if one is ready (none
-   is waited for while the request still fits the window);
-3. compact: planned over what it can remove (``Compactor.planning``; with no
-   room, not at all: ``advice``), a cheaper step first (``ClearToolOutputs``),
-   else the cut, the summarizer calls (``core.engine``) and what the features
-   add (``finish``);
-4. commit: the record is stamped (``core.record``) and each feature's
-   ``commit`` seam runs (the archive writes) before anything is written;
+1. check: the token cache counts what is new (a cold worker first asks the last reply's reported usage,
+   ``due_by_usage``); a summary found mid-history is put back in place (``core.plan.reordered``); what the
+   request carries besides the messages is the adapter's count, or what the usage says if more
+   (``core.context.sent_besides``: a node does not see its model node's prompt and tools);
+2. stage (``core.context.stage``), the one trigger rule: under the preparation mark nothing; past it a
+   preparation starts in the background; over the threshold a prepared compaction is applied if one is ready
+   (none is waited for while the request still fits the window);
+3. compact: planned over what it can remove (``Compactor.planning``; with no room, not at all: ``advice``),
+   a cheaper step first (``ClearToolOutputs``), else the cut, the summarizer calls (``core.engine``) and what
+   the features add (``finish``);
+4. commit: the record is stamped (``core.record``) and each feature's ``commit`` seam runs (the archive
+   writes) before anything is written;
 5. announce: the result goes to the log, callbacks and the custom stream.
 
-The features are parts (``langchain_compaction.features``): the turn calls,
-at each seam, the features that implement it, and knows no feature by name
-but the three that change its course (prepare ahead, cache-aligned requests,
-required sections).
+The features are parts (``langchain_compaction.features``): the turn calls, at each seam, the features that
+implement it, and knows no feature by name but the three that change its course (prepare ahead,
+cache-aligned requests, required sections).
 """
 
 from __future__ import annotations
@@ -56,7 +53,7 @@ from langchain_compaction._lc.conversation import Conversation
 from langchain_compaction._lc.convert import SUMMARY_MARK, message_list
 from langchain_compaction._lc.counting import counts_and_core
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, atell, in_run, tell
-from langchain_compaction.core.context import context_tokens, stage
+from langchain_compaction.core.context import context_tokens, sent_besides, stage
 from langchain_compaction.core.cut import kept_start_fits
 from langchain_compaction.core.effects import Call, Flow, twin
 from langchain_compaction.core.engine import Summarizer, summarize
@@ -184,6 +181,8 @@ class Turn(Compactor):
         if counted is None:
             counted = yield self.cache.count(messages, place.conversation.key)
         staged = self._staged(messages, counted)
+        besides = sent_besides(staged.core, staged.counts, place.overhead, self.options.budget.window)
+        place = replace(place, overhead=besides)
         unchanged = Outcome(messages=staged.messages, source=staged.read) if staged.reordered else Outcome()
         if trigger == "auto" and not (yield from self._due(staged, place, prepare)):
             return unchanged

@@ -108,6 +108,34 @@ def inflated(reported: int, window: int | None) -> bool:
     return window is not None and 0 < window < reported
 
 
+def sent_besides(messages: Sequence[Message], counts: Sequence[int], known: int, window: int | None) -> int:
+    """What a request carries besides its messages: ``known`` (the adapter's count), or what usage says, if more.
+
+    A node does not see the system prompt and tool schemas its model node
+    adds, but the last reply's usage counts them: what it reports past the
+    estimate of the messages it answered. Planned without it, a compaction
+    landed over its target, came back on the next turns and was told to keep
+    less (a prompt and tools of 5,000 tokens under a 7,000 threshold: 38
+    summary calls in 50 turns, 10 planned with it). A usage that did not measure this
+    conversation (``FOREIGN_USAGE``, ``inflated``) says nothing.
+
+    Args:
+        messages: The conversation.
+        counts: Token count per message.
+        known: What the adapter counted of it (the middleware: the agent's
+            system prompt and tools; a node: 0).
+        window: The context window.
+    """
+    anchor = usage_anchor(messages)
+    if anchor is None:
+        return known
+    index, reported = anchor
+    before = _summed(counts, 0, index + 1)
+    if reported * FOREIGN_USAGE < before or inflated(reported, window):
+        return known
+    return max(known, reported - before)
+
+
 def context_tokens(
     messages: Sequence[Message], counts: Sequence[int], overhead: int = 0, window: int | None = None
 ) -> int:

@@ -640,7 +640,8 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 def test_usage_anchor_is_reported_tokens_plus_estimate_after() -> None:
     options = CompactionOptions(context_window=10_000, reserve_tokens=1_000, keep_recent_tokens=200)
     node = CompactionNode(PathSummarizer(), options)
-    msgs = history(6, size=100)
+    # About 6,100 tokens of messages; the request billed 9,150 (its system prompt and tools, unseen, the rest).
+    msgs = history(10, size=1_200)
     msgs[-1] = AIMessage("answer", id="a-last", usage_metadata=_usage(9_100, 50))  # type: ignore[arg-type]
     after = [ToolMessage("r" * 80, tool_call_id="x", id="t1"), HumanMessage("next", id="h-next")]
     full = [*msgs, *after]
@@ -662,7 +663,7 @@ def test_stale_usage_on_a_kept_message_is_ignored_after_compaction() -> None:
     node = CompactionNode(summarizer, options)
     graph = build_plain(node, InMemorySaver())
     config = thread("stale")
-    msgs = history(6, size=100)
+    msgs = history(10, size=1_200)  # (about 6,100 tokens of messages: the rest of the 9,550 billed is unseen)
     msgs[-1] = AIMessage("answer", id="a-last", usage_metadata=_usage(9_500, 50))  # type: ignore[arg-type]
     graph.invoke({"messages": msgs}, config)
     stored = graph.get_state(config).values["messages"]
@@ -684,7 +685,7 @@ def test_mid_loop_compaction_bridges_and_the_stale_usage_on_the_kept_call_is_ign
     node = CompactionNode(summarizer, options)
     graph = build_plain(node, InMemorySaver())
     config = thread("mid-loop")
-    msgs = history(6, size=100)
+    msgs = history(10, size=1_200)  # (about 6,100 tokens of messages: the rest of the 9,520 billed is unseen)
     call = AIMessage(
         "",
         id="call",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any
 
 from langchain.agents import create_agent
@@ -9,11 +11,13 @@ from langchain_core.language_models.chat_models import BaseChatModel, generate_f
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGenerationChunk
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 
 from langchain_compaction import CompactionMiddleware, CompactionNode, CompactionOptions, compact, should_compact
 from langchain_compaction._lc.convert import summary_message, to_core_list
 from langchain_compaction.core import context
+from langchain_compaction.graph import CompactionState
 from langchain_compaction.tokens import estimate_message_tokens
 
 
@@ -34,13 +38,19 @@ def reply(text: str, billed: int, id: str) -> AIMessage:
     )
 
 
-def conversation(billed: int) -> list:
+def conversation(billed: int, words: int = 50) -> list:
     return [
         SystemMessage("You are helpful.", id="s"),
-        HumanMessage("hello " * 50, id="h1"),
-        reply("hi " * 50, billed, "a1"),
-        HumanMessage("more " * 50, id="h2"),
+        HumanMessage("hello " * words, id="h1"),
+        reply("hi " * words, billed, "a1"),
+        HumanMessage("more " * words, id="h2"),
     ]
+
+
+LONG = 1_500
+"""Words a message of ``conversation`` holds where the trigger is asked: about 6,800 tokens of messages in all,
+so a request billed 9,200 carries about 2,400 besides them (a system prompt and tools the state does not hold),
+which a compaction leaves room under."""
 
 
 def test_reported_usage_plus_what_follows_is_the_context():
@@ -68,8 +78,8 @@ def test_reasoning_tokens_not_sent_back_are_not_the_context():
 
 def test_middleware_compacts_on_billed_usage_the_estimate_misses():
     middleware = CompactionMiddleware(lambda p: "## Goal\n- greet", OPTIONS)
-    assert middleware.before_model({"messages": conversation(9_200)}, None) is not None  # type: ignore[arg-type]
-    assert middleware.before_model({"messages": conversation(100)}, None) is None  # type: ignore[arg-type]
+    assert middleware.before_model({"messages": conversation(9_200, LONG)}, None) is not None  # type: ignore[arg-type]
+    assert middleware.before_model({"messages": conversation(100, LONG)}, None) is None  # type: ignore[arg-type]
 
 
 def test_node_middleware_and_should_compact_agree():
@@ -77,11 +87,12 @@ def test_node_middleware_and_should_compact_agree():
     middleware = CompactionMiddleware(lambda p: "## Goal\n- greet", OPTIONS)
     decisions = []
     for billed in (100, 9_200):
-        by_node = bool(node.invoke({"messages": conversation(billed)}))
-        by_middleware = bool(middleware.before_model({"messages": conversation(billed)}, None))  # type: ignore[arg-type]
-        assert by_node == by_middleware == should_compact(conversation(billed), options=OPTIONS)
+        messages = conversation(billed, LONG)
+        by_node = bool(node.invoke({"messages": messages}))
+        by_middleware = bool(middleware.before_model({"messages": messages}, None))  # type: ignore[arg-type]
+        assert by_node == by_middleware == should_compact(messages, options=OPTIONS)
         # The seed's signature answers the same, from the same anchored size.
-        assert should_compact(conversation(billed), 10_000, 1_000) == by_node
+        assert should_compact(messages, 10_000, 1_000) == by_node
         decisions.append(by_node)
     assert decisions == [False, True]
 
@@ -303,3 +314,46 @@ def test_a_usage_larger_than_the_window_is_not_taken_for_the_context():
     honest = calls(running=False)
     assert 0 < honest < 5
     assert calls(running=True) == honest
+
+
+def test_a_node_plans_with_the_system_prompt_and_tools_its_model_node_adds(caplog: Any) -> None:
+    """A model node sends a 5,000-token prompt the state does not hold; its usage says so, and the node plans with it.
+
+    Planned without it, each compaction landed over its target and came back
+    on the next turns (38 summary calls in 50 turns), and the
+    warning blamed ``keep_recent_tokens``. Now the one warning names the part
+    it cannot remove, and compactions come as that leaves room for.
+    """
+    prompt = SystemMessage("Follow the house rules. " * 830)
+    hidden = estimate_message_tokens([prompt])
+    assert 4_500 < hidden < 5_500
+
+    def model(state: CompactionState) -> dict[str, list[BaseMessage]]:
+        sent = estimate_message_tokens([prompt, *state["messages"]])
+        usage = {"input_tokens": sent, "output_tokens": 100, "total_tokens": sent + 100}
+        return {"messages": [AIMessage("reply " * 80, usage_metadata=usage)]}  # type: ignore[typeddict-item]
+
+    calls: list[str] = []
+
+    def summarize(prompt: str) -> str:
+        calls.append(prompt)
+        return "## Goal\n- answer the questions"
+
+    node = CompactionNode(summarize, CompactionOptions(context_window=8_000))
+    builder = StateGraph(CompactionState)
+    builder.add_node("compact", node)
+    builder.add_node("model", model)
+    builder.add_edge(START, "compact")
+    builder.add_edge("compact", "model")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "hidden"}}
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        for turn in range(50):
+            graph.invoke({"messages": [HumanMessage(f"q{turn} " * 80)]}, config)
+    said = [r.getMessage() for r in caplog.records]
+    assert not any("fired again" in line for line in said)
+    fixed = [line for line in said if "over half of the" in line]
+    assert len(fixed) == 1
+    told = int(re.search(r"take (\d+) tokens", fixed[0])[1])  # type: ignore[index]
+    assert abs(told - hidden) < hidden // 10
+    assert 4 <= len(calls) <= 12
