@@ -43,8 +43,8 @@ from langchain_compaction._lc.counting import DEFAULT_CACHE_SIZE
 from langchain_compaction._lc.events import COMPACTION_EVENT, PREPARE_EVENT, replacement
 from langchain_compaction._lc.legacy import adapter_keywords
 from langchain_compaction._lc.manual import thread_flow
-from langchain_compaction._lc.runconfig import current, current_store
-from langchain_compaction._lc.steps import refuse_a_payload
+from langchain_compaction._lc.runconfig import current
+from langchain_compaction._lc.steps import current_store, refuse_a_payload
 from langchain_compaction._lc.turn import Adapter, Outcome, Place, Trigger, Turn
 from langchain_compaction.core.context import context_tokens
 from langchain_compaction.core.effects import Flow, adrive, drive

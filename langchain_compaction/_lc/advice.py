@@ -13,7 +13,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import replace
 
 from langchain_compaction.core.bounded import Bounded
-from langchain_compaction.core.layout import unread_exchange, unread_tools
+from langchain_compaction.core.cut import unread_exchange, unread_tools
 from langchain_compaction.core.options import MIN_ROOM_TOKENS, Budget
 from langchain_compaction.core.result import CompactionResult
 from langchain_compaction.core.types import Message

@@ -56,13 +56,3 @@ def current(config: RunnableConfig | None) -> Iterator[None]:
         yield
     finally:
         var_child_runnable_config.reset(token)
-
-
-def current_store() -> Any:
-    """The LangGraph store of the graph being run, or ``None`` (none given, or not inside a graph)."""
-    try:
-        from langgraph.config import get_store
-
-        return get_store()
-    except (ImportError, RuntimeError, KeyError):
-        return None

@@ -214,3 +214,13 @@ def refuse_a_payload(config: Any, messages: list[Any], key: str, who: str) -> No
         "graph's messages with a CompactionNode before the fan-out (a CompactionNode invoked with the sent node's "
         "config inside its function is taken for the node itself: call compact() on the payload there)",
     )
+
+
+def current_store() -> Any:
+    """The LangGraph store of the graph being run, or ``None`` (none given, or not inside a graph)."""
+    try:
+        from langgraph.config import get_store
+
+        return get_store()
+    except (ImportError, RuntimeError, KeyError):
+        return None

@@ -330,3 +330,26 @@ def _in_progress(messages: Sequence[Message]) -> bool:
     """Whether ``messages`` end inside a tool exchange (on a tool result, or a reply that calls tools)."""
     last = messages[-1] if messages else None
     return last is not None and (last.is_result or (last.role == "assistant" and bool(last.tool_calls)))
+
+
+def unread_exchange(messages: Sequence[Message], cut: int) -> int | None:
+    """The assistant turn whose tool results a cut at ``cut`` took into the summary before the model answered them.
+
+    The conversation ends with tool results (the model has not answered them
+    yet) and the cut took them all: an exchange larger than a request may
+    keep (``core.cut.find_cut``'s ``most``), summarized whole. What they said
+    reaches the model only through the summary, and a model not told so
+    calls the tool again, for an output as large, turn after turn.
+    """
+    if cut < len(messages) or not messages or not messages[-1].is_result:
+        return None
+    start = len(messages) - 1
+    while start > 0 and messages[start].is_result:
+        start -= 1
+    return start
+
+
+def unread_tools(messages: Sequence[Message], counts: Sequence[int], start: int) -> tuple[str, int]:
+    """The tools called at ``start`` (``unread_exchange``) and the tokens of the exchange, the call with its results."""
+    names = dict.fromkeys(call.name for call in messages[start].tool_calls if call.name)
+    return ", ".join(names) or "a tool", sum(counts[start:])

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from langchain_compaction.core import prompts
+from langchain_compaction.core.cut import unread_exchange, unread_tools
 from langchain_compaction.core.lines import clip, normalize
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.plan import Layout, Plan
@@ -329,35 +330,12 @@ def layout(
     return Layout(plan.keep_head, bridge, kept, request, after, note)
 
 
-def unread_exchange(messages: Sequence[Message], cut: int) -> int | None:
-    """The assistant turn whose tool results a cut at ``cut`` took into the summary before the model answered them.
-
-    The conversation ends with tool results (the model has not answered them
-    yet) and the cut took them all: an exchange larger than a request may
-    keep (``core.cut.find_cut``'s ``most``), summarized whole. What they said
-    reaches the model only through the summary, and a model not told so
-    calls the tool again, for an output as large, turn after turn.
-    """
-    if cut < len(messages) or not messages or not messages[-1].is_result:
-        return None
-    start = len(messages) - 1
-    while start > 0 and messages[start].is_result:
-        start -= 1
-    return start
-
-
 UNREAD_NOTE = (
     "The last tool call and its output ({tools}, {tokens:,} tokens) were too large to keep in the context: only "
     "the summary above holds what the output said. To see it again, ask for less of it (a range, a page, a filtered or "
     "truncated output) rather than repeating the same call."
 )
 """What the bridge says when the summary took a tool exchange the model had not answered (``unread_exchange``)."""
-
-
-def unread_tools(messages: Sequence[Message], counts: Sequence[int], start: int) -> tuple[str, int]:
-    """The tools called at ``start`` (``unread_exchange``) and the tokens of the exchange, the call with its results."""
-    names = dict.fromkeys(call.name for call in messages[start].tool_calls if call.name)
-    return ", ".join(names) or "a tool", sum(counts[start:])
 
 
 def unread_note(messages: Sequence[Message], counts: Sequence[int], start: int | None) -> str:
