@@ -446,14 +446,15 @@ class Turn(Compactor):
     def _apply(self, prepared: PreparedSummary, staged: _Staged, place: Place) -> Flow[Output | None]:
         """``prepared`` applied to the staged conversation, stamped with the conversation's record as it is now.
 
-        What came after the messages it was made from stays verbatim after it:
-        no summary call is made on this turn. (It was planned to land here;
-        if the agent went on faster, the next turns prepare again in the
-        background.)
+        What came after the messages it was made from stays verbatim after it: no summary call is made on this turn
+        (if the agent went on faster, the next turns prepare again). ``None`` (made on the spot) where the request would
+        not fit the window with half the reserve: a tool output too large for it came since, summarized then.
         """
         messages, core = staged.messages, staged.core
         combined = prepared.output_for(messages)
         counts, _ = yield self.work(counts_and_core, combined, self.options)
+        if sum(counts) + place.overhead + self.options.budget.reserve // 2 > self.options.budget.window:
+            return None  # (the rule of ``_room``: past the threshold only while half the reserve fits)
         result = replace(prepared.result, compacted_tokens=sum(counts))  # (where that leaves the request: the turn's)
         where = {id(m): i for i, m in enumerate(messages)}
         kept = [where[id(m)] for m in combined if id(m) in where]

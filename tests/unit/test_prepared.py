@@ -32,6 +32,7 @@ from langchain_core.messages import (
     BaseMessage,
     HumanMessage,
     SystemMessage,
+    ToolMessage,
     messages_from_dict,
     messages_to_dict,
 )
@@ -59,6 +60,7 @@ from langchain_compaction.features import Archive, PrepareAhead
 from langchain_compaction.features.prepared import STORE_NAMESPACE, PreparedSummary
 from langchain_compaction.graph import CompactionState, compact_thread
 from langchain_compaction.history import FileLock
+from langchain_compaction.tokens import estimate_message_tokens
 
 # One summary request per compaction (a large summarizer input), so calls count compactions.
 OPTIONS = PREPARE_OPTS
@@ -1175,3 +1177,24 @@ def test_chat_memory_with_a_lock_and_a_slow_preparation_still_compacts_at_the_th
         worst = max(worst, estimate_message_tokens(history.messages))
     wait_for(lambda: not any(t.name == "langchain-compaction-prepare" for t in threading.enumerate()))
     assert worst <= 2_000
+
+
+def test_a_prepared_summary_that_would_leave_a_tool_output_too_large_for_the_window_is_made_on_the_spot() -> None:
+    # Prepared before the tool ran, the summary would keep its 20,000-token output verbatim after it (a request
+    # five times the window, sent to the model); made now, the compaction summarizes the exchange and says so.
+    summarizer = Recorder()
+    node = CompactionNode(summarizer, OPTIONS, result_key="compaction", features=prepared())
+    app = graph(node)
+    config = {"configurable": {"thread_id": "huge"}}
+    until_preparing(app, config)
+    settle(summarizer)
+    call = {"name": "read_file", "args": {"path": "dump.log"}, "id": "big1", "type": "tool_call"}
+    step = [
+        HumanMessage("read the whole log", id="hbig"),
+        AIMessage("", tool_calls=[call], id="abig"),
+        ToolMessage(words("log-line", 15_000), tool_call_id="big1", id="tbig"),
+    ]
+    out = app.invoke({"messages": step}, config)
+    assert out["compaction"]["parts"]["prepared"]["applied"] is False
+    assert estimate_message_tokens(out["messages"]) < OPTIONS.context_window
+    assert "too large to keep" in str(out["messages"][1].content)
