@@ -352,6 +352,8 @@ class Compactor:
         # Whatever the summarizer wrote, the message is well formed: what the
         # library adds never lands inside a fence the summarizer left open.
         text = well_formed(report.outcome.summary)
+        if report.failed:  # (a summarizer failing every time, a revoked key, would otherwise go unseen)
+            logger.warning("the summarizer failed and the fallback, %s, answered: %s", report.summarizer, report.failed)
         draft = Draft(job.core, plan, shape.kept, text, options)
         added = [(f.name, f.add(draft)) for f in self.seam("add")]
         content, body = compose_summary(text, [a.section for _, a in added if a is not None])

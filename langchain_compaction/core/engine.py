@@ -61,12 +61,14 @@ class DriverReport:
         summarizer: The name of the summarizer that wrote the last summary.
         fallback_used: Whether the fallback wrote any part of it.
         usage: Tokens the summarizer calls were billed, where reported.
+        failed: Why the summarizer failed, when the fallback took over from an error ("" otherwise).
     """
 
     outcome: Outcome
     summarizer: str
     fallback_used: bool
     usage: Usage = field(default_factory=Usage)
+    failed: str = ""
 
 
 # Open reasoning models served without a reasoning parser (DeepSeek-R1, QwQ,
@@ -247,6 +249,7 @@ class _Driver:
         self.fallback = fallback
         self.used_fallback = False
         self.usage = Usage()
+        self.failed = ""
 
     def choose(self, request: SummaryRequest) -> Summarizer:
         """The summarizer for ``request``; raises when the fallback is wanted but absent."""
@@ -266,7 +269,7 @@ class _Driver:
         """After ``active`` failed: the fallback to try, or re-raise ``error``."""
         if self.fallback is None or self.used_fallback:
             raise error
-        self.active, self.used_fallback = self.fallback, True
+        self.active, self.used_fallback, self.failed = self.fallback, True, str(error)
         return self.active
 
     def record(self, reply: SummaryReply) -> SummaryReply:
@@ -275,7 +278,7 @@ class _Driver:
         return reply
 
     def report(self, outcome: Outcome) -> DriverReport:
-        return DriverReport(outcome, self.active.name, self.used_fallback, self.usage)
+        return DriverReport(outcome, self.active.name, self.used_fallback, self.usage, self.failed)
 
 
 def _advance(

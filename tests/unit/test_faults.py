@@ -593,6 +593,26 @@ def test_a_summarizer_that_answers_with_a_tool_call_is_named_as_such() -> None:
     assert result.fallback_used
 
 
+def test_a_fallback_that_answers_for_a_failing_summarizer_says_why_it_had_to(caplog: pytest.LogCaptureFixture) -> None:
+    """The summarizer's error is told at WARNING, with the fallback's name: it was dropped, and said only at INFO
+    that a fallback was used (a summarizer failing on every call, a revoked key, went unseen)."""
+    messages = [HumanMessage(f"question {i} " * 40, id=f"q{i}") for i in range(30)]
+
+    def unavailable(prompt: str) -> str:
+        raise RuntimeError("HTTP 503: the model is overloaded")
+
+    with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
+        result, _ = compact(
+            unavailable, messages, CompactionOptions(context_window=4_000), fallback=ExtractiveSummarizer()
+        )
+    assert result is not None
+    assert result.fallback_used
+    told = [r.getMessage() for r in caplog.records if "the summarizer failed" in r.getMessage()]
+    assert len(told) == 1
+    assert "HTTP 503: the model is overloaded" in told[0]
+    assert "extractive" in told[0].lower()
+
+
 def test_summary_calls_within_their_deadline_take_no_abandoned_slot() -> None:
     """Six threads compacting at once, each call well within its timeout: none fails for want of a slot."""
     errors: list[BaseException] = []
