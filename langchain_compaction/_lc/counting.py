@@ -31,7 +31,7 @@ from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 from langchain_compaction._lc.convert import is_bridge_message, is_langchain_summary, to_core, to_core_list
 from langchain_compaction._lc.identity import content_size, fingerprint, leading, unchanged_since
 from langchain_compaction.core.bounded import Bounded
-from langchain_compaction.core.context import FOREIGN_USAGE, inflated, trusted_usage
+from langchain_compaction.core.context import FOREIGN_USAGE, LOOK_BACK, follows, inflated, trusted_usage
 from langchain_compaction.core.effects import Call, blocking, computing, inline, twin
 from langchain_compaction.core.options import CompactionOptions
 from langchain_compaction.core.tokens import estimate_message
@@ -444,9 +444,27 @@ def due_by_usage(messages: Sequence[BaseMessage], options: CompactionOptions, ma
     if any(map(isinstance, messages[lead:], repeat(SystemMessage))):
         return None
     tail = to_core_list(messages[last:])
-    reported = trusted_usage(to_core_list(messages[:lead]), tail[0], tail[1:])
+    head = to_core_list(messages[:lead])
+    reported = trusted_usage(head, tail[0], tail[1:])
     if reported is None or reported * FOREIGN_USAGE < sum(map(_at_least, messages[: last + 1])):
         return None  # (maybe another conversation's usage: a full count decides)
-    if inflated(reported, options.budget.window):
-        return None  # (a usage gone wrong: a full count decides)
+    if inflated(reported, options.budget.window) or not _follows(messages, head, last, reported, options):
+        return None  # (a usage gone wrong, or another conversation's: a full count decides)
     return reported + sum(count_messages(messages[last + 1 :], tail[1:], options)) > threshold
+
+
+def _follows(
+    messages: Sequence[BaseMessage], head: list[Message], last: int, reported: int, options: CompactionOptions
+) -> bool:
+    """``core.context.follows`` for the cold screen: over the leading block and the messages since the reply before."""
+    lead = len(head)
+    prev = next((i for i in range(last - 1, max(last - LOOK_BACK, lead) - 1, -1) if _reports(messages[i])), None)
+    if prev is None:
+        return True
+    between = to_core_list(messages[prev : last + 1])
+    counts = [0] * lead + count_messages(messages[prev : last + 1], between, options)
+    return follows([*head, *between], counts, lead + last - prev, reported)
+
+
+def _reports(message: BaseMessage) -> bool:
+    return isinstance(message, AIMessage) and bool(message.usage_metadata)

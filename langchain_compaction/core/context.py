@@ -108,6 +108,52 @@ def inflated(reported: int, window: int | None) -> bool:
     return window is not None and 0 < window < reported
 
 
+FOREIGN_GROWTH = 2
+"""From one reply to the next, a usage grows by what came between them: at least half their estimate
+(``follows``), less ``_GROWTH_SLACK`` for what a count and an estimate differ by on a short turn."""
+_GROWTH_SLACK = 256
+LOOK_BACK = 64
+"""How many messages before the last reply ``follows`` looks through for the one before it."""
+
+
+def follows(messages: Sequence[Message], counts: Sequence[int], index: int, reported: int) -> bool:
+    """Whether the usage the reply at ``index`` reports grew with the conversation since the reply before it.
+
+    A usage is the reply's request and answer, so from one reply to the next
+    it grows by what came between them. One that stays put while the
+    conversation grows measures another conversation: a worker's answer a
+    supervisor hands up each turn with the worker's own usage (40,300 tokens
+    turn after turn while the supervisor's messages grew past 85,000 in a
+    60,000 window: it never compacted, being more than a quarter of the
+    estimate). The estimate stands then. With no reply before it since the
+    last summary (within ``LOOK_BACK`` messages), or a provider's compaction
+    block between them, there is nothing to compare.
+    """
+    lead = min(summary_block(messages), index)
+    for prev in range(index - 1, max(index - LOOK_BACK, lead) - 1, -1):
+        earlier = messages[prev]
+        if earlier.has_compaction_block:
+            return True
+        if earlier.role != "assistant" or earlier.reported_tokens <= 0:
+            continue
+        if trusted_usage(messages[:lead], earlier, messages[prev + 1 :]) is None:
+            return True  # (from before the last summary: not comparable)
+        between = islice(messages, prev + 1, index + 1)
+        grown = _summed(counts, prev + 1, index + 1) - sum(attachment_tokens(m) for m in between)
+        return reported - earlier.reported_tokens >= grown // FOREIGN_GROWTH - _GROWTH_SLACK
+    return True
+
+
+def _measured(
+    messages: Sequence[Message], counts: Sequence[int], index: int, reported: int, window: int | None
+) -> bool:
+    """Whether the usage the reply at ``index`` reports measures this conversation (the rules above, in one place)."""
+    before = _summed(counts, 0, index + 1)
+    if not (reported * FOREIGN_USAGE >= before or _measures(messages, index, reported, before)):
+        return False
+    return not inflated(reported, window) and follows(messages, counts, index, reported)
+
+
 def sent_besides(messages: Sequence[Message], counts: Sequence[int], known: int, window: int | None) -> int:
     """What a request carries besides its messages: ``known`` (the adapter's count), or what usage says, if more.
 
@@ -127,13 +173,10 @@ def sent_besides(messages: Sequence[Message], counts: Sequence[int], known: int,
         window: The context window.
     """
     anchor = usage_anchor(messages)
-    if anchor is None:
+    if anchor is None or not _measured(messages, counts, *anchor, window):
         return known
     index, reported = anchor
-    before = _summed(counts, 0, index + 1)
-    if reported * FOREIGN_USAGE < before or inflated(reported, window):
-        return known
-    return max(known, reported - before)
+    return max(known, reported - _summed(counts, 0, index + 1))
 
 
 def context_tokens(
@@ -151,12 +194,9 @@ def context_tokens(
         The context size in tokens.
     """
     anchor = usage_anchor(messages)
-    if anchor is not None:
+    if anchor is not None and _measured(messages, counts, *anchor, window):
         index, reported = anchor
-        before = _summed(counts, 0, index + 1)
-        measured = reported * FOREIGN_USAGE >= before or _measures(messages, index, reported, before)
-        if measured and not inflated(reported, window):
-            return reported + _summed(counts, index + 1)
+        return reported + _summed(counts, index + 1)
     # A provider-side compaction block (Claude's ``compaction`` content) drops
     # everything before it from what the provider reads: only the system
     # prompt and what follows the last block are billed.

@@ -357,3 +357,40 @@ def test_a_node_plans_with_the_system_prompt_and_tools_its_model_node_adds(caplo
     told = int(re.search(r"take (\d+) tokens", fixed[0])[1])  # type: ignore[index]
     assert abs(told - hidden) < hidden // 10
     assert 4 <= len(calls) <= 12
+
+
+def test_a_worker_answer_handed_up_with_the_workers_usage_does_not_stop_compaction() -> None:
+    """A supervisor's list ends each turn with a worker's answer carrying the worker's own usage, 40,300 tokens.
+
+    That figure is over a quarter of the supervisor's estimate, so it was
+    taken for the context on every turn: the node never compacted while the
+    messages grew past 85,000 tokens in a 60,000 window. A usage that does not
+    grow with the conversation from one reply to the next is not its own.
+    """
+
+    def worker(state: CompactionState) -> dict[str, list[BaseMessage]]:
+        usage = {"input_tokens": 40_000, "output_tokens": 300, "total_tokens": 40_300}
+        answer = AIMessage("worker: the bug is in parser.py line 40; patch attached. " * 10, name="worker")
+        answer.usage_metadata = usage  # type: ignore[assignment]
+        return {"messages": [answer]}
+
+    calls: list[str] = []
+
+    def summarize(prompt: str) -> str:
+        calls.append(prompt)
+        return "## Goal\n- fix the parser bug"
+
+    node = CompactionNode(summarize, CompactionOptions(context_window=60_000))
+    builder = StateGraph(CompactionState)
+    builder.add_node("worker", worker)
+    builder.add_node("compact", node)
+    builder.add_edge(START, "worker")
+    builder.add_edge("worker", "compact")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "supervisor"}}
+    largest = 0
+    for turn in range(30):
+        state = graph.invoke({"messages": [HumanMessage(f"task {turn}: look into the parser bug " * 300)]}, config)
+        largest = max(largest, estimate_message_tokens(state["messages"]))
+    assert calls  # it compacted
+    assert largest <= 60_000
