@@ -316,6 +316,28 @@ def test_a_usage_larger_than_the_window_is_not_taken_for_the_context():
     assert calls(running=True) == honest
 
 
+def _recording(summary: str) -> tuple[list[str], Any]:
+    """A plain-function summarizer answering ``summary``, and the prompts it was asked."""
+    asked: list[str] = []
+
+    def summarize(prompt: str) -> str:
+        asked.append(prompt)
+        return summary
+
+    return asked, summarize
+
+
+def _in_line(*nodes: tuple[str, Any]) -> Any:
+    """A checkpointed graph running ``nodes`` (name, node) one after the other."""
+    builder = StateGraph(CompactionState)
+    previous = START
+    for name, node in nodes:
+        builder.add_node(name, node)
+        builder.add_edge(previous, name)
+        previous = name
+    return builder.compile(checkpointer=InMemorySaver())
+
+
 def test_a_node_plans_with_the_system_prompt_and_tools_its_model_node_adds(caplog: Any) -> None:
     """A model node sends a 5,000-token prompt the state does not hold; its usage says so, and the node plans with it.
 
@@ -333,19 +355,8 @@ def test_a_node_plans_with_the_system_prompt_and_tools_its_model_node_adds(caplo
         usage = {"input_tokens": sent, "output_tokens": 100, "total_tokens": sent + 100}
         return {"messages": [AIMessage("reply " * 80, usage_metadata=usage)]}  # type: ignore[typeddict-item]
 
-    calls: list[str] = []
-
-    def summarize(prompt: str) -> str:
-        calls.append(prompt)
-        return "## Goal\n- answer the questions"
-
-    node = CompactionNode(summarize, CompactionOptions(context_window=8_000))
-    builder = StateGraph(CompactionState)
-    builder.add_node("compact", node)
-    builder.add_node("model", model)
-    builder.add_edge(START, "compact")
-    builder.add_edge("compact", "model")
-    graph = builder.compile(checkpointer=InMemorySaver())
+    calls, summarize = _recording("## Goal\n- answer the questions")
+    graph = _in_line(("compact", CompactionNode(summarize, CompactionOptions(context_window=8_000))), ("model", model))
     config = {"configurable": {"thread_id": "hidden"}}
     with caplog.at_level(logging.WARNING, logger="langchain_compaction"):
         for turn in range(50):
@@ -374,19 +385,10 @@ def test_a_worker_answer_handed_up_with_the_workers_usage_does_not_stop_compacti
         answer.usage_metadata = usage  # type: ignore[assignment]
         return {"messages": [answer]}
 
-    calls: list[str] = []
-
-    def summarize(prompt: str) -> str:
-        calls.append(prompt)
-        return "## Goal\n- fix the parser bug"
-
-    node = CompactionNode(summarize, CompactionOptions(context_window=60_000))
-    builder = StateGraph(CompactionState)
-    builder.add_node("worker", worker)
-    builder.add_node("compact", node)
-    builder.add_edge(START, "worker")
-    builder.add_edge("worker", "compact")
-    graph = builder.compile(checkpointer=InMemorySaver())
+    calls, summarize = _recording("## Goal\n- fix the parser bug")
+    graph = _in_line(
+        ("worker", worker), ("compact", CompactionNode(summarize, CompactionOptions(context_window=60_000)))
+    )
     config = {"configurable": {"thread_id": "supervisor"}}
     largest = 0
     for turn in range(30):
