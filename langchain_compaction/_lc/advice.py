@@ -124,10 +124,10 @@ class Told:
             sent = (
                 f" ({overhead} of them the system prompt and tool schemas sent with every request)" if overhead else ""
             )
-            after = sum(counts[result.cut_index :])
-            before = result.compacted_tokens - after  # (the summary, its user turn, what is written back with it)
             if not self.first(conversation, OVER_BUDGET):  # (one warning of the two kinds, once)
                 return result
+            after = sum(counts[result.cut_index :])
+            before = result.compacted_tokens - after  # (the summary, its user turn, what is written back with it)
             if counts and before > after:
                 figures = (len(counts) - result.cut_index, after, budget.summary_max, before)
                 logger.warning(SUMMARY_OVER, context, budget.threshold, sent, *figures)

@@ -314,8 +314,8 @@ class Turn(Compactor):
 
     def _room(self, staged: _Staged, place: Place) -> bool:
         """Whether the request, over the threshold, still leaves half the reserve for the reply."""
-        window, reserve = self.options.budget.window, self.options.budget.reserve
-        return context_tokens(staged.core, staged.counts, place.overhead, window) + reserve // 2 <= window
+        budget = self.options.budget
+        return budget.fits(context_tokens(staged.core, staged.counts, place.overhead, budget.window))
 
     def _preamble(self, place: Place) -> Preamble | None:
         aligned: CacheAligned | None = self.feature(CacheAligned)
@@ -399,7 +399,7 @@ class Turn(Compactor):
             if got is not None:
                 figures[feature.name] = dict(got)
                 continue
-            if size + budget.reserve // 2 <= budget.window:
+            if budget.fits(size):
                 logger.warning(
                     "%s held the compaction back this turn (it fits the window still)", type(feature).__name__
                 )
@@ -453,8 +453,8 @@ class Turn(Compactor):
         messages, core = staged.messages, staged.core
         combined = prepared.output_for(messages)
         counts, _ = yield self.work(counts_and_core, combined, self.options)
-        if sum(counts) + place.overhead + self.options.budget.reserve // 2 > self.options.budget.window:
-            return None  # (the rule of ``_room``: past the threshold only while half the reserve fits)
+        if not self.options.budget.fits(sum(counts) + place.overhead):
+            return None  # (past the threshold only while half the reserve fits: ``Budget.fits``)
         result = replace(prepared.result, compacted_tokens=sum(counts))  # (where that leaves the request: the turn's)
         where = {id(m): i for i, m in enumerate(messages)}
         kept = [where[id(m)] for m in combined if id(m) in where]

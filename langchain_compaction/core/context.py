@@ -144,14 +144,16 @@ def follows(messages: Sequence[Message], counts: Sequence[int], index: int, repo
     return True
 
 
-def _measured(
-    messages: Sequence[Message], counts: Sequence[int], index: int, reported: int, window: int | None
-) -> bool:
-    """Whether the usage the reply at ``index`` reports measures this conversation (the rules above, in one place)."""
+def _measured(messages: Sequence[Message], counts: Sequence[int], window: int | None) -> tuple[int, int] | None:
+    """``usage_anchor``, where its usage measures this conversation (the rules above, in one place)."""
+    anchor = usage_anchor(messages)
+    if anchor is None:
+        return None
+    index, reported = anchor
     before = _summed(counts, 0, index + 1)
     if not (reported * FOREIGN_USAGE >= before or _measures(messages, index, reported, before)):
-        return False
-    return not inflated(reported, window) and follows(messages, counts, index, reported)
+        return None
+    return None if inflated(reported, window) or not follows(messages, counts, index, reported) else anchor
 
 
 def sent_besides(messages: Sequence[Message], counts: Sequence[int], known: int, window: int | None) -> int:
@@ -172,8 +174,8 @@ def sent_besides(messages: Sequence[Message], counts: Sequence[int], known: int,
             system prompt and tools; a node: 0).
         window: The context window.
     """
-    anchor = usage_anchor(messages)
-    if anchor is None or not _measured(messages, counts, *anchor, window):
+    anchor = _measured(messages, counts, window)
+    if anchor is None:
         return known
     index, reported = anchor
     return max(known, reported - _summed(counts, 0, index + 1))
@@ -193,8 +195,8 @@ def context_tokens(
     Returns:
         The context size in tokens.
     """
-    anchor = usage_anchor(messages)
-    if anchor is not None and _measured(messages, counts, *anchor, window):
+    anchor = _measured(messages, counts, window)
+    if anchor is not None:
         index, reported = anchor
         return reported + _summed(counts, index + 1)
     # A provider-side compaction block (Claude's ``compaction`` content) drops

@@ -71,9 +71,8 @@ class Budget:
             threshold; ``None`` without a window).
         summary_max: The most tokens a summary may take.
         summary_input: The largest summarizer request.
-        fixed: What no compaction can remove (the system prompt and tool schemas sent with every
-            request, leading system messages); the landing, the keep and the summary are taken over
-            the rest (``CompactionOptions.with_fixed``).
+        fixed: What no compaction can remove (the system prompt and tool schemas sent with every request, leading
+            system messages); landing, keep and summary are taken over the rest (``CompactionOptions.with_fixed``).
     """
 
     window: int
@@ -89,6 +88,10 @@ class Budget:
     def room(self) -> int | None:
         """What a compaction can aim for: the landing above the fixed part (``None`` without a window)."""
         return None if self.landing is None else self.landing - self.fixed
+
+    def fits(self, size: int) -> bool:
+        """Whether a request of ``size`` tokens leaves half the reserve for the reply (it may pass the threshold)."""
+        return size + self.reserve // 2 <= self.window
 
     @property
     def most_kept(self) -> int | None:
